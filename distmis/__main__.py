@@ -1,0 +1,4 @@
+from distmis.cli.main import main
+import sys
+
+sys.exit(main())

@@ -1,0 +1,252 @@
+"""Load a search spec from YAML, apply ``--set`` overrides, validate it, and explain what is wrong.
+
+Everything here runs before any trial starts and writes nothing: a bad spec costs the user a
+clear message, never a half-started search.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from distmis.spec.schema import Spec
+
+# Sections whose values may be searched. The dataset is converted once per search, so its
+# fields are fixed; parallelism and tracking describe the search itself, not a trial.
+SEARCHABLE_SECTIONS = ("model", "training")
+
+
+class SpecError(ValueError):
+    """A search spec is invalid. ``problems`` holds ``(field path, message)`` pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = [f"invalid search spec {source}:"]
+        lines += [f"  - {path or '<top level>'}: {message}" for path, message in problems]
+        super().__init__("\n".join(lines))
+
+
+# --------------------------------------------------------------------------- dotted paths
+def get_path(tree: Mapping[str, Any], path: str) -> Any:
+    """``get_path(d, "training.optimizer.lr")``; ``KeyError`` naming the missing part."""
+    node: Any = tree
+    for i, part in enumerate(path.split(".")):
+        if not isinstance(node, Mapping) or part not in node:
+            raise KeyError(".".join(path.split(".")[: i + 1]))
+        node = node[part]
+    return node
+
+
+def set_path(tree: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``tree[a][b][c] = value`` for ``path="a.b.c"``, creating missing mappings."""
+    parts = path.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def with_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``tree`` with each dotted path in ``overrides`` set."""
+    out = copy.deepcopy(dict(tree))
+    for path, value in overrides.items():
+        set_path(out, path, value)
+    return out
+
+
+def parse_set_options(items: Iterable[str]) -> dict[str, Any]:
+    """Parse CLI ``--set dotted.key=value`` items; values are YAML (``1e-3``, ``true``, ``[1,2]``)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError("--set", [(item, "expected dotted.key=value, e.g. training.epochs=3")])
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise SpecError("--set", [(key.strip(), f"value {raw!r} is not valid YAML: {exc}")]) from None
+    return out
+
+
+# --------------------------------------------------------------------------- errors
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that owns the field at ``loc`` (for listing allowed keys)."""
+    model: Any = Spec
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        annotation = field.annotation
+        # Unwrap Optional[X] / X | None and dict[str, X].
+        args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        elif args and isinstance(args[-1], type) and issubclass(args[-1], BaseModel):
+            model = args[-1]
+        else:
+            model = None
+    return model if isinstance(model, type) else None
+
+
+def problems_from_validation_error(error: ValidationError) -> list[tuple[str, str]]:
+    """Turn pydantic's errors into ``(path, message)`` with the bad value and what is allowed."""
+    problems = []
+    for err in error.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        path = ".".join(str(p) for p in loc)
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            owner = _model_at(loc[:-1])
+            allowed = ", ".join(owner.model_fields) if owner else "see docs/spec.md"
+            message = f"unknown key {str(loc[-1])!r}; allowed keys here: {allowed}"
+        elif kind == "missing":
+            message = "required field is missing"
+        else:
+            message = err["msg"].removeprefix("Value error, ")
+            if "input" in err and kind != "model_type":
+                message += f" (got {_short(err['input'])})"
+        problems.append((path, message))
+    return problems
+
+
+# --------------------------------------------------------------------------- loading
+def read_spec_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML spec safely; ``SpecError`` if missing, unparsable or not a mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(str(path), [("", "file not found")])
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(str(path), [("", f"not valid YAML: {exc}")]) from None
+    if not isinstance(tree, dict):
+        raise SpecError(str(path), [("", f"must be a YAML mapping, got {type(tree).__name__}")])
+    return tree
+
+
+def validate_spec(tree: Mapping[str, Any], source: str = "<spec>") -> Spec:
+    """Validate a spec mapping: field types, then the cross-field rules of ``check_spec``."""
+    try:
+        spec = Spec.model_validate(dict(tree))
+    except ValidationError as exc:
+        raise SpecError(source, problems_from_validation_error(exc)) from None
+    problems = check_spec(spec)
+    if problems:
+        raise SpecError(source, problems)
+    return spec
+
+
+def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Spec:
+    """Read, override and validate a spec file. The one entry point the CLI uses."""
+    tree = with_overrides(read_spec_file(path), overrides or {})
+    return validate_spec(tree, source=str(path))
+
+
+def spec_to_dict(spec: Spec) -> dict[str, Any]:
+    """The fully resolved spec (defaults filled in) as plain YAML-able data."""
+    return spec.model_dump(mode="json")
+
+
+def spec_to_yaml(spec: Spec) -> str:
+    return yaml.safe_dump(spec_to_dict(spec), sort_keys=False)
+
+
+# --------------------------------------------------------------------------- cross-field rules
+def volume_shape(spec: Spec) -> tuple[int, int, int] | None:
+    """The shape every case has after preprocessing, when the spec alone determines it."""
+    data = spec.dataset
+    if data.resize is not None:
+        return data.resize
+    if data.crop is not None:
+        return data.crop
+    if data.synthetic is not None and not Path(data.path).exists():
+        return data.synthetic.shape
+    return None
+
+
+def check_input_shape(spec: Spec, shape: tuple[int, int, int] | None = None) -> list[tuple[str, str]]:
+    """The network input (tile, or whole volume) must fit the volume and divide by the pooling factor."""
+    problems: list[tuple[str, str]] = []
+    volume = shape or volume_shape(spec)
+    factor = spec.model.pooling_factor
+    tile = spec.training.tile
+    if tile is not None:
+        if any(t % factor for t in tile):
+            problems.append(
+                ("training.tile", f"every dimension must divide by {factor} (2**(levels-1) for "
+                 f"levels={spec.model.params.levels}), got {list(tile)}")
+            )
+        if volume is not None and any(t > v for t, v in zip(tile, volume)):
+            problems.append(
+                ("training.tile", f"{list(tile)} is larger than the preprocessed volume {list(volume)}")
+            )
+    elif volume is not None and any(v % factor for v in volume):
+        where = "dataset.resize" if spec.dataset.resize else "dataset.crop" if spec.dataset.crop else "dataset.synthetic.shape"
+        problems.append(
+            (where, f"the whole volume {list(volume)} is the network input (training.tile is null), so every "
+             f"dimension must divide by {factor}; crop/resize to such a shape or set training.tile")
+        )
+    return problems
+
+
+def check_search_space(spec: Spec) -> list[tuple[str, str]]:
+    """Search-space paths exist and are searchable; every value (or range end) gives a valid spec."""
+    problems: list[tuple[str, str]] = []
+    space = spec.search.space
+    if spec.search.algorithm == "grid":
+        for path, domain in space.items():
+            if domain.kind != "grid":
+                problems.append((f"search.space.{path}", f"algorithm 'grid' takes only 'grid' domains, got '{domain.kind}'; "
+                                 "use algorithm 'random' or 'optuna' to sample"))
+    if spec.search.algorithm == "optuna":
+        for path, domain in space.items():
+            if domain.kind == "grid":
+                problems.append((f"search.space.{path}", "algorithm 'optuna' samples; use 'choice' instead of 'grid'"))
+    if problems:
+        return problems
+
+    resolved = spec_to_dict(spec)
+    base_problems = set(check_input_shape(spec))  # reported once, not again per value
+    for path, domain in space.items():
+        where = f"search.space.{path}"
+        if path.split(".")[0] not in SEARCHABLE_SECTIONS:
+            problems.append((where, f"only fields under {', '.join(SEARCHABLE_SECTIONS)} can be searched "
+                             "(the dataset is converted once per search)"))
+            continue
+        try:
+            get_path(resolved, path)
+        except KeyError as missing:
+            problems.append((where, f"no field {missing.args[0]!r} in the spec; see docs/spec.md for the fields"))
+            continue
+        for value in domain.values:
+            trial_tree = with_overrides(resolved, {path: value})
+            try:
+                trial_spec = Spec.model_validate(trial_tree)
+            except ValidationError as exc:
+                for sub_path, message in problems_from_validation_error(exc):
+                    problems.append((where, f"value {value!r} is invalid for {sub_path}: {message}"))
+                continue
+            for sub_path, message in set(check_input_shape(trial_spec)) - base_problems:
+                problems.append((where, f"value {value!r} makes {sub_path} invalid: {message}"))
+    return problems
+
+
+def check_spec(spec: Spec) -> list[tuple[str, str]]:
+    """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
+    return check_input_shape(spec) + check_search_space(spec)

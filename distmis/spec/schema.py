@@ -1,0 +1,244 @@
+"""The search spec: what a researcher writes in YAML, as pydantic models.
+
+Every section forbids unknown keys, so a typo (``lrr: 1e-3``) is an error rather than a silently
+ignored setting. Cross-field rules that need more than one section (a tile the U-Net can pool,
+search-space paths that exist) live in :mod:`distmis.spec.validate`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Shape3 = Annotated[tuple[int, int, int], Field(description="(H, W, D) in voxels")]
+
+
+class StrictModel(BaseModel):
+    """Base for every spec section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_positive_shape(shape: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+    if shape is not None and any(s < 1 for s in shape):
+        raise ValueError(f"every dimension must be >= 1, got {list(shape)}")
+    return shape
+
+
+# --------------------------------------------------------------------------- dataset
+class SplitSpec(StrictModel):
+    """Fractions of cases for training, validation and test, and the seed of the shuffle."""
+
+    train: float = Field(0.7, gt=0, lt=1)
+    val: float = Field(0.15, gt=0, lt=1)
+    test: float = Field(0.15, ge=0, lt=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _fractions_sum_to_one(self) -> SplitSpec:
+        total = self.train + self.val + self.test
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise ValueError(f"train + val + test must be 1, got {total:g}")
+        return self
+
+
+class SyntheticSpec(StrictModel):
+    """Generate a synthetic dataset at ``dataset.path`` when that folder does not exist."""
+
+    cases: int = Field(10, ge=3, le=10_000)
+    shape: Shape3 = (64, 64, 64)
+    seed: int = 0
+
+    _shape = field_validator("shape")(_check_positive_shape)
+
+
+class DatasetSpec(StrictModel):
+    path: str = Field(min_length=1)
+    layout: Literal["msd", "brats"] = "msd"
+    labels: Literal["whole-tumour", "regions"] = "whole-tumour"
+    crop: Shape3 | None = None
+    resize: Shape3 | None = None
+    split: SplitSpec = SplitSpec()
+    synthetic: SyntheticSpec | None = None
+
+    _shapes = field_validator("crop", "resize")(_check_positive_shape)
+
+    @property
+    def num_classes(self) -> int:
+        return 1 if self.labels == "whole-tumour" else 3
+
+
+# --------------------------------------------------------------------------- model
+class UNet3DParams(StrictModel):
+    """The paper's 3D U-Net: ``levels`` resolutions with ``base_filters * 2**(s-1)`` filters."""
+
+    base_filters: int = Field(8, ge=1, le=512)
+    levels: int = Field(4, ge=2, le=7)
+    norm: Literal["batch", "group"] = "batch"
+    norm_groups: int = Field(4, ge=1)
+    batch_norm_momentum: float = Field(0.9, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _groups_divide_filters(self) -> UNet3DParams:
+        if self.norm == "group" and self.base_filters % self.norm_groups:
+            raise ValueError(
+                f"norm_groups ({self.norm_groups}) must divide base_filters ({self.base_filters}) "
+                "for group normalization"
+            )
+        return self
+
+
+class ModelSpec(StrictModel):
+    name: Literal["unet3d"] = "unet3d"
+    framework: Literal["tensorflow"] = "tensorflow"
+    params: UNet3DParams = UNet3DParams()
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _params_default(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @property
+    def pooling_factor(self) -> int:
+        """Every spatial dimension of the network input must divide by this."""
+        return 2 ** (self.params.levels - 1)
+
+
+# --------------------------------------------------------------------------- training
+class OptimizerSpec(StrictModel):
+    name: Literal["adam"] = "adam"
+    lr: float = Field(1e-4, gt=0, le=10)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    amsgrad: bool = False
+    epsilon: float = Field(1e-7, gt=0)
+
+
+class LossSpec(StrictModel):
+    """Soft dice per sample (and per channel), averaged; ``dice-bce`` adds binary cross-entropy."""
+
+    name: Literal["dice", "dice-bce"] = "dice"
+    smooth: float = Field(1.0, ge=0)
+
+
+class TrainingSpec(StrictModel):
+    epochs: int = Field(10, ge=1, le=100_000)
+    batch_size: int = Field(2, ge=1)
+    tile: Shape3 | None = None
+    optimizer: OptimizerSpec = OptimizerSpec()
+    loss: LossSpec = LossSpec()
+    seed: int = 0
+
+    _tile = field_validator("tile")(_check_positive_shape)
+
+
+# --------------------------------------------------------------------------- search
+DOMAIN_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
+
+
+class Domain(StrictModel):
+    """One search dimension: exactly one of the keys below."""
+
+    grid: list[Any] | None = None
+    choice: list[Any] | None = None
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    randint: tuple[int, int] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Domain:
+        given = [k for k in DOMAIN_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"a domain has exactly one of {', '.join(DOMAIN_KINDS)}; got {given or 'none'}"
+            )
+        kind = given[0]
+        value = getattr(self, kind)
+        if kind in ("grid", "choice") and not value:
+            raise ValueError(f"'{kind}' needs at least one value")
+        if kind in ("uniform", "loguniform", "randint") and not value[0] < value[1]:
+            raise ValueError(f"'{kind}' needs [low, high] with low < high, got {list(value)}")
+        if kind == "loguniform" and value[0] <= 0:
+            raise ValueError(f"'loguniform' needs low > 0, got {value[0]}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in DOMAIN_KINDS if getattr(self, k) is not None)
+
+    @property
+    def values(self) -> list[Any]:
+        """Values that bound the domain: every grid/choice value, or the two ends of a range."""
+        return list(getattr(self, self.kind))
+
+
+class AshaSpec(StrictModel):
+    grace_period: int = Field(1, ge=1)
+    reduction_factor: float = Field(2.0, gt=1)
+
+
+class SearchSpec(StrictModel):
+    algorithm: Literal["grid", "random", "optuna"] = "grid"
+    num_samples: int = Field(1, ge=1)
+    metric: Literal["val_dice", "val_loss", "train_loss"] = "val_dice"
+    mode: Literal["max", "min"] | None = None
+    scheduler: Literal["none", "asha"] = "none"
+    asha: AshaSpec = AshaSpec()
+    space: dict[str, Domain] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _default_mode(self) -> SearchSpec:
+        if self.mode is None:
+            # Bypass validate_assignment recursion: set the field on the instance dict.
+            self.__dict__["mode"] = "max" if self.metric == "val_dice" else "min"
+        return self
+
+
+# --------------------------------------------------------------------------- parallelism
+class ResourcesSpec(StrictModel):
+    cpu: float = Field(1, gt=0)
+    gpu: float = Field(0, ge=0)
+
+
+class ParallelismSpec(StrictModel):
+    mode: Literal["experiment"] = "experiment"
+    resources_per_trial: ResourcesSpec = ResourcesSpec()
+    max_concurrent_trials: int | None = Field(None, ge=1)
+
+
+# --------------------------------------------------------------------------- tracking
+class TrackingSpec(StrictModel):
+    uri: str | None = None
+    experiment: str | None = None
+
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class Spec(StrictModel):
+    """A whole search spec."""
+
+    name: str
+    dataset: DatasetSpec
+    model: ModelSpec = ModelSpec()
+    training: TrainingSpec = TrainingSpec()
+    search: SearchSpec = SearchSpec()
+    parallelism: ParallelismSpec = ParallelismSpec()
+    tracking: TrackingSpec = TrackingSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder_name(cls, value: str) -> str:
+        if not NAME_PATTERN.match(value):
+            raise ValueError(
+                f"must start with a letter or digit and hold only letters, digits, '_', '.', '-', got {value!r}"
+            )
+        return value
+
+    @property
+    def experiment_name(self) -> str:
+        return self.tracking.experiment or self.name
+

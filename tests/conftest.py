@@ -1,0 +1,50 @@
+"""Shared fixtures: a small valid spec, and one local Ray for the whole session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def small_spec_tree(data_path: str | Path, **sections: Any) -> dict[str, Any]:
+    """A valid spec mapping for a tiny synthetic dataset; ``sections`` replace whole sections."""
+    tree: dict[str, Any] = {
+        "name": "tiny",
+        "dataset": {
+            "path": str(data_path),
+            "layout": "msd",
+            "synthetic": {"cases": 6, "shape": [16, 16, 16], "seed": 0},
+            "split": {"train": 0.5, "val": 0.25, "test": 0.25, "seed": 0},
+        },
+        "model": {"name": "unet3d", "framework": "tensorflow", "params": {"base_filters": 4, "levels": 3}},
+        "training": {"epochs": 2, "batch_size": 2, "optimizer": {"lr": 1.0e-3}},
+        "search": {"algorithm": "grid", "space": {"training.optimizer.lr": {"grid": [1.0e-3, 5.0e-3]}}},
+        "parallelism": {"resources_per_trial": {"cpu": 1}},
+    }
+    tree.update(sections)
+    return tree
+
+
+@pytest.fixture
+def spec_tree(tmp_path: Path) -> dict[str, Any]:
+    return small_spec_tree(tmp_path / "data")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for every test that needs it (starting Ray costs seconds)."""
+    import ray
+
+    from distmis.orchestration.experiment import TRIAL_ENV
+
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": TRIAL_ENV}, logging_level="WARNING")
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,200 @@
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distmis.spec import SpecError, load_spec, parse_set_options, validate_spec
+from distmis.spec.load import get_path, set_path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def problems_of(tree) -> list[tuple[str, str]]:
+    with pytest.raises(SpecError) as info:
+        validate_spec(tree, source="test.yaml")
+    assert "test.yaml" in str(info.value)
+    return info.value.problems
+
+
+def test_good_spec_fills_defaults(spec_tree):
+    spec = validate_spec(spec_tree)
+    assert spec.training.optimizer.beta2 == 0.999
+    assert spec.search.mode == "max"  # derived from metric val_dice
+    assert spec.dataset.split.train == 0.5
+    assert spec.experiment_name == "tiny"
+
+
+def test_metric_min_mode_default(spec_tree):
+    spec_tree["search"]["metric"] = "val_loss"
+    assert validate_spec(spec_tree).search.mode == "min"
+
+
+@pytest.mark.parametrize("path", ["search_spaces/quickstart.yaml", "search_spaces/distmis_grid.yaml"])
+def test_shipped_specs_are_valid(path):
+    spec = load_spec(ROOT / path)
+    assert spec.search.space
+
+
+def test_paper_grid_has_32_points():
+    from distmis.orchestration.search_space import num_trials
+
+    spec = load_spec(ROOT / "search_spaces/distmis_grid.yaml")
+    assert num_trials(spec.search) == 32
+    assert spec.dataset.crop == (240, 240, 152)
+
+
+def test_unknown_key_lists_allowed_keys(spec_tree):
+    spec_tree["training"]["optimizer"]["lrr"] = 1.0
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "training.optimizer.lrr"
+    assert "unknown key 'lrr'" in message and "lr" in message and "amsgrad" in message
+
+
+def test_unknown_top_level_section(spec_tree):
+    spec_tree["trainig"] = {}
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "trainig" and "dataset" in message
+
+
+def test_bad_enum_names_value_and_allowed(spec_tree):
+    spec_tree["dataset"]["layout"] = "nnunet"
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "dataset.layout"
+    assert "'msd'" in message and "'brats'" in message and "nnunet" in message
+
+
+def test_out_of_range_number(spec_tree):
+    spec_tree["training"]["optimizer"]["beta2"] = 1.5
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "training.optimizer.beta2" and "1.5" in message
+
+
+def test_missing_required(spec_tree):
+    del spec_tree["dataset"]["path"]
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "dataset.path" and "missing" in message
+
+
+def test_split_must_sum_to_one(spec_tree):
+    spec_tree["dataset"]["split"] = {"train": 0.5, "val": 0.4, "test": 0.4}
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "dataset.split" and "must be 1" in message
+
+
+def test_bad_name(spec_tree):
+    spec_tree["name"] = "my search/../x"
+    [(path, _)] = problems_of(spec_tree)
+    assert path == "name"
+
+
+def test_several_problems_reported_together(spec_tree):
+    spec_tree["training"]["epochs"] = 0
+    spec_tree["model"]["params"]["norm"] = "layer"
+    paths = {p for p, _ in problems_of(spec_tree)}
+    assert paths == {"training.epochs", "model.params.norm"}
+
+
+def test_group_norm_groups_must_divide_filters(spec_tree):
+    spec_tree["model"]["params"].update(norm="group", norm_groups=3)
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "model.params" and "norm_groups" in message
+
+
+def test_volume_not_divisible_by_pooling(spec_tree):
+    spec_tree["dataset"]["crop"] = [30, 32, 32]
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "dataset.crop" and "divide by 4" in message
+
+
+def test_tile_larger_than_volume(spec_tree):
+    spec_tree["training"]["tile"] = [32, 32, 32]
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "training.tile" and "larger" in message
+
+
+def test_search_path_must_exist(spec_tree):
+    spec_tree["search"]["space"] = {"training.optimiser.lr": {"grid": [0.1]}}
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "search.space.training.optimiser.lr" and "no field 'training.optimiser'" in message
+
+
+def test_search_value_validated_before_start(spec_tree):
+    spec_tree["search"]["space"] = {"model.params.norm": {"grid": ["batch", "instance"]}}
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "search.space.model.params.norm" and "'instance'" in message
+
+
+def test_search_range_ends_validated(spec_tree):
+    spec_tree["search"] = {"algorithm": "random", "space": {"training.optimizer.beta2": {"uniform": [0.9, 1.2]}}}
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "search.space.training.optimizer.beta2" and "1.2" in message
+
+
+def test_dataset_is_not_searchable(spec_tree):
+    spec_tree["search"]["space"] = {"dataset.crop": {"grid": [[16, 16, 16]]}}
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "search.space.dataset.crop" and "model, training" in message
+
+
+@pytest.mark.parametrize(
+    "domain, fragment",
+    [
+        ({"grid": []}, "at least one value"),
+        ({"uniform": [2, 1]}, "low < high"),
+        ({"loguniform": [0, 1]}, "low > 0"),
+        ({"grid": [1], "choice": [2]}, "exactly one"),
+        ({"normal": [0, 1]}, "unknown key 'normal'"),
+    ],
+)
+def test_bad_domains(spec_tree, domain, fragment):
+    spec_tree["search"] = {"algorithm": "random", "space": {"training.optimizer.lr": domain}}
+    problems = problems_of(spec_tree)
+    assert any(fragment in message for _, message in problems), problems
+
+
+def test_algorithm_domain_compatibility(spec_tree):
+    tree = copy.deepcopy(spec_tree)
+    tree["search"] = {"algorithm": "optuna", "space": {"training.optimizer.lr": {"grid": [0.1]}}}
+    assert "choice" in problems_of(tree)[0][1]
+    tree["search"] = {"algorithm": "grid", "space": {"training.optimizer.lr": {"loguniform": [1e-4, 1e-2]}}}
+    assert "only 'grid'" in problems_of(tree)[0][1]
+
+
+def test_load_from_file_with_overrides(tmp_path, spec_tree):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec_tree))
+    spec = load_spec(path, parse_set_options(["training.epochs=7", "model.params.norm=group", "training.tile=[8,8,8]"]))
+    assert spec.training.epochs == 7 and spec.model.params.norm == "group" and spec.training.tile == (8, 8, 8)
+    with pytest.raises(SpecError, match="training.epochs"):
+        load_spec(path, {"training.epochs": "many"})
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(path)
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    with pytest.raises(SpecError, match="file not found"):
+        load_spec(tmp_path / "nope.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(SpecError, match="mapping"):
+        load_spec(tmp_path / "list.yaml")
+
+
+def test_bad_set_option():
+    with pytest.raises(SpecError, match="dotted.key=value"):
+        parse_set_options(["training.epochs"])
+
+
+def test_dotted_paths():
+    tree: dict = {}
+    set_path(tree, "a.b.c", 3)
+    assert get_path(tree, "a.b.c") == 3
+    with pytest.raises(KeyError, match="a.x"):
+        get_path(tree, "a.x.c")
