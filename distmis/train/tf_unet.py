@@ -1,0 +1,173 @@
+"""Train and validate the TensorFlow 3D U-Net of one trial from the search's TFRecords.
+
+The loop is a plain ``tf.function`` step over a ``tf.data`` pipeline rather than ``model.fit``:
+each epoch hands back its numbers to whoever drives it (a Ray Tune trial), and the same step
+can later run under a ``tf.distribute`` strategy.
+
+Validation is per case on whole volumes (or stitched tiles when ``training.tile`` is set), so the
+validation dice is the one a user would compute on the preprocessed cases.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from distmis.spec.schema import Spec
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training diverged: the loss became NaN or infinite."""
+
+
+@dataclass(frozen=True)
+class EpochMetrics:
+    epoch: int
+    train_loss: float
+    val_loss: float
+    val_dice: float
+    epoch_seconds: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def tile_starts(size: int, tile: int) -> list[int]:
+    """Start offsets of tiles of length ``tile`` covering ``size``; the last one is flush with the end."""
+    if tile > size:
+        raise ValueError(f"tile {tile} is larger than the volume dimension {size}")
+    starts = list(range(0, size - tile + 1, tile))
+    if starts[-1] + tile < size:
+        starts.append(size - tile)
+    return starts
+
+
+def iter_tiles(shape: tuple[int, int, int], tile: tuple[int, int, int]) -> Iterator[tuple[slice, slice, slice]]:
+    """Slices of the tiles that cover a volume of ``shape``."""
+    for a in tile_starts(shape[0], tile[0]):
+        for b in tile_starts(shape[1], tile[1]):
+            for c in tile_starts(shape[2], tile[2]):
+                yield slice(a, a + tile[0]), slice(b, b + tile[1]), slice(c, c + tile[2])
+
+
+class UNetTrainer:
+    """Builds the U-Net, its optimizer and data pipelines for one trial's spec."""
+
+    def __init__(self, spec: Spec, tfrecord_dir: str | Path):
+        import keras
+        import tensorflow as tf
+
+        from distmis.data.tfrecord import iter_cases, make_dataset, read_manifest
+        from distmis.models.unet3d_tf import build_unet3d, count_trainable_parameters
+        from distmis.train.losses import make_loss
+
+        self.spec = spec
+        self.tfrecord_dir = Path(tfrecord_dir)
+        manifest = read_manifest(self.tfrecord_dir)
+        self.num_classes = int(manifest["num_classes"])
+        training = spec.training
+
+        # Same seed -> same initial weights and data order, whatever hyperparameters differ.
+        keras.utils.set_random_seed(training.seed)
+        params = spec.model.params
+        self.model = build_unet3d(
+            in_channels=int(manifest["image_shape"][-1]),
+            num_classes=self.num_classes,
+            base_filters=params.base_filters,
+            levels=params.levels,
+            norm=params.norm,
+            norm_groups=params.norm_groups,
+            batch_norm_momentum=params.batch_norm_momentum,
+        )
+        self.num_parameters = count_trainable_parameters(self.model)
+        opt = training.optimizer
+        self.optimizer = keras.optimizers.Adam(
+            learning_rate=opt.lr, beta_1=opt.beta1, beta_2=opt.beta2, epsilon=opt.epsilon, amsgrad=opt.amsgrad
+        )
+        self.loss_fn = make_loss(training.loss.name, smooth=training.loss.smooth)
+        self.train_data = make_dataset(
+            self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True,
+            seed=training.seed, tile=training.tile,
+        )
+        # Validation cases stay in memory: they are read once and predicted every epoch.
+        self.val_cases = [(cid, img, lab.astype(np.float32)) for cid, img, lab in iter_cases(self.tfrecord_dir, "val")]
+        if not self.val_cases:
+            raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
+
+        model, optimizer, loss_fn = self.model, self.optimizer, self.loss_fn
+
+        @tf.function(reduce_retracing=True)
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                pred = model(x, training=True)
+                loss = loss_fn(y, pred)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        @tf.function(reduce_retracing=True)
+        def predict(x):
+            return model(x, training=False)
+
+        self._train_step = train_step
+        self._predict = predict
+        self._tf = tf
+
+    # ------------------------------------------------------------------ training
+    def train_epoch(self) -> float:
+        """One pass over the training split; the mean batch loss."""
+        losses = [float(self._train_step(x, y)) for x, y in self.train_data]
+        if not losses:
+            raise ValueError(f"{self.tfrecord_dir}: the training split holds no cases")
+        return float(np.mean(losses))
+
+    # ------------------------------------------------------------------ validation
+    def predict_volume(self, image: np.ndarray) -> np.ndarray:
+        """Probabilities for one (H, W, D, C) volume: whole, or stitched from tiles (averaged where they overlap)."""
+        tile = self.spec.training.tile
+        if tile is None:
+            return self._predict(image[None]).numpy()[0]
+        out = np.zeros(image.shape[:3] + (self.num_classes,), np.float32)
+        count = np.zeros(image.shape[:3] + (1,), np.float32)
+        slices = list(iter_tiles(image.shape[:3], tile))
+        batch = max(1, self.spec.training.batch_size)
+        for i in range(0, len(slices), batch):
+            group = slices[i : i + batch]
+            pred = self._predict(np.stack([image[s] for s in group])).numpy()
+            for s, p in zip(group, pred):
+                out[s] += p
+                count[s] += 1.0
+        return out / count
+
+    def validate(self) -> tuple[float, float]:
+        """Mean validation loss and mean per-case dice over the validation split."""
+        from distmis.train.metrics import dice_score
+
+        losses, dices = [], []
+        for _case_id, image, label in self.val_cases:
+            prob = self.predict_volume(image)
+            losses.append(float(self.loss_fn(label[None], prob[None])))
+            dices.append(dice_score(prob, label))
+        return float(np.mean(losses)), float(np.mean(dices))
+
+    def run_epoch(self, epoch: int) -> EpochMetrics:
+        """Train one epoch, validate, and time both. Raises NonFiniteLossError if training diverged."""
+        start = time.perf_counter()
+        train_loss = self.train_epoch()
+        if not math.isfinite(train_loss):
+            raise NonFiniteLossError(f"training loss became {train_loss} at epoch {epoch}")
+        val_loss, val_dice = self.validate()
+        if not math.isfinite(val_loss):
+            raise NonFiniteLossError(f"validation loss became {val_loss} at epoch {epoch}")
+        return EpochMetrics(epoch, train_loss, val_loss, val_dice, time.perf_counter() - start)
+
+    def save(self, directory: str | Path) -> Path:
+        """Save the weights (Keras ``.weights.h5``) into ``directory``."""
+        path = Path(directory) / "model.weights.h5"
+        self.model.save_weights(path)
+        return path
