@@ -1,0 +1,297 @@
+"""Turn one raw case into network-ready arrays.
+
+The pipeline applied by :func:`preprocess_case` is, in order:
+
+1. :func:`zscore_nonzero` - normalise every modality over the brain (its
+   non-zero voxels); the background stays exactly 0.
+2. :func:`center_crop_or_pad` - optional, to a fixed ``crop`` shape (cuts away
+   empty background around the brain, pads with zeros where the volume is smaller).
+3. :func:`resize` - optional, resample to a fixed ``resize`` shape (linear for
+   the image, nearest-neighbour for the label).
+4. :func:`labels_to_target` - map the layout's label values to binary target
+   channels: one whole-tumour channel, or the three nested BraTS regions
+   (whole tumour, tumour core, enhancing tumour).
+
+What to do is described by a :class:`PreprocessConfig`, which is stored in the
+TFRecord manifest so that a trained model knows how its inputs were made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from distmis.data.layouts import LABEL_VALUES, Layout, _coerce_enum, coerce_layout, label_counts
+
+__all__ = [
+    "LabelMode",
+    "zscore_nonzero",
+    "center_crop_or_pad",
+    "resize",
+    "labels_to_target",
+    "PreprocessConfig",
+    "preprocess_case",
+]
+
+
+class LabelMode(str, Enum):
+    """Which segmentation target to train on.
+
+    ``whole-tumour``: one channel, any tumour label.
+    ``regions``: three channels, the nested BraTS evaluation regions
+    WT (whole tumour), TC (tumour core), ET (enhancing tumour).
+    """
+
+    WHOLE_TUMOUR = "whole-tumour"
+    REGIONS = "regions"
+
+
+def coerce_label_mode(mode: LabelMode | str) -> LabelMode:
+    """Return ``mode`` as a :class:`LabelMode` (accepts ``"whole-tumour"`` / ``"regions"``)."""
+    return _coerce_enum(LabelMode, mode, "label mode")
+
+
+# Label values that make up the tumour core (TC) and the enhancing tumour (ET).
+_CORE_VALUES: dict[Layout, tuple[int, ...]] = {Layout.MSD: (2, 3), Layout.BRATS: (1, 4)}
+_ENHANCING_VALUE: dict[Layout, int] = {Layout.MSD: 3, Layout.BRATS: 4}
+
+
+def _check_shape3(shape: Sequence[int], what: str) -> tuple[int, int, int]:
+    """Validate a 3-D target shape of positive integers and return it as a tuple."""
+    try:
+        values = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be 3 positive integers, got {shape!r}") from None
+    if len(values) != 3 or any(s <= 0 for s in values) or any(float(s) != float(o) for s, o in zip(values, shape)):
+        raise ValueError(f"{what} must be 3 positive integers, got {shape!r}")
+    return values  # type: ignore[return-value]
+
+
+def _check_volume(array: np.ndarray, what: str) -> None:
+    if array.ndim < 3:
+        raise ValueError(f"{what} must have at least 3 (spatial) axes, got shape {array.shape}")
+
+
+# --------------------------------------------------------------------------- intensity
+
+
+def zscore_nonzero(image: np.ndarray) -> np.ndarray:
+    """Z-score each modality (last axis) over its non-zero voxels.
+
+    For every channel, the mean and standard deviation are computed over the
+    voxels where that channel is non-zero (the brain); those voxels become
+    ``(x - mean) / std`` and the background stays 0.  A channel that is constant
+    over the brain (std 0) becomes 0 there instead of dividing by zero, and an
+    all-zero channel stays all zero.
+
+    Args:
+        image: ``(H, W, D, C)`` array.
+
+    Returns:
+        float32 array of the same shape.
+    """
+    if image.ndim != 4:
+        raise ValueError(f"zscore_nonzero expects an (H, W, D, C) image, got shape {image.shape}")
+    out = np.zeros(image.shape, dtype=np.float32)
+    for c in range(image.shape[-1]):
+        channel = image[..., c]
+        mask = channel != 0
+        if not mask.any():
+            continue
+        values = channel[mask].astype(np.float64)
+        mean = values.mean()
+        std = values.std()
+        normalised = (values - mean) / std if std > 0 else np.zeros_like(values)
+        out[..., c][mask] = normalised.astype(np.float32)
+    return out
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+def center_crop_or_pad(array: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Centre-crop the first three axes to ``shape``; zero-pad axes that are smaller.
+
+    Cropping removes ``(size - target) // 2`` voxels at the start of an axis
+    and the rest at the end; padding adds ``(target - size) // 2`` zeros at the
+    start and the rest at the end.  Trailing (channel) axes are untouched and
+    the dtype is kept.
+    """
+    target = _check_shape3(shape, "crop shape")
+    _check_volume(array, "array")
+    slices = []
+    pads = []
+    for size, want in zip(array.shape[:3], target):
+        if size >= want:
+            start = (size - want) // 2
+            slices.append(slice(start, start + want))
+            pads.append((0, 0))
+        else:
+            slices.append(slice(None))
+            before = (want - size) // 2
+            pads.append((before, want - size - before))
+    out = array[tuple(slices)]
+    if any(p != (0, 0) for p in pads):
+        pads.extend([(0, 0)] * (array.ndim - 3))
+        out = np.pad(out, pads, mode="constant", constant_values=0)
+    return np.ascontiguousarray(out)
+
+
+def resize(array: np.ndarray, shape: Sequence[int], *, order: int) -> np.ndarray:
+    """Resample the first three axes to exactly ``shape`` with ``scipy.ndimage.zoom``.
+
+    Args:
+        array: ``(H, W, D)`` or ``(H, W, D, C)``; channels are resampled one by one.
+        shape: target ``(h, w, d)``.
+        order: spline order: 1 (linear) for images, 0 (nearest) for label maps.
+
+    Returns:
+        an array of shape ``(h, w, d, ...)`` and the input dtype.
+    """
+    from scipy import ndimage
+
+    target = _check_shape3(shape, "resize shape")
+    _check_volume(array, "array")
+    if order not in range(6):
+        raise ValueError(f"order must be an integer spline order 0-5, got {order!r}")
+    if tuple(array.shape[:3]) == target:
+        return array.copy()
+    factors = [want / size for want, size in zip(target, array.shape[:3])]
+    if array.ndim == 3:
+        out = ndimage.zoom(array, factors, order=order, mode="nearest", grid_mode=False)
+    else:
+        flat = array.reshape(array.shape[:3] + (-1,))
+        out = np.stack(
+            [ndimage.zoom(flat[..., i], factors, order=order, mode="nearest", grid_mode=False) for i in range(flat.shape[-1])],
+            axis=-1,
+        ).reshape(target + array.shape[3:])
+    if tuple(out.shape[:3]) != target:  # zoom rounds the output size; guard against an off-by-one
+        raise AssertionError(f"resize produced {out.shape[:3]} instead of {target}")
+    return out
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def labels_to_target(label: np.ndarray, layout: Layout | str, mode: LabelMode | str) -> np.ndarray:
+    """Map a label map with the layout's values to binary target channels.
+
+    Args:
+        label: integer ``(H, W, D)`` label map with values from ``LABEL_VALUES[layout]``.
+        layout: which label convention ``label`` uses.
+        mode: ``whole-tumour`` -> 1 channel (label > 0); ``regions`` -> 3 channels
+            WT (any tumour), TC (core + enhancing: BraTS {1, 4}, MSD {2, 3}) and
+            ET (enhancing: BraTS 4, MSD 3).
+
+    Returns:
+        uint8 ``(H, W, D, C)`` array of 0/1.
+
+    Raises:
+        ValueError: if ``label`` holds a value not allowed for ``layout``.
+    """
+    layout = coerce_layout(layout)
+    mode = coerce_label_mode(mode)
+    if label.ndim != 3:
+        raise ValueError(f"label must be a 3-D (H, W, D) array, got shape {label.shape}")
+    if label.dtype.kind not in "iub":
+        raise ValueError(f"label must be an integer array, got dtype {label.dtype}")
+    found = sorted(label_counts(label))
+    bad = [v for v in found if v not in LABEL_VALUES[layout]]
+    if bad:
+        raise ValueError(
+            f"label values {bad} are not allowed for layout {layout.value!r} "
+            f"(found {found}, allowed {list(LABEL_VALUES[layout])})"
+        )
+    whole = label > 0
+    if mode is LabelMode.WHOLE_TUMOUR:
+        return whole[..., None].astype(np.uint8)
+    core = np.isin(label, _CORE_VALUES[layout])
+    enhancing = label == _ENHANCING_VALUE[layout]
+    return np.stack([whole, core, enhancing], axis=-1).astype(np.uint8)
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """What :func:`preprocess_case` does.
+
+    Attributes:
+        layout: label convention of the source data set.
+        labels: target channels (see :class:`LabelMode`).
+        crop: centre crop / pad of the spatial axes, applied before ``resize``.
+        resize: final spatial shape after resampling.
+
+    Strings are accepted for the enums and lists for the shapes; they are
+    normalised on construction, so that ``from_dict(to_dict())`` round-trips.
+    """
+
+    layout: Layout
+    labels: LabelMode = LabelMode.WHOLE_TUMOUR
+    crop: tuple[int, int, int] | None = None
+    resize: tuple[int, int, int] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layout", coerce_layout(self.layout))
+        object.__setattr__(self, "labels", coerce_label_mode(self.labels))
+        for name in ("crop", "resize"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _check_shape3(value, f"PreprocessConfig.{name}"))
+
+    @property
+    def num_classes(self) -> int:
+        """Number of target channels: 1 for whole-tumour, 3 for regions."""
+        return 1 if self.labels is LabelMode.WHOLE_TUMOUR else 3
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dict (enums as strings, shapes as lists)."""
+        return {
+            "layout": self.layout.value,
+            "labels": self.labels.value,
+            "crop": list(self.crop) if self.crop is not None else None,
+            "resize": list(self.resize) if self.resize is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PreprocessConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        known = {"layout", "labels", "crop", "resize"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown PreprocessConfig field(s) {unknown}; allowed: {sorted(known)}")
+        if "layout" not in data:
+            raise ValueError("PreprocessConfig needs a 'layout' ('msd' or 'brats')")
+        return cls(**dict(data))
+
+
+def preprocess_case(image: np.ndarray, label: np.ndarray, config: PreprocessConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Apply the pipeline of the module docstring to one case.
+
+    Args:
+        image: ``(H, W, D, 4)`` image as returned by :func:`~distmis.data.layouts.read_case`.
+        label: ``(H, W, D)`` integer label map with values of ``config.layout``.
+        config: what to do.
+
+    Returns:
+        ``(image, target)``: float32 ``(h, w, d, 4)`` and uint8 ``(h, w, d, C)``
+        with ``C = config.num_classes``.
+    """
+    if image.ndim != 4:
+        raise ValueError(f"image must be (H, W, D, C), got shape {image.shape}")
+    if label.shape != image.shape[:3]:
+        raise ValueError(f"label shape {label.shape} does not match image spatial shape {image.shape[:3]}")
+    image = zscore_nonzero(image)
+    if config.crop is not None:
+        image = center_crop_or_pad(image, config.crop)
+        label = center_crop_or_pad(label, config.crop)
+    if config.resize is not None:
+        image = resize(image, config.resize, order=1).astype(np.float32, copy=False)
+        label = resize(label, config.resize, order=0)
+    target = labels_to_target(label, config.layout, config.labels)
+    return np.ascontiguousarray(image, dtype=np.float32), np.ascontiguousarray(target, dtype=np.uint8)
