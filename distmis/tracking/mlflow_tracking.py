@@ -1,0 +1,229 @@
+"""MLflow records of a search: one parent run per search, one child run per trial.
+
+All writes happen in the driver process. Trials report to Ray Tune, and
+:class:`MLflowTrialCallback` (a Tune ``Callback``, running in the driver) turns each report into
+MLflow calls. A sqlite store accepts one writer at a time, so logging from N concurrent trial
+processes could drop metrics; logging from the driver cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Mapping
+
+from mlflow.entities import Metric, Param, RunStatus
+from mlflow.tracking import MlflowClient
+from ray import tune
+
+ROLE_TAG = "distmis.role"
+SEARCHED_TAG = "distmis.searched"
+METRIC_TAG = "distmis.metric"
+MODE_TAG = "distmis.mode"
+PARENT_TAG = "mlflow.parentRunId"
+RUN_NAME_TAG = "mlflow.runName"
+
+# What a trial reports each epoch that is logged as an MLflow metric (step = epoch).
+EPOCH_METRICS = ("train_loss", "val_loss", "val_dice", "epoch_seconds")
+
+
+def default_tracking_uri(output_dir: str | Path) -> str:
+    return f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}"
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}} -> {"a.b": 1}``; lists stay values."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, prefix=f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
+def _param_value(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (list, tuple, dict)) or value is None else str(value)
+
+
+def log_params(client: MlflowClient, run_id: str, params: Mapping[str, Any]) -> None:
+    items = [Param(k, _param_value(v)) for k, v in params.items()]
+    for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+        client.log_batch(run_id, params=items[i : i + 100])
+
+
+def get_or_create_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment.experiment_id)
+        return experiment.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_location)
+
+
+def error_summary(text: str | None) -> str:
+    """The last line of a traceback that says what went wrong (``FloatingPointError: ...``)."""
+    if not text:
+        return "unknown error"
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if head.endswith(("Error", "Exception")) and "ray." not in head and "TuneError" not in head:
+            return line[:500]
+    return lines[-1][:500] if lines else "unknown error"
+
+
+def _trial_error_text(trial: Any) -> str | None:
+    """The traceback Tune wrote for a failed trial: the driver-side error file, else the synced copy."""
+    try:
+        local = trial.error_file
+        if local and Path(local).is_file():
+            return Path(local).read_text()
+        text = trial.get_error()
+        return None if text is None else str(text)
+    except Exception:  # noqa: BLE001 - an unreadable error file must not stop the search
+        return traceback.format_exc()
+
+
+class SearchRun:
+    """The parent MLflow run of one search."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        *,
+        run_name: str,
+        searched: list[str],
+        metric: str,
+        mode: str,
+        artifact_location: str | None = None,
+    ):
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.experiment_id = get_or_create_experiment(self.client, experiment, artifact_location)
+        self.metric, self.mode = metric, mode
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=run_name,
+            tags={
+                ROLE_TAG: "search",
+                SEARCHED_TAG: json.dumps(searched),
+                METRIC_TAG: metric,
+                MODE_TAG: mode,
+            },
+        )
+        self.run_id = run.info.run_id
+        self._started = time.perf_counter()
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        log_params(self.client, self.run_id, params)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, dict(data), artifact_file)
+
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        self.client.log_figure(self.run_id, figure, artifact_file)
+
+    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+
+    def trial_callback(self, base_spec: Mapping[str, Any]) -> MLflowTrialCallback:
+        return MLflowTrialCallback(self, base_spec)
+
+    def finish(self, status: str = "FINISHED") -> float:
+        elapsed = time.perf_counter() - self._started
+        self.log_metrics({"elapsed_seconds": elapsed})
+        self.client.set_terminated(self.run_id, status)
+        return elapsed
+
+
+class MLflowTrialCallback(tune.Callback):
+    """Logs every Tune trial as a child run of the search's parent run, from the driver."""
+
+    def __init__(self, search_run: SearchRun, base_spec: Mapping[str, Any]):
+        self.search = search_run
+        self.client = search_run.client
+        self.base_spec = dict(base_spec)
+        self.run_ids: dict[str, str] = {}
+        self.best: dict[str, tuple[float, int]] = {}
+        self.epochs: dict[str, int] = {}
+
+    # -- helpers
+    def _run_id(self, trial: Any) -> str:
+        if trial.trial_id not in self.run_ids:
+            self._start(trial)
+        return self.run_ids[trial.trial_id]
+
+    def _start(self, trial: Any) -> None:
+        from distmis.spec.load import with_overrides
+        from distmis.spec.schema import Spec
+
+        run = self.client.create_run(
+            self.search.experiment_id,
+            run_name=str(trial),
+            tags={PARENT_TAG: self.search.run_id, ROLE_TAG: "trial", "distmis.trial_id": trial.trial_id},
+        )
+        self.run_ids[trial.trial_id] = run_id = run.info.run_id
+        # Validated, so the params show what the trial really used ("1e-3" in YAML is logged as 0.001).
+        trial_tree = Spec.model_validate(with_overrides(self.base_spec, dict(trial.config))).model_dump(mode="json")
+        params = {k: v for k, v in flatten(trial_tree).items() if not k.startswith(("search.", "tracking."))}
+        log_params(self.client, run_id, params)
+
+    def _finish(self, trial: Any, status: str) -> None:
+        run_id = self._run_id(trial)
+        last = trial.last_result or {}
+        summary: dict[str, float] = {}
+        if "time_total_s" in last:
+            summary["elapsed_seconds"] = float(last["time_total_s"])
+        if trial.trial_id in self.best:
+            value, epoch = self.best[trial.trial_id]
+            summary[f"best_{self.search.metric}"] = value
+            summary["best_epoch"] = float(epoch)
+        summary["epochs_completed"] = float(self.epochs.get(trial.trial_id, 0))
+        now = int(time.time() * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in summary.items()])
+        self.client.set_terminated(run_id, status)
+
+    # -- Tune hooks
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._run_id(trial)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        run_id = self._run_id(trial)
+        epoch = int(result.get("epoch", result.get("training_iteration", 0)))
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(key, float(result[key]), now, epoch)
+            for key in EPOCH_METRICS
+            if key in result and result[key] is not None and math.isfinite(float(result[key]))
+        ]
+        self.client.log_batch(run_id, metrics=metrics)
+        if trial.trial_id not in self.epochs and "num_parameters" in result:
+            self.client.log_param(run_id, "model.num_parameters", int(result["num_parameters"]))
+        self.epochs[trial.trial_id] = epoch
+        value = result.get(self.search.metric)
+        if value is not None and math.isfinite(float(value)):
+            best = self.best.get(trial.trial_id)
+            better = best is None or (value > best[0] if self.search.mode == "max" else value < best[0])
+            if better:
+                self.best[trial.trial_id] = (float(value), epoch)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._finish(trial, RunStatus.to_string(RunStatus.FINISHED))
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        run_id = self._run_id(trial)
+        text = _trial_error_text(trial)
+        self.client.set_tag(run_id, "error", error_summary(text))
+        if text:
+            self.client.log_text(run_id, text, "error.txt")
+        self._finish(trial, RunStatus.to_string(RunStatus.FAILED))

@@ -1,0 +1,111 @@
+"""Real Ray Tune searches on a local Ray, logging to a real sqlite MLflow store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from distmis.orchestration.experiment import run_search
+from distmis.orchestration.trainable import unet_trial
+from distmis.spec import validate_spec
+from distmis.tracking.results import find_search_run, trial_runs
+from tests.conftest import small_spec_tree
+
+
+def metric_steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
+    tree = small_spec_tree(tmp_path / "data")
+    tree["search"]["space"] = {
+        "training.optimizer.lr": {"grid": [1.0e-3, 5.0e-3]},
+        "model.params.norm": {"grid": ["batch", "group"]},
+    }
+    spec = validate_spec(tree)
+    outcome = run_search(spec, tmp_path / "out", progress=False)
+
+    assert outcome.failed == 0
+    assert (tmp_path / "data" / "dataset.json").is_file()  # the synthetic dataset was generated
+    assert outcome.tracking_uri == f"sqlite:///{(tmp_path / 'out' / 'mlflow.db').resolve()}"
+    client = MlflowClient(outcome.tracking_uri)
+    parent = find_search_run(client, "tiny")
+    assert parent.info.run_id == outcome.parent_run_id and parent.info.status == "FINISHED"
+    children = trial_runs(client, parent)
+    assert len(children) == 4
+    # Four trials ran concurrently two at a time; not one metric may be lost.
+    for child in children:
+        assert child.info.status == "FINISHED"
+        for key in ("train_loss", "val_loss", "val_dice", "epoch_seconds"):
+            assert metric_steps(client, child.info.run_id, key) == [1, 2], key
+        params = child.data.params
+        assert int(params["model.num_parameters"]) > 0
+        assert params["training.optimizer.lr"] in ("0.001", "0.005")
+        assert params["model.params.norm"] in ("batch", "group")
+        assert child.data.metrics["elapsed_seconds"] > 0
+    combos = {(c.data.params["training.optimizer.lr"], c.data.params["model.params.norm"]) for c in children}
+    assert len(combos) == 4
+
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"spec.yaml", "split.json", "results.csv", "results.md", "val_dice_curves.png"} <= artifacts
+    assert parent.data.metrics["failed_trials"] == 0 and parent.data.metrics["elapsed_seconds"] > 0
+
+    table = outcome.results
+    assert len(table) == 4 and list(table["best_val_dice"]) == sorted(table["best_val_dice"], reverse=True)
+    assert set(table.columns) >= {"trial", "status", "lr", "norm", "best_val_dice", "best_epoch", "elapsed_s"}
+    # Each trial kept a checkpoint of its best epoch.
+    checkpoints = list((tmp_path / "out" / "ray_results").rglob("model.weights.h5"))
+    assert len(checkpoints) == 4
+
+
+def test_optuna_search_samples_the_space(ray_local, tmp_path: Path):
+    tree = small_spec_tree(tmp_path / "data")
+    tree["training"]["epochs"] = 1
+    tree["search"] = {
+        "algorithm": "optuna",
+        "num_samples": 2,
+        "space": {"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}, "model.params.norm": {"choice": ["batch", "group"]}},
+    }
+    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False)
+    assert outcome.failed == 0 and len(outcome.results) == 2
+    lrs = [float(v) for v in outcome.results["lr"]]
+    assert all(1e-4 <= lr <= 1e-2 for lr in lrs) and lrs[0] != lrs[1]
+
+
+def flaky_trial(config, **kwargs):
+    """The real U-Net trial, except that the high-lr trial diverges the way a real one would."""
+    if config["training.optimizer.lr"] > 1e-2:
+        from distmis.train.tf_unet import NonFiniteLossError
+
+        raise NonFiniteLossError("training loss became nan at epoch 1")
+    unet_trial(config, **kwargs)
+
+
+def test_failing_trial_is_recorded_and_search_goes_on(ray_local, tmp_path: Path):
+    tree = small_spec_tree(tmp_path / "data")
+    tree["training"]["epochs"] = 1
+    tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3, 5.0e-2]}}
+    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False, trainable=flaky_trial)
+
+    assert outcome.failed == 1
+    by_status = {row["status"]: row for row in outcome.results.to_dict("records")}
+    assert set(by_status) == {"FINISHED", "FAILED"}
+    assert "NonFiniteLossError" in by_status["FAILED"]["error"] and "nan" in by_status["FAILED"]["error"]
+    assert by_status["FINISHED"]["best_val_dice"] >= 0
+    assert outcome.best is not None and outcome.best["status"] == "FINISHED"
+    client = MlflowClient(outcome.tracking_uri)
+    failed_run = client.get_run(by_status["FAILED"]["run_id"])
+    assert {a.path for a in client.list_artifacts(failed_run.info.run_id)} == {"error.txt"}
+    assert client.get_run(outcome.parent_run_id).data.metrics["failed_trials"] == 1
+
+
+def test_bad_dataset_path_leaves_nothing_behind(tmp_path: Path):
+    tree = small_spec_tree(tmp_path / "missing")
+    del tree["dataset"]["synthetic"]
+    from distmis.data.errors import DataError
+
+    with pytest.raises(DataError, match="missing"):
+        run_search(validate_spec(tree), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

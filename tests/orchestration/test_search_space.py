@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from ray import tune
+
+from distmis.orchestration.search_space import num_trials, param_space, scheduler, search_algorithm
+from distmis.orchestration.trainable import is_better, trial_spec
+from distmis.spec import spec_to_dict, validate_spec
+
+
+def test_param_space_maps_each_domain(spec_tree):
+    spec_tree["search"] = {
+        "algorithm": "random",
+        "num_samples": 3,
+        "space": {
+            "training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]},
+            "training.optimizer.beta2": {"uniform": [0.9, 0.999]},
+            "model.params.norm": {"choice": ["batch", "group"]},
+            "training.batch_size": {"randint": [1, 2]},
+            "training.optimizer.amsgrad": {"grid": [True, False]},
+        },
+    }
+    spec = validate_spec(spec_tree)
+    space = param_space(spec.search)
+    assert isinstance(space["training.optimizer.lr"], tune.search.sample.Float)
+    assert isinstance(space["model.params.norm"], tune.search.sample.Categorical)
+    assert space["training.optimizer.amsgrad"] == {"grid_search": [True, False]}
+    # randint is inclusive in the spec, exclusive in Tune.
+    assert space["training.batch_size"].upper == 3
+    assert num_trials(spec.search) == 6
+    assert search_algorithm(spec) is None and scheduler(spec) is None
+
+
+def test_optuna_and_asha(spec_tree):
+    spec_tree["search"] = {"algorithm": "optuna", "scheduler": "asha", "space": {}}
+    spec = validate_spec(spec_tree)
+    assert type(search_algorithm(spec)).__name__ == "OptunaSearch"
+    assert type(scheduler(spec)).__name__ == "AsyncHyperBandScheduler"
+
+
+def test_trial_spec_applies_config(spec_tree):
+    base = spec_to_dict(validate_spec(spec_tree))
+    spec = trial_spec(base, {"training.optimizer.lr": 0.5, "model.params.norm": "group"})
+    assert spec.training.optimizer.lr == 0.5 and spec.model.params.norm == "group"
+    assert base["training"]["optimizer"]["lr"] == 1.0e-3  # the base spec is untouched
+
+
+def test_is_better():
+    assert is_better(0.5, None, "max") and is_better(0.6, 0.5, "max") and not is_better(0.4, 0.5, "max")
+    assert is_better(0.4, 0.5, "min") and not is_better(float("nan"), None, "max")

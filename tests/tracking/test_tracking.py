@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from distmis.tracking.mlflow_tracking import error_summary, flatten
+from distmis.tracking.results import format_results, short_name
+
+
+def test_flatten():
+    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}}) == {"a.b": 1, "a.c.d": [1, 2], "e": {}}
+
+
+def test_error_summary_picks_the_cause():
+    trace = (
+        "Failure # 1\nray.exceptions.RayTaskError(NonFiniteLossError): ray::f()\n"
+        "  File \"x.py\", line 3\n    raise NonFiniteLossError('loss nan')\n"
+        "distmis.train.tf_unet.NonFiniteLossError: training loss became nan at epoch 2\n"
+    )
+    assert error_summary(trace) == "distmis.train.tf_unet.NonFiniteLossError: training loss became nan at epoch 2"
+    assert error_summary(None) == "unknown error"
+
+
+def test_short_name():
+    assert short_name("training.optimizer.lr") == "lr"
+
+
+def test_formats():
+    frame = pd.DataFrame([
+        {"trial": "a", "status": "FINISHED", "best_val_dice": 0.81234, "error": "", "run_id": "1"},
+        {"trial": "b", "status": "FAILED", "best_val_dice": math.nan, "error": "Boom: x", "run_id": "2"},
+    ])
+    table = format_results(frame, "table")
+    assert "0.8123" in table and "Boom" in table and "run_id" not in table
+    md = format_results(frame, "markdown")
+    assert md.splitlines()[0] == "| trial | status | best_val_dice | error | run_id |"
+    assert "| a | FINISHED | 0.8123 |  | 1 |" in md
+    assert format_results(frame, "csv").splitlines()[0] == "trial,status,best_val_dice,error,run_id"
