@@ -1,0 +1,209 @@
+"""``distmis``: the command line.
+
+Exit codes: 0 success; 1 the search ran but some trials failed; 2 bad input (spec, data or
+arguments), in which case nothing was started and nothing was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class BadInput(ValueError):
+    """An argument the user gave cannot be used."""
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    parts = text.replace("x", ",").split(",")
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a shape like 64,64,64 or 64x64x64, got {text!r}") from None
+    if len(values) != 3 or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected three positive integers, got {text!r}")
+    return values  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- commands
+def cmd_validate(args: argparse.Namespace) -> int:
+    from distmis.orchestration.search_space import num_trials
+    from distmis.spec import load_spec, parse_set_options
+
+    spec = load_spec(args.spec, parse_set_options(args.set))
+    print(f"{args.spec}: valid search spec {spec.name!r}, {num_trials(spec.search)} trial(s)")
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from distmis.orchestration.experiment import default_output_dir, run_search
+    from distmis.spec import load_spec, parse_set_options
+    from distmis.tracking.results import format_results
+
+    spec = load_spec(args.spec, parse_set_options(args.set))
+    output = Path(args.output) if args.output else default_output_dir(spec)
+    outcome = run_search(spec, output, address=args.address, progress=not args.quiet)
+
+    print(f"\nSearch {spec.name!r}: {len(outcome.results)} trial(s), {outcome.failed} failed, "
+          f"{outcome.elapsed_seconds:.1f} s")
+    print(format_results(outcome.results, "table"))
+    best = outcome.best
+    if best is not None:
+        metric = spec.search.metric
+        print(f"\nBest trial: {best['trial']}  {metric} = {best[f'best_{metric}']:.4f} (epoch {best['best_epoch']})")
+    print(f"\nMLflow: experiment {outcome.experiment!r}, parent run {outcome.parent_run_id}")
+    print(f"  tracking URI: {outcome.tracking_uri}")
+    print(f"  distmis results --tracking-uri {outcome.tracking_uri} --experiment {outcome.experiment}")
+    return EXIT_TRIALS_FAILED if outcome.failed else EXIT_OK
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    from mlflow.tracking import MlflowClient
+
+    from distmis.tracking.results import ResultsNotFound, find_search_run, format_results, results_frame
+
+    uri = args.tracking_uri
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise BadInput(f"--tracking-uri {uri}: no such sqlite file")
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        parent = find_search_run(client, args.experiment, args.run_id)
+    except ResultsNotFound as exc:
+        raise BadInput(str(exc)) from None
+    frame = results_frame(client, parent)
+    if args.format == "table":
+        print(f"search run {parent.info.run_id} ({parent.info.run_name}, {parent.info.status})")
+    print(format_results(frame, args.format))
+    return EXIT_OK
+
+
+def cmd_data_synth(args: argparse.Namespace) -> int:
+    from distmis.data.synthetic import synthesize_dataset
+
+    ids = synthesize_dataset(args.out, args.layout, cases=args.cases, shape=args.shape, seed=args.seed,
+                             progress=not args.quiet)
+    print(f"wrote {len(ids)} synthetic {args.layout} cases to {args.out}")
+    return EXIT_OK
+
+
+def cmd_data_tfrecord(args: argparse.Namespace) -> int:
+    from distmis.data.layouts import Layout, discover_cases
+    from distmis.data.preprocess import LabelMode, PreprocessConfig
+    from distmis.data.split import make_split
+
+    cases = discover_cases(args.dataset, args.layout)
+    train, val, test = args.split
+    split = make_split([c.case_id for c in cases], train=train, val=val, test=test, seed=args.seed)
+    config = PreprocessConfig(layout=Layout(args.layout), labels=LabelMode(args.labels),
+                              crop=args.crop, resize=args.resize)
+    from distmis.data.tfrecord import convert_to_tfrecords
+
+    manifest = convert_to_tfrecords(cases, split, config, args.out, shards_per_split=args.shards,
+                                    workers=args.workers, progress=not args.quiet, overwrite=args.overwrite)
+    counts = ", ".join(f"{name}: {manifest['splits'][name]['num_cases']}" for name in ("train", "val", "test"))
+    print(f"wrote TFRecords to {args.out} ({counts}; image shape {manifest['image_shape']})")
+    return EXIT_OK
+
+
+def cmd_data_inspect(args: argparse.Namespace) -> int:
+    from distmis.data.inspect import format_inspection, inspect_dataset
+
+    print(format_inspection(inspect_dataset(args.dataset, args.layout)))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="distmis",
+        description="Hyperparameter search for 3D medical image segmentation on Ray, tracked in MLflow.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def spec_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("spec", help="search spec YAML (see docs/spec.md)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a spec field by dotted path, value parsed as YAML (repeatable)")
+
+    p = sub.add_parser("validate", help="check a search spec without running anything")
+    spec_args(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("run", help="run a search spec experiment-parallel on Ray Tune")
+    spec_args(p)
+    p.add_argument("--output", help="output folder (default: runs/<spec name>, or $DISTMIS_OUTPUT/<name>)")
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
+                   help="Ray cluster address (default: $RAY_ADDRESS, else start a local Ray)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("results", help="print a search's results table from MLflow")
+    p.add_argument("--tracking-uri", required=True, help="MLflow tracking URI, e.g. sqlite:///runs/quickstart/mlflow.db")
+    p.add_argument("--experiment", required=True, help="MLflow experiment name (the spec's name by default)")
+    p.add_argument("--run-id", help="a specific search (parent) run; default: the newest")
+    p.add_argument("--format", choices=["table", "csv", "json", "markdown"], default="table")
+    p.set_defaults(func=cmd_results)
+
+    data = sub.add_parser("data", help="dataset tools: synth, tfrecord, inspect")
+    dsub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
+
+    p = dsub.add_parser("synth", help="write a synthetic NIfTI dataset in MSD or BraTS layout")
+    p.add_argument("out", help="folder to create")
+    p.add_argument("--layout", choices=["msd", "brats"], default="msd")
+    p.add_argument("--cases", type=int, default=10)
+    p.add_argument("--shape", type=_shape, default=(64, 64, 64), help="H,W,D (default 64,64,64)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_data_synth)
+
+    p = dsub.add_parser("tfrecord", help="convert a NIfTI dataset to sharded TFRecords with a manifest")
+    p.add_argument("dataset", help="dataset folder")
+    p.add_argument("out", help="TFRecord folder to create")
+    p.add_argument("--layout", choices=["msd", "brats"], default="msd")
+    p.add_argument("--labels", choices=["whole-tumour", "regions"], default="whole-tumour")
+    p.add_argument("--crop", type=_shape, help="centre crop H,W,D (zero-padded where smaller)")
+    p.add_argument("--resize", type=_shape, help="resize to H,W,D after cropping")
+    p.add_argument("--split", type=float, nargs=3, default=(0.7, 0.15, 0.15), metavar=("TRAIN", "VAL", "TEST"))
+    p.add_argument("--seed", type=int, default=0, help="split seed")
+    p.add_argument("--shards", type=int, help="shards per split (default: about 8 cases a shard)")
+    p.add_argument("--workers", type=int, help="conversion processes (default: min(CPUs, 4))")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_data_tfrecord)
+
+    p = dsub.add_parser("inspect", help="cases, shapes, spacing, dtypes and label counts of a dataset")
+    p.add_argument("dataset", help="dataset folder")
+    p.add_argument("--layout", choices=["msd", "brats"], default="msd")
+    p.set_defaults(func=cmd_data_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from distmis.data.errors import DataError
+    from distmis.spec import SpecError
+
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (SpecError, DataError, BadInput) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

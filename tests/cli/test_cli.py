@@ -1,0 +1,89 @@
+"""The ``distmis`` command line, run in-process on a local Ray."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distmis.cli.main import build_parser, main
+from tests.conftest import small_spec_tree
+
+
+def write_spec(path: Path, tree: dict) -> Path:
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["run"], ["validate"], ["results"], ["data"], ["data", "synth"], ["data", "tfrecord"], ["data", "inspect"]],
+)
+def test_help_on_every_command(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--help"])
+    assert info.value.code == 0
+    assert "usage: distmis" in capsys.readouterr().out
+
+
+def test_bad_spec_exits_2_and_writes_nothing(tmp_path, capsys):
+    tree = small_spec_tree(tmp_path / "data")
+    tree["training"]["optimizer"]["lr"] = -1
+    spec = write_spec(tmp_path / "bad.yaml", tree)
+    code = main(["run", str(spec), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "bad.yaml" in err and "training.optimizer.lr" in err and "-1" in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()
+
+
+def test_bad_set_exits_2(tmp_path, capsys):
+    spec = write_spec(tmp_path / "s.yaml", small_spec_tree(tmp_path / "data"))
+    assert main(["validate", str(spec), "--set", "training.epochs=-3"]) == 2
+    assert "training.epochs" in capsys.readouterr().err
+    assert main(["validate", str(spec), "--set", "training.epochs=3"]) == 0
+
+
+def test_run_then_results(ray_local, tmp_path, capsys):
+    tree = small_spec_tree(tmp_path / "data")
+    tree["training"]["epochs"] = 1
+    spec = write_spec(tmp_path / "s.yaml", tree)
+    out = tmp_path / "out"
+    code = main(["run", str(spec), "--output", str(out), "--quiet", "--set", "name=cli-run"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "Best trial:" in printed and "best_val_dice" in printed
+
+    uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
+    assert main(["results", "--tracking-uri", uri, "--experiment", "cli-run", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"FINISHED"}
+    assert {r["lr"] for r in rows} == {"0.001", "0.005"}
+
+    assert main(["results", "--tracking-uri", uri, "--experiment", "nope"]) == 2
+    assert "cli-run" in capsys.readouterr().err  # lists the experiments that do exist
+
+
+def test_data_commands(tmp_path, capsys):
+    data = tmp_path / "brats"
+    assert main(["data", "synth", str(data), "--layout", "brats", "--cases", "4", "--shape", "16x16x16", "--quiet"]) == 0
+    assert main(["data", "inspect", str(data), "--layout", "brats"]) == 0
+    assert "4" in capsys.readouterr().out
+    out = tmp_path / "tfr"
+    code = main(["data", "tfrecord", str(data), str(out), "--layout", "brats", "--labels", "regions",
+                 "--split", "0.5", "0.25", "0.25", "--quiet"])
+    assert code == 0 and (out / "manifest.json").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["label_shape"][-1] == 3
+    # A second conversion into the same folder is refused rather than mixed in.
+    assert main(["data", "tfrecord", str(data), str(out), "--layout", "brats", "--quiet"]) == 2
+    assert main(["data", "inspect", str(tmp_path / "nothing")]) == 2
+
+
+def test_parser_shape_argument():
+    args = build_parser().parse_args(["data", "synth", "x", "--shape", "8,16,24"])
+    assert args.shape == (8, 16, 24)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["data", "synth", "x", "--shape", "8,16"])
