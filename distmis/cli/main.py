@@ -99,7 +99,10 @@ def cmd_data_tfrecord(args: argparse.Namespace) -> int:
 
     cases = discover_cases(args.dataset, args.layout)
     train, val, test = args.split
-    split = make_split([c.case_id for c in cases], train=train, val=val, test=test, seed=args.seed)
+    try:
+        split = make_split([c.case_id for c in cases], train=train, val=val, test=test, seed=args.seed)
+    except ValueError as exc:
+        raise BadInput(f"--split {train} {val} {test}: {exc}") from None
     config = PreprocessConfig(layout=Layout(args.layout), labels=LabelMode(args.labels),
                               crop=args.crop, resize=args.resize)
     from distmis.data.tfrecord import convert_to_tfrecords

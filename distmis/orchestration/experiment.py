@@ -22,7 +22,8 @@ from distmis.orchestration.trainable import unet_trial
 from distmis.spec.load import spec_to_dict, spec_to_yaml
 from distmis.spec.schema import Spec
 from distmis.tracking.mlflow_tracking import SearchRun, default_tracking_uri, flatten
-from distmis.tracking.results import format_results, learning_curves_figure, results_frame
+from distmis.tracking.figures import learning_curves_figure
+from distmis.tracking.results import format_results, results_frame
 
 logger = logging.getLogger(__name__)
 
@@ -153,16 +154,41 @@ def run_search(
     results = results_frame(client, parent)
     search_run.log_text(format_results(results, "csv"), "results.csv")
     search_run.log_text(format_results(results, "markdown"), "results.md")
-    figure = learning_curves_figure(client, parent, "val_dice")
-    search_run.log_figure(figure, "val_dice_curves.png")
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
+    search_run.log_figure(learning_curves_figure(client, parent, "val_dice"), "val_dice_curves.png")
+    if failed < len(results):
+        _log_best_overlay(search_run, grid, base_spec, data)
     search_run.log_metrics({"trials": len(results), "failed_trials": failed})
-    if not results.empty and results[f"best_{spec.search.metric}"].notna().any():
-        search_run.log_metrics({f"best_{spec.search.metric}": float(results[f"best_{spec.search.metric}"].iloc[0])})
+    best_column = results.get(f"best_{spec.search.metric}")
+    if best_column is not None and best_column.notna().any():
+        search_run.log_metrics({f"best_{spec.search.metric}": float(best_column.iloc[0])})
     elapsed = search_run.finish("FINISHED")
     return SearchOutcome(results, failed, elapsed, tracking_uri, spec.experiment_name, search_run.run_id, data)
+
+
+def _log_best_overlay(search_run: SearchRun, grid: Any, base_spec: dict[str, Any], data: PreparedData) -> None:
+    """Predict the first validation case with the best trial's best checkpoint; log the overlay PNG.
+
+    A picture for the MLflow UI, not part of the results: a failure here is logged, not raised.
+    """
+    try:
+        from distmis.orchestration.trainable import trial_spec
+        from distmis.tracking.figures import segmentation_overlay_figure
+        from distmis.train.metrics import dice_score
+        from distmis.train.tf_unet import UNetTrainer
+
+        best = grid.get_best_result(scope="all")
+        checkpoint = best.get_best_checkpoint(search_run.metric, search_run.mode) or best.checkpoint
+        if checkpoint is None:
+            return
+        trainer = UNetTrainer(trial_spec(base_spec, best.config), data.tfrecord_dir)
+        with checkpoint.as_directory() as directory:
+            trainer.model.load_weights(Path(directory) / "model.weights.h5")
+        case_id, image, label = trainer.val_cases[0]
+        prob = trainer.predict_volume(image)
+        title = f"best trial, validation case {case_id}: dice {dice_score(prob, label):.3f}"
+        search_run.log_figure(segmentation_overlay_figure(image, label, prob, title=title), "best_trial_overlay.png")
+    except Exception:  # noqa: BLE001
+        logger.warning("could not draw the segmentation overlay of the best trial", exc_info=True)
 
 
 def default_output_dir(spec: Spec) -> Path:

@@ -72,7 +72,10 @@ def prepare_data(spec: Spec, output_dir: str | Path, *, progress: bool = True) -
     generated = ensure_dataset(spec, progress=progress)
     cases = discover_cases(Path(spec.dataset.path), Layout(spec.dataset.layout))
     s = spec.dataset.split
-    split = make_split([c.case_id for c in cases], train=s.train, val=s.val, test=s.test, seed=s.seed)
+    try:
+        split = make_split([c.case_id for c in cases], train=s.train, val=s.val, test=s.test, seed=s.seed)
+    except ValueError as exc:
+        raise DataError(f"dataset.split for {spec.dataset.path}: {exc}") from None
     config = preprocess_config(spec)
     tfrecord_dir = Path(output_dir).resolve() / "tfrecords" / _fingerprint(cases, config, split)
     if (tfrecord_dir / "manifest.json").is_file():

@@ -130,7 +130,11 @@ class SearchRun:
         self.client.log_dict(self.run_id, dict(data), artifact_file)
 
     def log_figure(self, figure: Any, artifact_file: str) -> None:
+        """Log a matplotlib figure as a PNG, then close it."""
+        import matplotlib.pyplot as plt
+
         self.client.log_figure(self.run_id, figure, artifact_file)
+        plt.close(figure)
 
     def log_metrics(self, metrics: Mapping[str, float]) -> None:
         now = int(time.time() * 1000)

@@ -108,25 +108,3 @@ def format_results(frame: pd.DataFrame, fmt: Format = "table") -> str:
             shown = shown.drop(columns=["error"])
         return shown.to_string(index=False, float_format=lambda v: f"{v:.4f}")
     raise ValueError(f"format must be table, csv, json or markdown, got {fmt!r}")
-
-
-def learning_curves_figure(client: MlflowClient, parent: Run, metric: str = "val_dice"):
-    """A matplotlib figure of ``metric`` per epoch for every trial of the search."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run in trial_runs(client, parent):
-        history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
-        if history:
-            ax.plot([m.step for m in history], [m.value for m in history], marker="o", ms=3,
-                    label=f"{run.info.run_name} ({run.info.status.lower()})")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric} per trial")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    return fig

@@ -49,7 +49,7 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
     assert len(combos) == 4
 
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"spec.yaml", "split.json", "results.csv", "results.md", "val_dice_curves.png"} <= artifacts
+    assert {"spec.yaml", "split.json", "results.csv", "results.md", "val_dice_curves.png", "best_trial_overlay.png"} <= artifacts
     assert parent.data.metrics["failed_trials"] == 0 and parent.data.metrics["elapsed_seconds"] > 0
 
     table = outcome.results

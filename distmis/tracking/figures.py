@@ -1,0 +1,69 @@
+"""Pictures for the MLflow UI: learning curves of a search, and a segmentation overlay."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def segmentation_overlay_figure(image: np.ndarray, target: np.ndarray, prob: np.ndarray, *, title: str = ""):
+    """FLAIR slices through the tumour with the ground truth (green) and the prediction (red) outlined.
+
+    ``image`` (H, W, D, 4), ``target`` and ``prob`` (H, W, D, C); channel 0 (whole tumour) is drawn,
+    on the axial, coronal and sagittal slices through the tumour's centre of mass.
+    """
+    plt = _pyplot()
+    truth = target[..., 0] > 0.5
+    pred = prob[..., 0] >= 0.5
+    mask = truth if truth.any() else pred
+    centre = [int(round(c)) for c in np.argwhere(mask).mean(axis=0)] if mask.any() else [s // 2 for s in truth.shape]
+    views = [
+        ("axial", lambda a: a[:, :, centre[2]]),
+        ("coronal", lambda a: a[:, centre[1], :]),
+        ("sagittal", lambda a: a[centre[0], :, :]),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.6))
+    for ax, (name, cut) in zip(axes, views):
+        ax.imshow(cut(image[..., 0]).T, cmap="gray", origin="lower")
+        for mask_2d, colour in ((cut(truth), "lime"), (cut(pred), "red")):
+            if mask_2d.any() and not mask_2d.all():
+                ax.contour(mask_2d.T.astype(float), levels=[0.5], colors=colour, linewidths=1.2)
+        ax.set_title(name)
+        ax.axis("off")
+    fig.suptitle(f"{title}  (green: ground truth, red: prediction)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def learning_curves_figure(client: MlflowClient, parent: Run, metric: str = "val_dice"):
+    """A matplotlib figure of ``metric`` per epoch for every trial of the search."""
+    from distmis.tracking.results import trial_runs
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in trial_runs(client, parent):
+        history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
+        if history:
+            ax.plot([m.step for m in history], [m.value for m in history], marker="o", ms=3,
+                    label=f"{run.info.run_name} ({run.info.status.lower()})")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} per trial")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
