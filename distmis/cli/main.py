@@ -45,6 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from distmis.orchestration.experiment import default_output_dir, run_search
     from distmis.spec import load_spec, parse_set_options
     from distmis.tracking.results import format_results
+    from distmis.tracking.uri import redact_uri
 
     spec = load_spec(args.spec, parse_set_options(args.set))
     output = Path(args.output) if args.output else default_output_dir(spec)
@@ -57,9 +58,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if best is not None:
         metric = spec.search.metric
         print(f"\nBest trial: {best['trial']}  {metric} = {best[f'best_{metric}']:.4f} (epoch {best['best_epoch']})")
+    uri = redact_uri(outcome.tracking_uri)
     print(f"\nMLflow: experiment {outcome.experiment!r}, parent run {outcome.parent_run_id}")
-    print(f"  tracking URI: {outcome.tracking_uri}")
-    print(f"  distmis results --tracking-uri {outcome.tracking_uri} --experiment {outcome.experiment}")
+    print(f"  tracking URI: {uri}")
+    print(f"  distmis results --tracking-uri {uri} --experiment {outcome.experiment}")
     return EXIT_TRIALS_FAILED if outcome.failed else EXIT_OK
 
 

@@ -15,15 +15,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
+import yaml
 
 from distmis.orchestration.prepare import PreparedData, prepare_data
 from distmis.orchestration.search_space import num_trials, param_space, scheduler, search_algorithm
 from distmis.orchestration.trainable import unet_trial
-from distmis.spec.load import spec_to_dict, spec_to_yaml
+from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.mlflow_tracking import SearchRun, default_tracking_uri, flatten
 from distmis.tracking.figures import learning_curves_figure
 from distmis.tracking.results import format_results, results_frame
+from distmis.tracking.uri import redact_uri
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +100,12 @@ def run_search(
         artifact_location=artifact_location,
     )
     base_spec = spec_to_dict(spec)
-    search_run.log_params({k: v for k, v in flatten(base_spec).items() if not k.startswith("search.space")})
-    search_run.log_text(spec_to_yaml(spec), "spec.yaml")
+    # The spec's fields as params, except the search space (a tag) and the tracking URI (may hold credentials).
+    search_run.log_params({k: v for k, v in flatten(base_spec).items() if not k.startswith(("search.space", "tracking.uri"))})
+    logged_spec = spec_to_dict(spec)
+    if logged_spec["tracking"]["uri"]:
+        logged_spec["tracking"]["uri"] = redact_uri(logged_spec["tracking"]["uri"])
+    search_run.log_text(yaml.safe_dump(logged_spec, sort_keys=False), "spec.yaml")
     search_run.log_dict(data.split, "split.json")
     search_run.log_dict(data.manifest, "tfrecord_manifest.json")
 

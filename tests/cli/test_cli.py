@@ -87,3 +87,19 @@ def test_parser_shape_argument():
     assert args.shape == (8, 16, 24)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["data", "synth", "x", "--shape", "8,16"])
+
+
+def test_run_exits_1_when_a_trial_fails(ray_local, tmp_path, monkeypatch, capsys):
+    import functools
+
+    import distmis.orchestration.experiment as experiment
+    from tests.orchestration.test_experiment import flaky_trial
+
+    monkeypatch.setattr(experiment, "run_search", functools.partial(experiment.run_search, trainable=flaky_trial))
+    tree = small_spec_tree(tmp_path / "data")
+    tree["training"]["epochs"] = 1
+    tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3, 5.0e-2]}}
+    spec = write_spec(tmp_path / "s.yaml", tree)
+    assert main(["run", str(spec), "--output", str(tmp_path / "out"), "--quiet"]) == 1
+    printed = capsys.readouterr().out
+    assert "1 failed" in printed and "NonFiniteLossError" in printed

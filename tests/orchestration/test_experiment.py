@@ -60,11 +60,12 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
     assert len(checkpoints) == 4
 
 
-def test_optuna_search_samples_the_space(ray_local, tmp_path: Path):
+def test_optuna_search_with_asha_samples_the_space(ray_local, tmp_path: Path):
     tree = small_spec_tree(tmp_path / "data")
     tree["training"]["epochs"] = 1
     tree["search"] = {
         "algorithm": "optuna",
+        "scheduler": "asha",
         "num_samples": 2,
         "space": {"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}, "model.params.norm": {"choice": ["batch", "group"]}},
     }

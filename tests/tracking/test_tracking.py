@@ -37,3 +37,11 @@ def test_formats():
     assert md.splitlines()[0] == "| trial | status | best_val_dice | error | run_id |"
     assert "| a | FINISHED | 0.8123 |  | 1 |" in md
     assert format_results(frame, "csv").splitlines()[0] == "trial,status,best_val_dice,error,run_id"
+
+
+def test_redact_uri():
+    from distmis.tracking.uri import redact_uri
+
+    assert redact_uri("postgresql://alice:s3cret@db:5432/mlflow") == "postgresql://alice:***@db:5432/mlflow"
+    assert redact_uri("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+    assert redact_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from distmis.train.threads import threads_for
+
+
+def test_threads_for():
+    assert threads_for(1) == 1 and threads_for(2.7) == 2 and threads_for(0.5) == 1
+    with pytest.raises(ValueError):
+        threads_for(0)
+
+
+def test_pin_threads_sets_every_pool():
+    # A fresh interpreter: TensorFlow takes thread settings only before its runtime starts.
+    code = (
+        "import os\n"
+        "from distmis.train.threads import pin_threads\n"
+        "n = pin_threads(1.5)\n"
+        "import tensorflow as tf, torch\n"
+        "print(n, tf.config.threading.get_intra_op_parallelism_threads(), torch.get_num_threads(),"
+        " os.environ['OMP_NUM_THREADS'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "1", "1", "1"]
