@@ -1,0 +1,317 @@
+"""Train and validate the PyTorch 3D U-Net of one trial: the twin of :mod:`distmis.train.tf_unet`.
+
+The cases are read once from the search's TFRecords into memory and kept channels-first
+((C, H, W, D) per case). Each epoch a seeded permutation orders the training cases identically on
+every rank; rank ``r`` of ``world_size`` takes every ``world_size``-th case of it, and every rank
+runs the same number of steps, so gradient all-reduces (when a wrapper such as DDP adds them) never
+wait on a rank that has finished. The trainer itself holds no distribution logic: the caller passes
+``rank``/``world_size`` and a ``wrap_model`` (Ray Train's ``prepare_model``, DDP, ...).
+
+Validation is per case on whole volumes (or stitched tiles when ``training.tile`` is set), on every
+rank over every validation case, so all ranks report the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Callable, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from distmis.models.unet3d_torch import UNet3D, count_trainable_parameters
+from distmis.spec.schema import Spec
+from distmis.train.tf_unet import EpochMetrics, NonFiniteLossError, iter_tiles
+
+__all__ = [
+    "LossName",
+    "soft_dice_per_sample",
+    "soft_dice_loss",
+    "dice_bce_loss",
+    "make_loss",
+    "TorchUNetTrainer",
+]
+
+LossName = Literal["dice", "dice-bce"]
+LOSSES: tuple[str, ...] = ("dice", "dice-bce")
+BCE_EPSILON = 1e-7  # Keras' clipping of probabilities before the logarithm
+
+
+# --------------------------------------------------------------------------- losses
+def soft_dice_per_sample(pred: torch.Tensor, target: torch.Tensor, smooth: float = 1.0) -> torch.Tensor:
+    """Soft dice for every sample and channel of channels-first (B, C, H, W, D) tensors -> (B, C).
+
+    ``(2 * sum(p * g) + smooth) / (sum(p) + sum(g) + smooth)`` over the spatial axes of each sample,
+    as :func:`distmis.train.losses.soft_dice_per_sample` (which is channels-last).
+    """
+    target = target.to(pred.dtype)
+    axes = tuple(range(2, pred.ndim))
+    intersection = (pred * target).sum(dim=axes)
+    total = pred.sum(dim=axes) + target.sum(dim=axes)
+    return (2.0 * intersection + smooth) / (total + smooth)
+
+
+def soft_dice_loss(pred: torch.Tensor, target: torch.Tensor, smooth: float = 1.0) -> torch.Tensor:
+    """``1 - dice`` averaged over samples and channels (a scalar)."""
+    return 1.0 - soft_dice_per_sample(pred, target, smooth).mean()
+
+
+def dice_bce_loss(pred: torch.Tensor, target: torch.Tensor, smooth: float = 1.0) -> torch.Tensor:
+    """Soft dice loss plus mean binary cross-entropy, with probabilities clipped to [1e-7, 1 - 1e-7]."""
+    target = target.to(pred.dtype)
+    p = pred.clamp(BCE_EPSILON, 1.0 - BCE_EPSILON)
+    bce = -(target * torch.log(p) + (1.0 - target) * torch.log(1.0 - p)).mean()
+    return soft_dice_loss(pred, target, smooth) + bce
+
+
+def make_loss(name: LossName, smooth: float = 1.0) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss a spec's ``training.loss`` names, as ``loss(pred, target) -> scalar``.
+
+    Note the argument order: prediction first, as PyTorch's own losses (the TF losses take the
+    target first, as Keras does).
+    """
+    if name == "dice":
+        return lambda pred, target: soft_dice_loss(pred, target, smooth)
+    if name == "dice-bce":
+        return lambda pred, target: dice_bce_loss(pred, target, smooth)
+    raise ValueError(f"loss must be one of {LOSSES}, got {name!r}")
+
+
+# --------------------------------------------------------------------------- data
+Case = tuple[str, np.ndarray, np.ndarray]
+
+
+def load_split(tfrecord_dir: Path, split: str) -> list[Case]:
+    """Every case of ``split`` as ``(case_id, image (h, w, d, 4) float32, label (h, w, d, C) float32)``."""
+    from distmis.data.tfrecord import iter_cases
+
+    return [(cid, image, label.astype(np.float32)) for cid, image, label in iter_cases(tfrecord_dir, split)]
+
+
+def channels_first(volume: np.ndarray) -> torch.Tensor:
+    """(h, w, d, C) numpy -> contiguous (C, h, w, d) float32 tensor."""
+    return torch.from_numpy(np.ascontiguousarray(np.moveaxis(volume, -1, 0), dtype=np.float32))
+
+
+def shard_batches(order: list[int], *, rank: int, world_size: int, batch_size: int) -> list[list[int]]:
+    """The batches of case indices rank ``rank`` trains on, given one epoch's case ``order``.
+
+    The rank's shard is ``order[rank::world_size]``, cut into batches of ``batch_size`` (the last
+    one may be shorter). Every rank returns ``max(1, ceil(len(order) / (batch_size * world_size)))``
+    batches: a rank whose shard yields fewer repeats its batches from the start. A rank whose shard
+    is empty (fewer cases than ranks) borrows one case of the order.
+    """
+    if not order:
+        raise ValueError("no training cases to shard")
+    steps = max(1, math.ceil(len(order) / (batch_size * world_size)))
+    shard = order[rank::world_size] or [order[rank % len(order)]]
+    chunks = [shard[i : i + batch_size] for i in range(0, len(shard), batch_size)]
+    return [chunks[k % len(chunks)] for k in range(steps)]
+
+
+# --------------------------------------------------------------------------- trainer
+class TorchUNetTrainer:
+    """Builds the PyTorch U-Net, its optimizer and in-memory data for one trial's spec on one rank.
+
+    Args:
+        spec: the trial's spec (its ``model.params`` and ``training`` sections are used).
+        tfrecord_dir: the converted data (see :func:`distmis.orchestration.prepare.prepare_data`).
+        rank: this worker's index among ``world_size`` data-parallel workers.
+        world_size: how many workers share each epoch's training cases.
+        wrap_model: applied to the model to give :attr:`train_model` (e.g. Ray Train's
+            ``prepare_model`` or ``DistributedDataParallel``); ``None`` trains the model itself.
+        device: where the model and batches live (``"cpu"``, ``"cuda:0"``, ...).
+    """
+
+    def __init__(
+        self,
+        spec: Spec,
+        tfrecord_dir: str | Path,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        wrap_model: Callable[[nn.Module], nn.Module] | None = None,
+        device: str = "cpu",
+    ) -> None:
+        from distmis.data.tfrecord import read_manifest
+
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must lie in [0, {world_size}), got {rank}")
+        self.spec = spec
+        self.tfrecord_dir = Path(tfrecord_dir)
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device(device)
+        manifest = read_manifest(self.tfrecord_dir)
+        self.num_classes = int(manifest["num_classes"])
+        training = spec.training
+
+        # Same seed -> same initial weights, whatever hyperparameters differ.
+        torch.manual_seed(training.seed)
+        self.model = self._build_model(int(manifest["image_shape"][-1])).to(self.device)
+        self.train_model = wrap_model(self.model) if wrap_model is not None else self.model
+        self.num_parameters = count_trainable_parameters(self.model)
+        opt = training.optimizer
+        self.optimizer = torch.optim.Adam(
+            self.train_model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.epsilon,
+            amsgrad=opt.amsgrad,
+        )
+        self.loss_fn = make_loss(training.loss.name, training.loss.smooth)
+
+        train_cases = load_split(self.tfrecord_dir, "train")
+        if not train_cases:
+            raise ValueError(f"{self.tfrecord_dir}: the training split holds no cases")
+        self.train_images = [channels_first(image) for _cid, image, _label in train_cases]
+        self.train_labels = [channels_first(label) for _cid, _image, label in train_cases]
+        # Validation cases stay channels-last numpy, as in the TF trainer: predicted whole every epoch.
+        self.val_cases = load_split(self.tfrecord_dir, "val")
+        if not self.val_cases:
+            raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
+
+        self.tile = self._check_tile(training.tile, tuple(int(v) for v in manifest["image_shape"][:3]))
+        self._tile_rng = torch.Generator().manual_seed(training.seed * 1_000 + rank)
+        self._epochs_trained = 0
+
+    def _build_model(self, in_channels: int) -> UNet3D:
+        params = self.spec.model.params
+        return UNet3D(
+            in_channels=in_channels,
+            num_classes=self.num_classes,
+            base_filters=params.base_filters,
+            levels=params.levels,
+            norm=params.norm,
+            norm_groups=params.norm_groups,
+            batch_norm_momentum=params.batch_norm_momentum,
+        )
+
+    @staticmethod
+    def _check_tile(
+        tile: tuple[int, int, int] | list[int] | None, volume: tuple[int, ...]
+    ) -> tuple[int, int, int] | None:
+        if tile is None:
+            return None
+        tile = tuple(int(t) for t in tile)
+        if len(tile) != 3 or any(t < 1 or t > v for t, v in zip(tile, volume)):
+            raise ValueError(
+                f"training.tile {list(tile)} must be 3 positive sizes no larger than the volume {list(volume)}"
+            )
+        return tile  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ data order
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches every rank trains on per epoch (the same on all ranks)."""
+        n = len(self.train_images)
+        return max(1, math.ceil(n / (self.spec.training.batch_size * self.world_size)))
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """The permutation of training-case indices for ``epoch``: seeded, identical on every rank."""
+        generator = torch.Generator().manual_seed(self.spec.training.seed + epoch)
+        return torch.randperm(len(self.train_images), generator=generator).tolist()
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of training-case indices for ``epoch`` (see :func:`shard_batches`)."""
+        return shard_batches(
+            self.epoch_order(epoch), rank=self.rank, world_size=self.world_size,
+            batch_size=self.spec.training.batch_size,
+        )
+
+    def _batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stack cases into (B, C, ...) image and label tensors, each case cropped to a random tile if set."""
+        images, labels = [], []
+        for i in indices:
+            image, label = self.train_images[i], self.train_labels[i]
+            if self.tile is not None:
+                crop = self._random_crop(tuple(image.shape[1:]))
+                image, label = image[crop], label[crop]
+            images.append(image)
+            labels.append(label)
+        return torch.stack(images).to(self.device), torch.stack(labels).to(self.device)
+
+    def _random_crop(self, volume: tuple[int, ...]) -> tuple[slice, ...]:
+        """Slices (all channels, then a tile at a seeded random offset): the same for image and label."""
+        assert self.tile is not None
+        starts = [int(torch.randint(0, v - t + 1, (1,), generator=self._tile_rng)) for v, t in zip(volume, self.tile)]
+        return (slice(None), *(slice(s, s + t) for s, t in zip(starts, self.tile)))
+
+    # ------------------------------------------------------------------ training
+    def train_epoch(self, epoch: int | None = None) -> float:
+        """Train on this rank's batches of one epoch; the mean batch loss.
+
+        ``epoch`` picks the data order; by default it is the number of epochs this trainer has trained.
+        """
+        epoch = self._epochs_trained if epoch is None else epoch
+        self.train_model.train()
+        losses = []
+        for indices in self.epoch_batches(epoch):
+            x, y = self._batch(indices)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.loss_fn(self.train_model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            losses.append(float(loss.detach()))
+        self._epochs_trained += 1
+        return float(np.mean(losses))
+
+    # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def _predict(self, images_hwdc: np.ndarray) -> np.ndarray:
+        """Probabilities (B, h, w, d, C) for channels-last images (B, h, w, d, 4)."""
+        x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(images_hwdc, -1, 1), dtype=np.float32))
+        prob = self.model(x.to(self.device))
+        return prob.cpu().numpy().transpose(0, 2, 3, 4, 1)
+
+    def predict_volume(self, image_hwdc: np.ndarray) -> np.ndarray:
+        """Probabilities (h, w, d, C) for one (h, w, d, 4) volume: whole, or stitched tiles averaged on overlaps."""
+        self.model.eval()
+        if self.tile is None:
+            return self._predict(image_hwdc[None])[0]
+        out = np.zeros(image_hwdc.shape[:3] + (self.num_classes,), np.float32)
+        count = np.zeros(image_hwdc.shape[:3] + (1,), np.float32)
+        slices = list(iter_tiles(image_hwdc.shape[:3], self.tile))
+        batch = max(1, self.spec.training.batch_size)
+        for i in range(0, len(slices), batch):
+            group = slices[i : i + batch]
+            pred = self._predict(np.stack([image_hwdc[s] for s in group]))
+            for s, p in zip(group, pred):
+                out[s] += p
+                count[s] += 1.0
+        return out / count
+
+    def validate(self) -> tuple[float, float]:
+        """Mean validation loss and mean per-case dice over every validation case."""
+        from distmis.train.metrics import dice_score
+
+        losses, dices = [], []
+        with torch.no_grad():
+            for _case_id, image, label in self.val_cases:
+                prob = self.predict_volume(image)
+                loss = self.loss_fn(channels_first(prob)[None], channels_first(label)[None])
+                losses.append(float(loss))
+                dices.append(dice_score(prob, label))
+        return float(np.mean(losses)), float(np.mean(dices))
+
+    def run_epoch(self, epoch: int) -> EpochMetrics:
+        """Train one epoch (data order from ``epoch``), validate, and time both.
+
+        Raises NonFiniteLossError if training diverged.
+        """
+        start = time.perf_counter()
+        train_loss = self.train_epoch(epoch)
+        if not math.isfinite(train_loss):
+            raise NonFiniteLossError(f"training loss became {train_loss} at epoch {epoch}")
+        val_loss, val_dice = self.validate()
+        if not math.isfinite(val_loss):
+            raise NonFiniteLossError(f"validation loss became {val_loss} at epoch {epoch}")
+        return EpochMetrics(epoch, train_loss, val_loss, val_dice, time.perf_counter() - start)
+
+    def save(self, directory: str | Path) -> Path:
+        """Save the plain model's ``state_dict`` as ``model.pt`` in ``directory``."""
+        path = Path(directory) / "model.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(self.model.state_dict(), path)
+        return path
