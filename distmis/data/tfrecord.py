@@ -274,10 +274,14 @@ def make_dataset(
     tile: Sequence[int] | None = None,
     cache: bool = True,
     drop_remainder: bool = False,
+    shard: tuple[int, int] | None = None,
+    repeat: bool = False,
 ):
     """A ``tf.data.Dataset`` of ``(image (B, h, w, d, 4) float32, label (B, h, w, d, C) float32)``.
 
     Deterministic for a given ``seed``: the shuffle order of each epoch and each epoch's tiles.
+    ``shard=(num_shards, index)`` keeps every ``num_shards``-th case starting at ``index`` (one data-parallel
+    worker's part); ``repeat`` makes the dataset endless (take a fixed number of batches per epoch).
     """
     import tensorflow as tf
 
@@ -300,10 +304,18 @@ def make_dataset(
     )
     ds = ds.map(_parser(manifest), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.map(lambda _cid, image, label: (image, tf.cast(label, tf.float32)))
+    if shard is not None:
+        num_shards, index = shard
+        if not 0 <= index < num_shards:
+            raise ValueError(f"shard index must be in [0, {num_shards}), got {index}")
+        ds = ds.shard(num_shards, index)
+        num_cases = max(1, len(range(index, num_cases, num_shards)))
     if cache:
         ds = ds.cache()
     if shuffle:
         ds = ds.shuffle(max(1, num_cases), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
     if tile is not None:
         ds = _random_tiles(ds, tile, volume, seed)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)

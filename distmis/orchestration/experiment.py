@@ -1,7 +1,9 @@
-"""Experiment-parallel search: many trials at once, each on its own share of the cluster.
+"""Run a search: prepare the data, connect to Ray, run the Ray Tune ``Tuner``, record it in MLflow.
 
-:func:`run_search` is the whole job behind ``distmis run``: prepare the data, connect to Ray,
-open the MLflow parent run, run the Ray Tune ``Tuner``, and read the results back from MLflow.
+:func:`run_search` is the whole job behind ``distmis run``. It lays the trials out by
+``parallelism.mode`` (:mod:`distmis.orchestration.plan`) and hands ``compare`` to
+:func:`distmis.orchestration.compare.run_compare`. :func:`execute_search` runs one search with a given
+layout; the comparison calls it once per mode and worker count.
 """
 
 from __future__ import annotations
@@ -10,26 +12,28 @@ import logging
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 import yaml
 
+from distmis.orchestration.plan import TrialPlan, cluster_worker_slots, data_plan, experiment_plan, resources_dict
 from distmis.orchestration.prepare import PreparedData, prepare_data
 from distmis.orchestration.search_space import num_trials, param_space, scheduler, search_algorithm
-from distmis.orchestration.trainable import unet_trial
+from distmis.orchestration.trainable import data_parallel_trial, single_process_trial, trial_spec
 from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
-from distmis.tracking.mlflow_tracking import SearchRun, default_tracking_uri, flatten
 from distmis.tracking.figures import learning_curves_figure
+from distmis.tracking.mlflow_tracking import MLflowTrialCallback, SearchRun, default_tracking_uri, flatten
 from distmis.tracking.results import format_results, results_frame
 from distmis.tracking.uri import redact_uri
 
 logger = logging.getLogger(__name__)
 
-# Environment every trial process starts with (quiet TensorFlow, Keras on TF).
+# Environment every Ray worker process starts with (quiet TensorFlow, Keras on TF).
 TRIAL_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow", "PYTHONUNBUFFERED": "1"}
 
 
@@ -37,7 +41,8 @@ TRIAL_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow", "PYTHON
 class SearchOutcome:
     results: pd.DataFrame
     failed: int
-    elapsed_seconds: float
+    elapsed_seconds: float  # the whole search run, MLflow bookkeeping included
+    search_seconds: float  # Tuner.fit alone: what the speedup table compares
     tracking_uri: str
     experiment: str
     parent_run_id: str
@@ -49,111 +54,119 @@ class SearchOutcome:
         return None if ok.empty else ok.iloc[0].to_dict()
 
 
-def connect_ray(address: str | None = None) -> bool:
-    """Start a local Ray (or join ``address``) unless one is already up. True if this call started it."""
+# --------------------------------------------------------------------------- set-up shared by every mode
+@contextmanager
+def ray_connection(address: str | None = None) -> Iterator[None]:
+    """Join ``address`` or start a local Ray, unless one is already up; shut down only what this started."""
     import ray
 
     if ray.is_initialized():
-        return False
-    ray.init(
-        address=address,
-        include_dashboard=False,
-        runtime_env={"env_vars": TRIAL_ENV},
-        logging_level=logging.WARNING,
-    )
-    return True
+        yield
+        return
+    ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": TRIAL_ENV},
+             logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
-def run_search(
-    spec: Spec,
-    output_dir: str | Path,
-    *,
-    address: str | None = None,
-    progress: bool = True,
-    trainable: Callable[..., None] = unet_trial,
-) -> SearchOutcome:
-    """Run the spec's search experiment-parallel and return the results table (best first).
-
-    ``trainable`` is the Tune function run for each trial; it is called as
-    ``trainable(config, base_spec=..., tfrecord_dir=...)``.
-    """
-    from ray import tune
-
-    output_dir = Path(output_dir).resolve()
+def prepare_output(spec: Spec, output_dir: Path, *, progress: bool) -> PreparedData:
+    """Prepare the data; on failure remove an output folder this call created (nothing half-written)."""
     created = not output_dir.exists()
     try:
-        data = prepare_data(spec, output_dir, progress=progress)
+        return prepare_data(spec, output_dir, progress=progress)
     except BaseException:
-        if created and output_dir.exists():  # leave nothing half-written behind
+        if created and output_dir.exists():
             shutil.rmtree(output_dir)
         raise
 
-    tracking_uri = spec.tracking.uri or default_tracking_uri(output_dir)
-    artifact_location = None if spec.tracking.uri else (output_dir / "mlartifacts").as_uri()
-    search_run = SearchRun(
-        tracking_uri,
-        spec.experiment_name,
-        run_name=spec.name,
-        searched=list(spec.search.space),
-        metric=spec.search.metric,
-        mode=spec.search.mode,
-        artifact_location=artifact_location,
-    )
-    base_spec = spec_to_dict(spec)
-    # The spec's fields as params, except the search space (a tag) and the tracking URI (may hold credentials).
-    search_run.log_params({k: v for k, v in flatten(base_spec).items() if not k.startswith(("search.space", "tracking.uri"))})
-    logged_spec = spec_to_dict(spec)
-    if logged_spec["tracking"]["uri"]:
-        logged_spec["tracking"]["uri"] = redact_uri(logged_spec["tracking"]["uri"])
-    search_run.log_text(yaml.safe_dump(logged_spec, sort_keys=False), "spec.yaml")
-    search_run.log_dict(data.split, "split.json")
-    search_run.log_dict(data.manifest, "tfrecord_manifest.json")
 
+def tracking_location(spec: Spec, output_dir: Path) -> tuple[str, str | None]:
+    """The tracking URI and, for the default local store, the artifact location beside it."""
+    if spec.tracking.uri:
+        return spec.tracking.uri, None
+    return default_tracking_uri(output_dir), (output_dir / "mlartifacts").as_uri()
+
+
+def open_search_run(spec: Spec, output_dir: Path, data: PreparedData, *, run_name: str | None = None,
+                    role: str = "search", parent_run_id: str | None = None,
+                    tags: dict[str, str] | None = None) -> SearchRun:
+    """Create the MLflow run of a search (or comparison) with the spec, split and manifest attached."""
+    uri, artifacts = tracking_location(spec, output_dir)
+    run = SearchRun(uri, spec.experiment_name, run_name=run_name or spec.name, searched=list(spec.search.space),
+                    metric=spec.search.metric, mode=spec.search.mode, artifact_location=artifacts,
+                    role=role, parent_run_id=parent_run_id, tags=tags)
+    resolved = spec_to_dict(spec)
+    # The spec's fields as params, except the search space (a tag) and the tracking URI (may hold credentials).
+    run.log_params({k: v for k, v in flatten(resolved).items() if not k.startswith(("search.space", "tracking.uri"))})
+    if resolved["tracking"]["uri"]:
+        resolved["tracking"]["uri"] = redact_uri(resolved["tracking"]["uri"])
+    run.log_text(yaml.safe_dump(resolved, sort_keys=False), "spec.yaml")
+    run.log_dict(data.split, "split.json")
+    run.log_dict(data.manifest, "tfrecord_manifest.json")
+    return run
+
+
+# --------------------------------------------------------------------------- one search
+def trial_function(plan: TrialPlan, base_spec: dict[str, Any], data: PreparedData, output_dir: Path,
+                   trainable: Callable[..., None] | None = None) -> Any:
+    """The Tune trainable for a plan, with its parameters and resources bound."""
+    from ray import tune
+
+    if plan.distributed:
+        fn = trainable or data_parallel_trial
+        bound = tune.with_parameters(fn, base_spec=base_spec, tfrecord_dir=str(data.tfrecord_dir),
+                                     workers=plan.workers_per_trial, worker_resources=plan.worker_resources,
+                                     storage_path=str(output_dir / "ray_train"))
+    else:
+        fn = trainable or single_process_trial
+        bound = tune.with_parameters(fn, base_spec=base_spec, tfrecord_dir=str(data.tfrecord_dir),
+                                     cpus=plan.trial_resources.get("cpu", 1))
+    return tune.with_resources(bound, plan.trial_resources)
+
+
+def execute_search(spec: Spec, data: PreparedData, plan: TrialPlan, search_run: SearchRun, output_dir: Path, *,
+                   progress: bool = True, trainable: Callable[..., None] | None = None) -> SearchOutcome:
+    """Run the spec's trials with ``plan`` (Ray must be connected) and record the results on ``search_run``."""
+    from ray import tune
+
+    base_spec = spec_to_dict(spec)
+    search_run.client.set_tag(search_run.run_id, "distmis.layout", plan.label)
+    callback = search_run.trial_callback(base_spec, plan.workers_per_trial)
     # One checkpoint per improved epoch with num_to_keep=1 makes Tune warn about snapshot frequency; expected here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    started_ray = connect_ray(address)
-    status = "FAILED"
+    tuner = tune.Tuner(
+        trial_function(plan, base_spec, data, output_dir, trainable),
+        param_space=param_space(spec.search),
+        tune_config=tune.TuneConfig(
+            metric=spec.search.metric,
+            mode=spec.search.mode,
+            num_samples=spec.search.num_samples,
+            search_alg=search_algorithm(spec),
+            scheduler=scheduler(spec),
+            max_concurrent_trials=plan.max_concurrent_trials,
+        ),
+        run_config=tune.RunConfig(
+            name=f"{spec.name}-{plan.mode}-{plan.workers_per_trial}w-{time.strftime('%Y%m%d-%H%M%S')}",
+            storage_path=str(output_dir / "ray_results"),
+            callbacks=[callback],
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=1, checkpoint_score_attribute=spec.search.metric, checkpoint_score_order=spec.search.mode,
+            ),
+            failure_config=tune.FailureConfig(max_failures=0),
+            verbose=1 if progress else 0,
+        ),
+    )
+    logger.info("running %d trial(s) of %s: %s", num_trials(spec.search), spec.name, plan.label)
+    start = time.perf_counter()
     try:
-        resources = spec.parallelism.resources_per_trial
-        trial_fn = tune.with_resources(
-            tune.with_parameters(trainable, base_spec=base_spec, tfrecord_dir=str(data.tfrecord_dir)),
-            {"cpu": resources.cpu, "gpu": resources.gpu},
-        )
-        tuner = tune.Tuner(
-            trial_fn,
-            param_space=param_space(spec.search),
-            tune_config=tune.TuneConfig(
-                metric=spec.search.metric,
-                mode=spec.search.mode,
-                num_samples=spec.search.num_samples,
-                search_alg=search_algorithm(spec),
-                scheduler=scheduler(spec),
-                max_concurrent_trials=spec.parallelism.max_concurrent_trials,
-            ),
-            run_config=tune.RunConfig(
-                name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",
-                storage_path=str(output_dir / "ray_results"),
-                callbacks=[search_run.trial_callback(base_spec)],
-                checkpoint_config=tune.CheckpointConfig(
-                    num_to_keep=1,
-                    checkpoint_score_attribute=spec.search.metric,
-                    checkpoint_score_order=spec.search.mode,
-                ),
-                failure_config=tune.FailureConfig(max_failures=0),
-                verbose=1 if progress else 0,
-            ),
-        )
-        logger.info("running %d trial(s) of %s", num_trials(spec.search), spec.name)
         grid = tuner.fit()
-        failed = len(grid.errors)
-        status = "FINISHED"
-    finally:
-        if started_ray:
-            import ray
-
-            ray.shutdown()
-        if status != "FINISHED":
-            search_run.finish("FAILED")
+    except BaseException:
+        search_run.finish("FAILED")
+        raise
+    search_seconds = time.perf_counter() - start
+    failed = len(grid.errors)
 
     client = search_run.client
     parent = client.get_run(search_run.run_id)
@@ -162,33 +175,62 @@ def run_search(
     search_run.log_text(format_results(results, "markdown"), "results.md")
     search_run.log_figure(learning_curves_figure(client, parent, "val_dice"), "val_dice_curves.png")
     if failed < len(results):
-        _log_best_overlay(search_run, grid, base_spec, data)
-    search_run.log_metrics({"trials": len(results), "failed_trials": failed})
+        _log_best_overlay(search_run, grid, callback, base_spec, data)
+    search_run.log_metrics({"trials": len(results), "failed_trials": failed, "search_seconds": search_seconds})
     best_column = results.get(f"best_{spec.search.metric}")
     if best_column is not None and best_column.notna().any():
         search_run.log_metrics({f"best_{spec.search.metric}": float(best_column.iloc[0])})
     elapsed = search_run.finish("FINISHED")
-    return SearchOutcome(results, failed, elapsed, tracking_uri, spec.experiment_name, search_run.run_id, data)
+    return SearchOutcome(results, failed, elapsed, search_seconds, search_run.tracking_uri, spec.experiment_name,
+                         search_run.run_id, data)
 
 
-def _log_best_overlay(search_run: SearchRun, grid: Any, base_spec: dict[str, Any], data: PreparedData) -> None:
+def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None, progress: bool = True,
+               trainable: Callable[..., None] | None = None) -> Any:
+    """Run the spec's search in its ``parallelism.mode``; returns its results (best first).
+
+    ``trainable`` replaces the Tune function run for each trial (it receives the same keyword arguments
+    as :func:`single_process_trial` or :func:`data_parallel_trial`).
+    """
+    if spec.parallelism.mode == "compare":
+        from distmis.orchestration.compare import run_compare
+
+        return run_compare(spec, output_dir, address=address, progress=progress)
+    output_dir = Path(output_dir).resolve()
+    data = prepare_output(spec, output_dir, progress=progress)
+    with ray_connection(address):
+        if spec.parallelism.mode == "data":
+            plan = data_plan(spec, spec.parallelism.worker_counts[0])
+        else:
+            slots = cluster_worker_slots(resources_dict(spec.parallelism.resources_per_worker))
+            plan = experiment_plan(spec, cluster_workers=slots)
+        search_run = open_search_run(spec, output_dir, data)
+        return execute_search(spec, data, plan, search_run, output_dir, progress=progress, trainable=trainable)
+
+
+def _log_best_overlay(search_run: SearchRun, grid: Any, callback: MLflowTrialCallback, base_spec: dict[str, Any],
+                      data: PreparedData) -> None:
     """Predict the first validation case with the best trial's best checkpoint; log the overlay PNG.
 
     A picture for the MLflow UI, not part of the results: a failure here is logged, not raised.
     """
     try:
-        from distmis.orchestration.trainable import trial_spec
+        from distmis.orchestration.trainable import build_trainer
         from distmis.tracking.figures import segmentation_overlay_figure
         from distmis.train.metrics import dice_score
-        from distmis.train.tf_unet import UNetTrainer
 
         best = grid.get_best_result(scope="all")
-        checkpoint = best.get_best_checkpoint(search_run.metric, search_run.mode) or best.checkpoint
-        if checkpoint is None:
+        checkpoint = best.get_best_checkpoint(search_run.metric, search_run.mode)
+        trial_id = best.metrics.get("trial_id")
+        path = callback.best_checkpoint.get(trial_id) if checkpoint is None else None
+        if checkpoint is None and path is None:
             return
-        trainer = UNetTrainer(trial_spec(base_spec, best.config), data.tfrecord_dir)
-        with checkpoint.as_directory() as directory:
-            trainer.model.load_weights(Path(directory) / "model.weights.h5")
+        trainer = build_trainer(trial_spec(base_spec, best.config), data.tfrecord_dir)
+        if checkpoint is not None:
+            with checkpoint.as_directory() as directory:
+                trainer.load(directory)
+        else:
+            trainer.load(path)
         case_id, image, label = trainer.val_cases[0]
         prob = trainer.predict_volume(image)
         title = f"best trial, validation case {case_id}: dice {dice_score(prob, label):.3f}"

@@ -1,9 +1,15 @@
-"""The Ray Tune function trainable: one trial of an experiment-parallel search.
+"""What runs for one trial of a search, as Ray Tune function trainables.
 
-Tune calls :func:`unet_trial` in a worker process with the trial's config (dotted paths into the
-spec, e.g. ``{"training.optimizer.lr": 0.001}``). The trial rebuilds its full spec, pins its
-threads to the CPUs Ray gave it, trains, and reports every epoch with ``ray.tune.report``; the
-epoch with the best metric so far also hands Tune a checkpoint.
+Tune calls a trainable with the trial's config (dotted paths into the spec, e.g.
+``{"training.optimizer.lr": 0.001}``). The trial rebuilds its full spec and then either
+
+- trains in its own process (:func:`single_process_trial`, experiment-parallel), or
+- drives a Ray Train run over several workers (:func:`data_parallel_trial`): a ``TensorflowTrainer``
+  (``MultiWorkerMirroredStrategy``) or a ``TorchTrainer`` (DDP), each worker running
+  :func:`data_parallel_worker`; ``TuneReportCallback`` forwards rank 0's reports to Tune.
+
+Either way every epoch is reported with the same metrics, and the epoch with the best metric so far
+also saves a checkpoint. Every process pins its thread pools to the CPUs Ray gave it.
 """
 
 from __future__ import annotations
@@ -11,9 +17,8 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from typing import Any, Mapping
-
-from ray import tune
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 from distmis.spec.load import with_overrides
 from distmis.spec.schema import Spec
@@ -24,24 +29,51 @@ def trial_spec(base_spec: Mapping[str, Any], config: Mapping[str, Any]) -> Spec:
     return Spec.model_validate(with_overrides(base_spec, config))
 
 
+def scaled_spec(spec: Spec, workers: int) -> Spec:
+    """The trial's spec with the learning rate it trains with over ``workers`` workers."""
+    tree = spec.model_dump(mode="json")
+    tree["training"]["optimizer"]["lr"] = spec.effective_lr(workers)
+    return Spec.model_validate(tree)
+
+
 def is_better(value: float, best: float | None, mode: str) -> bool:
     if not math.isfinite(value):
         return False
     return best is None or (value > best if mode == "max" else value < best)
 
 
-def unet_trial(config: dict[str, Any], *, base_spec: dict[str, Any], tfrecord_dir: str) -> None:
-    """Train the TensorFlow U-Net for one trial and report each epoch to Tune."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    spec = trial_spec(base_spec, config)
+def build_trainer(spec: Spec, tfrecord_dir: str | Path, *, distributed: bool = False) -> Any:
+    """The framework's trainer for this process. ``distributed``: inside a Ray Train worker group."""
+    if spec.model.framework == "tensorflow":
+        from distmis.train.tf_unet import UNetTrainer
 
-    from distmis.train.threads import pin_threads
+        strategy = None
+        if distributed:
+            import tensorflow as tf
 
-    pin_threads(spec.parallelism.resources_per_trial.cpu, torch=False)
+            tf.get_logger().setLevel("ERROR")
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()  # cluster from TF_CONFIG (set by Ray Train)
+        return UNetTrainer(spec, tfrecord_dir, strategy=strategy)
+    if spec.model.framework == "torch":
+        from distmis.train.torch_unet import TorchUNetTrainer
 
-    from distmis.train.tf_unet import UNetTrainer
+        if not distributed:
+            return TorchUNetTrainer(spec, tfrecord_dir)
+        import ray.train
+        import ray.train.torch
 
-    trainer = UNetTrainer(spec, tfrecord_dir)
+        context = ray.train.get_context()
+        return TorchUNetTrainer(
+            spec, tfrecord_dir, rank=context.get_world_rank(), world_size=context.get_world_size(),
+            wrap_model=ray.train.torch.prepare_model,
+        )
+    raise ValueError(f"model.framework must be 'tensorflow' or 'torch', got {spec.model.framework!r}")
+
+
+def train_and_report(
+    trainer: Any, spec: Spec, report: Callable[..., None], checkpoint_type: Any, *, saves_checkpoints: bool = True
+) -> None:
+    """Run every epoch; ``report(metrics, checkpoint=...)`` with a checkpoint at each new best epoch."""
     metric, mode = spec.search.metric, spec.search.mode
     best: float | None = None
     for epoch in range(1, spec.training.epochs + 1):
@@ -49,8 +81,85 @@ def unet_trial(config: dict[str, Any], *, base_spec: dict[str, Any], tfrecord_di
         metrics["num_parameters"] = trainer.num_parameters
         if is_better(metrics[metric], best, mode):
             best = metrics[metric]
-            with tempfile.TemporaryDirectory() as tmp:
-                trainer.save(tmp)
-                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
-        else:
-            tune.report(metrics)
+            if saves_checkpoints:
+                with tempfile.TemporaryDirectory() as tmp:
+                    trainer.save(tmp)
+                    report(metrics, checkpoint=checkpoint_type.from_directory(tmp))
+                continue
+        report(metrics)
+
+
+def _quiet_tensorflow() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+# --------------------------------------------------------------------------- experiment-parallel
+def single_process_trial(config: dict[str, Any], *, base_spec: dict[str, Any], tfrecord_dir: str, cpus: float) -> None:
+    """One trial in this Tune actor's process, on ``cpus`` CPUs."""
+    from ray import tune
+
+    from distmis.train.threads import pin_threads
+
+    _quiet_tensorflow()
+    spec = trial_spec(base_spec, config)
+    pin_threads(cpus, torch=spec.model.framework == "torch")
+    trainer = build_trainer(spec, tfrecord_dir)
+    train_and_report(trainer, spec, tune.report, tune.Checkpoint)
+
+
+# --------------------------------------------------------------------------- data-parallel
+def data_parallel_worker(loop_config: dict[str, Any]) -> None:
+    """One Ray Train worker of a data-parallel trial (every worker runs this)."""
+    import ray.train
+
+    from distmis.train.threads import pin_threads
+
+    _quiet_tensorflow()
+    context = ray.train.get_context()
+    spec = scaled_spec(trial_spec(loop_config["base_spec"], loop_config["config"]), context.get_world_size())
+    pin_threads(loop_config["cpus"], torch=spec.model.framework == "torch")
+    trainer = build_trainer(spec, loop_config["tfrecord_dir"], distributed=True)
+    # Rank 0 keeps the checkpoints; the model is the same on every rank.
+    train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint,
+                     saves_checkpoints=context.get_world_rank() == 0)
+
+
+def data_parallel_trial(
+    config: dict[str, Any],
+    *,
+    base_spec: dict[str, Any],
+    tfrecord_dir: str,
+    workers: int,
+    worker_resources: dict[str, float],
+    storage_path: str,
+) -> None:
+    """One trial as a Ray Train run over ``workers`` workers; rank 0's reports reach Tune."""
+    from ray import tune
+    from ray.train import RunConfig, ScalingConfig
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    spec = trial_spec(base_spec, config)
+    scaling = ScalingConfig(
+        num_workers=workers,
+        use_gpu=worker_resources.get("gpu", 0) > 0,
+        resources_per_worker={"CPU": worker_resources.get("cpu", 1), "GPU": worker_resources.get("gpu", 0)},
+    )
+    run_config = RunConfig(
+        name=f"{tune.get_context().get_trial_id()}",
+        storage_path=storage_path,
+        callbacks=[TuneReportCallback()],
+    )
+    loop_config = {"base_spec": base_spec, "config": dict(config), "tfrecord_dir": tfrecord_dir,
+                   "cpus": worker_resources.get("cpu", 1)}
+    if spec.model.framework == "tensorflow":
+        from ray.train.tensorflow import TensorflowTrainer
+
+        trainer = TensorflowTrainer(data_parallel_worker, train_loop_config=loop_config,
+                                    scaling_config=scaling, run_config=run_config)
+    else:
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        backend = "nccl" if scaling.use_gpu else "gloo"
+        trainer = TorchTrainer(data_parallel_worker, train_loop_config=loop_config, scaling_config=scaling,
+                               run_config=run_config, torch_config=TorchConfig(backend=backend))
+    trainer.fit()

@@ -93,7 +93,7 @@ class UNet3DParams(StrictModel):
 
 class ModelSpec(StrictModel):
     name: Literal["unet3d"] = "unet3d"
-    framework: Literal["tensorflow"] = "tensorflow"
+    framework: Literal["tensorflow", "torch"] = "tensorflow"
     params: UNet3DParams = UNet3DParams()
 
     @field_validator("params", mode="before")
@@ -204,9 +204,42 @@ class ResourcesSpec(StrictModel):
 
 
 class ParallelismSpec(StrictModel):
-    mode: Literal["experiment"] = "experiment"
+    """How trials use the cluster.
+
+    ``experiment``: Ray Tune runs many trials at once. With ``workers_per_trial: 1`` each trial is one
+    process with ``resources_per_trial``; with ``workers_per_trial: k > 1`` (hybrid) each trial is
+    itself data-parallel over k Ray Train workers of ``resources_per_worker``.
+    ``data``: trials run one after another, each data-parallel over ``workers`` workers.
+    ``compare``: the search runs in both modes for every worker count in ``workers`` (1 included)
+    and the speedup table is recorded.
+    """
+
+    mode: Literal["experiment", "data", "compare"] = "experiment"
     resources_per_trial: ResourcesSpec = ResourcesSpec()
+    workers: int | list[int] = 1
+    workers_per_trial: int = Field(1, ge=1)
+    resources_per_worker: ResourcesSpec = ResourcesSpec()
+    lr_scaling: Literal["linear", "none"] = "linear"
     max_concurrent_trials: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _workers_fit_the_mode(self) -> ParallelismSpec:
+        counts = self.workers if isinstance(self.workers, list) else [self.workers]
+        if not counts or any(n < 1 for n in counts):
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.mode == "data" and isinstance(self.workers, list):
+            raise ValueError(f"mode 'data' takes one worker count, got {self.workers}; use mode 'compare' for a list")
+        if self.mode == "compare":
+            self.__dict__["workers"] = sorted(set(counts) | {1})  # 1 worker is the baseline
+        if self.mode == "experiment" and counts != [1]:
+            raise ValueError("mode 'experiment' sizes trials with workers_per_trial; 'workers' is for modes data and compare")
+        if self.mode != "experiment" and self.workers_per_trial != 1:
+            raise ValueError(f"workers_per_trial is for mode 'experiment' (hybrid), not {self.mode!r}")
+        return self
+
+    @property
+    def worker_counts(self) -> list[int]:
+        return list(self.workers) if isinstance(self.workers, list) else [self.workers]
 
 
 # --------------------------------------------------------------------------- tracking
@@ -241,4 +274,9 @@ class Spec(StrictModel):
     @property
     def experiment_name(self) -> str:
         return self.tracking.experiment or self.name
+
+    def effective_lr(self, workers: int) -> float:
+        """The learning rate of a trial over ``workers`` data-parallel workers (the paper scales it linearly)."""
+        scale = workers if self.parallelism.lr_scaling == "linear" else 1
+        return self.training.optimizer.lr * scale
 

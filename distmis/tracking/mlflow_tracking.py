@@ -102,21 +102,19 @@ class SearchRun:
         metric: str,
         mode: str,
         artifact_location: str | None = None,
+        role: str = "search",
+        parent_run_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ):
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.experiment_id = get_or_create_experiment(self.client, experiment, artifact_location)
         self.metric, self.mode = metric, mode
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=run_name,
-            tags={
-                ROLE_TAG: "search",
-                SEARCHED_TAG: json.dumps(searched),
-                METRIC_TAG: metric,
-                MODE_TAG: mode,
-            },
-        )
+        all_tags = {ROLE_TAG: role, SEARCHED_TAG: json.dumps(searched), METRIC_TAG: metric, MODE_TAG: mode}
+        if parent_run_id:
+            all_tags[PARENT_TAG] = parent_run_id
+        all_tags.update(tags or {})
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         self.run_id = run.info.run_id
         self._started = time.perf_counter()
 
@@ -140,8 +138,8 @@ class SearchRun:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
 
-    def trial_callback(self, base_spec: Mapping[str, Any]) -> MLflowTrialCallback:
-        return MLflowTrialCallback(self, base_spec)
+    def trial_callback(self, base_spec: Mapping[str, Any], workers_per_trial: int = 1) -> MLflowTrialCallback:
+        return MLflowTrialCallback(self, base_spec, workers_per_trial)
 
     def finish(self, status: str = "FINISHED") -> float:
         elapsed = time.perf_counter() - self._started
@@ -153,10 +151,12 @@ class SearchRun:
 class MLflowTrialCallback(tune.Callback):
     """Logs every Tune trial as a child run of the search's parent run, from the driver."""
 
-    def __init__(self, search_run: SearchRun, base_spec: Mapping[str, Any]):
+    def __init__(self, search_run: SearchRun, base_spec: Mapping[str, Any], workers_per_trial: int = 1):
         self.search = search_run
         self.client = search_run.client
         self.base_spec = dict(base_spec)
+        self.workers_per_trial = workers_per_trial
+        self.best_checkpoint: dict[str, str] = {}  # trial id -> checkpoint path of a Ray Train trial's best epoch
         self.run_ids: dict[str, str] = {}
         self.best: dict[str, tuple[float, int]] = {}
         self.epochs: dict[str, int] = {}
@@ -178,8 +178,11 @@ class MLflowTrialCallback(tune.Callback):
         )
         self.run_ids[trial.trial_id] = run_id = run.info.run_id
         # Validated, so the params show what the trial really used ("1e-3" in YAML is logged as 0.001).
-        trial_tree = Spec.model_validate(with_overrides(self.base_spec, dict(trial.config))).model_dump(mode="json")
-        params = {k: v for k, v in flatten(trial_tree).items() if not k.startswith(("search.", "tracking."))}
+        spec = Spec.model_validate(with_overrides(self.base_spec, dict(trial.config)))
+        params = {k: v for k, v in flatten(spec.model_dump(mode="json")).items()
+                  if not k.startswith(("search.", "tracking."))}
+        params["trial.workers"] = self.workers_per_trial
+        params["training.optimizer.effective_lr"] = spec.effective_lr(self.workers_per_trial)
         log_params(self.client, run_id, params)
 
     def _finish(self, trial: Any, status: str) -> None:
@@ -220,6 +223,8 @@ class MLflowTrialCallback(tune.Callback):
             better = best is None or (value > best[0] if self.search.mode == "max" else value < best[0])
             if better:
                 self.best[trial.trial_id] = (float(value), epoch)
+                if result.get("checkpoint_path"):  # forwarded by Ray Train's TuneReportCallback
+                    self.best_checkpoint[trial.trial_id] = str(result["checkpoint_path"])
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._finish(trial, RunStatus.to_string(RunStatus.FINISHED))

@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -58,7 +58,9 @@ def iter_tiles(shape: tuple[int, int, int], tile: tuple[int, int, int]) -> Itera
 class UNetTrainer:
     """Builds the U-Net, its optimizer and data pipelines for one trial's spec."""
 
-    def __init__(self, spec: Spec, tfrecord_dir: str | Path):
+    def __init__(self, spec: Spec, tfrecord_dir: str | Path, *, strategy: Any | None = None):
+        """``strategy``: a ``tf.distribute`` strategy (``MultiWorkerMirroredStrategy`` in a data-parallel
+        trial); None runs on this process alone. Each replica takes ``training.batch_size`` volumes a step."""
         import keras
         import tensorflow as tf
 
@@ -72,10 +74,46 @@ class UNetTrainer:
         self.num_classes = int(manifest["num_classes"])
         training = spec.training
 
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.replicas = int(self.strategy.num_replicas_in_sync)
         # Same seed -> same initial weights and data order, whatever hyperparameters differ.
         keras.utils.set_random_seed(training.seed)
-        params = spec.model.params
-        self.model = build_unet3d(
+        with self.strategy.scope():
+            self.model, self.optimizer = self._build(keras, build_unet3d, manifest)
+        self.num_parameters = count_trainable_parameters(self.model)
+        self.loss_fn = make_loss(training.loss.name, smooth=training.loss.smooth)
+        self.train_data = self._train_data(make_dataset, int(manifest["splits"]["train"]["num_cases"]))
+        # Validation cases stay in memory: they are read once and predicted every epoch.
+        self.val_cases = [(cid, img, lab.astype(np.float32)) for cid, img, lab in iter_cases(self.tfrecord_dir, "val")]
+        if not self.val_cases:
+            raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
+
+        model, optimizer, loss_fn, strategy = self.model, self.optimizer, self.loss_fn, self.strategy
+        replicas = self.replicas
+
+        @tf.function(reduce_retracing=True)
+        def train_step(x, y):
+            def replica_step(x, y):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y, model(x, training=True))
+                    scaled = loss / replicas  # gradients are summed over replicas: average them
+                grads = tape.gradient(scaled, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                return loss
+
+            per_replica = strategy.run(replica_step, args=(x, y))
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+        @tf.function(reduce_retracing=True)
+        def predict(x):
+            return model(x, training=False)
+
+        self._train_step = train_step
+        self._predict = predict
+
+    def _build(self, keras: Any, build_unet3d: Any, manifest: dict[str, Any]) -> tuple[Any, Any]:
+        params, opt = self.spec.model.params, self.spec.training.optimizer
+        model = build_unet3d(
             in_channels=int(manifest["image_shape"][-1]),
             num_classes=self.num_classes,
             base_filters=params.base_filters,
@@ -84,39 +122,28 @@ class UNetTrainer:
             norm_groups=params.norm_groups,
             batch_norm_momentum=params.batch_norm_momentum,
         )
-        self.num_parameters = count_trainable_parameters(self.model)
-        opt = training.optimizer
-        self.optimizer = keras.optimizers.Adam(
+        optimizer = keras.optimizers.Adam(
             learning_rate=opt.lr, beta_1=opt.beta1, beta_2=opt.beta2, epsilon=opt.epsilon, amsgrad=opt.amsgrad
         )
-        self.loss_fn = make_loss(training.loss.name, smooth=training.loss.smooth)
-        self.train_data = make_dataset(
-            self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True,
-            seed=training.seed, tile=training.tile,
-        )
-        # Validation cases stay in memory: they are read once and predicted every epoch.
-        self.val_cases = [(cid, img, lab.astype(np.float32)) for cid, img, lab in iter_cases(self.tfrecord_dir, "val")]
-        if not self.val_cases:
-            raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
+        return model, optimizer
 
-        model, optimizer, loss_fn = self.model, self.optimizer, self.loss_fn
+    def _train_data(self, make_dataset: Any, num_train: int) -> Any:
+        """One process: the training split once per epoch. Several replicas: each worker reads its shard,
+        repeated, and every worker takes the same number of steps (collectives would hang otherwise)."""
+        training = self.spec.training
+        if self.replicas == 1:
+            return make_dataset(self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True,
+                                seed=training.seed, tile=training.tile)
+        self.steps_per_epoch = max(1, math.ceil(num_train / (training.batch_size * self.replicas)))
 
-        @tf.function(reduce_retracing=True)
-        def train_step(x, y):
-            with tf.GradientTape() as tape:
-                pred = model(x, training=True)
-                loss = loss_fn(y, pred)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
+        def worker_dataset(context: Any) -> Any:
+            return make_dataset(
+                self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True, seed=training.seed,
+                tile=training.tile, repeat=True,
+                shard=(context.num_input_pipelines, context.input_pipeline_id),
+            ).take(self.steps_per_epoch)
 
-        @tf.function(reduce_retracing=True)
-        def predict(x):
-            return model(x, training=False)
-
-        self._train_step = train_step
-        self._predict = predict
-        self._tf = tf
+        return self.strategy.distribute_datasets_from_function(worker_dataset)
 
     # ------------------------------------------------------------------ training
     def train_epoch(self) -> float:
@@ -171,3 +198,7 @@ class UNetTrainer:
         path = Path(directory) / "model.weights.h5"
         self.model.save_weights(path)
         return path
+
+    def load(self, directory: str | Path) -> None:
+        """Load weights saved by :meth:`save`."""
+        self.model.load_weights(Path(directory) / "model.weights.h5")

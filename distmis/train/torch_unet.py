@@ -315,3 +315,8 @@ class TorchUNetTrainer:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(self.model.state_dict(), path)
         return path
+
+    def load(self, directory: str | Path) -> None:
+        """Load weights saved by :meth:`save`."""
+        state = torch.load(Path(directory) / "model.pt", map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state)

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from distmis.orchestration.experiment import run_search
-from distmis.orchestration.trainable import unet_trial
+from distmis.orchestration.trainable import single_process_trial
 from distmis.spec import validate_spec
 from distmis.tracking.results import find_search_run, trial_runs
 from tests.conftest import small_spec_tree
@@ -81,7 +81,7 @@ def flaky_trial(config, **kwargs):
         from distmis.train.tf_unet import NonFiniteLossError
 
         raise NonFiniteLossError("training loss became nan at epoch 1")
-    unet_trial(config, **kwargs)
+    single_process_trial(config, **kwargs)
 
 
 def test_failing_trial_is_recorded_and_search_goes_on(ray_local, tmp_path: Path):
