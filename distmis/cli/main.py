@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -31,6 +31,16 @@ def _shape(text: str) -> tuple[int, int, int]:
     return values  # type: ignore[return-value]
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected worker counts like 1,2,4, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive worker counts like 1,2,4, got {text!r}")
+    return values
+
+
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args: argparse.Namespace) -> int:
     from distmis.orchestration.search_space import num_trials
@@ -44,12 +54,47 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from distmis.orchestration.experiment import default_output_dir, run_search
     from distmis.spec import load_spec, parse_set_options
-    from distmis.tracking.results import format_results
-    from distmis.tracking.uri import redact_uri
 
     spec = load_spec(args.spec, parse_set_options(args.set))
     output = Path(args.output) if args.output else default_output_dir(spec)
     outcome = run_search(spec, output, address=args.address, progress=not args.quiet)
+    if spec.parallelism.mode == "compare":
+        return print_comparison(spec, outcome)
+    return print_search(spec, outcome)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from distmis.orchestration.compare import run_compare
+    from distmis.orchestration.experiment import default_output_dir
+    from distmis.spec import load_spec, parse_set_options
+
+    overrides = parse_set_options(args.set)
+    overrides["parallelism.mode"] = "compare"
+    if args.workers:
+        overrides["parallelism.workers"] = args.workers
+    spec = load_spec(args.spec, overrides)
+    output = Path(args.output) if args.output else default_output_dir(spec)
+    outcome = run_compare(spec, output, address=args.address, progress=not args.quiet)
+    return print_comparison(spec, outcome)
+
+
+def print_comparison(spec: Any, outcome: Any) -> int:
+    from distmis.tracking.results import format_results
+    from distmis.tracking.uri import redact_uri
+
+    print(f"\nExperiment- vs data-parallel, search {spec.name!r}:")
+    print(format_results(outcome.table, "table"))
+    if outcome.failed_cells:
+        print(f"\nFailed cells: {', '.join(outcome.failed_cells)}")
+    uri = redact_uri(outcome.tracking_uri)
+    print(f"\nMLflow: experiment {outcome.experiment!r}, comparison run {outcome.parent_run_id}")
+    print(f"  distmis results --tracking-uri {uri} --experiment {outcome.experiment}")
+    return EXIT_TRIALS_FAILED if outcome.failed_cells else EXIT_OK
+
+
+def print_search(spec: Any, outcome: Any) -> int:
+    from distmis.tracking.results import format_results
+    from distmis.tracking.uri import redact_uri
 
     print(f"\nSearch {spec.name!r}: {len(outcome.results)} trial(s), {outcome.failed} failed, "
           f"{outcome.elapsed_seconds:.1f} s")
@@ -68,7 +113,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_results(args: argparse.Namespace) -> int:
     from mlflow.tracking import MlflowClient
 
-    from distmis.tracking.results import ResultsNotFound, find_search_run, format_results, results_frame
+    from distmis.tracking.mlflow_tracking import ROLE_TAG
+    from distmis.tracking.results import (
+        ResultsNotFound, comparison_frame, find_search_run, format_results, results_frame,
+    )
 
     uri = args.tracking_uri
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
@@ -78,9 +126,11 @@ def cmd_results(args: argparse.Namespace) -> int:
         parent = find_search_run(client, args.experiment, args.run_id)
     except ResultsNotFound as exc:
         raise BadInput(str(exc)) from None
-    frame = results_frame(client, parent)
+    is_comparison = parent.data.tags.get(ROLE_TAG) == "compare"
+    frame = comparison_frame(client, parent) if is_comparison else results_frame(client, parent)
     if args.format == "table":
-        print(f"search run {parent.info.run_id} ({parent.info.run_name}, {parent.info.status})")
+        kind = "comparison" if is_comparison else "search"
+        print(f"{kind} run {parent.info.run_id} ({parent.info.run_name}, {parent.info.status})")
     print(format_results(frame, args.format))
     return EXIT_OK
 
@@ -149,7 +199,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("results", help="print a search's results table from MLflow")
+    p = sub.add_parser("compare", help="run a search experiment- and data-parallel per worker count: the speedup table")
+    spec_args(p)
+    p.add_argument("--workers", type=_counts, help="worker counts, e.g. 1,2,4 (default: the spec's parallelism.workers; 1 is always included)")
+    p.add_argument("--output", help="output folder (default: runs/<spec name>, or $DISTMIS_OUTPUT/<name>)")
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
+                   help="Ray cluster address (default: $RAY_ADDRESS, else start a local Ray)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("results", help="print a search's results table (or a comparison's speedup table) from MLflow")
     p.add_argument("--tracking-uri", required=True, help="MLflow tracking URI, e.g. sqlite:///runs/quickstart/mlflow.db")
     p.add_argument("--experiment", required=True, help="MLflow experiment name (the spec's name by default)")
     p.add_argument("--run-id", help="a specific search (parent) run; default: the newest")

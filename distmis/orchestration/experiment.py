@@ -63,7 +63,7 @@ def ray_connection(address: str | None = None) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": TRIAL_ENV},
+    ray.init(address=address, include_dashboard=True, dashboard_host="127.0.0.1", runtime_env={"env_vars": TRIAL_ENV},
              logging_level=logging.WARNING)
     try:
         yield
@@ -195,7 +195,7 @@ def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None
     if spec.parallelism.mode == "compare":
         from distmis.orchestration.compare import run_compare
 
-        return run_compare(spec, output_dir, address=address, progress=progress)
+        return run_compare(spec, output_dir, address=address, progress=progress, trainable=trainable)
     output_dir = Path(output_dir).resolve()
     data = prepare_output(spec, output_dir, progress=progress)
     with ray_connection(address):
@@ -220,7 +220,7 @@ def _log_best_overlay(search_run: SearchRun, grid: Any, callback: MLflowTrialCal
         from distmis.train.metrics import dice_score
 
         best = grid.get_best_result(scope="all")
-        checkpoint = best.get_best_checkpoint(search_run.metric, search_run.mode)
+        checkpoint = best.get_best_checkpoint(search_run.metric, search_run.mode) if best.best_checkpoints else None
         trial_id = best.metrics.get("trial_id")
         path = callback.best_checkpoint.get(trial_id) if checkpoint is None else None
         if checkpoint is None and path is None:

@@ -132,8 +132,9 @@ def data_parallel_trial(
     workers: int,
     worker_resources: dict[str, float],
     storage_path: str,
+    worker_loop: Callable[[dict[str, Any]], None] = data_parallel_worker,
 ) -> None:
-    """One trial as a Ray Train run over ``workers`` workers; rank 0's reports reach Tune."""
+    """One trial as a Ray Train run over ``workers`` workers running ``worker_loop``; rank 0's reports reach Tune."""
     from ray import tune
     from ray.train import RunConfig, ScalingConfig
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -154,12 +155,12 @@ def data_parallel_trial(
     if spec.model.framework == "tensorflow":
         from ray.train.tensorflow import TensorflowTrainer
 
-        trainer = TensorflowTrainer(data_parallel_worker, train_loop_config=loop_config,
+        trainer = TensorflowTrainer(worker_loop, train_loop_config=loop_config,
                                     scaling_config=scaling, run_config=run_config)
     else:
         from ray.train.torch import TorchConfig, TorchTrainer
 
         backend = "nccl" if scaling.use_gpu else "gloo"
-        trainer = TorchTrainer(data_parallel_worker, train_loop_config=loop_config, scaling_config=scaling,
+        trainer = TorchTrainer(worker_loop, train_loop_config=loop_config, scaling_config=scaling,
                                run_config=run_config, torch_config=TorchConfig(backend=backend))
     trainer.fit()

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    import pandas as pd
     from mlflow.entities import Run
     from mlflow.tracking import MlflowClient
 
@@ -71,5 +72,28 @@ def learning_curves_figure(client: MlflowClient, parent: Run, metric: str = "val
     ax.set_title(f"{metric} per trial")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def speedup_figure(table: "pd.DataFrame", *, title: str = ""):
+    """Elapsed time and speedup against workers for both modes, with the ideal (linear) speedup."""
+    from distmis.tracking.results import MODES
+
+    plt = _pyplot()
+    fig, (ax_time, ax_speed) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode, marker in zip(MODES, ("o", "s")):
+        rows = table[table["mode"] == mode]
+        ax_time.plot(rows["workers"], rows["elapsed_s"], marker=marker, label=f"{mode}-parallel")
+        ax_speed.plot(rows["workers"], rows["speedup"], marker=marker, label=f"{mode}-parallel")
+    workers = sorted(table["workers"].unique())
+    ax_speed.plot(workers, workers, "k--", lw=1, label="ideal")
+    ax_time.set(xlabel="workers", ylabel="elapsed seconds", title="elapsed time")
+    ax_speed.set(xlabel="workers", ylabel="speedup (T1 / TN)", title="speedup")
+    for ax in (ax_time, ax_speed):
+        ax.set_xticks(workers)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import pandas as pd
 from mlflow.entities import Run
@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from distmis.tracking.mlflow_tracking import METRIC_TAG, MODE_TAG, PARENT_TAG, ROLE_TAG, SEARCHED_TAG
 
 Format = Literal["table", "csv", "json", "markdown"]
+MODES = ("experiment", "data")  # the two sides of a comparison
 
 
 class ResultsNotFound(LookupError):
@@ -24,19 +25,21 @@ class ResultsNotFound(LookupError):
 
 
 def find_search_run(client: MlflowClient, experiment: str, run_id: str | None = None) -> Run:
-    """The given parent run, or the newest search run of ``experiment``."""
+    """The given run, or the newest top-level search or comparison run of ``experiment``."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         names = [e.name for e in client.search_experiments()]
         raise ResultsNotFound(f"no MLflow experiment named {experiment!r}; experiments in this store: {names}")
     if run_id is not None:
         return client.get_run(run_id)
-    runs = client.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.`{ROLE_TAG}` = 'search'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
+    runs = [
+        run
+        for role in ("search", "compare")
+        for run in client.search_runs([exp.experiment_id], filter_string=f"tags.`{ROLE_TAG}` = '{role}'",
+                                      order_by=["attributes.start_time DESC"], max_results=100)
+        if PARENT_TAG not in run.data.tags  # a comparison's searches are its children
+    ]
+    runs.sort(key=lambda run: run.info.start_time, reverse=True)
     if not runs:
         raise ResultsNotFound(f"experiment {experiment!r} holds no distmis search run")
     return runs[0]
@@ -108,3 +111,54 @@ def format_results(frame: pd.DataFrame, fmt: Format = "table") -> str:
             shown = shown.drop(columns=["error"])
         return shown.to_string(index=False, float_format=lambda v: f"{v:.4f}")
     raise ValueError(f"format must be table, csv, json or markdown, got {fmt!r}")
+
+
+def speedup_table(cells: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Rows ``{mode, workers, elapsed_s, best_val_dice, trials, failed_trials, status}`` -> the speedup table.
+
+    Speedup is ``T1 / TN`` with ``T1`` the same mode's 1-worker time; efficiency is ``speedup / N``.
+    A cell that did not finish has no speedup.
+    """
+    frame = pd.DataFrame(list(cells))
+    if frame.empty:
+        return frame
+    frame = frame.sort_values(["mode", "workers"], key=lambda c: c.map(MODES.index) if c.name == "mode" else c)
+    baseline = {
+        row["mode"]: row["elapsed_s"]
+        for _, row in frame.iterrows()
+        if row["workers"] == 1 and row["status"] == "FINISHED"
+    }
+    speedups = []
+    for _, row in frame.iterrows():
+        t1 = baseline.get(row["mode"])
+        ok = row["status"] == "FINISHED" and t1 is not None and row["elapsed_s"] > 0
+        speedups.append(t1 / row["elapsed_s"] if ok else math.nan)
+    frame["speedup"] = speedups
+    frame["efficiency"] = frame["speedup"] / frame["workers"]
+    columns = ["mode", "workers", "elapsed_s", "speedup", "efficiency", "best_val_dice", "trials", "failed_trials", "status"]
+    if "error" in frame:
+        frame["error"] = frame["error"].fillna("")
+        columns.append("error")
+    return frame[columns].reset_index(drop=True)
+
+
+def comparison_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
+    """The speedup table of a comparison run, rebuilt from its (mode, workers) child search runs."""
+    metric = parent.data.tags.get(METRIC_TAG, "val_dice")
+    cells = []
+    for run in trial_runs(client, parent):
+        tags, m = run.data.tags, run.data.metrics
+        if "distmis.compare.mode" not in tags:
+            continue
+        failed = int(m.get("failed_trials", 0))
+        finished = run.info.status == "FINISHED" and "search_seconds" in m
+        cells.append({
+            "mode": tags["distmis.compare.mode"],
+            "workers": int(tags["distmis.compare.workers"]),
+            "elapsed_s": round(m.get("search_seconds", math.nan), 2),
+            "best_val_dice": m.get(f"best_{metric}", math.nan),
+            "trials": int(m.get("trials", 0)),
+            "failed_trials": failed,
+            "status": ("FINISHED" if failed == 0 else "TRIALS_FAILED") if finished else "FAILED",
+        })
+    return speedup_table(cells)

@@ -1,0 +1,127 @@
+"""Experiment- vs data-parallel: the paper's Table I for a user's own search and cluster.
+
+For every worker count N (1 included, the baseline), the same search runs twice on N worker slots:
+experiment-parallel (N one-worker trials at once) and data-parallel (one trial at a time over N
+workers). Each run is timed around ``Tuner.fit`` alone; the data were converted before any timing,
+and the order of the two modes alternates from one N to the next so neither always runs second on
+warm file caches. The table holds, per mode and N: elapsed seconds, speedup ``T1 / TN`` against the
+mode's own 1-worker run, efficiency ``speedup / N``, and the best validation dice (distributing the
+search should not change it).
+
+MLflow: a ``compare`` parent run holds the table (CSV, markdown, PNG); each (mode, N) search is its
+child run, with the trials as its children.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from distmis.orchestration.experiment import execute_search, open_search_run, prepare_output, ray_connection
+from distmis.orchestration.plan import cluster_worker_slots, compare_plans, resources_dict
+from distmis.spec.load import SpecError
+from distmis.spec.schema import Spec
+from distmis.tracking.figures import speedup_figure
+from distmis.tracking.mlflow_tracking import SearchRun
+from distmis.tracking.results import MODES, speedup_table
+
+logger = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class ComparisonOutcome:
+    table: pd.DataFrame
+    failed_cells: list[str]
+    tracking_uri: str
+    experiment: str
+    parent_run_id: str
+
+    @property
+    def failed(self) -> int:
+        return len(self.failed_cells)
+
+
+def check_capacity(spec: Spec, counts: Sequence[int]) -> None:
+    """Refuse, before anything runs, a worker count the connected cluster cannot hold."""
+    worker = resources_dict(spec.parallelism.resources_per_worker)
+    slots = cluster_worker_slots(worker)
+    too_many = [n for n in counts if n > slots]
+    if too_many:
+        raise SpecError(
+            spec.name,
+            [("parallelism.workers", f"{too_many} worker(s) do not fit: the cluster holds {slots} worker(s) of "
+              f"{worker} (resources_per_worker); lower the counts or add nodes")],
+        )
+
+
+def run_compare(
+    spec: Spec,
+    output_dir: str | Path,
+    *,
+    workers: Sequence[int] | None = None,
+    address: str | None = None,
+    progress: bool = True,
+    trainable: Callable[..., None] | None = None,
+) -> ComparisonOutcome:
+    """Run the search in both modes for every worker count and record the speedup table.
+
+    ``trainable`` replaces the Tune function of every trial (see :func:`execute_search`).
+    """
+    counts = sorted(set(workers or spec.parallelism.worker_counts) | {1})
+    if any(n < 1 for n in counts):
+        raise SpecError(spec.name, [("parallelism.workers", f"worker counts must be >= 1, got {counts}")])
+    output_dir = Path(output_dir).resolve()
+    data = prepare_output(spec, output_dir, progress=progress)
+    with ray_connection(address):
+        check_capacity(spec, counts)
+        compare_run = open_search_run(spec, output_dir, data, run_name=f"{spec.name} compare", role="compare",
+                                      tags={"distmis.workers": ",".join(map(str, counts))})
+        cells: list[dict[str, Any]] = []
+        try:
+            for index, n in enumerate(counts):
+                plans = compare_plans(spec, n)
+                for mode in MODES if index % 2 == 0 else MODES[::-1]:
+                    cells.append(_run_cell(spec, data, plans[mode], mode, n, compare_run, output_dir, progress, trainable))
+        except BaseException:
+            compare_run.finish("FAILED")
+            raise
+    table = speedup_table(cells)
+    _log_table(compare_run, table, spec)
+    failed_cells = [f"{c['mode']} x{c['workers']}" for c in cells if c["status"] != "FINISHED" or c["failed_trials"]]
+    compare_run.log_metrics({"failed_cells": len(failed_cells)})
+    compare_run.finish("FINISHED")
+    return ComparisonOutcome(table, failed_cells, compare_run.tracking_uri, spec.experiment_name, compare_run.run_id)
+
+
+def _run_cell(spec: Spec, data: Any, plan: Any, mode: str, workers: int, compare_run: SearchRun, output_dir: Path,
+              progress: bool, trainable: Callable[..., None] | None) -> dict[str, Any]:
+    """One (mode, workers) search as a child run of the comparison; a crash is recorded, not raised."""
+    run = open_search_run(spec, output_dir, data, run_name=f"{mode} x{workers}", parent_run_id=compare_run.run_id,
+                          tags={"distmis.compare.mode": mode, "distmis.compare.workers": str(workers)})
+    cell: dict[str, Any] = {"mode": mode, "workers": workers, "elapsed_s": math.nan, "best_val_dice": math.nan,
+                            "trials": 0, "failed_trials": 0, "status": "FAILED"}
+    try:
+        outcome = execute_search(spec, data, plan, run, output_dir, progress=progress, trainable=trainable)
+    except Exception as exc:  # noqa: BLE001 - the comparison goes on and says which cell failed
+        logger.error("comparison cell %s x%d failed: %s", mode, workers, exc)
+        return cell | {"error": f"{type(exc).__name__}: {exc}"}
+    best = outcome.results.get(f"best_{spec.search.metric}")
+    return cell | {
+        "elapsed_s": round(outcome.search_seconds, 2),
+        "best_val_dice": float(best.max()) if best is not None and best.notna().any() else math.nan,
+        "trials": len(outcome.results),
+        "failed_trials": outcome.failed,
+        "status": "FINISHED" if outcome.failed == 0 else "TRIALS_FAILED",
+    }
+
+
+def _log_table(run: SearchRun, table: pd.DataFrame, spec: Spec) -> None:
+    from distmis.tracking.results import format_results
+
+    run.log_text(format_results(table, "csv"), "speedup.csv")
+    run.log_text(format_results(table, "markdown"), "speedup.md")
+    run.log_figure(speedup_figure(table, title=f"{spec.name}: experiment- vs data-parallel"), "speedup.png")
