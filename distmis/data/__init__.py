@@ -1,14 +1,34 @@
-"""Data: NIfTI readers (MSD, BraTS), preprocessing, seeded splits, synthetic data, TFRecords.
+"""Data layer of distmis: raw NIfTI data sets -> preprocessed TFRecords -> tf.data.
 
-Nothing here imports TensorFlow at import time; :mod:`distmis.data.tfrecord` imports it inside
-its functions.
+Read top-down, the modules are:
+
+* :mod:`~distmis.data.layouts` - the MSD and BraTS on-disk layouts;
+  :func:`discover_cases` and :func:`read_case`.
+* :mod:`~distmis.data.preprocess` - z-score, crop / pad, resize, label ->
+  target channels; :class:`PreprocessConfig` and :func:`preprocess_case`.
+* :mod:`~distmis.data.split` - seeded train / val / test splits.
+* :mod:`~distmis.data.synthetic` - small synthetic data sets in either layout.
+* :mod:`~distmis.data.tfrecord` - offline conversion to sharded TFRecords and
+  the tf.data input pipeline.
+* :mod:`~distmis.data.inspect` - a per-case summary table of a raw data set.
+
+Importing this package does not import TensorFlow or pandas.
 """
 
 from __future__ import annotations
 
 from distmis.data.errors import DataError
 from distmis.data.inspect import format_inspection, inspect_dataset
-from distmis.data.layouts import LABEL_VALUES, MODALITIES, CaseFiles, Layout, discover_cases, read_case
+from distmis.data.layouts import (
+    LABEL_VALUES,
+    MODALITIES,
+    CaseFiles,
+    Layout,
+    coerce_layout,
+    discover_cases,
+    label_counts,
+    read_case,
+)
 from distmis.data.preprocess import (
     LabelMode,
     PreprocessConfig,
@@ -20,32 +40,40 @@ from distmis.data.preprocess import (
 )
 from distmis.data.split import make_split, read_split, write_split
 from distmis.data.synthetic import synthesize_dataset
-from distmis.data.tfrecord import convert_to_tfrecords, iter_cases, make_dataset, read_manifest, verify_checksums
+from distmis.data.tfrecord import (
+    convert_to_tfrecords,
+    iter_cases,
+    make_dataset,
+    read_manifest,
+    verify_checksums,
+)
 
 __all__ = [
-    "LABEL_VALUES",
-    "MODALITIES",
-    "CaseFiles",
     "DataError",
-    "LabelMode",
     "Layout",
-    "PreprocessConfig",
-    "center_crop_or_pad",
-    "convert_to_tfrecords",
+    "MODALITIES",
+    "LABEL_VALUES",
+    "CaseFiles",
+    "coerce_layout",
     "discover_cases",
-    "format_inspection",
-    "inspect_dataset",
-    "iter_cases",
-    "labels_to_target",
-    "make_dataset",
-    "make_split",
-    "preprocess_case",
     "read_case",
-    "read_manifest",
-    "read_split",
-    "resize",
-    "synthesize_dataset",
-    "verify_checksums",
-    "write_split",
+    "label_counts",
+    "LabelMode",
+    "PreprocessConfig",
     "zscore_nonzero",
+    "center_crop_or_pad",
+    "resize",
+    "labels_to_target",
+    "preprocess_case",
+    "make_split",
+    "write_split",
+    "read_split",
+    "synthesize_dataset",
+    "convert_to_tfrecords",
+    "read_manifest",
+    "verify_checksums",
+    "make_dataset",
+    "iter_cases",
+    "inspect_dataset",
+    "format_inspection",
 ]

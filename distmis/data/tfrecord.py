@@ -1,22 +1,33 @@
-"""Offline binarization to sharded TFRecords, and the tf.data reader used for training.
+"""Offline binarisation into sharded TFRecords, and reading them back with tf.data.
 
-As in the DistMIS paper, NIfTI decoding and preprocessing happen once, before any trial, not every
-epoch: :func:`convert_to_tfrecords` reads and preprocesses cases in parallel processes and writes
-``{split}-{i:05d}-of-{n:05d}.tfrecord`` shards plus a ``manifest.json`` (shapes, dtypes, case counts
-and ids per split, per-shard sha256). Each record is one case::
+The training pipeline never touches NIfTI: :func:`convert_to_tfrecords` reads
+and preprocesses every case once (in parallel worker processes that only use
+numpy / nibabel / scipy) and the parent process writes them into sharded
+TFRecord files, one set per split::
 
-    case_id      bytes
-    image        raw float32 bytes, shape image_shape  (h, w, d, 4)
-    label        raw uint8 bytes,   shape label_shape  (h, w, d, C)
-    image_shape  int64 list
-    label_shape  int64 list
+    out_dir/manifest.json
+    out_dir/train-00000-of-00002.tfrecord
+    out_dir/train-00001-of-00002.tfrecord
+    out_dir/val-00000-of-00001.tfrecord
+    ...
 
-The conversion writes into a temporary sibling folder and renames it into place at the end; on any
-error the temporary folder is removed, so a failed conversion leaves no partial shard.
+Each record is a ``tf.train.Example`` with the features
 
-:func:`make_dataset` is the training-time reader: interleaved shard reads, parse + shape check,
-optional in-memory cache, seeded shuffle, seeded random tiles, batch, prefetch.
-TensorFlow is imported inside the functions, so the rest of :mod:`distmis.data` never needs it.
+* ``case_id``: bytes (UTF-8);
+* ``image``: raw little-endian float32 bytes of the ``(h, w, d, 4)`` image;
+* ``label``: raw uint8 bytes of the ``(h, w, d, C)`` binary target;
+* ``image_shape``, ``label_shape``: int64 lists.
+
+``manifest.json`` records the format version, the preprocessing config, the
+(common) shapes and dtypes, the split and, per split, the case ids and the
+shards with their sha256 checksums (see :func:`verify_checksums`).
+
+:func:`make_dataset` builds the training input pipeline (interleave -> parse
+-> cache -> shuffle -> random tile crop -> batch -> prefetch), deterministic
+for a seed; :func:`iter_cases` yields whole volumes for validation.
+
+TensorFlow is imported inside the functions only, so that importing
+:mod:`distmis.data` stays cheap and the worker processes never load it.
 """
 
 from __future__ import annotations
@@ -24,23 +35,31 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from distmis.data.errors import DataError
-from distmis.data.layouts import CaseFiles, read_case
+from distmis.data.layouts import MODALITIES, CaseFiles, read_case
 from distmis.data.preprocess import PreprocessConfig, preprocess_case
+from distmis.data.split import SPLIT_NAMES, validate_split
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
 
 __all__ = [
+    "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "CASES_PER_SHARD",
     "convert_to_tfrecords",
     "read_manifest",
     "verify_checksums",
@@ -48,48 +67,108 @@ __all__ = [
     "iter_cases",
 ]
 
-MANIFEST_NAME = "manifest.json"
+#: Version of the on-disk format written by :func:`convert_to_tfrecords`.
 FORMAT_VERSION = 1
+#: Name of the manifest file inside a TFRecord folder.
+MANIFEST_NAME = "manifest.json"
+#: Default maximum number of cases per shard.
 CASES_PER_SHARD = 8
-SPLITS = ("train", "val", "test")
+#: Maximum number of shards read concurrently by :func:`make_dataset` (a
+#: constant, not the CPU count, so the element order is the same on every machine).
+INTERLEAVE_CYCLE = 4
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
-# --------------------------------------------------------------------------- conversion
-def _load_and_preprocess(case: CaseFiles, config_dict: dict[str, Any]) -> tuple[str, np.ndarray, np.ndarray]:
-    """Worker: read one case through nibabel and preprocess it (numpy only, no TensorFlow)."""
-    config = PreprocessConfig.from_dict(config_dict)
-    image, label, _spacing = read_case(case, config.layout)
-    if not np.isfinite(image).all():
-        raise DataError(f"{case.images[0]}: case {case.case_id!r} holds NaN or infinite intensities")
+def _tf() -> Any:
+    """Import TensorFlow quietly (only when TFRecords are actually written or read)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    return tf
+
+
+def shard_name(split: str, index: int, count: int) -> str:
+    """``train-00000-of-00002.tfrecord``."""
+    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def _shard_sizes(num_cases: int, shards_per_split: int | None) -> list[int]:
+    """Balanced number of cases per shard (earlier shards get the extra case)."""
+    if num_cases == 0:
+        return []
+    count = math.ceil(num_cases / CASES_PER_SHARD) if shards_per_split is None else shards_per_split
+    count = max(1, min(count, num_cases))
+    base, extra = divmod(num_cases, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _load_case(case: CaseFiles, config: PreprocessConfig) -> tuple[str, np.ndarray, np.ndarray]:
+    """Worker: read and preprocess one case (numpy / nibabel / scipy only)."""
+    image, label, _ = read_case(case, config.layout)
     try:
         image, target = preprocess_case(image, label, config)
+    except DataError:
+        raise
     except ValueError as exc:
-        raise DataError(f"case {case.case_id!r} ({case.label}): {exc}") from None
+        raise DataError(f"case {case.case_id!r} ({str(case.images[0])!r}): preprocessing failed: {exc}") from exc
     return case.case_id, image, target
 
 
-def _shard_count(num_cases: int, requested: int | None) -> int:
-    if num_cases == 0:
-        return 0
-    if requested is not None:
-        if requested < 1:
-            raise ValueError(f"shards_per_split must be >= 1, got {requested}")
-        return min(requested, num_cases)
-    return max(1, math.ceil(num_cases / CASES_PER_SHARD))
+def _ordered_map(fn: Callable[..., R], items: Sequence[T], config: PreprocessConfig, workers: int) -> Iterator[R]:
+    """``fn(item, config)`` for every item, in order, with at most ``2 * workers`` results in flight.
+
+    Uses a *spawn* process pool, so that workers start clean even if the parent
+    has already loaded TensorFlow (forking a multi-threaded process can deadlock).
+    ``workers <= 1`` runs in the calling process.
+    """
+    if workers <= 1:
+        for item in items:
+            yield fn(item, config)
+        return
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pending: deque[Future[R]] = deque()
+    queue = iter(items)
+    try:
+        for item in queue:
+            pending.append(pool.submit(fn, item, config))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            result = pending.popleft().result()
+            nxt = next(queue, None)
+            if nxt is not None:
+                pending.append(pool.submit(fn, nxt, config))
+            yield result
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _example(case_id: str, image: np.ndarray, target: np.ndarray) -> bytes:
-    import tensorflow as tf
+# --------------------------------------------------------------------------- writing
 
-    def _bytes(value: bytes) -> tf.train.Feature:
+
+def _example(tf: Any, case_id: str, image: np.ndarray, target: np.ndarray) -> bytes:
+    def _bytes(value: bytes) -> Any:
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
 
-    def _ints(values: Sequence[int]) -> tf.train.Feature:
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=list(values)))
+    def _ints(values: Iterable[int]) -> Any:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
 
     features = {
-        "case_id": _bytes(case_id.encode()),
-        "image": _bytes(np.ascontiguousarray(image, dtype=np.float32).tobytes()),
+        "case_id": _bytes(case_id.encode("utf-8")),
+        "image": _bytes(np.ascontiguousarray(image, dtype="<f4").tobytes()),
         "label": _bytes(np.ascontiguousarray(target, dtype=np.uint8).tobytes()),
         "image_shape": _ints(image.shape),
         "label_shape": _ints(target.shape),
@@ -97,17 +176,43 @@ def _example(case_id: str, image: np.ndarray, target: np.ndarray) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    if not out_dir.exists():
+        return
+    if not overwrite:
+        raise DataError(f"output folder {str(out_dir)!r} already exists; pass overwrite=True to replace it")
+    if not out_dir.is_dir():
+        raise DataError(f"output path {str(out_dir)!r} exists and is not a folder; refusing to replace it")
+    if any(out_dir.iterdir()) and not (out_dir / MANIFEST_NAME).is_file():
+        raise DataError(
+            f"output folder {str(out_dir)!r} is not empty and has no {MANIFEST_NAME}: it does not look like "
+            f"a TFRecord folder, so overwrite=True will not delete it; choose another folder"
+        )
+
+
+def _plan(cases: Sequence[CaseFiles], split: Mapping[str, Any]) -> dict[str, list[CaseFiles]]:
+    """Cases of each split, in the split's order; DataError for unknown or duplicated ids."""
+    validate_split(split)
+    by_id: dict[str, CaseFiles] = {}
+    for case in cases:
+        if case.case_id in by_id:
+            raise DataError(f"case id {case.case_id!r} appears twice in the list of cases")
+        by_id[case.case_id] = case
+    unknown = [c for name in SPLIT_NAMES for c in split[name] if c not in by_id]
+    if unknown:
+        raise DataError(
+            f"the split names {len(unknown)} case(s) that are not in the data set, e.g. {unknown[:5]}; "
+            f"was the split made for another data set?"
+        )
+    plan = {name: [by_id[c] for c in split[name]] for name in SPLIT_NAMES}
+    if not any(plan.values()):
+        raise DataError("the split has no cases in train, val or test; nothing to convert")
+    return plan
 
 
 def convert_to_tfrecords(
     cases: Sequence[CaseFiles],
-    split: dict[str, Any],
+    split: Mapping[str, Any],
     config: PreprocessConfig,
     out_dir: str | Path,
     *,
@@ -116,152 +221,197 @@ def convert_to_tfrecords(
     progress: bool = True,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Convert ``cases`` into sharded TFRecords per split under ``out_dir``; returns the manifest.
+    """Read, preprocess and write the cases of ``split`` as sharded TFRecords.
 
     Args:
         cases: the data set's cases (from :func:`~distmis.data.layouts.discover_cases`).
-        split: ``{"train": [ids], "val": [ids], "test": [ids], ...}`` from :func:`~distmis.data.split.make_split`.
-        config: preprocessing applied to every case.
-        out_dir: folder to create.
-        shards_per_split: shards per split (default: about 8 cases per shard).
-        workers: processes reading and preprocessing cases (default: min(CPUs, 4)).
-        progress: tqdm progress bar on stderr.
-        overwrite: replace an existing ``out_dir``.
+        split: a split dict (:func:`~distmis.data.split.make_split`); cases in
+            no split are skipped.
+        config: preprocessing; after it, every case must have the same shape.
+        out_dir: output folder, created atomically (see the module docstring).
+        shards_per_split: shards per split; default: ~8 cases per shard.
+            Always clamped to ``[1, number of cases in the split]``.
+        workers: reader processes; default ``min(cpu count, 4)``; 1 = in-process.
+        progress: show a tqdm progress bar on stderr.
+        overwrite: replace an existing TFRecord folder (one that has a
+            manifest, or is empty) at ``out_dir``.
+
+    Returns:
+        the manifest (also written to ``out_dir/manifest.json``).
 
     Raises:
-        DataError: an unreadable file, mismatched image/label shapes, a label value outside the
-            layout's set, cases whose preprocessed shapes differ, or an existing ``out_dir``.
+        DataError: naming the file or case, for unreadable files, mismatched
+            shapes, bad label values, cases with different shapes after
+            preprocessing, or an existing ``out_dir``.  Nothing is left on
+            disk when it fails.
     """
-    import tensorflow as tf
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise DataError(f"output folder {str(out_dir)!r} already exists; choose a new folder or pass overwrite")
-    by_id = {c.case_id: c for c in cases}
-    for name in SPLITS:
-        unknown = [cid for cid in split.get(name, []) if cid not in by_id]
-        if unknown:
-            raise DataError(f"split {name!r} names cases that are not in the data set: {unknown[:5]}")
+    if shards_per_split is not None and int(shards_per_split) < 1:
+        raise ValueError(f"shards_per_split must be >= 1, got {shards_per_split!r}")
+    _check_out_dir(out_dir, overwrite)
+    plan = _plan(cases, split)
+    ordered = [case for name in SPLIT_NAMES for case in plan[name]]
+    if workers is None:
+        workers = min(os.cpu_count() or 1, 4)
+    workers = max(1, min(int(workers), len(ordered)))
 
+    tf = _tf()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
-    workers = workers or min(os.cpu_count() or 1, 4)
-    config_dict = config.to_dict()
-    manifest: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
-        "preprocess": config_dict,
-        "num_classes": config.num_classes,
-        "image_dtype": "float32",
-        "label_dtype": "uint8",
-        "image_shape": None,
-        "label_shape": None,
-        "split": split,
-        "splits": {},
-    }
-    total = sum(len(split.get(name, [])) for name in SPLITS)
+    results = _ordered_map(_load_case, ordered, config, workers)
+    bar = tqdm(total=len(ordered), desc="tfrecords", unit="case", disable=not progress, file=sys.stderr)
     try:
-        with ProcessPoolExecutor(max_workers=workers) as pool, tqdm(
-            total=total, desc="tfrecords", unit="case", disable=not progress, file=sys.stderr
-        ) as bar:
-            for name in SPLITS:
-                ids = list(split.get(name, []))
-                num_shards = _shard_count(len(ids), shards_per_split)
-                shards: list[dict[str, Any]] = []
-                # Cases go to shards round-robin, in split order; the pool keeps that order.
-                results = pool.map(_load_and_preprocess, [by_id[i] for i in ids], [config_dict] * len(ids))
-                writers, counts = [], [0] * num_shards
-                files = [f"{name}-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
-                writers = [tf.io.TFRecordWriter(str(tmp / f)) for f in files]
-                try:
-                    for index, (case_id, image, target) in enumerate(results):
-                        if manifest["image_shape"] is None:
-                            manifest["image_shape"] = list(image.shape)
-                            manifest["label_shape"] = list(target.shape)
-                        elif list(image.shape) != manifest["image_shape"]:
+        image_shape: tuple[int, ...] | None = None
+        label_shape: tuple[int, ...] | None = None
+        first_case = ""
+        splits_info: dict[str, Any] = {}
+        for name in SPLIT_NAMES:
+            sizes = _shard_sizes(len(plan[name]), shards_per_split)
+            shards = []
+            for index, size in enumerate(sizes):
+                filename = shard_name(name, index, len(sizes))
+                with tf.io.TFRecordWriter(str(tmp / filename)) as writer:
+                    for _ in range(size):
+                        case_id, image, target = next(results)
+                        if image_shape is None:
+                            image_shape, label_shape, first_case = image.shape, target.shape, case_id
+                        elif image.shape != image_shape or target.shape != label_shape:
                             raise DataError(
-                                f"case {case_id!r} has shape {list(image.shape)} after preprocessing, other cases "
-                                f"{manifest['image_shape']}; set dataset.crop or dataset.resize (--crop/--resize) "
-                                "so that every case has the same shape"
+                                f"case {case_id!r} has image shape {image.shape} / label shape {target.shape} "
+                                f"after preprocessing, but case {first_case!r} has {image_shape} / {label_shape}; "
+                                f"all cases must have one shape: set crop or resize in the PreprocessConfig "
+                                f"(spec: dataset.crop / dataset.resize; CLI: --crop / --resize)"
                             )
-                        writers[index % num_shards].write(_example(case_id, image, target))
-                        counts[index % num_shards] += 1
+                        writer.write(_example(tf, case_id, image, target))
                         bar.update(1)
-                finally:
-                    for writer in writers:
-                        writer.close()
-                for file, count in zip(files, counts):
-                    shards.append({"file": file, "num_cases": count, "sha256": _sha256(tmp / file)})
-                manifest["splits"][name] = {"num_cases": len(ids), "case_ids": ids, "shards": shards}
+                shards.append({"file": filename, "num_cases": size, "sha256": _sha256(tmp / filename)})
+            splits_info[name] = {
+                "num_cases": len(plan[name]),
+                "case_ids": [c.case_id for c in plan[name]],
+                "shards": shards,
+            }
+        assert image_shape is not None and label_shape is not None
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "preprocess": config.to_dict(),
+            "modalities": list(MODALITIES),
+            "image_shape": list(image_shape),
+            "label_shape": list(label_shape),
+            "image_dtype": "float32",
+            "label_dtype": "uint8",
+            "num_classes": config.num_classes,
+            "splits": splits_info,
+            "split": json.loads(json.dumps(dict(split))),
+        }
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
     except BaseException:
+        results.close()  # stops the worker pool
+        bar.close()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    results.close()
+    bar.close()
+    _move_into_place(tmp, out_dir)
     return manifest
 
 
-# --------------------------------------------------------------------------- manifest
-def read_manifest(tfrecord_dir: str | Path) -> dict[str, Any]:
-    path = Path(tfrecord_dir) / MANIFEST_NAME
-    if not path.is_file():
-        raise DataError(f"{str(path)!r} not found: not a distmis TFRecord folder (make one with `distmis data tfrecord`)")
+def _move_into_place(tmp: Path, out_dir: Path) -> None:
+    """Rename the finished temporary folder to ``out_dir`` (replacing an old one)."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.replace(out_dir, old)
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{str(path)!r} is not valid JSON: {exc}") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{str(path)!r}: format version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
-    return manifest
-
-
-def verify_checksums(tfrecord_dir: str | Path) -> None:
-    """Raise ``DataError`` naming the first shard that is missing or whose sha256 differs from the manifest."""
-    tfrecord_dir = Path(tfrecord_dir)
-    manifest = read_manifest(tfrecord_dir)
-    for name, info in manifest["splits"].items():
-        for shard in info["shards"]:
-            path = tfrecord_dir / shard["file"]
-            if not path.is_file():
-                raise DataError(f"shard {str(path)!r} listed in the manifest is missing")
-            if _sha256(path) != shard["sha256"]:
-                raise DataError(f"shard {str(path)!r} is corrupt: its sha256 differs from the manifest")
+        os.replace(tmp, out_dir)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- reading
-def _shard_paths(tfrecord_dir: Path, manifest: dict[str, Any], split: str) -> list[str]:
-    if split not in manifest["splits"]:
-        raise DataError(f"{tfrecord_dir}: no split {split!r}; splits: {sorted(manifest['splits'])}")
-    return [str(tfrecord_dir / s["file"]) for s in manifest["splits"][split]["shards"]]
 
 
-def _parser(manifest: dict[str, Any]):
-    import tensorflow as tf
+def read_manifest(tfrecord_dir: str | Path) -> dict[str, Any]:
+    """Load ``manifest.json`` of a TFRecord folder.
 
-    image_shape = [int(v) for v in manifest["image_shape"]]
-    label_shape = [int(v) for v in manifest["label_shape"]]
-    spec = {
-        "case_id": tf.io.FixedLenFeature([], tf.string),
-        "image": tf.io.FixedLenFeature([], tf.string),
-        "label": tf.io.FixedLenFeature([], tf.string),
-        "image_shape": tf.io.FixedLenFeature([4], tf.int64),
-        "label_shape": tf.io.FixedLenFeature([4], tf.int64),
-    }
+    Raises:
+        DataError: if the folder or manifest is missing, not JSON, or of an
+            unsupported format version.
+    """
+    path = Path(tfrecord_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise DataError(
+            f"{str(path)!r} not found: {str(tfrecord_dir)!r} is not a TFRecord folder written by "
+            f"convert_to_tfrecords (make one with `distmis data tfrecord`)"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{str(path)!r} is not valid JSON: {exc}") from exc
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if version != FORMAT_VERSION:
+        raise DataError(f"{str(path)!r} has format_version {version!r}; this version of distmis reads {FORMAT_VERSION}")
+    missing = [k for k in ("preprocess", "image_shape", "label_shape", "splits") if k not in manifest]
+    if missing:
+        raise DataError(f"{str(path)!r} lacks the field(s) {missing}")
+    return manifest
 
-    def parse(record):
-        ex = tf.io.parse_single_example(record, spec)
-        tf.debugging.assert_equal(ex["image_shape"], tf.constant(image_shape, tf.int64),
-                                  message="record image shape differs from the manifest")
-        tf.debugging.assert_equal(ex["label_shape"], tf.constant(label_shape, tf.int64),
-                                  message="record label shape differs from the manifest")
-        image = tf.ensure_shape(tf.reshape(tf.io.decode_raw(ex["image"], tf.float32), image_shape), image_shape)
-        label = tf.ensure_shape(tf.reshape(tf.io.decode_raw(ex["label"], tf.uint8), label_shape), label_shape)
-        return ex["case_id"], image, label
 
-    return parse
+def _split_shards(tfrecord_dir: Path, manifest: Mapping[str, Any], split: str) -> tuple[list[Path], int]:
+    """Shard paths and number of cases of ``split``; DataError if unknown, empty or missing."""
+    splits = manifest["splits"]
+    if split not in splits:
+        raise DataError(f"split {split!r} is not in {str(tfrecord_dir)!r}; available: {sorted(splits)}")
+    info = splits[split]
+    if info["num_cases"] == 0:
+        raise DataError(f"split {split!r} of {str(tfrecord_dir)!r} has no cases")
+    paths = [tfrecord_dir / shard["file"] for shard in info["shards"]]
+    for path in paths:
+        if not path.is_file():
+            raise DataError(f"shard {str(path)!r} listed in the manifest does not exist")
+    return paths, int(info["num_cases"])
+
+
+def verify_checksums(tfrecord_dir: str | Path) -> None:
+    """Check every shard against the sha256 recorded in the manifest.
+
+    Raises:
+        DataError: naming the first shard that is missing or whose checksum differs.
+    """
+    tfrecord_dir = Path(tfrecord_dir)
+    manifest = read_manifest(tfrecord_dir)
+    for info in manifest["splits"].values():
+        for shard in info["shards"]:
+            path = tfrecord_dir / shard["file"]
+            if not path.is_file():
+                raise DataError(f"shard {str(path)!r} listed in the manifest does not exist")
+            actual = _sha256(path)
+            if actual != shard["sha256"]:
+                raise DataError(
+                    f"shard {str(path)!r} is corrupt or was modified: sha256 {actual} != {shard['sha256']} in the manifest"
+                )
+
+
+def _check_tile(tile: Sequence[int], spatial: Sequence[int], tfrecord_dir: Path) -> tuple[int, int, int]:
+    try:
+        values = tuple(int(t) for t in tile)
+    except (TypeError, ValueError):
+        raise ValueError(f"tile must be 3 positive integers, got {tile!r}") from None
+    if len(values) != 3 or min(values) < 1:
+        raise ValueError(f"tile must be 3 positive integers, got {tile!r}")
+    if any(t > s for t, s in zip(values, spatial)):
+        raise ValueError(
+            f"tile {values} is larger than the volumes {tuple(spatial)} stored in {str(tfrecord_dir)!r}; "
+            f"use a tile no larger than the volume on every axis"
+        )
+    return values  # type: ignore[return-value]
 
 
 def make_dataset(
@@ -276,77 +426,127 @@ def make_dataset(
     drop_remainder: bool = False,
     shard: tuple[int, int] | None = None,
     repeat: bool = False,
-):
-    """A ``tf.data.Dataset`` of ``(image (B, h, w, d, 4) float32, label (B, h, w, d, C) float32)``.
+) -> tf.data.Dataset:
+    """tf.data pipeline of ``(image, label)`` batches for one split.
 
-    Deterministic for a given ``seed``: the shuffle order of each epoch and each epoch's tiles.
-    ``shard=(num_shards, index)`` keeps every ``num_shards``-th case starting at ``index`` (one data-parallel
-    worker's part); ``repeat`` makes the dataset endless (take a fixed number of batches per epoch).
+    shards -> interleave(TFRecordDataset) -> parse + reshape -> [shard] ->
+    cache -> shuffle (buffer = all cases, reshuffled each epoch) -> [repeat] ->
+    random tile crop (same offset for image and label) -> batch -> prefetch.
+
+    The element order and the tiles are a deterministic function of ``seed``
+    (and of the epoch, when the same dataset object is iterated again).
+
+    Args:
+        shard: ``(num_shards, index)`` keeps every ``num_shards``-th case
+            starting at ``index`` (one data-parallel worker's part).
+        repeat: make the dataset endless (take a fixed number of batches per epoch).
+
+    Returns:
+        a dataset of ``image`` float32 ``(B, h, w, d, 4)`` and ``label`` float32
+        ``(B, h, w, d, C)``, where ``(h, w, d)`` is ``tile`` if given.
     """
-    import tensorflow as tf
-
     tfrecord_dir = Path(tfrecord_dir)
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
     manifest = read_manifest(tfrecord_dir)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    paths = _shard_paths(tfrecord_dir, manifest, split)
-    num_cases = int(manifest["splits"][split]["num_cases"])
-    volume = [int(v) for v in manifest["image_shape"][:3]]
-    if tile is not None:
-        tile = [int(t) for t in tile]
-        if len(tile) != 3 or any(t < 1 or t > v for t, v in zip(tile, volume)):
-            raise ValueError(f"tile {tile} must be 3 positive sizes no larger than the volume {volume}")
-
-    ds = tf.data.Dataset.from_tensor_slices(paths)
-    ds = ds.interleave(
-        tf.data.TFRecordDataset, cycle_length=max(1, min(len(paths), 4)),
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
-    )
-    ds = ds.map(_parser(manifest), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.map(lambda _cid, image, label: (image, tf.cast(label, tf.float32)))
+    paths, num_cases = _split_shards(tfrecord_dir, manifest, split)
+    image_shape = [int(s) for s in manifest["image_shape"]]
+    label_shape = [int(s) for s in manifest["label_shape"]]
+    tile3 = _check_tile(tile, image_shape[:3], tfrecord_dir) if tile is not None else None
     if shard is not None:
-        num_shards, index = shard
-        if not 0 <= index < num_shards:
-            raise ValueError(f"shard index must be in [0, {num_shards}), got {index}")
-        ds = ds.shard(num_shards, index)
+        num_shards, index = (int(v) for v in shard)
+        if num_shards < 1 or not 0 <= index < num_shards:
+            raise ValueError(f"shard must be (num_shards >= 1, index in [0, num_shards)), got {tuple(shard)!r}")
         num_cases = max(1, len(range(index, num_cases, num_shards)))
+
+    tf = _tf()
+    autotune = tf.data.AUTOTUNE
+    files = tf.data.Dataset.from_tensor_slices([str(p) for p in paths])
+    ds = files.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(len(paths), INTERLEAVE_CYCLE),
+        block_length=1,
+        num_parallel_calls=autotune,
+        deterministic=True,
+    )
+    ds = ds.map(_parser(tf, image_shape, label_shape), num_parallel_calls=autotune, deterministic=True)
+    if shard is not None:
+        ds = ds.shard(num_shards, index)
     if cache:
         ds = ds.cache()
     if shuffle:
-        ds = ds.shuffle(max(1, num_cases), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(num_cases, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         ds = ds.repeat()
-    if tile is not None:
-        ds = _random_tiles(ds, tile, volume, seed)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    if tile3 is not None:
+        ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)))
+        ds = ds.map(_tiler(tf, tile3, image_shape, label_shape, seed), num_parallel_calls=autotune, deterministic=True)
+    ds = ds.map(lambda image, label: (image, tf.cast(label, tf.float32)), num_parallel_calls=autotune, deterministic=True)
+    ds = ds.batch(int(batch_size), drop_remainder=drop_remainder)
+    return ds.prefetch(autotune)
 
 
-def _random_tiles(ds, tile: list[int], volume: list[int], seed: int):
-    """Crop each (image, label) pair at the same random offset; offsets come from a seeded stream."""
-    import tensorflow as tf
+def _parser(tf: Any, image_shape: list[int], label_shape: list[int]) -> Callable[[Any], tuple[Any, Any]]:
+    features = {
+        "case_id": tf.io.FixedLenFeature([], tf.string),
+        "image": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.string),
+        "image_shape": tf.io.FixedLenFeature([len(image_shape)], tf.int64),
+        "label_shape": tf.io.FixedLenFeature([len(label_shape)], tf.int64),
+    }
 
-    offsets = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(3)  # endless, seeded
+    def parse(record: Any) -> tuple[Any, Any]:
+        example = tf.io.parse_single_example(record, features)
+        checks = [
+            tf.debugging.assert_equal(example["image_shape"], tf.constant(image_shape, tf.int64), message="image_shape differs from the manifest"),
+            tf.debugging.assert_equal(example["label_shape"], tf.constant(label_shape, tf.int64), message="label_shape differs from the manifest"),
+        ]
+        with tf.control_dependencies(checks):
+            image = tf.reshape(tf.io.decode_raw(example["image"], tf.float32, little_endian=True), image_shape)
+            label = tf.reshape(tf.io.decode_raw(example["label"], tf.uint8), label_shape)
+        return tf.ensure_shape(image, image_shape), tf.ensure_shape(label, label_shape)
 
-    def crop(pair, rnd):
+    return parse
+
+
+def _tiler(
+    tf: Any, tile: tuple[int, int, int], image_shape: list[int], label_shape: list[int], seed: int
+) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """Random crop of ``tile`` at one offset for image and label, from a per-element random int."""
+    max_offset = tf.constant([s - t for s, t in zip(image_shape[:3], tile)], tf.float32)
+
+    def crop(pair: Any, draw: Any) -> tuple[Any, Any]:
         image, label = pair
-        high = tf.constant([v - t + 1 for v, t in zip(volume, tile)], tf.int64)
-        start = tf.math.floormod(tf.abs(rnd), high)
-        size_i = tf.constant(tile + [-1], tf.int64)
-        begin = tf.concat([start, tf.zeros([1], tf.int64)], axis=0)
-        return tf.slice(image, begin, size_i), tf.slice(label, begin, size_i)
+        u = tf.random.stateless_uniform([3], seed=tf.stack([tf.constant(seed, tf.int64), draw]), dtype=tf.float32)
+        offset = tf.cast(tf.minimum(tf.floor(u * (max_offset + 1.0)), max_offset), tf.int32)
+        begin = tf.concat([offset, [0]], axis=0)
+        image = tf.slice(image, begin, list(tile) + [image_shape[3]])
+        label = tf.slice(label, begin, list(tile) + [label_shape[3]])
+        return tf.ensure_shape(image, list(tile) + [image_shape[3]]), tf.ensure_shape(label, list(tile) + [label_shape[3]])
 
-    return tf.data.Dataset.zip((ds, offsets)).map(crop, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return crop
 
 
 def iter_cases(tfrecord_dir: str | Path, split: str) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
-    """Yield ``(case_id, image (h, w, d, 4) float32, label (h, w, d, C) uint8)`` in stored shard order."""
-    import tensorflow as tf
+    """Yield ``(case_id, image, label)`` of ``split`` in stored order, as numpy arrays.
 
+    ``image`` is float32 ``(h, w, d, 4)`` and ``label`` uint8 ``(h, w, d, C)``,
+    bit-identical to what :func:`~distmis.data.preprocess.preprocess_case`
+    produced.  Meant for whole-volume validation and inspection.
+    """
     tfrecord_dir = Path(tfrecord_dir)
     manifest = read_manifest(tfrecord_dir)
-    parse = _parser(manifest)
-    for path in _shard_paths(tfrecord_dir, manifest, split):
-        for record in tf.data.TFRecordDataset(path):
-            case_id, image, label = parse(record)
-            yield case_id.numpy().decode(), image.numpy(), label.numpy()
+    paths, _ = _split_shards(tfrecord_dir, manifest, split)
+    image_shape = tuple(int(s) for s in manifest["image_shape"])
+    label_shape = tuple(int(s) for s in manifest["label_shape"])
+    tf = _tf()
+    for path in paths:
+        for record in tf.data.TFRecordDataset(str(path)):
+            example = tf.train.Example.FromString(record.numpy())
+            feature = example.features.feature
+            case_id = feature["case_id"].bytes_list.value[0].decode("utf-8")
+            if tuple(feature["image_shape"].int64_list.value) != image_shape or tuple(feature["label_shape"].int64_list.value) != label_shape:
+                raise DataError(f"shard {str(path)!r}: case {case_id!r} has shapes that differ from the manifest")
+            image = np.frombuffer(feature["image"].bytes_list.value[0], dtype="<f4").astype(np.float32).reshape(image_shape)
+            label = np.frombuffer(feature["label"].bytes_list.value[0], dtype=np.uint8).copy().reshape(label_shape)
+            yield case_id, image, label

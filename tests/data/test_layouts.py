@@ -1,125 +1,241 @@
-"""Both readers on real NIfTI files written with nibabel."""
+"""Tests for distmis.data.layouts: discovery and reading of MSD / BraTS cases."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
-import nibabel as nib
 import numpy as np
 import pytest
 
-from distmis.data import LABEL_VALUES, DataError, Layout, discover_cases, read_case, synthesize_dataset
+from distmis.data import LABEL_VALUES, MODALITIES, CaseFiles, DataError, Layout, discover_cases, read_case
+from distmis.data.layouts import coerce_layout, label_counts
+
+from .conftest import SHAPE, corrupt_gzip, write_nifti
 
 
-def save(array: np.ndarray, path: Path, affine: np.ndarray | None = None) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nib.save(nib.Nifti1Image(array, np.eye(4) if affine is None else affine), str(path))
-    return path
+def _copy(root: Path, tmp_path: Path) -> Path:
+    target = tmp_path / root.name
+    shutil.copytree(root, target)
+    return target
 
 
-def write_msd(root: Path, cases: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+def _brats_case(folder: Path, case_id: str, modalities: list[np.ndarray], seg: np.ndarray, affine=None) -> None:
+    for name, data in zip(MODALITIES, modalities):
+        write_nifti(folder / case_id / f"{case_id}_{name}.nii.gz", data, affine)
+    write_nifti(folder / case_id / f"{case_id}_seg.nii.gz", seg, affine)
+
+
+def _msd_dataset(root: Path, images: dict[str, np.ndarray], labels: dict[str, np.ndarray], affine=None) -> None:
     training = []
-    for case_id, (image, label) in cases.items():
-        save(image, root / "imagesTr" / f"{case_id}.nii.gz")
-        save(label, root / "labelsTr" / f"{case_id}.nii.gz")
+    for case_id in images:
+        write_nifti(root / "imagesTr" / f"{case_id}.nii.gz", images[case_id], affine)
+        write_nifti(root / "labelsTr" / f"{case_id}.nii.gz", labels[case_id], affine)
         training.append({"image": f"./imagesTr/{case_id}.nii.gz", "label": f"./labelsTr/{case_id}.nii.gz"})
-    (root / "dataset.json").write_text(json.dumps({"name": "test", "training": training}))
+    (root / "dataset.json").write_text(json.dumps({"training": training}))
+
+
+# --------------------------------------------------------------------------- constants
+
+
+def test_constants() -> None:
+    assert MODALITIES == ("flair", "t1", "t1ce", "t2")
+    assert LABEL_VALUES[Layout.MSD] == (0, 1, 2, 3)
+    assert LABEL_VALUES[Layout.BRATS] == (0, 1, 2, 4)
+    assert Layout("msd") is Layout.MSD and Layout.BRATS == "brats"
+
+
+def test_coerce_layout_rejects_unknown() -> None:
+    assert coerce_layout("brats") is Layout.BRATS
+    with pytest.raises(ValueError, match="'msd', 'brats'"):
+        coerce_layout("nnunet")
+
+
+def test_label_counts() -> None:
+    label = np.array([[[0, 0, 4], [2, 2, 2]]], dtype=np.int16)
+    assert label_counts(label) == {0: 2, 2: 3, 4: 1}
+    assert label_counts(np.array([-1, 5, 5], dtype=np.int32)) == {-1: 1, 5: 2}
+    with pytest.raises(TypeError):
+        label_counts(np.zeros(3, dtype=np.float32))
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def test_discover_msd(msd_root: Path) -> None:
+    cases = discover_cases(msd_root, "msd")
+    assert [c.case_id for c in cases] == ["BRATS_001", "BRATS_002", "BRATS_003", "BRATS_004"]
+    for case in cases:
+        assert isinstance(case, CaseFiles)
+        assert len(case.images) == 1 and case.images[0].is_file()
+        assert case.images[0].parent.name == "imagesTr" and case.label.parent.name == "labelsTr"
+        assert case.label.name == f"{case.case_id}.nii.gz"
+
+
+def test_discover_brats(brats_root: Path) -> None:
+    cases = discover_cases(str(brats_root), Layout.BRATS)
+    assert [c.case_id for c in cases] == [f"BraTS2021_{i:05d}" for i in range(5)]
+    for case in cases:
+        assert [p.name for p in case.images] == [f"{case.case_id}_{m}.nii.gz" for m in MODALITIES]
+        assert case.label.name == f"{case.case_id}_seg.nii.gz"
+
+
+def test_discover_sorts_msd_cases(tmp_path: Path) -> None:
+    image = np.ones(SHAPE + (4,), np.float32)
+    label = np.zeros(SHAPE, np.uint8)
+    _msd_dataset(tmp_path, {"BRATS_010": image, "BRATS_002": image}, {"BRATS_010": label, "BRATS_002": label})
+    assert [c.case_id for c in discover_cases(tmp_path, "msd")] == ["BRATS_002", "BRATS_010"]
+
+
+def test_discover_missing_root(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="does not exist") as info:
+        discover_cases(tmp_path / "nope", "msd")
+    assert "nope" in str(info.value)
+
+
+def test_discover_missing_dataset_json(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="dataset.json"):
+        discover_cases(tmp_path, "msd")
+
+
+def test_discover_msd_listed_file_missing(msd_root: Path, tmp_path: Path) -> None:
+    root = _copy(msd_root, tmp_path)
+    (root / "labelsTr" / "BRATS_003.nii.gz").unlink()
+    with pytest.raises(DataError, match=r"labelsTr/BRATS_003\.nii\.gz"):
+        discover_cases(root, "msd")
+
+
+def test_discover_brats_missing_modality(brats_root: Path, tmp_path: Path) -> None:
+    root = _copy(brats_root, tmp_path)
+    (root / "BraTS2021_00001" / "BraTS2021_00001_t1ce.nii.gz").unlink()
+    with pytest.raises(DataError, match=r"BraTS2021_00001_t1ce\.nii\.gz") as info:
+        discover_cases(root, "brats")
+    assert "missing" in str(info.value)
+
+
+def test_discover_no_cases(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no cases found"):
+        discover_cases(tmp_path, "brats")
+    (tmp_path / "dataset.json").write_text(json.dumps({"training": []}))
+    with pytest.raises(DataError, match="no cases found"):
+        discover_cases(tmp_path, "msd")
+    with pytest.raises(DataError, match="layout='msd'"):  # hint for the wrong layout
+        discover_cases(tmp_path, "brats")
+
+
+# --------------------------------------------------------------------------- reading generated files
 
 
 @pytest.mark.parametrize("layout", ["msd", "brats"])
-def test_read_synthetic_dataset(tmp_path, layout):
-    ids = synthesize_dataset(tmp_path / layout, layout, cases=3, shape=(16, 20, 12), seed=0, progress=False)
-    cases = discover_cases(tmp_path / layout, layout)
-    assert [c.case_id for c in cases] == ids
-    assert len(cases[0].images) == (1 if layout == "msd" else 4)
-    for case in cases:
+def test_read_generated_cases(layout: str, msd_root: Path, brats_root: Path) -> None:
+    root = msd_root if layout == "msd" else brats_root
+    for case in discover_cases(root, layout):
         image, label, spacing = read_case(case, layout)
-        assert image.shape == (16, 20, 12, 4) and image.dtype == np.float32
-        assert label.shape == (16, 20, 12)
-        assert set(np.unique(label)) <= set(LABEL_VALUES[Layout(layout)])
-        assert set(np.unique(label)) - {0}  # there is a tumour
+        assert image.shape == SHAPE + (4,) and image.dtype == np.float32
+        assert label.shape == SHAPE and label.dtype == np.int16
         assert spacing == (1.0, 1.0, 1.0)
+        assert set(np.unique(label)) == set(LABEL_VALUES[Layout(layout)])  # every compartment present
+        assert (image >= 0).all() and (image[label > 0] > 0).all()  # tumour lies inside the brain
 
 
-def test_brats_files_are_int16(tmp_path):
-    synthesize_dataset(tmp_path / "b", "brats", cases=1, shape=(8, 8, 8), progress=False)
-    case = discover_cases(tmp_path / "b", "brats")[0]
-    assert [p.name.split("_")[-1] for p in case.images] == ["flair.nii.gz", "t1.nii.gz", "t1ce.nii.gz", "t2.nii.gz"]
-    assert nib.load(case.images[0]).get_data_dtype() == np.int16
-    assert case.label.name.endswith("_seg.nii.gz")
+# --------------------------------------------------------------------------- reading hand-written files
 
 
-def test_int16_and_float_files_non_ras_affine_read_as_stored(tmp_path):
+def test_read_msd_int16_non_ras_affine_as_stored(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    image = rng.integers(0, 1000, size=(6, 5, 4, 4)).astype(np.int16)
-    label = np.zeros((6, 5, 4), np.uint8)
-    label[1:3, 2, 1] = 2
-    flipped = np.diag([-1.0, 1.0, -2.0, 1.0])  # an LPS-like orientation with 2 mm slices
-    save(image, tmp_path / "msd/imagesTr/a.nii.gz", flipped)
-    save(label, tmp_path / "msd/labelsTr/a.nii.gz", flipped)
-    save(image.astype(np.float64) / 7, tmp_path / "msd/imagesTr/b.nii.gz")
-    save(label.astype(np.float32), tmp_path / "msd/labelsTr/b.nii.gz")
-    entries = [{"image": f"./imagesTr/{c}.nii.gz", "label": f"./labelsTr/{c}.nii.gz"} for c in "ab"]
-    (tmp_path / "msd/dataset.json").write_text(json.dumps({"training": entries}))
-    a, b = discover_cases(tmp_path / "msd", "msd")
-    img_a, lab_a, spacing_a = read_case(a, "msd")
-    np.testing.assert_array_equal(img_a, image.astype(np.float32))  # no reorientation
-    np.testing.assert_array_equal(lab_a, label)
-    assert spacing_a == (1.0, 1.0, 2.0)
-    img_b, lab_b, _ = read_case(b, "msd")
-    np.testing.assert_allclose(img_b, image / 7, rtol=1e-6)
-    np.testing.assert_array_equal(lab_b, label)
+    image = rng.integers(0, 500, size=(6, 7, 5, 4)).astype(np.int16)
+    label = rng.choice(np.array([0, 1, 2, 3], dtype=np.uint8), size=(6, 7, 5))
+    affine = np.array([[0, -2.0, 0, 10], [1.5, 0, 0, -4], [0, 0, -3.0, 7], [0, 0, 0, 1]])  # permuted + flipped
+    _msd_dataset(tmp_path, {"BRATS_001": image}, {"BRATS_001": label}, affine)
+    (case,) = discover_cases(tmp_path, "msd")
+    got_image, got_label, spacing = read_case(case, "msd")
+    np.testing.assert_array_equal(got_image, image.astype(np.float32))  # no reorientation
+    np.testing.assert_array_equal(got_label, label)
+    assert got_image.dtype == np.float32 and got_label.dtype == np.int16
+    assert spacing == pytest.approx((1.5, 2.0, 3.0))  # column norms of the affine
 
 
-def test_bad_label_value_names_the_file(tmp_path):
-    label = np.zeros((4, 4, 4), np.uint8)
-    label[0, 0, 0] = 4  # a BraTS value in an MSD dataset
-    write_msd(tmp_path, {"x": (np.ones((4, 4, 4, 4), np.float32), label)})
-    with pytest.raises(DataError, match=r"labelsTr/x\.nii\.gz") as info:
+def test_read_brats_float_data_and_float_label(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    modalities = [rng.uniform(0, 1, (5, 6, 7)).astype(np.float32) * (m + 1) for m in range(4)]
+    seg = rng.choice(np.array([0.0, 1.0, 2.0, 4.0], dtype=np.float32), size=(5, 6, 7))
+    affine = np.diag([-1.0, -1.0, 1.0, 1.0])
+    _brats_case(tmp_path, "case_a", modalities, seg, affine)
+    (case,) = discover_cases(tmp_path, "brats")
+    image, label, _ = read_case(case, "brats")
+    for m in range(4):  # channel order follows MODALITIES
+        np.testing.assert_array_equal(image[..., m], modalities[m])
+    np.testing.assert_array_equal(label, seg.astype(np.int16))
+
+
+def test_read_brats_accepts_trailing_singleton_label_axis(tmp_path: Path) -> None:
+    modalities = [np.ones((4, 4, 4), np.int16)] * 4
+    _brats_case(tmp_path, "c", modalities, np.zeros((4, 4, 4, 1), np.uint8))
+    _, label, _ = read_case(discover_cases(tmp_path, "brats")[0], "brats")
+    assert label.shape == (4, 4, 4)
+
+
+# --------------------------------------------------------------------------- reading errors
+
+
+def test_read_bad_label_value_names_file_and_values(tmp_path: Path) -> None:
+    modalities = [np.ones((4, 4, 4), np.int16)] * 4
+    seg = np.zeros((4, 4, 4), np.uint8)
+    seg[0, 0, 0] = 3  # an MSD value in a BraTS data set
+    _brats_case(tmp_path, "c1", modalities, seg)
+    with pytest.raises(DataError) as info:
+        read_case(discover_cases(tmp_path, "brats")[0], "brats")
+    message = str(info.value)
+    assert "c1_seg.nii.gz" in message and "[3]" in message and "[0, 1, 2, 4]" in message
+
+
+def test_read_non_integer_label(tmp_path: Path) -> None:
+    modalities = [np.ones((4, 4, 4), np.float32)] * 4
+    seg = np.zeros((4, 4, 4), np.float32)
+    seg[1, 1, 1] = 0.5
+    _brats_case(tmp_path, "c1", modalities, seg)
+    with pytest.raises(DataError, match="c1_seg.nii.gz.*non-integer"):
+        read_case(discover_cases(tmp_path, "brats")[0], "brats")
+
+
+def test_read_msd_image_must_be_4d_with_4_channels(tmp_path: Path) -> None:
+    _msd_dataset(tmp_path, {"BRATS_001": np.ones((4, 4, 4, 3), np.float32)}, {"BRATS_001": np.zeros((4, 4, 4), np.uint8)})
+    with pytest.raises(DataError, match=r"imagesTr/BRATS_001\.nii\.gz.*\(4, 4, 4, 3\)"):
         read_case(discover_cases(tmp_path, "msd")[0], "msd")
-    assert "4" in str(info.value) and "0, 1, 2, 3" in str(info.value)
 
 
-def test_shape_mismatch_names_the_file(tmp_path):
-    write_msd(tmp_path, {"x": (np.ones((4, 4, 4, 4), np.float32), np.zeros((4, 4, 5), np.uint8))})
-    with pytest.raises(DataError, match=r"x\.nii\.gz"):
+def test_read_image_label_shape_mismatch(tmp_path: Path) -> None:
+    _msd_dataset(tmp_path, {"BRATS_001": np.ones((4, 4, 4, 4), np.float32)}, {"BRATS_001": np.zeros((4, 4, 5), np.uint8)})
+    with pytest.raises(DataError, match=r"labelsTr/BRATS_001\.nii\.gz.*\(4, 4, 5\)"):
         read_case(discover_cases(tmp_path, "msd")[0], "msd")
 
 
-def test_wrong_channel_count(tmp_path):
-    write_msd(tmp_path, {"x": (np.ones((4, 4, 4, 3), np.float32), np.zeros((4, 4, 4), np.uint8))})
-    with pytest.raises(DataError, match=r"imagesTr/x\.nii\.gz.*4-D"):
+def test_read_brats_modalities_differ_in_shape(tmp_path: Path) -> None:
+    modalities = [np.ones((4, 4, 4), np.int16)] * 3 + [np.ones((4, 4, 3), np.int16)]
+    _brats_case(tmp_path, "c1", modalities, np.zeros((4, 4, 4), np.uint8))
+    with pytest.raises(DataError, match=r"c1_t2\.nii\.gz.*\(4, 4, 3\)"):
+        read_case(discover_cases(tmp_path, "brats")[0], "brats")
+
+
+def test_read_corrupt_file_names_it(brats_root: Path, tmp_path: Path) -> None:
+    root = _copy(brats_root, tmp_path)
+    corrupt_gzip(root / "BraTS2021_00002" / "BraTS2021_00002_t1.nii.gz")
+    case = discover_cases(root, "brats")[2]
+    with pytest.raises(DataError, match=r"cannot read.*BraTS2021_00002_t1\.nii\.gz"):
+        read_case(case, "brats")
+
+
+def test_read_garbage_file_names_it(tmp_path: Path) -> None:
+    _msd_dataset(tmp_path, {"BRATS_001": np.ones((4, 4, 4, 4), np.float32)}, {"BRATS_001": np.zeros((4, 4, 4), np.uint8)})
+    (tmp_path / "labelsTr" / "BRATS_001.nii.gz").write_bytes(b"not a nifti file")
+    with pytest.raises(DataError, match=r"cannot read.*labelsTr/BRATS_001\.nii\.gz"):
         read_case(discover_cases(tmp_path, "msd")[0], "msd")
 
 
-def test_corrupt_file_names_the_file(tmp_path):
-    write_msd(tmp_path, {"x": (np.ones((4, 4, 4, 4), np.float32), np.zeros((4, 4, 4), np.uint8))})
-    (tmp_path / "imagesTr/x.nii.gz").write_bytes(b"\x1f\x8b this is not a nifti file")
-    with pytest.raises(DataError, match=r"imagesTr/x\.nii\.gz"):
+def test_read_nan_image(tmp_path: Path) -> None:
+    image = np.ones((4, 4, 4, 4), np.float32)
+    image[1, 2, 3, 0] = np.nan
+    _msd_dataset(tmp_path, {"BRATS_001": image}, {"BRATS_001": np.zeros((4, 4, 4), np.uint8)})
+    with pytest.raises(DataError, match=r"imagesTr/BRATS_001\.nii\.gz.*NaN"):
         read_case(discover_cases(tmp_path, "msd")[0], "msd")
-
-
-def test_missing_brats_modality(tmp_path):
-    synthesize_dataset(tmp_path / "b", "brats", cases=2, shape=(8, 8, 8), progress=False)
-    victim = next((tmp_path / "b").glob("*/*_t1ce.nii.gz"))
-    victim.unlink()
-    with pytest.raises(DataError, match="t1ce"):
-        discover_cases(tmp_path / "b", "brats")
-
-
-def test_discovery_errors(tmp_path):
-    with pytest.raises(DataError, match="does not exist"):
-        discover_cases(tmp_path / "nope", "msd")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match="dataset.json"):
-        discover_cases(tmp_path / "empty", "msd")
-    with pytest.raises(DataError, match="no cases"):
-        discover_cases(tmp_path / "empty", "brats")
-    (tmp_path / "listed").mkdir()
-    (tmp_path / "listed/dataset.json").write_text(json.dumps(
-        {"training": [{"image": "./imagesTr/gone.nii.gz", "label": "./labelsTr/gone.nii.gz"}]}))
-    with pytest.raises(DataError, match="gone.nii.gz"):
-        discover_cases(tmp_path / "listed", "msd")
-    with pytest.raises(ValueError, match="'msd', 'brats'"):
-        discover_cases(tmp_path, "nnunet")

@@ -1,36 +1,140 @@
+"""Tests for distmis.data.synthetic."""
+
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import nibabel as nib
 import numpy as np
 import pytest
 
-from distmis.data import DataError, discover_cases, read_case, synthesize_dataset
+import distmis.data.synthetic as synthetic
+from distmis.data import MODALITIES, DataError, discover_cases, read_case, synthesize_dataset
+
+from .conftest import SHAPE
 
 
-def test_tumours_are_learnable_structures(tmp_path):
-    synthesize_dataset(tmp_path / "d", "msd", cases=4, shape=(32, 32, 32), seed=0, progress=False)
+def test_msd_files_and_dataset_json(msd_root: Path) -> None:
+    meta = json.loads((msd_root / "dataset.json").read_text())
+    assert meta["numTraining"] == 4 and len(meta["training"]) == 4
+    assert meta["modality"] == {"0": "FLAIR", "1": "T1w", "2": "t1gd", "3": "T2w"}
+    assert set(meta["labels"]) == {"0", "1", "2", "3"}
+    assert meta["training"][0] == {"image": "./imagesTr/BRATS_001.nii.gz", "label": "./labelsTr/BRATS_001.nii.gz"}
+    image = nib.load(str(msd_root / "imagesTr" / "BRATS_001.nii.gz"))
+    label = nib.load(str(msd_root / "labelsTr" / "BRATS_001.nii.gz"))
+    assert image.shape == SHAPE + (4,) and image.get_data_dtype() == np.float32
+    assert label.shape == SHAPE and label.get_data_dtype() == np.uint8
+    assert set(np.unique(np.asanyarray(label.dataobj))) == {0, 1, 2, 3}
+    np.testing.assert_allclose(np.abs(np.diag(image.affine))[:3], 1.0)
+    assert image.header.get_zooms()[:3] == (1.0, 1.0, 1.0)
+
+
+def test_brats_files(brats_root: Path) -> None:
+    folder = brats_root / "BraTS2021_00003"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        f"BraTS2021_00003_{part}.nii.gz" for part in (*MODALITIES, "seg")
+    )
+    for modality in MODALITIES:
+        img = nib.load(str(folder / f"BraTS2021_00003_{modality}.nii.gz"))
+        assert img.shape == SHAPE and img.get_data_dtype() == np.int16
+        assert img.header.get_zooms() == (1.0, 1.0, 1.0)
+    seg = np.asanyarray(nib.load(str(folder / "BraTS2021_00003_seg.nii.gz")).dataobj)
+    assert set(np.unique(seg)) == {0, 1, 2, 4}
+
+
+def test_no_temporary_folders_left(msd_root: Path, brats_root: Path) -> None:
+    for root in (msd_root, brats_root):
+        assert [p.name for p in root.parent.iterdir()] == [root.name]
+
+
+def test_deterministic_for_a_seed(tmp_path: Path) -> None:
+    ids = synthesize_dataset(tmp_path / "a", "brats", cases=2, shape=(12, 12, 12), seed=7, progress=False)
+    synthesize_dataset(tmp_path / "b", "brats", cases=2, shape=(12, 12, 12), seed=7, progress=False)
+    synthesize_dataset(tmp_path / "c", "brats", cases=2, shape=(12, 12, 12), seed=8, progress=False)
+    assert ids == ["BraTS2021_00000", "BraTS2021_00001"]
+    read = {name: [read_case(c, "brats") for c in discover_cases(tmp_path / name, "brats")] for name in "abc"}
+    for (img_a, lab_a, _), (img_b, lab_b, _), (img_c, _, _) in zip(read["a"], read["b"], read["c"]):
+        np.testing.assert_array_equal(img_a, img_b)
+        np.testing.assert_array_equal(lab_a, lab_b)
+        assert not np.array_equal(img_a, img_c)
+    assert not np.array_equal(read["a"][0][0], read["a"][1][0])  # cases differ from each other
+
+
+def test_tumour_fraction_and_brain(tmp_path: Path) -> None:
+    synthesize_dataset(tmp_path / "d", "msd", cases=6, shape=(24, 24, 24), seed=3, progress=False)
+    fractions = []
     for case in discover_cases(tmp_path / "d", "msd"):
         image, label, _ = read_case(case, "msd")
-        fraction = (label > 0).mean()
-        assert 0.01 < fraction < 0.15
-        assert {1, 3} <= set(np.unique(label))  # edema shell and enhancing rim at least
+        fractions.append(float((label > 0).mean()))
         brain = image[..., 0] > 0
-        tumour = label > 0
-        # FLAIR is brighter in the tumour than in the rest of the brain; T1gd brightest in the enhancing rim.
-        assert image[tumour, 0].mean() > 1.2 * image[brain & ~tumour, 0].mean()
-        assert image[label == 3, 2].mean() > image[label == 1, 2].mean()
+        assert 0.25 < brain.mean() < 0.6  # an ellipsoid "brain" surrounded by zeros
+        assert np.array_equal(brain, (image > 0).all(axis=-1))  # same brain mask in every modality
+        assert not image[0, 0, 0].any()
+        assert brain[label > 0].all()  # the tumour lies inside the brain
+    assert all(0.02 <= f <= 0.15 for f in fractions), fractions
+    assert max(fractions) - min(fractions) > 0.01  # sizes vary
 
 
-def test_deterministic_and_varied(tmp_path):
-    synthesize_dataset(tmp_path / "a", "brats", cases=2, shape=(16, 16, 16), seed=5, progress=False)
-    synthesize_dataset(tmp_path / "b", "brats", cases=2, shape=(16, 16, 16), seed=5, progress=False)
-    (ca0, ca1), (cb0, _) = discover_cases(tmp_path / "a", "brats"), discover_cases(tmp_path / "b", "brats")
-    np.testing.assert_array_equal(read_case(ca0, "brats")[0], read_case(cb0, "brats")[0])
-    assert not np.array_equal(read_case(ca0, "brats")[1], read_case(ca1, "brats")[1])
+def test_modality_contrast_inside_tumour(tmp_path: Path) -> None:
+    synthesize_dataset(tmp_path / "e", "brats", cases=3, shape=(24, 24, 24), seed=4, progress=False)
+    flair, t1, t1ce, t2 = range(4)
+    for case in discover_cases(tmp_path / "e", "brats"):
+        image, label, _ = read_case(case, "brats")
+        healthy = (image[..., 0] > 0) & (label == 0)
+        relative = image / np.median(image[healthy], axis=0)  # 1.0 = typical healthy tissue per modality
+        edema, enhancing, core = label == 2, label == 4, label == 1
+
+        def mean(region: np.ndarray, m: int) -> float:
+            return float(relative[..., m][region].mean())
+
+        assert mean(edema, flair) > 1.4  # FLAIR: edema bright
+        assert mean(enhancing, t1ce) > 1.6  # T1gd: enhancing rim very bright
+        assert mean(enhancing, t1ce) > 1.5 * mean(enhancing, t1)
+        assert mean(edema | enhancing | core, t1) < 0.97  # T1: tumour slightly dark
+        assert mean(edema, t2) > 1.4 and mean(core, t2) > 1.4  # T2: edema and core bright
+        inside = label > 0
+        assert not np.allclose(relative[inside][:, flair], relative[inside][:, t1ce], atol=0.2)
 
 
-def test_refuses_a_non_empty_folder(tmp_path):
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "keep.txt").write_text("mine")
-    with pytest.raises(DataError, match="not empty"):
-        synthesize_dataset(tmp_path / "d", "msd", cases=1, shape=(8, 8, 8), progress=False)
-    assert [p.name for p in tmp_path.iterdir()] == ["d"]  # no temporary folder left behind
+def test_existing_non_empty_root_is_an_error(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    synthesize_dataset(root, "msd", cases=1, shape=(8, 8, 8), progress=False)  # an empty folder is fine
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "keep.txt").write_text("x")
+    with pytest.raises(DataError, match="other.*not empty"):
+        synthesize_dataset(tmp_path / "other", "msd", cases=1, shape=(8, 8, 8), progress=False)
+    assert [p.name for p in (tmp_path / "other").iterdir()] == ["keep.txt"]
+
+
+def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = synthetic.synthesize_case
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(synthetic, "synthesize_case", failing)
+    with pytest.raises(KeyboardInterrupt):
+        synthesize_dataset(tmp_path / "x", "brats", cases=3, shape=(8, 8, 8), progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_argument_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cases"):
+        synthesize_dataset(tmp_path / "a", "msd", cases=0, shape=(8, 8, 8), progress=False)
+    with pytest.raises(ValueError, match="shape"):
+        synthesize_dataset(tmp_path / "a", "msd", cases=1, shape=(8, 8), progress=False)
+    with pytest.raises(ValueError, match="layout"):
+        synthesize_dataset(tmp_path / "a", "nifti", cases=1, shape=(8, 8, 8), progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_progress_bar_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    synthesize_dataset(tmp_path / "p", "msd", cases=2, shape=(8, 8, 8), progress=True)
+    captured = capsys.readouterr()
+    assert "2/2" in captured.err and captured.out == ""

@@ -1,129 +1,315 @@
-"""Offline binarization: bit-exact round trip, manifest, checksums, atomic failure, the tf.data reader."""
+"""Tests for distmis.data.tfrecord: conversion, manifest, checksums and tf.data pipeline."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from pathlib import Path
+from typing import Any
 
-import nibabel as nib
 import numpy as np
 import pytest
 
 from distmis.data import (
-    DataError, LabelMode, Layout, PreprocessConfig, convert_to_tfrecords, discover_cases, iter_cases, make_dataset,
-    make_split, preprocess_case, read_case, read_manifest, synthesize_dataset, verify_checksums,
+    DataError,
+    PreprocessConfig,
+    convert_to_tfrecords,
+    discover_cases,
+    iter_cases,
+    make_dataset,
+    make_split,
+    preprocess_case,
+    read_case,
+    read_manifest,
+    verify_checksums,
 )
+from distmis.data.tfrecord import _shard_sizes
+
+from .conftest import corrupt_gzip, write_nifti
+
+BRATS_CONFIG = PreprocessConfig(layout="brats", labels="regions", crop=(12, 12, 12))
+MSD_CONFIG = PreprocessConfig(layout="msd", labels="whole-tumour", resize=(10, 10, 10))
 
 
 @pytest.fixture(scope="module")
-def brats(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("tfr") / "brats"
-    synthesize_dataset(root, "brats", cases=6, shape=(16, 16, 12), seed=0, progress=False)
-    return root
+def brats_tfr(brats_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """BraTS data set converted with region labels and a crop; train has 3 cases in 2 shards."""
+    cases = discover_cases(brats_root, "brats")
+    split = make_split([c.case_id for c in cases], train=0.6, val=0.2, test=0.2, seed=0)
+    out = tmp_path_factory.mktemp("tfr") / "brats_tfr"
+    manifest = convert_to_tfrecords(cases, split, BRATS_CONFIG, out, shards_per_split=2, workers=2, progress=False)
+    return out, manifest, split
 
 
-def convert(root: Path, out: Path, **kwargs):
-    cases = discover_cases(root, "brats")
-    split = make_split([c.case_id for c in cases], train=0.5, val=0.25, test=0.25, seed=0)
-    config = PreprocessConfig(layout=Layout.BRATS, labels=LabelMode.REGIONS, crop=(16, 16, 8))
-    return cases, split, config, convert_to_tfrecords(cases, split, config, out, workers=2, progress=False, **kwargs)
+@pytest.fixture(scope="module")
+def msd_tfr(msd_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cases = discover_cases(msd_root, "msd")
+    split = make_split([c.case_id for c in cases], train=0.5, val=0.5, test=0.0, seed=1)
+    out = tmp_path_factory.mktemp("tfr") / "msd_tfr"
+    convert_to_tfrecords(cases, split, MSD_CONFIG, out, workers=2, progress=False)
+    return out
 
 
-def test_round_trip_is_bit_exact(brats, tmp_path):
-    cases, split, config, manifest = convert(brats, tmp_path / "out", shards_per_split=2)
-    by_id = {c.case_id: c for c in cases}
+def _expected(root: Path, layout: str, config: PreprocessConfig) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    for case in discover_cases(root, layout):
+        image, label, _ = read_case(case, layout)
+        out[case.case_id] = preprocess_case(image, label, config)
+    return out
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def test_shard_sizes() -> None:
+    assert _shard_sizes(20, None) == [7, 7, 6]  # ~8 cases per shard
+    assert _shard_sizes(8, None) == [8]
+    assert _shard_sizes(3, 10) == [1, 1, 1]  # at most one shard per case
+    assert _shard_sizes(5, 2) == [3, 2]
+    assert _shard_sizes(0, None) == []
+
+
+def test_round_trip_is_bit_exact(brats_tfr, brats_root: Path) -> None:
+    out, manifest, split = brats_tfr
+    expected = _expected(brats_root, "brats", BRATS_CONFIG)
     for name in ("train", "val", "test"):
-        seen = []
-        for case_id, image, label in iter_cases(tmp_path / "out", name):
-            expected_image, expected_label = preprocess_case(*read_case(by_id[case_id], "brats")[:2], config)
+        got = list(iter_cases(out, name))
+        assert [case_id for case_id, _, _ in got] == split[name]  # stored order = split order
+        for case_id, image, label in got:
             assert image.dtype == np.float32 and label.dtype == np.uint8
-            assert np.array_equal(image, expected_image) and np.array_equal(label, expected_label)
-            seen.append(case_id)
-        assert sorted(seen) == sorted(split[name])
+            assert image.shape == (12, 12, 12, 4) and label.shape == (12, 12, 12, 3)
+            assert np.array_equal(image, expected[case_id][0])
+            assert np.array_equal(label, expected[case_id][1])
 
 
-def test_manifest(brats, tmp_path):
-    _, split, config, manifest = convert(brats, tmp_path / "out", shards_per_split=2)
-    assert manifest == read_manifest(tmp_path / "out")
-    assert manifest["image_shape"] == [16, 16, 8, 4] and manifest["label_shape"] == [16, 16, 8, 3]
-    assert manifest["num_classes"] == 3 and manifest["preprocess"] == config.to_dict()
+def test_round_trip_msd_resize(msd_tfr: Path, msd_root: Path) -> None:
+    expected = _expected(msd_root, "msd", MSD_CONFIG)
+    manifest = read_manifest(msd_tfr)
+    assert manifest["label_shape"] == [10, 10, 10, 1] and manifest["num_classes"] == 1
+    assert [s["file"] for s in manifest["splits"]["train"]["shards"]] == ["train-00000-of-00001.tfrecord"]
+    assert manifest["splits"]["test"] == {"num_cases": 0, "case_ids": [], "shards": []}
+    seen = 0
+    for name in ("train", "val"):
+        for case_id, image, label in iter_cases(msd_tfr, name):
+            assert np.array_equal(image, expected[case_id][0]) and np.array_equal(label, expected[case_id][1])
+            seen += 1
+    assert seen == 4
+
+
+def test_manifest_contents(brats_tfr) -> None:
+    out, manifest, split = brats_tfr
+    assert read_manifest(out) == manifest
+    assert manifest["format_version"] == 1
+    assert manifest["preprocess"] == BRATS_CONFIG.to_dict()
+    assert PreprocessConfig.from_dict(manifest["preprocess"]) == BRATS_CONFIG
+    assert manifest["image_shape"] == [12, 12, 12, 4] and manifest["label_shape"] == [12, 12, 12, 3]
+    assert manifest["image_dtype"] == "float32" and manifest["label_dtype"] == "uint8"
+    assert manifest["num_classes"] == 3
     assert manifest["split"] == split
     train = manifest["splits"]["train"]
-    assert train["num_cases"] == 3 and sorted(train["case_ids"]) == sorted(split["train"])
-    assert [s["file"] for s in train["shards"]] == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
-    assert sum(s["num_cases"] for s in train["shards"]) == 3
-    assert all(len(s["sha256"]) == 64 for s in train["shards"])
-    verify_checksums(tmp_path / "out")
+    assert train["num_cases"] == 3 and train["case_ids"] == split["train"]
+    assert [(s["file"], s["num_cases"]) for s in train["shards"]] == [
+        ("train-00000-of-00002.tfrecord", 2),
+        ("train-00001-of-00002.tfrecord", 1),
+    ]
+    assert [s["file"] for s in manifest["splits"]["val"]["shards"]] == ["val-00000-of-00001.tfrecord"]
+    files = sorted(p.name for p in out.iterdir())
+    listed = sorted(s["file"] for info in manifest["splits"].values() for s in info["shards"])
+    assert files == sorted(listed + ["manifest.json"])
+    for info in manifest["splits"].values():
+        for shard in info["shards"]:
+            assert shard["sha256"] == hashlib.sha256((out / shard["file"]).read_bytes()).hexdigest()
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary folder left
 
 
-def test_corrupt_shard_is_detected(brats, tmp_path):
-    convert(brats, tmp_path / "out")
-    shard = next((tmp_path / "out").glob("val-*.tfrecord"))
+def test_verify_checksums_names_modified_shard(brats_tfr, tmp_path: Path) -> None:
+    out, _, _ = brats_tfr
+    verify_checksums(out)
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    shard = copy / "train-00001-of-00002.tfrecord"
     data = bytearray(shard.read_bytes())
-    data[-5] ^= 0xFF
+    data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(DataError, match=shard.name):
-        verify_checksums(tmp_path / "out")
+    with pytest.raises(DataError, match=r"train-00001-of-00002\.tfrecord.*sha256"):
+        verify_checksums(copy)
+    shard.unlink()
+    with pytest.raises(DataError, match=r"train-00001-of-00002\.tfrecord.*does not exist"):
+        verify_checksums(copy)
 
 
-def test_bad_case_leaves_nothing_behind(brats, tmp_path):
-    bad = tmp_path / "bad"
-    synthesize_dataset(bad, "brats", cases=4, shape=(8, 8, 8), seed=1, progress=False)
-    seg = sorted(bad.glob("*/*_seg.nii.gz"))[2]
-    img = nib.load(seg)
-    label = np.asarray(img.dataobj).copy()
-    label[0, 0, 0] = 3  # not a BraTS label
-    nib.save(nib.Nifti1Image(label, img.affine), str(seg))
-    with pytest.raises(DataError, match=seg.name):
-        convert(bad, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no temporary folder either
-
-
-def test_cases_of_different_shapes_need_crop_or_resize(tmp_path):
-    root = tmp_path / "msd"
-    synthesize_dataset(root, "msd", cases=3, shape=(8, 8, 8), seed=0, progress=False)
-    other = root / "imagesTr" / "BRATS_002.nii.gz"
-    nib.save(nib.Nifti1Image(np.ones((8, 8, 16, 4), np.float32), np.eye(4)), str(other))
-    nib.save(nib.Nifti1Image(np.zeros((8, 8, 16), np.uint8), np.eye(4)), str(root / "labelsTr" / "BRATS_002.nii.gz"))
-    cases = discover_cases(root, "msd")
-    split = {"train": [c.case_id for c in cases], "val": [], "test": []}
-    with pytest.raises(DataError, match="BRATS_002.*crop"):
-        convert_to_tfrecords(cases, split, PreprocessConfig(layout=Layout.MSD), tmp_path / "out", workers=1, progress=False)
-    assert not (tmp_path / "out").exists()
-
-
-def test_existing_output_is_not_overwritten_unless_asked(brats, tmp_path):
-    convert(brats, tmp_path / "out")
-    with pytest.raises(DataError, match="already exists"):
-        convert(brats, tmp_path / "out")
-    convert(brats, tmp_path / "out", overwrite=True)
-    assert read_manifest(tmp_path / "out")["image_shape"] == [16, 16, 8, 4]
-
-
-def test_dataset_batches_tiles_and_determinism(brats, tmp_path):
-    convert(brats, tmp_path / "out")
-
-    def epoch_sums(seed, tile=None, epochs=2):
-        ds = make_dataset(tmp_path / "out", "train", batch_size=2, shuffle=True, seed=seed, tile=tile)
-        return [[float(y.numpy().sum()) + float(x.numpy()[..., 0].sum()) for x, y in ds] for _ in range(epochs)]
-
-    ds = make_dataset(tmp_path / "out", "train", batch_size=2)
-    shapes = [(tuple(x.shape), tuple(y.shape), y.dtype.name) for x, y in ds]
-    assert shapes == [((2, 16, 16, 8, 4), (2, 16, 16, 8, 3), "float32"), ((1, 16, 16, 8, 4), (1, 16, 16, 8, 3), "float32")]
-    tiled = make_dataset(tmp_path / "out", "train", batch_size=3, tile=(8, 8, 4), shuffle=True, seed=0)
-    x, y = next(iter(tiled))
-    assert tuple(x.shape) == (3, 8, 8, 4, 4) and tuple(y.shape) == (3, 8, 8, 4, 3)
-    assert epoch_sums(0, (8, 8, 4)) == epoch_sums(0, (8, 8, 4))  # same seed, same order and tiles
-    a = epoch_sums(0, (8, 8, 4), epochs=3)
-    assert a[0] != a[1] or a[1] != a[2]  # new tiles / order each epoch
-    with pytest.raises(ValueError, match="tile"):
-        make_dataset(tmp_path / "out", "train", batch_size=1, tile=(32, 8, 8))
-
-
-def test_missing_manifest(tmp_path):
-    with pytest.raises(DataError, match="manifest.json"):
+def test_read_manifest_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="manifest.json.*not found"):
         read_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 99}))
-    with pytest.raises(DataError, match="format version"):
+    with pytest.raises(DataError, match="format_version 99"):
         read_manifest(tmp_path)
+
+
+# --------------------------------------------------------------------------- tf.data
+
+
+def _batches(ds) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(x.numpy(), y.numpy()) for x, y in ds]
+
+
+def test_make_dataset_whole_volumes(brats_tfr) -> None:
+    out, _, split = brats_tfr
+    stored = {case_id: (image, label) for case_id, image, label in iter_cases(out, "train")}
+    batches = _batches(make_dataset(out, "train", batch_size=2))
+    assert [b[0].shape for b in batches] == [(2, 12, 12, 12, 4), (1, 12, 12, 12, 4)]
+    assert [b[1].shape for b in batches] == [(2, 12, 12, 12, 3), (1, 12, 12, 12, 3)]
+    assert batches[0][0].dtype == np.float32 and batches[0][1].dtype == np.float32
+    images = [img for x, _ in batches for img in x]
+    labels = [lab for _, y in batches for lab in y]
+    matched = []
+    for image, label in zip(images, labels):
+        (case_id,) = [c for c, (i, _) in stored.items() if np.array_equal(i, image)]
+        assert np.array_equal(stored[case_id][1].astype(np.float32), label)
+        matched.append(case_id)
+    assert sorted(matched) == split["train"]  # every case exactly once per epoch
+    dropped = _batches(make_dataset(out, "train", batch_size=2, drop_remainder=True, cache=False))
+    assert [b[0].shape[0] for b in dropped] == [2]
+
+
+def test_make_dataset_tiles_crop_image_and_label_together(brats_tfr) -> None:
+    out, _, _ = brats_tfr
+    stored = [(image, label) for _, image, label in iter_cases(out, "train")]
+    ds = make_dataset(out, "train", batch_size=3, tile=(6, 5, 4), seed=1)
+    assert ds.element_spec[0].shape.as_list() == [None, 6, 5, 4, 4]
+    ((x, y),) = _batches(ds)
+    assert x.shape == (3, 6, 5, 4, 4) and y.shape == (3, 6, 5, 4, 3)
+    offsets = []
+    for tile_image, tile_label in zip(x, y):
+        hits = [
+            (k, i, j, l)
+            for k, (image, _) in enumerate(stored)
+            for i in range(7)
+            for j in range(8)
+            for l in range(9)
+            if np.array_equal(image[i : i + 6, j : j + 5, l : l + 4], tile_image)
+        ]
+        assert len(hits) == 1
+        k, i, j, l = hits[0]
+        assert np.array_equal(stored[k][1][i : i + 6, j : j + 5, l : l + 4].astype(np.float32), tile_label)
+        offsets.append((i, j, l))
+    assert len(set(offsets)) > 1  # offsets are random, not always the same corner
+
+
+def test_make_dataset_deterministic_for_a_seed(brats_tfr) -> None:
+    out, _, _ = brats_tfr
+
+    def two_epochs(seed: int) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+        ds = make_dataset(out, "train", batch_size=1, shuffle=True, seed=seed, tile=(8, 8, 8))
+        return [_batches(ds), _batches(ds)]
+
+    def same(a, b) -> bool:
+        return all(np.array_equal(p[0], q[0]) and np.array_equal(p[1], q[1]) for p, q in zip(a, b))
+
+    first, again, other = two_epochs(3), two_epochs(3), two_epochs(4)
+    assert same(first[0], again[0]) and same(first[1], again[1])
+    assert not same(first[0], other[0])
+    assert not same(first[0], first[1])  # a new shuffle and new tiles every epoch
+
+
+def test_make_dataset_shard_and_repeat(brats_tfr) -> None:
+    out, _, _ = brats_tfr
+    stored = {case_id: image for case_id, image, _ in iter_cases(out, "train")}
+
+    def ids(ds) -> list[str]:
+        return [next(c for c, i in stored.items() if np.array_equal(i, x)) for batch, _ in _batches(ds) for x in batch]
+
+    parts = [ids(make_dataset(out, "train", batch_size=1, shard=(2, k), shuffle=True, seed=k)) for k in range(2)]
+    assert [len(p) for p in parts] == [2, 1]  # every 2nd case: data-parallel worker k's part
+    assert sorted(parts[0] + parts[1]) == sorted(stored)
+    endless = make_dataset(out, "train", batch_size=2, repeat=True, shuffle=True, tile=(4, 4, 4)).take(5)
+    assert [x.shape[0] for x, _ in _batches(endless)] == [2] * 5
+    with pytest.raises(ValueError, match="shard"):
+        make_dataset(out, "train", batch_size=1, shard=(2, 2))
+
+
+def test_make_dataset_errors(brats_tfr, msd_tfr: Path) -> None:
+    out, _, _ = brats_tfr
+    with pytest.raises(ValueError, match=r"tile \(13, 4, 4\) is larger than the volumes \(12, 12, 12\)"):
+        make_dataset(out, "train", batch_size=1, tile=(13, 4, 4))
+    with pytest.raises(DataError, match="'holdout'.*available"):
+        make_dataset(out, "holdout", batch_size=1)
+    with pytest.raises(DataError, match="'test'.*no cases"):
+        make_dataset(msd_tfr, "test", batch_size=1)
+    with pytest.raises(ValueError, match="batch_size"):
+        make_dataset(out, "train", batch_size=0)
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def _listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_corrupt_file_leaves_nothing(brats_root: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(brats_root, src)
+    corrupt_gzip(src / "BraTS2021_00003" / "BraTS2021_00003_flair.nii.gz")
+    cases = discover_cases(src, "brats")
+    split = make_split([c.case_id for c in cases], train=0.6, val=0.2, test=0.2, seed=0)
+    with pytest.raises(DataError, match=r"BraTS2021_00003_flair\.nii\.gz"):
+        convert_to_tfrecords(cases, split, BRATS_CONFIG, tmp_path / "out", workers=2, progress=False)
+    assert _listing(tmp_path) == ["src"]  # no output folder, no temporary folder
+
+
+def test_cases_with_different_shapes_need_crop_or_resize(tmp_path: Path) -> None:
+    for case_id, shape in (("a", (8, 8, 8)), ("b", (8, 9, 8)), ("c", (8, 8, 8))):
+        for name in ("flair", "t1", "t1ce", "t2"):
+            write_nifti(tmp_path / "src" / case_id / f"{case_id}_{name}.nii.gz", np.ones(shape, np.int16))
+        write_nifti(tmp_path / "src" / case_id / f"{case_id}_seg.nii.gz", np.zeros(shape, np.uint8))
+    cases = discover_cases(tmp_path / "src", "brats")
+    split = {"seed": 0, "train": ["a", "b"], "val": ["c"], "test": []}
+    with pytest.raises(DataError, match=r"case 'b'.*\(8, 9, 8, 4\).*crop or resize"):
+        convert_to_tfrecords(cases, split, PreprocessConfig(layout="brats"), tmp_path / "out", workers=2, progress=False)
+    assert _listing(tmp_path) == ["src"]
+    fixed = PreprocessConfig(layout="brats", crop=(8, 8, 8))
+    manifest = convert_to_tfrecords(cases, split, fixed, tmp_path / "out", workers=1, progress=False)
+    assert manifest["image_shape"] == [8, 8, 8, 4]
+
+
+def test_bad_label_value_leaves_nothing(tmp_path: Path) -> None:
+    seg = np.zeros((6, 6, 6), np.uint8)
+    seg[2, 2, 2] = 3
+    for name in ("flair", "t1", "t1ce", "t2"):
+        write_nifti(tmp_path / "src" / "a" / f"a_{name}.nii.gz", np.ones((6, 6, 6), np.int16))
+    write_nifti(tmp_path / "src" / "a" / "a_seg.nii.gz", seg)
+    cases = discover_cases(tmp_path / "src", "brats")
+    split = {"seed": 0, "train": ["a"], "val": [], "test": []}
+    with pytest.raises(DataError, match=r"a_seg\.nii\.gz.*\[3\]"):
+        convert_to_tfrecords(cases, split, PreprocessConfig(layout="brats"), tmp_path / "out", workers=1, progress=False)
+    assert _listing(tmp_path) == ["src"]
+
+
+def test_split_with_unknown_case(brats_root: Path, tmp_path: Path) -> None:
+    cases = discover_cases(brats_root, "brats")
+    split = {"seed": 0, "train": ["BraTS2021_00000", "nope"], "val": [], "test": []}
+    with pytest.raises(DataError, match="not in the data set.*'nope'"):
+        convert_to_tfrecords(cases, split, BRATS_CONFIG, tmp_path / "out", workers=1, progress=False)
+    assert _listing(tmp_path) == []
+
+
+def test_existing_output_and_overwrite(brats_root: Path, brats_tfr, tmp_path: Path) -> None:
+    out, _, split = brats_tfr
+    cases = discover_cases(brats_root, "brats")
+    with pytest.raises(DataError, match="already exists.*overwrite=True"):
+        convert_to_tfrecords(cases, split, BRATS_CONFIG, out, workers=1, progress=False)
+    target = tmp_path / "tfr"
+    shutil.copytree(out, target)
+    small = {"seed": 0, "train": ["BraTS2021_00001"], "val": [], "test": []}
+    manifest = convert_to_tfrecords(cases, small, BRATS_CONFIG, target, workers=1, progress=False, overwrite=True)
+    assert read_manifest(target) == manifest and manifest["splits"]["train"]["num_cases"] == 1
+    assert _listing(target) == ["manifest.json", "train-00000-of-00001.tfrecord"]
+    assert _listing(tmp_path) == ["tfr"]
+    unrelated = tmp_path / "unrelated"
+    unrelated.mkdir()
+    (unrelated / "notes.txt").write_text("keep me")
+    with pytest.raises(DataError, match="does not look like a TFRecord folder"):
+        convert_to_tfrecords(cases, small, BRATS_CONFIG, unrelated, workers=1, progress=False, overwrite=True)
+    assert _listing(unrelated) == ["notes.txt"]
