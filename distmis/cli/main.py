@@ -169,7 +169,11 @@ def cmd_data_tfrecord(args: argparse.Namespace) -> int:
 def cmd_data_inspect(args: argparse.Namespace) -> int:
     from distmis.data.inspect import format_inspection, inspect_dataset
 
-    print(format_inspection(inspect_dataset(args.dataset, args.layout)))
+    frame = inspect_dataset(args.dataset, args.layout)
+    per_case = frame.drop(columns=[c for c in frame.columns if c == "label_counts"])
+    print(per_case.to_string(index=False))
+    print()
+    print(format_inspection(frame))
     return EXIT_OK
 
 

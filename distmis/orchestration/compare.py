@@ -102,17 +102,19 @@ def _run_cell(spec: Spec, data: Any, plan: Any, mode: str, workers: int, compare
     """One (mode, workers) search as a child run of the comparison; a crash is recorded, not raised."""
     run = open_search_run(spec, output_dir, data, run_name=f"{mode} x{workers}", parent_run_id=compare_run.run_id,
                           tags={"distmis.compare.mode": mode, "distmis.compare.workers": str(workers)})
-    cell: dict[str, Any] = {"mode": mode, "workers": workers, "elapsed_s": math.nan, "best_val_dice": math.nan,
+    best_key = f"best_{spec.search.metric}"
+    cell: dict[str, Any] = {"mode": mode, "workers": workers, "elapsed_s": math.nan, best_key: math.nan,
                             "trials": 0, "failed_trials": 0, "status": "FAILED"}
     try:
         outcome = execute_search(spec, data, plan, run, output_dir, progress=progress, trainable=trainable)
     except Exception as exc:  # noqa: BLE001 - the comparison goes on and says which cell failed
         logger.error("comparison cell %s x%d failed: %s", mode, workers, exc)
         return cell | {"error": f"{type(exc).__name__}: {exc}"}
-    best = outcome.results.get(f"best_{spec.search.metric}")
+    best = outcome.results.get(best_key)
+    if best is not None and best.notna().any():
+        cell[best_key] = float(best.max() if spec.search.mode == "max" else best.min())
     return cell | {
         "elapsed_s": round(outcome.search_seconds, 2),
-        "best_val_dice": float(best.max()) if best is not None and best.notna().any() else math.nan,
         "trials": len(outcome.results),
         "failed_trials": outcome.failed,
         "status": "FINISHED" if outcome.failed == 0 else "TRIALS_FAILED",

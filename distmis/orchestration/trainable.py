@@ -51,8 +51,14 @@ def build_trainer(spec: Spec, tfrecord_dir: str | Path, *, distributed: bool = F
         if distributed:
             import tensorflow as tf
 
+            import ray.train
+
             tf.get_logger().setLevel("ERROR")
             strategy = tf.distribute.MultiWorkerMirroredStrategy()  # cluster from TF_CONFIG (set by Ray Train)
+            world = ray.train.get_context().get_world_size()
+            if strategy.num_replicas_in_sync != world:  # never fall back to one worker silently
+                raise RuntimeError(f"MultiWorkerMirroredStrategy has {strategy.num_replicas_in_sync} replica(s), "
+                                   f"the Ray Train worker group {world}; is TF_CONFIG set?")
         return UNetTrainer(spec, tfrecord_dir, strategy=strategy)
     if spec.model.framework == "torch":
         from distmis.train.torch_unet import TorchUNetTrainer

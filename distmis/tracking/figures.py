@@ -71,7 +71,8 @@ def learning_curves_figure(client: MlflowClient, parent: Run, metric: str = "val
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} per trial")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    if ax.get_lines():
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig
 

@@ -114,7 +114,7 @@ def format_results(frame: pd.DataFrame, fmt: Format = "table") -> str:
 
 
 def speedup_table(cells: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """Rows ``{mode, workers, elapsed_s, best_val_dice, trials, failed_trials, status}`` -> the speedup table.
+    """Rows ``{mode, workers, elapsed_s, best_<metric>, trials, failed_trials, status}`` -> the speedup table.
 
     Speedup is ``T1 / TN`` with ``T1`` the same mode's 1-worker time; efficiency is ``speedup / N``.
     A cell that did not finish has no speedup.
@@ -135,7 +135,8 @@ def speedup_table(cells: Sequence[dict[str, Any]]) -> pd.DataFrame:
         speedups.append(t1 / row["elapsed_s"] if ok else math.nan)
     frame["speedup"] = speedups
     frame["efficiency"] = frame["speedup"] / frame["workers"]
-    columns = ["mode", "workers", "elapsed_s", "speedup", "efficiency", "best_val_dice", "trials", "failed_trials", "status"]
+    best = [c for c in frame.columns if c.startswith("best_")]  # best_<metric> of the search
+    columns = ["mode", "workers", "elapsed_s", "speedup", "efficiency", *best, "trials", "failed_trials", "status"]
     if "error" in frame:
         frame["error"] = frame["error"].fillna("")
         columns.append("error")
@@ -156,7 +157,7 @@ def comparison_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
             "mode": tags["distmis.compare.mode"],
             "workers": int(tags["distmis.compare.workers"]),
             "elapsed_s": round(m.get("search_seconds", math.nan), 2),
-            "best_val_dice": m.get(f"best_{metric}", math.nan),
+            f"best_{metric}": m.get(f"best_{metric}", math.nan),
             "trials": int(m.get("trials", 0)),
             "failed_trials": failed,
             "status": ("FINISHED" if failed == 0 else "TRIALS_FAILED") if finished else "FAILED",
