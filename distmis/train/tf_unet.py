@@ -14,11 +14,12 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from distmis.spec.schema import Spec
+from distmis.train.tiling import predict_tiled
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -35,24 +36,6 @@ class EpochMetrics:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
-
-
-def tile_starts(size: int, tile: int) -> list[int]:
-    """Start offsets of tiles of length ``tile`` covering ``size``; the last one is flush with the end."""
-    if tile > size:
-        raise ValueError(f"tile {tile} is larger than the volume dimension {size}")
-    starts = list(range(0, size - tile + 1, tile))
-    if starts[-1] + tile < size:
-        starts.append(size - tile)
-    return starts
-
-
-def iter_tiles(shape: tuple[int, int, int], tile: tuple[int, int, int]) -> Iterator[tuple[slice, slice, slice]]:
-    """Slices of the tiles that cover a volume of ``shape``."""
-    for a in tile_starts(shape[0], tile[0]):
-        for b in tile_starts(shape[1], tile[1]):
-            for c in tile_starts(shape[2], tile[2]):
-                yield slice(a, a + tile[0]), slice(b, b + tile[1]), slice(c, c + tile[2])
 
 
 class UNetTrainer:
@@ -159,17 +142,8 @@ class UNetTrainer:
         tile = self.spec.training.tile
         if tile is None:
             return self._predict(image[None]).numpy()[0]
-        out = np.zeros(image.shape[:3] + (self.num_classes,), np.float32)
-        count = np.zeros(image.shape[:3] + (1,), np.float32)
-        slices = list(iter_tiles(image.shape[:3], tile))
-        batch = max(1, self.spec.training.batch_size)
-        for i in range(0, len(slices), batch):
-            group = slices[i : i + batch]
-            pred = self._predict(np.stack([image[s] for s in group])).numpy()
-            for s, p in zip(group, pred):
-                out[s] += p
-                count[s] += 1.0
-        return out / count
+        return predict_tiled(lambda batch: self._predict(batch).numpy(), image, tile,
+                             num_classes=self.num_classes, batch_size=self.spec.training.batch_size)
 
     def validate(self) -> tuple[float, float]:
         """Mean validation loss and mean per-case dice over the validation split."""

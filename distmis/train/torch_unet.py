@@ -24,7 +24,8 @@ from torch import nn
 
 from distmis.models.unet3d_torch import UNet3D, count_trainable_parameters
 from distmis.spec.schema import Spec
-from distmis.train.tf_unet import EpochMetrics, NonFiniteLossError, iter_tiles
+from distmis.train.tf_unet import EpochMetrics, NonFiniteLossError
+from distmis.train.tiling import predict_tiled
 
 __all__ = [
     "LossName",
@@ -270,17 +271,8 @@ class TorchUNetTrainer:
         self.model.eval()
         if self.tile is None:
             return self._predict(image_hwdc[None])[0]
-        out = np.zeros(image_hwdc.shape[:3] + (self.num_classes,), np.float32)
-        count = np.zeros(image_hwdc.shape[:3] + (1,), np.float32)
-        slices = list(iter_tiles(image_hwdc.shape[:3], self.tile))
-        batch = max(1, self.spec.training.batch_size)
-        for i in range(0, len(slices), batch):
-            group = slices[i : i + batch]
-            pred = self._predict(np.stack([image_hwdc[s] for s in group]))
-            for s, p in zip(group, pred):
-                out[s] += p
-                count[s] += 1.0
-        return out / count
+        return predict_tiled(self._predict, image_hwdc, self.tile, num_classes=self.num_classes,
+                             batch_size=self.spec.training.batch_size)
 
     def validate(self) -> tuple[float, float]:
         """Mean validation loss and mean per-case dice over every validation case."""

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from distmis.train.tf_unet import iter_tiles, tile_starts
+from distmis.train.tiling import iter_tiles, predict_tiled, tile_starts
 
 
 def test_tile_starts_cover_the_volume():
@@ -20,3 +20,18 @@ def test_tiles_cover_every_voxel():
     for s in iter_tiles((20, 16, 12), (8, 8, 8)):
         covered[s] += 1
     assert covered.min() >= 1
+
+
+def test_predict_tiled_stitches_and_averages_overlaps():
+    import numpy as np
+
+    image = np.arange(20 * 8 * 8, dtype=np.float32).reshape(20, 8, 8, 1)
+    calls = []
+
+    def identity(batch):
+        calls.append(len(batch))
+        return batch  # the "probability" of a voxel is its own value
+
+    out = predict_tiled(identity, image, (8, 8, 8), num_classes=1, batch_size=2)
+    np.testing.assert_allclose(out, image)  # overlapping tiles (the last one) average to the same value
+    assert calls == [2, 1]
