@@ -11,31 +11,16 @@ validation dice is the one a user would compute on the preprocessed cases.
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from distmis.spec.schema import Spec
+from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch
 from distmis.train.tiling import predict_tiled
 
-
-class NonFiniteLossError(FloatingPointError):
-    """Training diverged: the loss became NaN or infinite."""
-
-
-@dataclass(frozen=True)
-class EpochMetrics:
-    epoch: int
-    train_loss: float
-    val_loss: float
-    val_dice: float
-    epoch_seconds: float
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+__all__ = ["EpochMetrics", "NonFiniteLossError", "UNetTrainer"]
 
 
 class UNetTrainer:
@@ -158,14 +143,7 @@ class UNetTrainer:
 
     def run_epoch(self, epoch: int) -> EpochMetrics:
         """Train one epoch, validate, and time both. Raises NonFiniteLossError if training diverged."""
-        start = time.perf_counter()
-        train_loss = self.train_epoch()
-        if not math.isfinite(train_loss):
-            raise NonFiniteLossError(f"training loss became {train_loss} at epoch {epoch}")
-        val_loss, val_dice = self.validate()
-        if not math.isfinite(val_loss):
-            raise NonFiniteLossError(f"validation loss became {val_loss} at epoch {epoch}")
-        return EpochMetrics(epoch, train_loss, val_loss, val_dice, time.perf_counter() - start)
+        return checked_epoch(epoch, self.train_epoch, self.validate)
 
     def save(self, directory: str | Path) -> Path:
         """Save the weights (Keras ``.weights.h5``) into ``directory``."""

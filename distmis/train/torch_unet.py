@@ -14,7 +14,6 @@ rank over every validation case, so all ranks report the same numbers.
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -24,7 +23,7 @@ from torch import nn
 
 from distmis.models.unet3d_torch import UNet3D, count_trainable_parameters
 from distmis.spec.schema import Spec
-from distmis.train.tf_unet import EpochMetrics, NonFiniteLossError
+from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch
 from distmis.train.tiling import predict_tiled
 
 __all__ = [
@@ -292,14 +291,7 @@ class TorchUNetTrainer:
 
         Raises NonFiniteLossError if training diverged.
         """
-        start = time.perf_counter()
-        train_loss = self.train_epoch(epoch)
-        if not math.isfinite(train_loss):
-            raise NonFiniteLossError(f"training loss became {train_loss} at epoch {epoch}")
-        val_loss, val_dice = self.validate()
-        if not math.isfinite(val_loss):
-            raise NonFiniteLossError(f"validation loss became {val_loss} at epoch {epoch}")
-        return EpochMetrics(epoch, train_loss, val_loss, val_dice, time.perf_counter() - start)
+        return checked_epoch(epoch, lambda: self.train_epoch(epoch), self.validate)
 
     def save(self, directory: str | Path) -> Path:
         """Save the plain model's ``state_dict`` as ``model.pt`` in ``directory``."""

@@ -1,0 +1,36 @@
+"""One epoch's numbers, shared by the TensorFlow and PyTorch trainers."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training diverged: the loss became NaN or infinite."""
+
+
+@dataclass(frozen=True)
+class EpochMetrics:
+    epoch: int
+    train_loss: float
+    val_loss: float
+    val_dice: float
+    epoch_seconds: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def checked_epoch(epoch: int, train: Callable[[], float], validate: Callable[[], tuple[float, float]]) -> EpochMetrics:
+    """Train one epoch, validate, and time both. Raises NonFiniteLossError if a loss is NaN or infinite."""
+    start = time.perf_counter()
+    train_loss = train()
+    if not math.isfinite(train_loss):
+        raise NonFiniteLossError(f"training loss became {train_loss} at epoch {epoch}")
+    val_loss, val_dice = validate()
+    if not math.isfinite(val_loss):
+        raise NonFiniteLossError(f"validation loss became {val_loss} at epoch {epoch}")
+    return EpochMetrics(epoch, train_loss, val_loss, val_dice, time.perf_counter() - start)
