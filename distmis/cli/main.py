@@ -195,21 +195,21 @@ def build_parser() -> argparse.ArgumentParser:
     spec_args(p)
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("run", help="run a search spec experiment-parallel on Ray Tune")
+    def search_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--output", help="output folder (default: runs/<spec name>, or $DISTMIS_OUTPUT/<name>)")
+        p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
+                       help="Ray cluster address (default: $RAY_ADDRESS, else start a local Ray)")
+        p.add_argument("--quiet", action="store_true", help="no progress output")
+
+    p = sub.add_parser("run", help="run a search spec in its parallelism mode (experiment, data or compare)")
     spec_args(p)
-    p.add_argument("--output", help="output folder (default: runs/<spec name>, or $DISTMIS_OUTPUT/<name>)")
-    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
-                   help="Ray cluster address (default: $RAY_ADDRESS, else start a local Ray)")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    search_args(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("compare", help="run a search experiment- and data-parallel per worker count: the speedup table")
     spec_args(p)
     p.add_argument("--workers", type=_counts, help="worker counts, e.g. 1,2,4 (default: the spec's parallelism.workers; 1 is always included)")
-    p.add_argument("--output", help="output folder (default: runs/<spec name>, or $DISTMIS_OUTPUT/<name>)")
-    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
-                   help="Ray cluster address (default: $RAY_ADDRESS, else start a local Ray)")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    search_args(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("results", help="print a search's results table (or a comparison's speedup table) from MLflow")

@@ -81,14 +81,8 @@ class UNetTrainer:
 
     def _build(self, keras: Any, build_unet3d: Any, manifest: dict[str, Any]) -> tuple[Any, Any]:
         params, opt = self.spec.model.params, self.spec.training.optimizer
-        model = build_unet3d(
-            in_channels=int(manifest["image_shape"][-1]),
-            num_classes=self.num_classes,
-            base_filters=params.base_filters,
-            levels=params.levels,
-            norm=params.norm,
-            norm_groups=params.norm_groups,
-            batch_norm_momentum=params.batch_norm_momentum,
+        model = build_unet3d(  # the builder takes model.params' fields by name
+            in_channels=int(manifest["image_shape"][-1]), num_classes=self.num_classes, **params.model_dump()
         )
         optimizer = keras.optimizers.Adam(
             learning_rate=opt.lr, beta_1=opt.beta1, beta_2=opt.beta2, epsilon=opt.epsilon, amsgrad=opt.amsgrad

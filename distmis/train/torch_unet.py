@@ -178,15 +178,8 @@ class TorchUNetTrainer:
 
     def _build_model(self, in_channels: int) -> UNet3D:
         params = self.spec.model.params
-        return UNet3D(
-            in_channels=in_channels,
-            num_classes=self.num_classes,
-            base_filters=params.base_filters,
-            levels=params.levels,
-            norm=params.norm,
-            norm_groups=params.norm_groups,
-            batch_norm_momentum=params.batch_norm_momentum,
-        )
+        # UNet3D takes model.params' fields by name, like the Keras builder.
+        return UNet3D(in_channels=in_channels, num_classes=self.num_classes, **params.model_dump())
 
     @staticmethod
     def _check_tile(
