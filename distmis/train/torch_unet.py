@@ -19,6 +19,7 @@ from typing import Callable, Literal
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from distmis.models.unet3d_torch import UNet3D, count_trainable_parameters
@@ -267,17 +268,33 @@ class TorchUNetTrainer:
                              batch_size=self.spec.training.batch_size)
 
     def validate(self) -> tuple[float, float]:
-        """Mean validation loss and mean per-case dice over every validation case."""
+        """Mean validation loss and mean per-case dice over every validation case.
+
+        In a process group of ``world_size`` ranks each rank predicts every ``world_size``-th case (with rank
+        0's normalization statistics) and the sums are all-reduced, so every rank returns the same means.
+        """
         from distmis.train.metrics import dice_score
 
-        losses, dices = [], []
+        distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
+        if distributed:
+            self._sync_buffers_from_rank0()
+        cases = self.val_cases[self.rank::self.world_size] if distributed else self.val_cases
+        loss_sum, dice_sum = 0.0, 0.0
         with torch.no_grad():
-            for _case_id, image, label in self.val_cases:
+            for _case_id, image, label in cases:
                 prob = self.predict_volume(image)
-                loss = self.loss_fn(channels_first(prob)[None], channels_first(label)[None])
-                losses.append(float(loss))
-                dices.append(dice_score(prob, label))
-        return float(np.mean(losses)), float(np.mean(dices))
+                loss_sum += float(self.loss_fn(channels_first(prob)[None], channels_first(label)[None]))
+                dice_sum += dice_score(prob, label)
+        totals = torch.tensor([loss_sum, dice_sum, float(len(cases))], dtype=torch.float64, device=self.device)
+        if distributed:
+            dist.all_reduce(totals)  # sum over ranks (the tensor lives on the model's device, as nccl needs)
+        loss_total, dice_total, count = totals.cpu().tolist()
+        return loss_total / count, dice_total / count
+
+    def _sync_buffers_from_rank0(self) -> None:
+        """Give every rank rank 0's buffers (batch-norm running statistics drift apart per rank)."""
+        for buffer in self.model.buffers():
+            dist.broadcast(buffer.data, src=0)
 
     def run_epoch(self, epoch: int) -> EpochMetrics:
         """Train one epoch (data order from ``epoch``), validate, and time both.

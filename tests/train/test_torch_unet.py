@@ -199,3 +199,44 @@ def test_nan_loss_raises(prepared):
 def test_bad_rank():
     with pytest.raises(ValueError, match="rank must lie in \\[0, 2\\), got 2"):
         TorchUNetTrainer(validate_spec(small_spec_tree("/nonexistent")), "/nonexistent", rank=2, world_size=2)
+
+
+# --------------------------------------------------------------------------- validation over a process group
+def _validate_on_rank(rank: int, world_size: int, port: int, spec_tree: dict, tfrecord_dir: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        trainer = TorchUNetTrainer(validate_spec(spec_tree), tfrecord_dir, rank=rank, world_size=world_size)
+        if rank == 1:  # drifted batch-norm statistics that rank 0's must replace before predicting
+            for module in trainer.model.modules():
+                if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                    module.running_mean.add_(3.0)
+        torch.save({"metrics": trainer.validate(), "cases": len(trainer.val_cases[rank::world_size])},
+                   f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_validation_is_sharded_over_ranks_and_all_reduced(tmp_path: Path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    tree = small_spec_tree(tmp_path / "data")
+    tree["dataset"]["split"] = {"train": 0.5, "val": 0.5, "test": 0.0, "seed": 0}
+    spec = validate_spec(tree)
+    data = prepare_data(spec, tmp_path / "out", progress=False)
+    whole = TorchUNetTrainer(spec, data.tfrecord_dir)
+    assert len(whole.val_cases) == 3  # 2 + 1: the ranks hold unequal shares
+    expected = whole.validate()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_validate_on_rank, args=(2, port, spec.model_dump(mode="json"), str(data.tfrecord_dir), str(tmp_path)),
+             nprocs=2, join=True)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert [r["cases"] for r in results] == [2, 1]
+    for r in results:
+        np.testing.assert_allclose(r["metrics"], expected, rtol=1e-6, atol=1e-7)
