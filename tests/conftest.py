@@ -45,6 +45,6 @@ def ray_local():
 
     from distmis.orchestration.experiment import TRIAL_ENV
 
-    ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", runtime_env={"env_vars": TRIAL_ENV}, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", runtime_env={"env_vars": TRIAL_ENV}, logging_level="WARNING")
     yield ray
     ray.shutdown()

@@ -219,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "csv", "json", "markdown"], default="table")
     p.set_defaults(func=cmd_results)
 
+    from distmis.cli.service import add_service_commands
+
+    add_service_commands(sub, spec_args)
+
     data = sub.add_parser("data", help="dataset tools: synth, tfrecord, inspect")
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
 
@@ -260,12 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from distmis.data.errors import DataError
+    from distmis.orchestration.jobs import SubmitError
     from distmis.spec import SpecError
 
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except (SpecError, DataError, BadInput) as exc:
+    except (SpecError, DataError, BadInput, SubmitError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

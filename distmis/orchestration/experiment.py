@@ -57,13 +57,17 @@ class SearchOutcome:
 # --------------------------------------------------------------------------- set-up shared by every mode
 @contextmanager
 def ray_connection(address: str | None = None) -> Iterator[None]:
-    """Join ``address`` or start a local Ray, unless one is already up; shut down only what this started."""
+    """Join ``address`` or start a local Ray, unless one is already up; shut down only what this started.
+
+    Without an address this starts a new local Ray ("local"), rather than Ray's default of joining
+    whatever ``ray start`` cluster runs on the machine: ``--address`` says which cluster to use.
+    """
     import ray
 
     if ray.is_initialized():
         yield
         return
-    ray.init(address=address, include_dashboard=True, dashboard_host="127.0.0.1", runtime_env={"env_vars": TRIAL_ENV},
+    ray.init(address=address or "local", include_dashboard=True, dashboard_host="127.0.0.1", runtime_env={"env_vars": TRIAL_ENV},
              logging_level=logging.WARNING)
     try:
         yield

@@ -64,14 +64,19 @@ def build_trainer(spec: Spec, tfrecord_dir: str | Path, *, distributed: bool = F
         from distmis.train.torch_unet import TorchUNetTrainer
 
         if not distributed:
-            return TorchUNetTrainer(spec, tfrecord_dir)
+            import ray
+            import torch
+
+            # A GPU only when Ray reserved one for this trial (it then sets CUDA_VISIBLE_DEVICES to it).
+            use_gpu = ray.is_initialized() and bool(ray.get_gpu_ids()) and torch.cuda.is_available()
+            return TorchUNetTrainer(spec, tfrecord_dir, device="cuda" if use_gpu else "cpu")
         import ray.train
         import ray.train.torch
 
         context = ray.train.get_context()
         return TorchUNetTrainer(
             spec, tfrecord_dir, rank=context.get_world_rank(), world_size=context.get_world_size(),
-            wrap_model=ray.train.torch.prepare_model,
+            wrap_model=ray.train.torch.prepare_model, device=str(ray.train.torch.get_device()),
         )
     raise ValueError(f"model.framework must be 'tensorflow' or 'torch', got {spec.model.framework!r}")
 

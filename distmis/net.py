@@ -1,0 +1,35 @@
+"""Addresses and ports: what binds to loopback, and which ports are free."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+LOOPBACK = "127.0.0.1"
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when ``port`` cannot be bound on ``host`` (``0.0.0.0`` is checked on loopback)."""
+    with socket.socket() as s:
+        try:
+            s.bind((LOOPBACK if host == "0.0.0.0" else host, port))
+        except OSError:
+            return True
+    return False

@@ -1,0 +1,202 @@
+"""Submitting a search to a Ray cluster through the Ray Jobs API, and following the jobs.
+
+``distmis submit SPEC`` validates the spec here first (a bad spec never reaches the cluster), then
+sends it as a job: the fully resolved spec travels in the job's ``working_dir`` and the entrypoint is
+``python -m distmis run spec.yaml --output OUT``, so on the head node the search runs exactly as
+``distmis run`` would, connected to that cluster (the job's ``RAY_ADDRESS``).
+
+Where results land must be reachable: a sqlite store or output folder given as a path on *this*
+machine only works when the cluster is this machine (the one-node cluster ``distmis cluster up`` started).
+Otherwise the spec must name an MLflow tracking server every node reaches and an absolute output
+folder on storage every node sees; :func:`check_reachable_storage` says so before submitting.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from distmis.orchestration.cluster import (
+    ClusterState, alive_nodes, auth_headers, cluster_alive, default_dashboard_address,
+)
+from distmis.spec.load import spec_to_dict
+from distmis.spec.schema import Spec
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+LOCAL_STORE_SCHEMES = ("", "file", "sqlite")
+
+
+class SubmitError(ValueError):
+    """The search cannot be submitted as asked (nothing was sent); the message says why."""
+
+
+def resolve_address(address: str | None) -> str:
+    """The Jobs API address: given, else the cluster ``distmis cluster up`` started, else ``$RAY_ADDRESS``."""
+    address = address or default_dashboard_address()
+    if not address:
+        raise SubmitError("no Ray cluster to talk to: start one with 'distmis cluster up', or pass "
+                          "--address http://HEAD:8265 (the head node's dashboard), or set RAY_ADDRESS")
+    if "://" not in address:
+        address = f"http://{address}"
+    return address.rstrip("/")
+
+
+def job_client(address: str | None) -> Any:
+    """A ``JobSubmissionClient`` for ``address`` that sends the authentication token."""
+    from ray.job_submission import JobSubmissionClient
+
+    url = resolve_address(address)
+    try:
+        return JobSubmissionClient(url, headers=auth_headers())
+    except (ConnectionError, RuntimeError) as exc:
+        raise SubmitError(f"cannot reach the Ray Jobs API at {url}: {exc}") from exc
+
+
+def cluster_nodes(address: str) -> int:
+    """Alive nodes of the cluster behind ``address``."""
+    url = resolve_address(address)
+    try:
+        return alive_nodes(url)
+    except OSError as exc:
+        raise SubmitError(f"cannot list the nodes of the cluster at {url}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- what the job needs
+def is_local_store(uri: str | None) -> bool:
+    """True for a store that is a file on one machine (the default sqlite store, sqlite:, file:, a path)."""
+    if uri is None:
+        return True
+    return urllib.parse.urlparse(uri).scheme.lower() in LOCAL_STORE_SCHEMES
+
+
+def is_this_machine(address: str, nodes: int) -> bool:
+    """True when ``address`` is the one-node cluster ``distmis cluster up`` started on this machine.
+
+    A loopback address alone proves nothing: it may be an SSH tunnel to a remote head node.
+    """
+    state = ClusterState.load()
+    return (nodes == 1 and state is not None and cluster_alive(state)
+            and resolve_address(state.dashboard_url) == resolve_address(address))
+
+
+def check_reachable_storage(spec: Spec, output: Path | None, *, address: str, local: bool, nodes: int) -> None:
+    """Raise SubmitError unless the job's results land where the user (and every node) can reach them.
+
+    ``local``: the cluster is this machine (:func:`is_this_machine`), where paths mean the same as here.
+    """
+    if local:
+        return
+    where = f"the cluster at {address} ({nodes} node(s), not started on this machine by 'distmis cluster up')"
+    problems = []
+    if is_local_store(spec.tracking.uri):
+        problems.append(
+            f"tracking.uri {spec.tracking.uri or '(default: a sqlite file in the output folder)'} is a store on one "
+            f"machine; for {where} name an MLflow tracking server every node reaches, e.g. "
+            "--set tracking.uri=http://MLFLOW_HOST:5000 (a team server, or 'distmis ui --host' on the head node)")
+    if output is None or not output.is_absolute():
+        problems.append(f"--output must be an absolute folder on storage every node sees (NFS, Lustre, a shared "
+                        f"volume), got {output or '(default: runs/<name>, relative)'}")
+    if not Path(spec.dataset.path).is_absolute():
+        problems.append(f"dataset.path {spec.dataset.path!r} is relative; give its absolute path on the cluster")
+    if problems:
+        raise SubmitError("cannot submit: the results would be lost:\n  - " + "\n  - ".join(problems))
+
+
+def job_spec_tree(spec: Spec, *, local: bool) -> dict[str, Any]:
+    """The resolved spec the job runs; on a local cluster relative paths are made absolute here."""
+    tree = spec_to_dict(spec)
+    if local:
+        tree["dataset"]["path"] = str(Path(spec.dataset.path).resolve())
+    return tree
+
+
+@dataclass(frozen=True)
+class Submission:
+    job_id: str
+    address: str
+    output: str
+
+
+def submit_search(spec: Spec, *, address: str | None = None, output: Path | None = None,
+                  submission_id: str | None = None) -> Submission:
+    """Send ``spec`` as a Ray job; returns once the cluster accepted it (see :func:`wait_for_job`)."""
+    from distmis.orchestration.experiment import default_output_dir
+
+    url = resolve_address(address)
+    client = job_client(url)
+    nodes = cluster_nodes(url)
+    local = is_this_machine(url, nodes)
+    check_reachable_storage(spec, output, address=url, local=local, nodes=nodes)
+    out = (output or default_output_dir(spec))
+    out = out.resolve() if local else out
+    submission_id = submission_id or f"distmis-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    workdir = Path(tempfile.mkdtemp(prefix="distmis-job-"))
+    try:
+        (workdir / "spec.yaml").write_text(yaml.safe_dump(job_spec_tree(spec, local=local), sort_keys=False))
+        job_id = client.submit_job(
+            # No env_vars here: the driver's ray.init sets the trials' own, and Ray refuses to merge the two.
+            entrypoint=f"PYTHONUNBUFFERED=1 python -m distmis run spec.yaml --output {_quote(str(out))}",
+            submission_id=submission_id,
+            runtime_env={"working_dir": str(workdir)},
+            metadata={"distmis.spec": spec.name, "distmis.output": str(out)},
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)  # uploaded by submit_job
+    return Submission(job_id=job_id, address=url, output=str(out))
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+# --------------------------------------------------------------------------- following jobs
+def wait_for_job(client: Any, job_id: str, *, timeout: float | None = None, poll: float = 1.0) -> str:
+    """Poll until the job ends; its final status (SUCCEEDED, FAILED or STOPPED)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        status = str(client.get_job_status(job_id).value)
+        if status in TERMINAL:
+            return status
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still {status} after {timeout:.0f} s")
+        time.sleep(poll)
+
+
+def follow_logs(client: Any, job_id: str, *, poll: float = 1.0) -> Iterator[str]:
+    """The job's log as it grows (new text every ``poll`` seconds), until the job has ended."""
+    shown = 0
+    while True:
+        ended = str(client.get_job_status(job_id).value) in TERMINAL
+        text = client.get_job_logs(job_id)
+        if len(text) > shown:
+            yield text[shown:]
+            shown = len(text)
+        if ended:
+            return
+        time.sleep(poll)
+
+
+def job_rows(client: Any) -> list[dict[str, Any]]:
+    """Every job the cluster knows, newest first, as table rows."""
+    rows = []
+    for job in client.list_jobs():
+        rows.append({
+            "job_id": job.submission_id or job.job_id,
+            "status": str(job.status.value),
+            "spec": (job.metadata or {}).get("distmis.spec", ""),
+            "start": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.start_time / 1000)) if job.start_time else "",
+            "end": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.end_time / 1000)) if job.end_time else "",
+            "entrypoint": job.entrypoint,
+        })
+    return sorted(rows, key=lambda r: r["start"], reverse=True)

@@ -1,0 +1,200 @@
+"""The service for real on loopback: a ``ray start --head`` cluster, a search submitted through the Ray
+Jobs API, and its runs read back through the REST API of an ``mlflow server`` started as ``distmis ui`` does.
+
+Every server is stopped by its fixture or test, also when an assertion fails.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from distmis.cli.main import main
+from distmis.net import free_port, is_loopback
+from distmis.orchestration.cluster import ClusterError, ClusterState, auth_headers, cluster_down, cluster_up
+from distmis.orchestration.jobs import (
+    SubmitError, check_reachable_storage, is_local_store, is_this_machine, job_client,
+)
+from distmis.spec import validate_spec
+from distmis.tracking.server import start_server, store_for
+from tests.conftest import small_spec_tree
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    """A Ray head node of 2 CPUs on free loopback ports, with its own token and state folder."""
+    home = tmp_path_factory.mktemp("distmis_home")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("DISTMIS_HOME", str(home))
+    patch.setenv("RAY_AUTH_TOKEN_PATH", str(home / "auth_token"))
+    patch.delenv("RAY_ADDRESS", raising=False)
+    patch.delenv("RAY_AUTH_TOKEN", raising=False)
+    try:
+        yield cluster_up(port=free_port(), dashboard_port=free_port(), num_cpus=2)
+    finally:
+        if ClusterState.load() is not None:
+            cluster_down()
+        patch.undo()
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+def _listening_hosts(pid: int, port: int) -> set[str]:
+    """The addresses on which the process tree of ``pid`` listens on TCP ``port``."""
+    root = psutil.Process(pid)
+    hosts = set()
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            connections = process.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        hosts |= {c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    return hosts
+
+
+# --------------------------------------------------------------------------- cluster up
+def test_head_node_is_on_loopback_with_token_authentication(head):
+    assert head.dashboard_url.startswith("http://127.0.0.1:") and head.gcs_address.startswith("127.0.0.1:")
+    token_file = Path(head.token_path)
+    assert token_file.stat().st_mode & 0o077 == 0  # owner-only
+    assert _get(f"{head.dashboard_url}/api/version", auth_headers())[0] == 200
+    assert _get(f"{head.dashboard_url}/api/version")[0] in (401, 403)  # no token, no answer
+    assert _get(f"{head.dashboard_url}/api/version", {"Authorization": "Bearer wrong"})[0] in (401, 403)
+    # The dashboard and Jobs API listen on loopback only. (Ray's GCS and raylet listen on every interface
+    # whatever --node-ip-address says; the token guards them, docs/cluster.md says to firewall them.)
+    port = int(head.dashboard_url.rsplit(":", 1)[1])
+    hosts = _listening_hosts(head.pid, port)
+    assert hosts and all(is_loopback(h.removeprefix("::ffff:")) for h in hosts), hosts
+
+
+def test_second_cluster_up_is_refused(head):
+    with pytest.raises(ClusterError, match="already running"):
+        cluster_up(port=free_port(), dashboard_port=free_port())
+
+
+def test_cluster_status_command(head, capsys):
+    assert main(["cluster", "status"]) == 0
+    out = capsys.readouterr().out
+    assert "cluster UP" in out and head.dashboard_url in out and "CPU" in out
+
+
+# --------------------------------------------------------------------------- submit
+def test_bad_spec_never_reaches_the_cluster(head, tmp_path, capsys):
+    before = len(job_client(None).list_jobs())
+    tree = small_spec_tree(tmp_path / "data")
+    tree["training"]["epochs"] = 0
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(tree))
+    assert main(["submit", str(tmp_path / "bad.yaml")]) == 2
+    assert "training.epochs" in capsys.readouterr().err
+    assert len(job_client(None).list_jobs()) == before
+
+
+def test_submitted_search_succeeds_and_the_ui_serves_its_runs(head, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # relative paths: resolved here, since the cluster is this machine
+    tree = small_spec_tree("data/tiny-msd")
+    tree["training"]["epochs"] = 1
+    Path("spec.yaml").write_text(yaml.safe_dump(tree))
+
+    assert main(["submit", "spec.yaml", "--follow"]) == 0
+    out = capsys.readouterr().out
+    job_id = out.split("submitted ", 1)[1].split()[0]
+    assert "Best trial" in out and f"job {job_id}: SUCCEEDED" in out
+    assert (tmp_path / "data" / "tiny-msd").is_dir() and (tmp_path / "runs" / "tiny" / "mlflow.db").is_file()
+
+    assert main(["jobs"]) == 0
+    assert job_id in capsys.readouterr().out
+    assert main(["status", job_id]) == 0
+    assert f"{job_id}: SUCCEEDED" in capsys.readouterr().out
+    assert main(["logs", job_id]) == 0
+    assert "Best trial" in capsys.readouterr().out
+    assert main(["status", "no-such-job"]) == 2
+
+    uri, artifacts = store_for(None, None, runs_root=tmp_path / "runs")  # what 'distmis ui' serves
+    with start_server(uri, artifacts=artifacts, port=free_port(), log_path=tmp_path / "mlflow.log") as server:
+        api = f"{server.url}/api/2.0/mlflow"
+        status, body = _get(f"{api}/experiments/get-by-name?experiment_name=tiny")
+        assert status == 200
+        experiment_id = json.loads(body)["experiment"]["experiment_id"]
+        runs = _post(f"{api}/runs/search", {"experiment_ids": [experiment_id], "max_results": 100})["runs"]
+        children = [r for r in runs if any(t["key"] == "mlflow.parentRunId" for t in r["data"].get("tags", []))]
+        parents = [r for r in runs if r not in children]
+        assert len(parents) == 1 and len(children) == 2
+        for child in children:
+            metrics = {m["key"] for m in child["data"]["metrics"]}
+            assert {"train_loss", "val_loss", "val_dice", "elapsed_seconds"} <= metrics
+        parent_id = parents[0]["info"]["run_id"]
+        status, body = _get(f"{api}/artifacts/list?run_id={parent_id}")
+        assert status == 200
+        listed = {f["path"] for f in json.loads(body)["files"]}
+        assert {"spec.yaml", "results.csv"} <= listed
+        status, body = _get(f"{server.url}/get-artifact?path=spec.yaml&run_uuid={parent_id}")
+        assert status == 200 and yaml.safe_load(body)["name"] == "tiny"
+        server_pid = server.process.pid
+    assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_results_on_other_machines_need_reachable_storage(head, tmp_path):
+    assert is_this_machine(head.dashboard_url, nodes=1)
+    assert not is_this_machine(head.dashboard_url, nodes=2)
+    assert not is_this_machine("http://127.0.0.1:1", nodes=1)  # loopback, but maybe a tunnel to elsewhere
+    spec = validate_spec(small_spec_tree("data/relative"))
+    check_reachable_storage(spec, None, address=head.dashboard_url, local=True, nodes=1)  # this machine: fine
+    with pytest.raises(SubmitError) as info:
+        check_reachable_storage(spec, None, address="http://127.0.0.1:8265", local=False, nodes=3)
+    message = str(info.value)
+    assert "tracking.uri" in message and "--output" in message and "dataset.path" in message
+    tree = small_spec_tree(tmp_path / "data", tracking={"uri": "http://mlflow.internal:5000"})
+    check_reachable_storage(validate_spec(tree), Path("/shared/runs/tiny"), address="http://10.0.0.5:8265",
+                            local=False, nodes=4)
+    assert is_local_store(None) and is_local_store("sqlite:///x.db") and is_local_store("/a/b")
+    assert not is_local_store("postgresql://db/mlflow") and not is_local_store("https://mlflow")
+
+
+# --------------------------------------------------------------------------- ui store choice
+def test_ui_store_choice(tmp_path):
+    root = tmp_path / "runs"
+    with pytest.raises(ValueError, match="no MLflow store"):
+        store_for(None, None, runs_root=root)
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "mlflow.db").touch()
+    uri, artifacts = store_for(None, None, runs_root=root)
+    assert uri == f"sqlite:///{(root / 'a' / 'mlflow.db').resolve()}" and artifacts == (root / "a" / "mlartifacts").resolve()
+    (root / "b").mkdir()
+    (root / "b" / "mlflow.db").touch()
+    with pytest.raises(ValueError, match="several searches"):
+        store_for(None, None, runs_root=root)
+    with pytest.raises(ValueError, match="holds no MLflow store"):
+        store_for(tmp_path, None, runs_root=root)
+    assert store_for(None, "postgresql://db/mlflow", runs_root=root) == ("postgresql://db/mlflow", None)
+
+
+# --------------------------------------------------------------------------- down (last: stops the module's head)
+def test_cluster_down_stops_only_its_own_processes(head, ray_local):
+    tree = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
+    assert len(tree) > 3  # ray start, GCS, raylet, dashboard, ...
+    stopped = cluster_down()
+    assert head.pid in stopped
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert ClusterState.load() is None
+    # The session's own local Ray (another cluster on this machine) still works.
+    assert ray_local.get(ray_local.remote(lambda: 42).remote()) == 42
