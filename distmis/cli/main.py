@@ -13,11 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+from distmis.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, BadInput
 
-
-class BadInput(ValueError):
-    """An argument the user gave cannot be used."""
+EXIT_TRIALS_FAILED = EXIT_FAILED
 
 
 def _shape(text: str) -> tuple[int, int, int]:
@@ -264,8 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from distmis.data.errors import DataError
+    from distmis.orchestration.cluster import ClusterError
     from distmis.orchestration.jobs import SubmitError
     from distmis.spec import SpecError
+    from distmis.tracking.server import ServerError
 
     func: Callable[[argparse.Namespace], int] = args.func
     try:
@@ -273,6 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SpecError, DataError, BadInput, SubmitError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (ClusterError, ServerError) as exc:  # a server did not start, or no cluster to stop
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -9,27 +9,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+from distmis.cli.errors import EXIT_FAILED, EXIT_OK, BadInput
 
 
 # --------------------------------------------------------------------------- cluster
 def cmd_cluster_up(args: argparse.Namespace) -> int:
-    from distmis.orchestration.cluster import ClusterError, cluster_up
+    from distmis.orchestration.cluster import cluster_up
 
     try:
         state = cluster_up(host=args.host, port=args.port, dashboard_port=args.dashboard_port,
                            num_cpus=args.num_cpus, num_gpus=args.num_gpus)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ClusterError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        raise BadInput(str(exc)) from None
     print(f"Ray head node up (pid {state.pid}), token authentication on")
     print(f"  dashboard / Jobs API: {state.dashboard_url}")
     print(f"  cluster address:      {state.gcs_address}   (ray start --address=... on worker nodes)")
@@ -40,13 +35,9 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_status(args: argparse.Namespace) -> int:
-    from distmis.orchestration.cluster import ClusterError, cluster_resources, cluster_status
+    from distmis.orchestration.cluster import cluster_resources, cluster_status
 
-    try:
-        state, up = cluster_status()
-    except ClusterError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    state, up = cluster_status()
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.started_at))
     print(f"cluster {'UP' if up else 'DOWN'}: pid {state.pid}, started {started}")
     print(f"  dashboard / Jobs API: {state.dashboard_url}\n  cluster address:      {state.gcs_address}")
@@ -56,28 +47,20 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_down(args: argparse.Namespace) -> int:
-    from distmis.orchestration.cluster import ClusterError, cluster_down
+    from distmis.orchestration.cluster import cluster_down
 
-    try:
-        pids = cluster_down()
-    except ClusterError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    pids = cluster_down()
     print(f"cluster stopped ({len(pids)} process(es))" if pids else "cluster was not running; state cleared")
     return EXIT_OK
 
 
 # --------------------------------------------------------------------------- jobs
 def cmd_submit(args: argparse.Namespace) -> int:
-    from distmis.orchestration.jobs import SubmitError, follow_logs, job_client, submit_search, wait_for_job
+    from distmis.orchestration.jobs import follow_logs, job_client, submit_search, wait_for_job
     from distmis.spec import load_spec, parse_set_options
 
     spec = load_spec(args.spec, parse_set_options(args.set))  # SpecError: exit 2, nothing sent
-    try:
-        submission = submit_search(spec, address=args.address, output=Path(args.output) if args.output else None)
-    except SubmitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    submission = submit_search(spec, address=args.address, output=Path(args.output) if args.output else None)
     print(f"submitted {submission.job_id} to {submission.address}")
     print(f"  output: {submission.output}")
     print(f"  distmis logs {submission.job_id} --follow   |   distmis status {submission.job_id}   |   "
@@ -149,7 +132,7 @@ def _job_info(client: Any, job_id: str) -> Any:
 
 # --------------------------------------------------------------------------- ui
 def cmd_ui(args: argparse.Namespace) -> int:
-    from distmis.tracking.server import ServerError, start_server, store_for
+    from distmis.tracking.server import start_server, store_for
     from distmis.tracking.uri import redact_uri
 
     runs_root = Path(os.environ.get("DISTMIS_OUTPUT", "runs"))
@@ -157,12 +140,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
         uri, artifacts = store_for(Path(args.output) if args.output else None, args.tracking_uri,
                                    runs_root=runs_root)
         server = start_server(uri, artifacts=artifacts, host=args.host, port=args.port)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ServerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    except ValueError as exc:  # the store or the port (ServerError, a server that did not start: exit 1)
+        raise BadInput(str(exc)) from None
     with server:
         print(f"MLflow UI at {server.url}  (store {redact_uri(uri)}); Ctrl-C stops it", flush=True)
         try:

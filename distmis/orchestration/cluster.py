@@ -165,6 +165,9 @@ def cluster_up(
             "Keep the token secret and the port behind a firewall; prefer 127.0.0.1 with an SSH tunnel.", host)
 
     token = ensure_token()
+    if token.stat().st_mode & 0o077:
+        logger.warning("the token file %s can be read by other users (mode %o): anyone who reads it can run code "
+                       "on this cluster; run 'chmod 600 %s'", token, token.stat().st_mode & 0o777, token)
     home = distmis_home()
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "cluster.log"

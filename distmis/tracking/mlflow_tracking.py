@@ -56,13 +56,26 @@ def log_params(client: MlflowClient, run_id: str, params: Mapping[str, Any]) -> 
         client.log_batch(run_id, params=items[i : i + 100])
 
 
+# MLflow 3's UI opens an experiment in its GenAI (traces) view unless the experiment says it holds model training.
+EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
 def get_or_create_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if experiment.lifecycle_stage == "deleted":
             client.restore_experiment(experiment.experiment_id)
         return experiment.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_location)
+    return client.create_experiment(name, artifact_location=artifact_location,
+                                    tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
+
+
+def trial_run_name(trial_id: str, config: Mapping[str, Any]) -> str:
+    """A child run's name that says which trial it is: ``"00003 lr=0.005 norm=group"``."""
+    index = trial_id.rsplit("_", 1)[-1]
+    values = " ".join(f"{path.rsplit('.', 1)[-1]}={value:g}" if isinstance(value, float)
+                      else f"{path.rsplit('.', 1)[-1]}={value}" for path, value in config.items())
+    return f"{index} {values}".strip()
 
 
 def error_summary(text: str | None) -> str:
@@ -173,7 +186,7 @@ class MLflowTrialCallback(tune.Callback):
 
         run = self.client.create_run(
             self.search.experiment_id,
-            run_name=str(trial),
+            run_name=trial_run_name(trial.trial_id, trial.config),
             tags={PARENT_TAG: self.search.run_id, ROLE_TAG: "trial", "distmis.trial_id": trial.trial_id},
         )
         self.run_ids[trial.trial_id] = run_id = run.info.run_id

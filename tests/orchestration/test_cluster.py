@@ -134,11 +134,15 @@ def test_submitted_search_succeeds_and_the_ui_serves_its_runs(head, tmp_path, mo
         api = f"{server.url}/api/2.0/mlflow"
         status, body = _get(f"{api}/experiments/get-by-name?experiment_name=tiny")
         assert status == 200
-        experiment_id = json.loads(body)["experiment"]["experiment_id"]
+        experiment = json.loads(body)["experiment"]
+        experiment_id = experiment["experiment_id"]
+        # Tagged as model training, so MLflow 3's UI opens it on its runs, not on its GenAI traces view.
+        assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in experiment["tags"]
         runs = _post(f"{api}/runs/search", {"experiment_ids": [experiment_id], "max_results": 100})["runs"]
         children = [r for r in runs if any(t["key"] == "mlflow.parentRunId" for t in r["data"].get("tags", []))]
         parents = [r for r in runs if r not in children]
         assert len(parents) == 1 and len(children) == 2
+        assert sorted(r["info"]["run_name"] for r in children) == ["00000 lr=0.001", "00001 lr=0.005"]
         for child in children:
             metrics = {m["key"] for m in child["data"]["metrics"]}
             assert {"train_loss", "val_loss", "val_dice", "elapsed_seconds"} <= metrics

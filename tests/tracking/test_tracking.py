@@ -4,7 +4,7 @@ import math
 
 import pandas as pd
 
-from distmis.tracking.mlflow_tracking import error_summary, flatten
+from distmis.tracking.mlflow_tracking import error_summary, flatten, trial_run_name
 from distmis.tracking.results import format_results, short_name
 
 
@@ -45,3 +45,9 @@ def test_redact_uri():
     assert redact_uri("postgresql://alice:s3cret@db:5432/mlflow") == "postgresql://alice:***@db:5432/mlflow"
     assert redact_uri("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
     assert redact_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+
+
+def test_trial_run_name_says_which_trial():
+    config = {"training.optimizer.lr": 0.005, "model.params.norm": "group", "training.batch_size": 2}
+    assert trial_run_name("85d81_00003", config) == "00003 lr=0.005 norm=group batch_size=2"
+    assert trial_run_name("85d81_00000", {}) == "00000"
