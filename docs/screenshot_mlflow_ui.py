@@ -41,7 +41,8 @@ def main() -> None:
         for button in page.locator("button[data-component-id$='runnamecellrenderer.tsx_46']").all():
             button.click()
         page.wait_for_timeout(1500)
-        page.screenshot(path=args.out)
+        # The left part: navigation and the runs table (the assistant panel on the right is left out).
+        page.screenshot(path=args.out, clip={"x": 0, "y": 0, "width": 1190, "height": 470})
         browser.close()
     print(f"wrote {args.out}")
 
