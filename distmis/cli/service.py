@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -142,13 +143,21 @@ def cmd_ui(args: argparse.Namespace) -> int:
         server = start_server(uri, artifacts=artifacts, host=args.host, port=args.port)
     except ValueError as exc:  # the store or the port (ServerError, a server that did not start: exit 1)
         raise BadInput(str(exc)) from None
+    # Ctrl-C, `kill` or a closed terminal all stop the server's process group (the with block) before exiting;
+    # SIGINT is set explicitly because a shell that starts this in the background makes it ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     with server:
         print(f"MLflow UI at {server.url}  (store {redact_uri(uri)}); Ctrl-C stops it", flush=True)
         try:
             server.process.wait()
         except KeyboardInterrupt:
-            print("stopping the MLflow server")
+            print("stopping the MLflow server", flush=True)
     return EXIT_OK
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 # --------------------------------------------------------------------------- parser

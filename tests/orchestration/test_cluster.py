@@ -7,6 +7,10 @@ Every server is stopped by its fixture or test, also when an assertion fails.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,7 +20,7 @@ import pytest
 import yaml
 
 from distmis.cli.main import main
-from distmis.net import free_port, is_loopback
+from distmis.net import free_port, is_loopback, port_in_use
 from distmis.orchestration.cluster import ClusterError, ClusterState, auth_headers, cluster_down, cluster_up
 from distmis.orchestration.jobs import (
     SubmitError, check_reachable_storage, is_local_store, is_this_machine, job_client,
@@ -202,3 +206,37 @@ def test_cluster_down_stops_only_its_own_processes(head, ray_local):
     assert ClusterState.load() is None
     # The session's own local Ray (another cluster on this machine) still works.
     assert ray_local.get(ray_local.remote(lambda: 42).remote()) == 42
+
+
+def test_distmis_ui_stops_its_server_when_killed(tmp_path):
+    """``distmis ui`` ended by SIGTERM (as by ``kill``) stops the mlflow server and its workers with it."""
+    from mlflow.tracking import MlflowClient
+
+    from distmis.tracking.mlflow_tracking import default_tracking_uri
+
+    output = tmp_path / "runs" / "tiny"
+    output.mkdir(parents=True)
+    MlflowClient(default_tracking_uri(output)).create_experiment("tiny")
+    port = free_port()
+    ui = subprocess.Popen([sys.executable, "-m", "distmis", "ui", str(output), "--port", str(port)],
+                          stdout=subprocess.PIPE, text=True, start_new_session=True)
+    server_processes: list[psutil.Process] = []
+    try:
+        assert ui.stdout is not None
+        assert f"MLflow UI at http://127.0.0.1:{port}" in ui.stdout.readline()  # printed once /health answers
+        assert _get(f"http://127.0.0.1:{port}/health")[0] == 200
+        server_processes = psutil.Process(ui.pid).children(recursive=True)
+        server = [p for p in server_processes if "mlflow" in " ".join(p.cmdline()) and "server" in p.cmdline()]
+        assert server and all(p.status() != psutil.STATUS_ZOMBIE for p in server)
+        ui.send_signal(signal.SIGTERM)
+        assert ui.wait(timeout=60) == 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                                                   for p in server_processes):
+            time.sleep(0.5)
+        assert not [p.pid for p in server_processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not port_in_use("127.0.0.1", port)
+    finally:
+        for process in [*server_processes, psutil.Process(ui.pid) if ui.poll() is None else None]:
+            if process is not None and process.is_running():
+                process.kill()
