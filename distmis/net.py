@@ -26,8 +26,12 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True when ``port`` cannot be bound on ``host`` (``0.0.0.0`` is checked on loopback)."""
+    """True when something listens on ``port`` at ``host`` (``0.0.0.0`` is checked on loopback).
+
+    SO_REUSEADDR, as servers set it: a port whose last connections linger in TIME_WAIT is free.
+    """
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((LOOPBACK if host == "0.0.0.0" else host, port))
         except OSError:

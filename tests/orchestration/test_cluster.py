@@ -8,25 +8,27 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
 import yaml
 
 from distmis.cli.main import main
-from distmis.net import free_port, is_loopback, port_in_use
+from distmis.net import free_port, is_loopback
 from distmis.orchestration.cluster import ClusterError, ClusterState, auth_headers, cluster_down, cluster_up
 from distmis.orchestration.jobs import (
     SubmitError, check_reachable_storage, is_local_store, is_this_machine, job_client,
 )
 from distmis.spec import validate_spec
-from distmis.tracking.server import start_server, store_for
+from distmis.tracking.server import store_for
 from tests.conftest import small_spec_tree
 
 
@@ -61,6 +63,28 @@ def _post(url: str, body: dict) -> dict:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
+
+
+@contextmanager
+def distmis_ui(*args: str, cwd: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``distmis ui ARGS`` as a user runs it, on a free port; SIGTERM (as ``kill``) when done."""
+    port = free_port()
+    ui = subprocess.Popen([sys.executable, "-m", "distmis", "ui", *args, "--port", str(port)], cwd=cwd,
+                          stdout=subprocess.PIPE, text=True, start_new_session=True)
+    tree: list[psutil.Process] = []
+    try:
+        assert ui.stdout is not None
+        line = ui.stdout.readline()  # printed once the server's /health answers
+        assert f"MLflow UI at http://127.0.0.1:{port}" in line, line
+        tree = psutil.Process(ui.pid).children(recursive=True)
+        yield f"http://127.0.0.1:{port}", ui
+    finally:
+        if ui.poll() is None:
+            ui.send_signal(signal.SIGTERM)
+            ui.wait(timeout=60)
+        _, alive = psutil.wait_procs(tree, timeout=30)
+        for process in alive:  # only if stopping failed: the test that stops it asserts this list is empty
+            process.kill()
 
 
 def _listening_hosts(pid: int, port: int) -> set[str]:
@@ -133,9 +157,8 @@ def test_submitted_search_succeeds_and_the_ui_serves_its_runs(head, tmp_path, mo
     assert "Best trial" in capsys.readouterr().out
     assert main(["status", "no-such-job"]) == 2
 
-    uri, artifacts = store_for(None, None, runs_root=tmp_path / "runs")  # what 'distmis ui' serves
-    with start_server(uri, artifacts=artifacts, port=free_port(), log_path=tmp_path / "mlflow.log") as server:
-        api = f"{server.url}/api/2.0/mlflow"
+    with distmis_ui(cwd=tmp_path) as (url, _ui):  # no folder named: the one search under runs/
+        api = f"{url}/api/2.0/mlflow"
         status, body = _get(f"{api}/experiments/get-by-name?experiment_name=tiny")
         assert status == 200
         experiment = json.loads(body)["experiment"]
@@ -155,10 +178,8 @@ def test_submitted_search_succeeds_and_the_ui_serves_its_runs(head, tmp_path, mo
         assert status == 200
         listed = {f["path"] for f in json.loads(body)["files"]}
         assert {"spec.yaml", "results.csv"} <= listed
-        status, body = _get(f"{server.url}/get-artifact?path=spec.yaml&run_uuid={parent_id}")
+        status, body = _get(f"{url}/get-artifact?path=spec.yaml&run_uuid={parent_id}")
         assert status == 200 and yaml.safe_load(body)["name"] == "tiny"
-        server_pid = server.process.pid
-    assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_results_on_other_machines_need_reachable_storage(head, tmp_path):
@@ -217,26 +238,13 @@ def test_distmis_ui_stops_its_server_when_killed(tmp_path):
     output = tmp_path / "runs" / "tiny"
     output.mkdir(parents=True)
     MlflowClient(default_tracking_uri(output)).create_experiment("tiny")
-    port = free_port()
-    ui = subprocess.Popen([sys.executable, "-m", "distmis", "ui", str(output), "--port", str(port)],
-                          stdout=subprocess.PIPE, text=True, start_new_session=True)
-    server_processes: list[psutil.Process] = []
-    try:
-        assert ui.stdout is not None
-        assert f"MLflow UI at http://127.0.0.1:{port}" in ui.stdout.readline()  # printed once /health answers
-        assert _get(f"http://127.0.0.1:{port}/health")[0] == 200
-        server_processes = psutil.Process(ui.pid).children(recursive=True)
-        server = [p for p in server_processes if "mlflow" in " ".join(p.cmdline()) and "server" in p.cmdline()]
-        assert server and all(p.status() != psutil.STATUS_ZOMBIE for p in server)
+    with distmis_ui(str(output), cwd=tmp_path) as (url, ui):
+        assert _get(f"{url}/health")[0] == 200
+        tree = psutil.Process(ui.pid).children(recursive=True)
+        assert any("mlflow" in " ".join(p.cmdline()) and "server" in p.cmdline() for p in tree)
         ui.send_signal(signal.SIGTERM)
         assert ui.wait(timeout=60) == 0
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                                                   for p in server_processes):
-            time.sleep(0.5)
-        assert not [p.pid for p in server_processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert not port_in_use("127.0.0.1", port)
-    finally:
-        for process in [*server_processes, psutil.Process(ui.pid) if ui.poll() is None else None]:
-            if process is not None and process.is_running():
-                process.kill()
+        _, alive = psutil.wait_procs(tree, timeout=30)
+        assert not alive
+        with pytest.raises(ConnectionRefusedError):  # nothing listens there any more
+            socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=5)
