@@ -100,8 +100,19 @@ def train_and_report(
         report(metrics)
 
 
-def _quiet_tensorflow() -> None:
+def _quiet_worker() -> None:
+    """Keep a trial's log to what a user reads: no TensorFlow C++ chatter, no line per saved checkpoint."""
+    import logging
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for name in ("ray.train._internal.storage", "ray.train.v2._internal.execution.storage"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:  # Ray Train 2.60 logs every report of every rank, named by its file path
+        from ray.train.v2._internal.execution import context as train_context
+
+        train_context.logger.setLevel(logging.WARNING)
+    except (ImportError, AttributeError):
+        pass
 
 
 # --------------------------------------------------------------------------- experiment-parallel
@@ -111,7 +122,7 @@ def single_process_trial(config: dict[str, Any], *, base_spec: dict[str, Any], t
 
     from distmis.train.threads import pin_threads
 
-    _quiet_tensorflow()
+    _quiet_worker()
     spec = trial_spec(base_spec, config)
     pin_threads(cpus, torch=spec.model.framework == "torch")
     trainer = build_trainer(spec, tfrecord_dir)
@@ -125,7 +136,7 @@ def data_parallel_worker(loop_config: dict[str, Any]) -> None:
 
     from distmis.train.threads import pin_threads
 
-    _quiet_tensorflow()
+    _quiet_worker()
     context = ray.train.get_context()
     spec = scaled_spec(trial_spec(loop_config["base_spec"], loop_config["config"]), context.get_world_size())
     pin_threads(loop_config["cpus"], torch=spec.model.framework == "torch")
