@@ -1,0 +1,347 @@
+"""A ViT encoder with a convolutional decoder for 3D segmentation (UNETR without skip connections).
+
+The model of *Efficient Distributed Sequence Parallelism for Transformer-based Image Segmentation*
+(Lyngaas et al.; ``../shared/seeds/sp-vit-segmentation.txt``), in plain PyTorch. It holds no
+distribution logic: :mod:`distmis.parallel.sequence` splits its token sequence between ranks from
+outside, through the pieces this module exposes.
+
+Layout and token order
+    Inputs are channels-first tiles ``(B, C, W, D, H)``. :class:`PatchEmbedding3D` cuts a tile into
+    non-overlapping ``P x P x P`` patches (a ``Conv3d`` with ``kernel_size = stride = P``) on a patch grid
+    ``(gw, gd, gh) = (W/P, D/P, H/P)``; the ``N = gw * gd * gh`` tokens are ordered Height fastest, then
+    Depth, then Width (the paper's Figure 3)::
+
+        token index n = (iw * gd + id) * gh + ih     for the patch at grid coordinates (iw, id, ih)
+
+    which is the row-major flattening of the ``(gw, gd, gh)`` grid. :func:`token_coordinates` inverts it.
+
+Pieces, so that an encoder can run on a slice of the sequence
+    ``embed(x)`` -> tokens ``(B, n, E)`` of a tile or any sub-volume of it (no positions yet);
+    ``encode(tokens, positions)`` adds the 1D position embedding of the tokens' *global* indices
+    ``positions`` (learned, as the paper, or fixed sinusoidal, as the perf-model paper), then runs the
+    pre-norm transformer blocks and a final LayerNorm; ``decode(tokens, grid)`` reshapes tokens back to a
+    ``(B, E, gw, gd, gh)`` grid and runs :class:`ConvDecoder`. ``forward(x)`` composes them for one device.
+
+Attention
+    Each :class:`MultiHeadSelfAttention` computes Q, K and V for its own tokens and hands them, shaped
+    ``(B, heads, n, head_dim)``, to its ``core`` module (:class:`SDPAttention`: torch's
+    ``scaled_dot_product_attention``). Sequence parallelism replaces ``core`` from outside.
+
+Decoder (the paper's Figure 2)
+    ``log2(P)`` stages, each a 3x3x3 convolution, instance normalization, ReLU and a x2 trilinear upsampling;
+    the first stage maps E to ``decoder_features`` (128) channels, each later one halves them; a final 1x1x1
+    convolution projects to the classes (logits). The convolutions run at the token grid's resolution
+    before each upsampling, so the first one works on ``(W/P, D/P, H/P)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PositionEmbeddingKind = Literal["learned", "sinusoidal"]
+POSITION_EMBEDDINGS: tuple[str, ...] = ("learned", "sinusoidal")
+AXES = ("W", "D", "H")
+
+
+def as_triple(value: int | Sequence[int], name: str) -> tuple[int, int, int]:
+    """``value`` as three positive ints (an int is repeated); ValueError naming ``name`` otherwise."""
+    triple = (value, value, value) if isinstance(value, int) else tuple(value)
+    if len(triple) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in triple):
+        raise ValueError(f"{name} must be a positive int or three positive ints (W, D, H), got {value!r}")
+    return triple  # type: ignore[return-value]
+
+
+def token_coordinates(indices: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
+    """Grid coordinates ``(n, 3)`` as (iw, id, ih) of the tokens at global ``indices`` on a ``grid`` (gw, gd, gh)."""
+    _, gd, gh = grid
+    return torch.stack((indices // (gd * gh), (indices // gh) % gd, indices % gh), dim=-1)
+
+
+def sinusoidal_embedding(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """Fixed 1D sin/cos encoding ``(n, dim)`` of integer ``positions``: sin on even, cos on odd features."""
+    if dim % 2:
+        raise ValueError(f"a sinusoidal position embedding needs an even embed_dim, got {dim}")
+    frequencies = torch.exp(
+        torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) * (-math.log(10000.0) / dim)
+    )
+    angles = positions.to(torch.float64)[:, None] * frequencies[None, :]
+    table = torch.stack((torch.sin(angles), torch.cos(angles)), dim=-1).reshape(len(positions), dim)
+    return table.to(torch.float32)
+
+
+class PatchEmbedding3D(nn.Module):
+    """Non-overlapping ``P^3`` patches of a ``(B, C, W, D, H)`` tile -> tokens ``(B, N, E)``, Height fastest."""
+
+    def __init__(self, in_channels: int, embed_dim: int, patch: int) -> None:
+        super().__init__()
+        self.patch = patch
+        self.proj = nn.Conv3d(in_channels, embed_dim, kernel_size=patch, stride=patch)
+
+    def grid(self, spatial: Sequence[int]) -> tuple[int, int, int]:
+        """The patch grid (gw, gd, gh) of a volume of ``spatial`` size (W, D, H); ValueError if not divisible."""
+        if len(spatial) != 3 or any(s % self.patch for s in spatial):
+            raise ValueError(f"volume {tuple(spatial)} must be divisible by patch {self.patch} along W, D and H")
+        return tuple(s // self.patch for s in spatial)  # type: ignore[return-value]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.grid(x.shape[2:])
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, E, gw, gd, gh) -> (B, N, E), row-major
+
+    def forward_at(self, x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """Tokens ``(B, len(indices), E)`` of the patches at global ``indices`` of the tile ``x``, in that order.
+
+        The same convolution as :meth:`forward`, applied to the selected patches only; used when a rank's
+        share of the sequence is not a box it could crop.
+        """
+        batch, channels = x.shape[:2]
+        gw, gd, gh = self.grid(x.shape[2:])
+        p = self.patch
+        patches = x.reshape(batch, channels, gw, p, gd, p, gh, p).permute(0, 2, 4, 6, 1, 3, 5, 7)
+        patches = patches.reshape(batch, gw * gd * gh, channels, p, p, p)[:, indices]
+        tokens = self.proj(patches.reshape(batch * len(indices), channels, p, p, p))
+        return tokens.reshape(batch, len(indices), -1)
+
+
+class PositionEmbedding1D(nn.Module):
+    """A 1D position embedding over ``num_tokens`` positions: a learned table or the fixed sinusoidal one."""
+
+    def __init__(self, num_tokens: int, embed_dim: int, kind: PositionEmbeddingKind = "learned") -> None:
+        super().__init__()
+        if kind not in POSITION_EMBEDDINGS:
+            raise ValueError(f"pos_embedding must be one of {POSITION_EMBEDDINGS}, got {kind!r}")
+        if kind == "sinusoidal" and embed_dim % 2:
+            raise ValueError(f"pos_embedding 'sinusoidal' needs an even embed_dim, got {embed_dim}")
+        self.kind = kind
+        self.num_tokens = num_tokens
+        self.embed_dim = embed_dim
+        self.weight: nn.Parameter | None = None
+        if kind == "learned":
+            self.weight = nn.Parameter(torch.empty(num_tokens, embed_dim))
+            nn.init.trunc_normal_(self.weight, std=0.02)
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        """The embeddings ``(len(indices), E)`` of the global token ``indices``."""
+        if self.weight is not None:
+            return self.weight[indices]
+        return sinusoidal_embedding(indices, self.embed_dim).to(device=indices.device)
+
+
+class SDPAttention(nn.Module):
+    """The attention core: ``softmax(Q K^T / sqrt(d)) V`` on ``(B, heads, n, head_dim)`` tensors, via SDPA.
+
+    Keys and values may hold more tokens than the queries (sequence parallelism gathers them).
+    """
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Multi-head self-attention over tokens ``(B, n, E)``; the attention itself is the replaceable ``core``."""
+
+    def __init__(self, embed_dim: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if embed_dim % heads:
+            raise ValueError(f"embed_dim {embed_dim} must be divisible by heads {heads}")
+        self.heads = heads
+        self.head_dim = embed_dim // heads
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim)
+        self.core: nn.Module = SDPAttention(dropout)
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.proj_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, n, embed = x.shape
+        q, k, v = self.qkv(x).reshape(batch, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        out = self.core(q, k, v)  # (B, heads, n, head_dim)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, n, embed)))
+
+
+class MLP(nn.Sequential):
+    """Linear -> GELU -> dropout -> Linear -> dropout."""
+
+    def __init__(self, embed_dim: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__(
+            nn.Linear(embed_dim, hidden), nn.GELU(), nn.Dropout(dropout),
+            nn.Linear(hidden, embed_dim), nn.Dropout(dropout),
+        )
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``. Acts on each token but in attention."""
+
+    def __init__(self, embed_dim: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(embed_dim)
+        self.attn = MultiHeadSelfAttention(embed_dim, heads, dropout)
+        self.norm2 = nn.LayerNorm(embed_dim)
+        self.mlp = MLP(embed_dim, int(embed_dim * mlp_ratio), dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class DecoderStage(nn.Sequential):
+    """3x3x3 convolution -> instance norm -> ReLU -> x2 trilinear upsampling."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__(
+            nn.Conv3d(in_channels, out_channels, kernel_size=3, padding=1),
+            nn.InstanceNorm3d(out_channels, affine=True),
+            nn.ReLU(inplace=True),
+            nn.Upsample(scale_factor=2, mode="trilinear", align_corners=False),
+        )
+
+
+class ConvDecoder(nn.Module):
+    """Features ``(B, E, gw, gd, gh)`` -> logits ``(B, classes, gw*P, gd*P, gh*P)``: ``log2(P)`` x2 stages.
+
+    Stage ``i`` has ``features // 2**i`` channels; a final 1x1x1 convolution maps to ``num_classes``.
+    """
+
+    def __init__(self, embed_dim: int, num_classes: int, patch: int, features: int = 128) -> None:
+        super().__init__()
+        if patch < 1 or patch & (patch - 1):
+            raise ValueError(
+                f"patch must be a power of two so the decoder's x2 upsamplings reach the tile, got {patch}"
+            )
+        steps = patch.bit_length() - 1
+        if steps and features < 2 ** (steps - 1):
+            raise ValueError(
+                f"decoder_features {features} must be at least {2 ** (steps - 1)} "
+                f"to halve {steps - 1} times for patch {patch}"
+            )
+        channels = [embed_dim] + [features // 2**i for i in range(steps)]
+        self.stages = nn.Sequential(*(DecoderStage(a, b) for a, b in zip(channels[:-1], channels[1:])))
+        self.head = nn.Conv3d(channels[-1], num_classes, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stages(x))
+
+
+class ViTSeg(nn.Module):
+    """ViT encoder + convolutional decoder: ``(B, C, W, D, H)`` tiles -> ``(B, classes, W, D, H)`` logits.
+
+    Defaults are the paper's: (layers, embed_dim, heads) = (12, 768, 12), patch 16 (tile 96^3 in the paper).
+    ``tile`` is one int or (W, D, H). The learned position embedding is sized for the tile's ``N`` tokens, so
+    the model takes tiles of exactly that size (use :func:`distmis.train.sliding_window.sliding_window_inference`
+    for larger volumes).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        tile: int | Sequence[int],
+        patch: int = 16,
+        layers: int = 12,
+        embed_dim: int = 768,
+        heads: int = 12,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        pos_embedding: PositionEmbeddingKind = "learned",
+        decoder_features: int = 128,
+    ) -> None:
+        super().__init__()
+        for name, value in (("in_channels", in_channels), ("num_classes", num_classes), ("layers", layers),
+                            ("embed_dim", embed_dim), ("heads", heads), ("patch", patch),
+                            ("decoder_features", decoder_features)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.tile = as_triple(tile, "tile")
+        if patch & (patch - 1):
+            raise ValueError(
+                f"patch must be a power of two (1, 2, 4, 8, 16, ...) so the decoder's x2 upsamplings "
+                f"reach the tile, got {patch}"
+            )
+        bad = [f"{axis}={size}" for axis, size in zip(AXES, self.tile) if size % patch]
+        if bad:
+            raise ValueError(
+                f"tile {self.tile} must be divisible by patch {patch} along W, D and H; not along {', '.join(bad)}"
+            )
+        if embed_dim % heads:
+            raise ValueError(f"embed_dim {embed_dim} must be divisible by heads {heads}")
+        if not mlp_ratio > 0:
+            raise ValueError(f"mlp_ratio must be positive, got {mlp_ratio!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
+        if pos_embedding not in POSITION_EMBEDDINGS:
+            raise ValueError(f"pos_embedding must be one of {POSITION_EMBEDDINGS}, got {pos_embedding!r}")
+
+        self.in_channels, self.num_classes = in_channels, num_classes
+        self.patch, self.embed_dim, self.heads = patch, embed_dim, heads
+        self.grid: tuple[int, int, int] = tuple(s // patch for s in self.tile)  # type: ignore[assignment]
+        self.num_tokens = math.prod(self.grid)
+
+        self.patch_embed = PatchEmbedding3D(in_channels, embed_dim, patch)
+        self.pos_embed = PositionEmbedding1D(self.num_tokens, embed_dim, pos_embedding)
+        self.pos_drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(TransformerBlock(embed_dim, heads, mlp_ratio, dropout) for _ in range(layers))
+        self.norm = nn.LayerNorm(embed_dim)
+        self.decoder = ConvDecoder(embed_dim, num_classes, patch, decoder_features)
+        self.apply(_init_linear)
+
+    # ---------------------------------------------------------------- pieces
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens ``(B, n, E)`` of a tile or a sub-volume of one, in its own Height-fastest order; no positions."""
+        return self.patch_embed(x)
+
+    def position_embedding(self, indices: torch.Tensor) -> torch.Tensor:
+        """The position embeddings ``(len(indices), E)`` of the global token ``indices``."""
+        return self.pos_embed(indices)
+
+    def encode(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Add the embeddings of the tokens' global ``positions`` (default ``0..n-1``), run the blocks and norm."""
+        if positions is None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+        if positions.shape != (tokens.shape[1],):
+            raise ValueError(
+                f"positions must hold one index per token ({tokens.shape[1]}), got shape {tuple(positions.shape)}"
+            )
+        x = self.pos_drop(tokens + self.position_embedding(positions).to(tokens.dtype))
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def decode(self, tokens: torch.Tensor, grid: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits of tokens ``(B, n, E)`` laid out row-major on ``grid`` (default the tile's patch grid)."""
+        grid = tuple(self.grid if grid is None else grid)
+        batch, n, embed = tokens.shape
+        if len(grid) != 3 or math.prod(grid) != n:
+            raise ValueError(f"grid {grid} does not hold the {n} tokens to decode")
+        return self.decoder(tokens.transpose(1, 2).reshape(batch, embed, *grid))
+
+    def encoder_parameters(self) -> list[nn.Parameter]:
+        """Every parameter but the decoder's: those sequence parallelism computes partial gradients for."""
+        decoder = {id(p) for p in self.decoder.parameters()}
+        return [p for p in self.parameters() if id(p) not in decoder]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 5 or tuple(x.shape[2:]) != self.tile or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"input must be (B, {self.in_channels}, {', '.join(map(str, self.tile))}) (B, C, W, D, H), "
+                f"got {tuple(x.shape)}"
+            )
+        return self.decode(self.encode(self.embed(x)))
+
+
+def _init_linear(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,84 @@
+"""Process groups of a DP x SP world: sequence-parallel groups of consecutive ranks, data-parallel groups across.
+
+A trial with ``DP * SP`` workers (global ranks ``r_0 .. r_{DP*SP-1}``, in order) is cut into ``DP``
+sequence-parallel groups of ``SP`` consecutive ranks; all ranks of one SP group see the same tile and
+split its tokens between them. The ``SP`` data-parallel groups run across them: DP group ``j`` holds the
+``j``-th rank of every SP group, and samples are sharded over the DP groups. For ``DP = 2, SP = 2``::
+
+    SP groups: (0, 1) (2, 3)        DP groups: (0, 2) (1, 3)
+
+``torch.distributed.new_group`` must be called by every process of the default group, in the same order,
+for every group, member or not: :func:`build_parallel_groups` does exactly that, so every process calls it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class ParallelGroups:
+    """The calling process's place in a DP x SP world (ranks within groups are group ranks)."""
+
+    sp_group: Any
+    sp_rank: int
+    sp_size: int
+    dp_group: Any
+    dp_rank: int
+    dp_size: int
+    sp_ranks: tuple[int, ...]  # global ranks of this process's SP group, in group-rank order
+    dp_ranks: tuple[int, ...]  # global ranks of this process's DP group, in group-rank order
+
+
+def parallel_layout(ranks: Sequence[int], sp_size: int) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The SP groups (consecutive ranks) and DP groups (across them) of ``ranks`` for sequence degree ``sp_size``."""
+    ranks = list(ranks)
+    if not isinstance(sp_size, int) or sp_size < 1:
+        raise ValueError(f"sp_size must be a positive int, got {sp_size!r}")
+    if not ranks or len(ranks) % sp_size:
+        raise ValueError(f"the {len(ranks)} ranks must divide into sequence-parallel groups of sp_size {sp_size}")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"ranks must be distinct, got {ranks}")
+    sp_groups = [tuple(ranks[i : i + sp_size]) for i in range(0, len(ranks), sp_size)]
+    dp_groups = [tuple(ranks[j::sp_size]) for j in range(sp_size)]
+    return sp_groups, dp_groups
+
+
+def build_parallel_groups(sp_size: int, ranks: Sequence[int] | None = None) -> ParallelGroups | None:
+    """Create the SP and DP groups over ``ranks`` (default: the whole world); ``None`` on a process outside them.
+
+    Collective: every process of the default group must call it with the same arguments.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("build_parallel_groups needs torch.distributed initialized (init_process_group) first")
+    world = dist.get_world_size()
+    ranks = list(range(world)) if ranks is None else list(ranks)
+    if any(not 0 <= r < world for r in ranks):
+        raise ValueError(f"ranks must lie in [0, {world}), got {ranks}")
+    sp_layout, dp_layout = parallel_layout(ranks, sp_size)
+    me = dist.get_rank()
+    mine: dict[str, tuple[Any, tuple[int, ...]]] = {}
+    for kind, layout in (("sp", sp_layout), ("dp", dp_layout)):
+        for members in layout:
+            group = dist.new_group(list(members))
+            if me in members:
+                mine[kind] = (group, members)
+    if not mine:
+        return None
+    (sp_group, sp_ranks), (dp_group, dp_ranks) = mine["sp"], mine["dp"]
+    return ParallelGroups(
+        sp_group=sp_group, sp_rank=sp_ranks.index(me), sp_size=len(sp_ranks),
+        dp_group=dp_group, dp_rank=dp_ranks.index(me), dp_size=len(dp_ranks),
+        sp_ranks=sp_ranks, dp_ranks=dp_ranks,
+    )
+
+
+def broadcast_in_sp_group(tensor: torch.Tensor, groups: ParallelGroups) -> torch.Tensor:
+    """Give every rank of the SP group the SP leader's ``tensor`` (in place), so they all see the same tile."""
+    if groups.sp_size > 1:
+        dist.broadcast(tensor, src=groups.sp_ranks[0], group=groups.sp_group)
+    return tensor

@@ -1,0 +1,326 @@
+"""Sequence parallelism for :class:`~distmis.models.vit_seg.ViTSeg`, applied from outside (torchtitan style).
+
+The ranks of one sequence-parallel (SP) group all hold the same tile and split its ``N`` tokens between them
+(Lyngaas et al., ``../shared/seeds/sp-vit-segmentation.txt``). :func:`parallelize_vit_seg` swaps the
+attention core of every transformer block of a plain model for a parallel one and wraps the model in a
+:class:`SequenceParallelViTSeg`, whose ``forward(tile)`` runs the rank's share.
+
+Splitting (``split``)
+    ``ordered``: rank ``r`` takes tokens ``[r N/SP, (r+1) N/SP)`` of the Height-fastest token order.
+    ``spatial``: rank ``r`` takes a sub-volume of the patch grid (the paper's Figure 4): SP=2 halves Width,
+    SP=4 Width and Depth, SP=8 Width, Depth and Height; ranks are numbered over the parts Height fastest.
+    Each rank embeds its tokens (cropping its sub-volume when its share is a box, selecting patches
+    otherwise) and adds the position embedding of their *global* indices.
+
+Attention (``attention``)
+    ``allgather-kv`` (the paper's): queries stay local; keys and values are all-gathered
+    (:class:`~distmis.parallel.collectives.AllGatherForwardReduceScatterBackward`, one collective for K and V
+    together); the backward reduce-scatters their gradients to the ranks that own them. The gathered keys come
+    in rank order, not token order: attention without a mask does not depend on the order of the keys.
+    ``ulysses``: Q, K and V go from sequence-split to head-split by one all-to-all, each rank attends over the
+    whole sequence with ``heads / SP`` heads, and one all-to-all brings the output back to sequence-split
+    (heads must divide by SP). Both run the model's own local core (``scaled_dot_product_attention``).
+
+Decoder input (``decoder``) and gradients
+    Every rank calls ``backward`` on its own loss; the collectives' backwards route each rank's share of the
+    gradient to where it came from, so after ``backward`` the gradient of every encoder parameter on a rank is
+    its *partial sum* (the contribution through that rank's tokens). :func:`sync_sp_gradients` completes them:
+
+    ``gather`` (exact): the encoder outputs are all-gathered
+    (:class:`~distmis.parallel.collectives.AllGatherForwardSplitBackward`) and every rank decodes the whole
+    tile and computes the same loss ``L`` as one device would. The split backward hands each rank
+    ``dL/d(own tokens)`` once, so the encoder gradients *sum* over the SP group to SP=1's gradient. The decoder
+    gradients are replicas of SP=1's on every rank: they are averaged (a no-op in exact arithmetic that keeps
+    the replicas bitwise identical when GPU kernels are not deterministic). Loss, gradients and an optimizer
+    step equal SP=1's up to floating-point summation order.
+
+    ``no-gather`` (the paper's cheaper variant, not equal to SP=1): no gather; each rank decodes its own
+    sub-volume (so it needs a split whose chunks are boxes) with its own copy of the decoder, seeing only its
+    tokens' features (attention still saw the whole tile) and zero padding at the sub-volume's borders, and
+    computes the loss ``l_r`` on its part of the label (``local_target``). The objective is the mean of the
+    ``l_r`` (for a voxel-mean loss, the loss of the whole tile with per-part decoding); every gradient is
+    *averaged* over the SP group, as the paper describes. Instance normalization in the decoder uses each
+    part's statistics.
+
+    With data parallelism on top, :func:`sync_gradients` then averages all gradients over the DP group. Do not
+    wrap the parallel model in a DDP over all DP x SP ranks: it would average the encoder's partial sums.
+
+Dropout draws different masks than one device would; exactness holds with ``dropout=0``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+from torch import nn
+
+from distmis.models.vit_seg import AXES, MultiHeadSelfAttention, ViTSeg, token_coordinates
+from distmis.parallel.collectives import (
+    all_gather_reduce_scatter_grad,
+    all_gather_split_grad,
+    all_reduce_gradients,
+    all_to_all,
+    group_rank,
+    group_size,
+)
+from distmis.parallel.groups import ParallelGroups
+
+SplitKind = Literal["ordered", "spatial"]
+AttentionKind = Literal["allgather-kv", "ulysses"]
+DecoderKind = Literal["gather", "no-gather"]
+SPLITS: tuple[str, ...] = ("ordered", "spatial")
+ATTENTIONS: tuple[str, ...] = ("allgather-kv", "ulysses")
+DECODERS: tuple[str, ...] = ("gather", "no-gather")
+
+# parts of the (W, D, H) patch grid per sequence-parallel degree, for the spatial split (the paper's Figure 4)
+SPATIAL_PARTS: dict[int, tuple[int, int, int]] = {1: (1, 1, 1), 2: (2, 1, 1), 4: (2, 2, 1), 8: (2, 2, 2)}
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """One rank's share of a tile's tokens: global ``indices`` in the rank's order, and its ``box`` of the
+    patch grid (slices along W, D, H) when the tokens fill one, listed row-major (Height fastest)."""
+
+    indices: torch.Tensor
+    box: tuple[slice, slice, slice] | None
+
+    @property
+    def grid(self) -> tuple[int, int, int] | None:
+        """The box's shape in patches, or ``None``."""
+        return None if self.box is None else tuple(s.stop - s.start for s in self.box)  # type: ignore[return-value]
+
+    def voxel_box(self, patch: int) -> tuple[slice, slice, slice]:
+        """The box in voxels of the tile; ValueError if the chunk is not a box."""
+        if self.box is None:
+            raise ValueError("this rank's tokens do not form a box of the tile")
+        return tuple(slice(s.start * patch, s.stop * patch) for s in self.box)  # type: ignore[return-value]
+
+
+def box_indices(box: Sequence[slice], grid: Sequence[int]) -> torch.Tensor:
+    """Global token indices of a ``box`` of the patch ``grid``, row-major (Height fastest)."""
+    iw, id_, ih = (torch.arange(s.start, s.stop) for s in box)
+    _, gd, gh = grid
+    return ((iw[:, None, None] * gd + id_[None, :, None]) * gh + ih[None, None, :]).reshape(-1)
+
+
+def chunk_box(indices: torch.Tensor, grid: Sequence[int]) -> tuple[slice, slice, slice] | None:
+    """The box the ``indices`` fill, listed row-major, or ``None``."""
+    coords = token_coordinates(indices, grid)
+    low, high = coords.min(dim=0).values, coords.max(dim=0).values + 1
+    box = tuple(slice(int(a), int(b)) for a, b in zip(low, high))
+    if math.prod(int(b - a) for a, b in zip(low, high)) != len(indices):
+        return None
+    return box if torch.equal(box_indices(box, grid), indices) else None  # type: ignore[return-value]
+
+
+def split_tokens(grid: Sequence[int], sp_size: int, split: SplitKind) -> list[TokenChunk]:
+    """Every rank's :class:`TokenChunk` of a tile whose patch grid is ``grid`` (gw, gd, gh)."""
+    grid = tuple(grid)
+    if not isinstance(sp_size, int) or sp_size < 1:
+        raise ValueError(f"the sequence-parallel degree must be a positive int, got {sp_size!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    n = math.prod(grid)
+    if split == "ordered":
+        if n % sp_size:
+            raise ValueError(
+                f"split 'ordered': the tile's {n} tokens (patch grid {grid}) must be divisible by the "
+                f"sequence-parallel degree {sp_size}"
+            )
+        size = n // sp_size
+        chunks = []
+        for r in range(sp_size):
+            indices = torch.arange(r * size, (r + 1) * size)
+            chunks.append(TokenChunk(indices, chunk_box(indices, grid)))
+        return chunks
+    if sp_size not in SPATIAL_PARTS:
+        raise ValueError(
+            f"split 'spatial' supports sequence-parallel degrees {tuple(SPATIAL_PARTS)} (the paper's Figure 4), "
+            f"got {sp_size}"
+        )
+    parts = SPATIAL_PARTS[sp_size]
+    bad = [f"{axis}={g}" for axis, g, p in zip(AXES, grid, parts) if g % p]
+    if bad:
+        raise ValueError(
+            f"split 'spatial' with degree {sp_size} cuts the patch grid {grid} (W, D, H) into {parts} parts; "
+            f"not divisible along {', '.join(bad)}"
+        )
+    sizes = [g // p for g, p in zip(grid, parts)]
+    chunks = []
+    for rw in range(parts[0]):
+        for rd in range(parts[1]):
+            for rh in range(parts[2]):
+                box = tuple(slice(r * s, (r + 1) * s) for r, s in zip((rw, rd, rh), sizes))
+                chunks.append(TokenChunk(box_indices(box, grid), box))  # type: ignore[arg-type]
+    return chunks
+
+
+def check_sequence_parallel(
+    grid: Sequence[int],
+    heads: int,
+    sp_size: int,
+    *,
+    attention: AttentionKind = "allgather-kv",
+    decoder: DecoderKind = "gather",
+    split: SplitKind = "ordered",
+) -> list[TokenChunk]:
+    """Validate an SP configuration for a patch ``grid`` and ``heads``; return every rank's chunk.
+
+    Raises a ValueError naming the option and its allowed values, or what does not divide.
+    """
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    chunks = split_tokens(grid, sp_size, split)
+    if attention == "ulysses" and heads % sp_size:
+        raise ValueError(
+            f"attention 'ulysses' needs heads ({heads}) divisible by the sequence-parallel degree ({sp_size})"
+        )
+    if decoder == "no-gather":
+        for rank, chunk in enumerate(chunks):
+            if chunk.box is None:
+                raise ValueError(
+                    f"decoder 'no-gather' needs every rank's tokens to form a box (a sub-volume to decode), but "
+                    f"split {split!r} with degree {sp_size} gives rank {rank} a chunk of the patch grid {tuple(grid)} "
+                    f"that is not one; use split 'spatial' or decoder 'gather'"
+                )
+    return chunks
+
+
+class AllGatherKVAttention(nn.Module):
+    """Local queries against the whole sequence's keys and values, all-gathered (K and V in one collective)."""
+
+    def __init__(self, local: nn.Module, group: Any) -> None:
+        super().__init__()
+        self.local = local
+        self.group = group
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        kv = all_gather_reduce_scatter_grad(torch.stack((k, v)), 3, self.group)  # (2, B, heads, N, head_dim)
+        return self.local(q, kv[0], kv[1])
+
+
+class UlyssesAttention(nn.Module):
+    """All-to-all to head-split (``heads/SP`` heads, whole sequence), local attention, all-to-all back."""
+
+    def __init__(self, local: nn.Module, group: Any) -> None:
+        super().__init__()
+        self.local = local
+        self.group = group
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        qkv = all_to_all(torch.stack((q, k, v)), 2, 3, self.group)  # (3, B, heads/SP, N, head_dim)
+        out = self.local(qkv[0], qkv[1], qkv[2])
+        return all_to_all(out, 2, 1, self.group)  # (B, heads, n, head_dim)
+
+
+class SequenceParallelViTSeg(nn.Module):
+    """A :class:`ViTSeg` run on one rank's share of the tokens; made by :func:`parallelize_vit_seg`.
+
+    ``forward(tile)`` takes the whole tile ``(B, C, W, D, H)`` (every rank of the group the same one) and
+    returns the logits of the whole tile (``gather``) or of the rank's sub-volume (``no-gather``); compute
+    the loss against :meth:`local_target` of the labels, then call :func:`sync_sp_gradients`.
+    """
+
+    def __init__(
+        self, model: ViTSeg, sp_group: Any, chunks: list[TokenChunk], *,
+        attention: AttentionKind, decoder: DecoderKind, split: SplitKind,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.sp_group = sp_group
+        self.sp_size = group_size(sp_group)
+        self.sp_rank = group_rank(sp_group)
+        self.attention, self.decoder, self.split = attention, decoder, split
+        self.chunks = chunks
+        self.chunk = chunks[self.sp_rank]
+        device = next(model.parameters()).device
+        self.register_buffer("indices", self.chunk.indices.to(device), persistent=False)
+        order = torch.cat([c.indices for c in chunks])
+        restore = None if torch.equal(order, torch.arange(len(order))) else torch.argsort(order).to(device)
+        self.register_buffer("gather_order", restore, persistent=False)
+
+    def region(self) -> tuple[slice, slice, slice]:
+        """The voxels of the tile this rank's logits cover."""
+        if self.decoder == "gather":
+            return (slice(None), slice(None), slice(None))
+        return self.chunk.voxel_box(self.model.patch)
+
+    def local_target(self, target: torch.Tensor) -> torch.Tensor:
+        """The part of a ``(B, ..., W, D, H)`` label tensor that this rank's logits predict."""
+        return target[(Ellipsis,) + self.region()]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        model = self.model
+        if x.dim() != 5 or tuple(x.shape[2:]) != model.tile:
+            raise ValueError(
+                f"input must be a whole tile (B, C, {', '.join(map(str, model.tile))}), got {tuple(x.shape)}"
+            )
+        if self.chunk.box is not None:
+            tokens = model.embed(x[(Ellipsis,) + self.chunk.voxel_box(model.patch)])
+        else:
+            tokens = model.patch_embed.forward_at(x, self.indices)
+        tokens = model.encode(tokens, self.indices)
+        if self.decoder == "no-gather":
+            return model.decode(tokens, self.chunk.grid)
+        tokens = all_gather_split_grad(tokens, 1, self.sp_group)  # (B, N, E) in rank order
+        if self.gather_order is not None:
+            tokens = tokens.index_select(1, self.gather_order)  # back to token order
+        return model.decode(tokens)
+
+
+def parallelize_vit_seg(
+    model: ViTSeg,
+    sp_group: Any = None,
+    *,
+    attention: AttentionKind = "allgather-kv",
+    decoder: DecoderKind = "gather",
+    split: SplitKind = "ordered",
+) -> SequenceParallelViTSeg:
+    """Apply sequence parallelism over ``sp_group`` to a plain ``model``, in place; return the parallel module.
+
+    Every attention core of ``model`` is replaced (the model alone no longer runs on one device), so
+    parallelize a copy if the plain model is still needed. All ranks of the group must pass models with the
+    same weights (same seed, or a broadcast).
+    """
+    if not isinstance(model, ViTSeg):
+        raise TypeError(f"parallelize_vit_seg takes a ViTSeg, got {type(model).__name__}")
+    chunks = check_sequence_parallel(
+        model.grid, model.heads, group_size(sp_group), attention=attention, decoder=decoder, split=split
+    )
+    wrapper = {"allgather-kv": AllGatherKVAttention, "ulysses": UlyssesAttention}[attention]
+    for module in model.modules():
+        if isinstance(module, MultiHeadSelfAttention):
+            if isinstance(module.core, (AllGatherKVAttention, UlyssesAttention)):
+                raise ValueError("the model is already parallelized")
+            module.core = wrapper(module.core, sp_group)
+    return SequenceParallelViTSeg(model, sp_group, chunks, attention=attention, decoder=decoder, split=split)
+
+
+def sync_sp_gradients(model: SequenceParallelViTSeg) -> None:
+    """Turn every rank's gradients into the group's (see the module docstring), in one all-reduce.
+
+    ``gather``: encoder gradients summed, decoder gradients averaged. ``no-gather``: all averaged.
+    """
+    group, size = model.sp_group, model.sp_size
+    if size == 1:
+        return
+    if model.decoder == "no-gather":
+        all_reduce_gradients(model.parameters(), group, "mean")
+        return
+    for p in model.model.decoder.parameters():
+        if p.grad is not None:
+            p.grad.div_(size)
+    all_reduce_gradients(model.parameters(), group, "sum")
+
+
+def sync_gradients(model: nn.Module, groups: ParallelGroups) -> None:
+    """Gradients of a DP x SP step: :func:`sync_sp_gradients` (for a parallel model), then the DP mean."""
+    if isinstance(model, SequenceParallelViTSeg):
+        sync_sp_gradients(model)
+    if groups.dp_size > 1:
+        all_reduce_gradients(model.parameters(), groups.dp_group, "mean")

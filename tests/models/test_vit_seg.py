@@ -1,0 +1,171 @@
+"""The ViT segmenter: shapes, token order, position embeddings, decoder layout, parameter errors, sliding window."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from distmis.models.vit_seg import ConvDecoder, PatchEmbedding3D, ViTSeg, count_parameters, token_coordinates
+from distmis.train.sliding_window import gaussian_weights, sliding_window_inference, window_starts
+
+TINY = dict(in_channels=2, num_classes=3, patch=4, layers=2, embed_dim=32, heads=4, mlp_ratio=2.0, decoder_features=16)
+
+
+def tiny(tile=16, **kwargs) -> ViTSeg:
+    torch.manual_seed(0)
+    return ViTSeg(tile=tile, **{**TINY, **kwargs}).eval()
+
+
+@pytest.mark.parametrize("tile", [16, (24, 8, 16)])
+def test_shapes(tile):
+    model = tiny(tile)
+    x = torch.randn(2, 2, *model.tile)
+    grid = tuple(s // 4 for s in model.tile)
+    assert model.grid == grid and model.num_tokens == grid[0] * grid[1] * grid[2]
+    tokens = model.embed(x)
+    assert tokens.shape == (2, model.num_tokens, 32)
+    encoded = model.encode(tokens)
+    assert encoded.shape == tokens.shape
+    assert model.decode(encoded).shape == (2, 3, *model.tile)
+    assert model(x).shape == (2, 3, *model.tile)
+    # a sub-volume decodes to its own size
+    assert model.decode(encoded[:, :4], (1, 2, 2)).shape == (2, 3, 4, 8, 8)
+
+
+def test_token_order_is_height_then_depth_then_width():
+    # a (W, D, H) = (4, 4, 6) tile in 2^3 patches: a (2, 2, 3) grid; every voxel of patch (iw, id, ih) holds
+    # 100 iw + 10 id + ih, and the embedding averages a patch, so each token shows where it came from
+    embed = PatchEmbedding3D(in_channels=1, embed_dim=1, patch=2)
+    with torch.no_grad():
+        embed.proj.weight.fill_(1 / 8)
+        embed.proj.bias.zero_()
+    w, d, h = torch.meshgrid(torch.arange(4) // 2, torch.arange(4) // 2, torch.arange(6) // 2, indexing="ij")
+    x = (100 * w + 10 * d + h).float()[None, None]
+    tokens = embed(x)[0, :, 0]
+    assert tokens.tolist() == pytest.approx([0, 1, 2, 10, 11, 12, 100, 101, 102, 110, 111, 112])
+    assert token_coordinates(torch.tensor([0, 2, 3, 5, 6, 11]), (2, 2, 3)).tolist() == [
+        [0, 0, 0], [0, 0, 2], [0, 1, 0], [0, 1, 2], [1, 0, 0], [1, 1, 2]
+    ]
+    # selecting patches gives the same tokens as the whole-tile convolution
+    indices = torch.tensor([7, 0, 11, 4])
+    torch.testing.assert_close(embed.forward_at(x, indices)[0, :, 0], tokens[indices])
+
+
+@pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
+def test_position_embedding_of_global_indices(kind):
+    model = tiny(pos_embedding=kind)
+    table = model.position_embedding(torch.arange(model.num_tokens))
+    assert table.shape == (model.num_tokens, 32)
+    assert (model.pos_embed.weight is not None) == (kind == "learned")
+    indices = torch.tensor([5, 63, 0])
+    torch.testing.assert_close(model.position_embedding(indices), table[indices])
+    if kind == "sinusoidal":
+        assert torch.allclose(table[0, 0::2], torch.zeros(16)) and torch.allclose(table[0, 1::2], torch.ones(16))
+    # the encoder is permutation-equivariant once each token carries its global position
+    tokens = model.embed(torch.randn(1, 2, 16, 16, 16))
+    perm = torch.randperm(model.num_tokens, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(model.encode(tokens[:, perm], perm), model.encode(tokens)[:, perm], atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_follows_figure_2():
+    decoder = ConvDecoder(embed_dim=768, num_classes=4, patch=16)
+    convs = [m for m in decoder.modules() if isinstance(m, nn.Conv3d)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size) for c in convs] == [
+        (768, 128, (3, 3, 3)), (128, 64, (3, 3, 3)), (64, 32, (3, 3, 3)), (32, 16, (3, 3, 3)), (16, 4, (1, 1, 1))
+    ]
+    assert sum(isinstance(m, nn.Upsample) for m in decoder.modules()) == 4
+    assert decoder(torch.randn(1, 768, 2, 1, 3)).shape == (1, 4, 32, 16, 48)
+
+
+def test_paper_defaults():
+    model = ViTSeg(in_channels=4, num_classes=3, tile=96)
+    assert (len(model.blocks), model.embed_dim, model.heads, model.patch, model.num_tokens) == (12, 768, 12, 16, 216)
+    # patch embedding 4*16^3*768 + 768, position table 216*768, 12 blocks of 7,087,872, final norm 2*768,
+    # decoder 2,945,283 (768->128->64->32->16 3x3x3 convs with instance-norm affines, 16->3 head)
+    assert count_parameters(model) == 12_583_680 + 165_888 + 12 * 7_087_872 + 1_536 + 2_945_283
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"tile": (16, 16, 18)}, r"tile \(16, 16, 18\) must be divisible by patch 4 along W, D and H; not along H=18"),
+        ({"tile": (16, 16)}, "tile must be a positive int or three positive ints"),
+        ({"patch": 6, "tile": 12}, "patch must be a power of two"),
+        ({"patch": 0}, "patch must be a positive int"),
+        ({"embed_dim": 30}, "embed_dim 30 must be divisible by heads 4"),
+        ({"heads": 0}, "heads must be a positive int"),
+        ({"layers": 0}, "layers must be a positive int"),
+        ({"dropout": 1.0}, r"dropout must lie in \[0, 1\)"),
+        ({"mlp_ratio": 0.0}, "mlp_ratio must be positive"),
+        ({"pos_embedding": "rotary"}, r"pos_embedding must be one of \('learned', 'sinusoidal'\), got 'rotary'"),
+        ({"pos_embedding": "sinusoidal", "embed_dim": 36, "heads": 4, "patch": 4}, None),
+        ({"pos_embedding": "sinusoidal", "embed_dim": 33, "heads": 3}, "sinusoidal' needs an even embed_dim"),
+        ({"patch": 16, "decoder_features": 4}, "decoder_features 4 must be at least 8"),
+    ],
+)
+def test_parameter_errors(kwargs, match):
+    args = {**TINY, "tile": 16, **kwargs}
+    if match is None:
+        ViTSeg(**args)
+        return
+    with pytest.raises(ValueError, match=match):
+        ViTSeg(**args)
+
+
+def test_input_shape_error():
+    with pytest.raises(ValueError, match=r"input must be \(B, 2, 16, 16, 16\)"):
+        tiny()(torch.randn(1, 2, 16, 16, 8))
+    with pytest.raises(ValueError, match="positions must hold one index per token"):
+        tiny().encode(torch.randn(1, 4, 32), torch.arange(3))
+
+
+# --------------------------------------------------------------------------- sliding window
+def test_window_starts():
+    assert window_starts(16, 16, 0.5) == [0]
+    assert window_starts(10, 16, 0.5) == [0]
+    assert window_starts(40, 16, 0.5) == [0, 8, 16, 24]
+    assert window_starts(42, 16, 0.5) == [0, 8, 16, 24, 26]
+    assert window_starts(40, 16, 0.0) == [0, 16, 24]
+
+
+@torch.no_grad()
+def test_sliding_window_equals_forward_on_one_tile():
+    model = tiny()
+    x = torch.randn(2, 2, 16, 16, 16)
+    expected = model(x)
+    torch.testing.assert_close(sliding_window_inference(model, x, 16), expected, atol=0, rtol=0)
+    torch.testing.assert_close(sliding_window_inference(model, x, 16, gaussian=True), expected)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("gaussian", [False, True])
+def test_sliding_window_covers_a_larger_volume(gaussian):
+    model = tiny()
+    calls = []
+
+    def predict(windows):
+        calls.append(windows.shape[0])
+        return model(windows)
+
+    volume = torch.randn(2, 2, 24, 20, 16)
+    out = sliding_window_inference(predict, volume, 16, overlap=0.5, gaussian=gaussian, batch_size=3)
+    assert out.shape == (2, 3, 24, 20, 16) and torch.isfinite(out).all()
+    assert sum(calls) == 2 * 2 * 1 * 2  # 2 x 2 x 1 windows, for each of the 2 volumes; in batches of 3 windows
+    # the corner only one window covers is that window's prediction
+    torch.testing.assert_close(out[:, :, :8, :4, :], model(volume[:, :, :16, :16, :])[:, :, :8, :4, :])
+
+
+@torch.no_grad()
+def test_sliding_window_pads_a_smaller_volume_and_checks_arguments():
+    model = tiny()
+    out = sliding_window_inference(model, torch.randn(1, 2, 12, 16, 16), 16)
+    assert out.shape == (1, 3, 12, 16, 16)
+    with pytest.raises(ValueError, match=r"overlap must lie in \[0, 1\)"):
+        sliding_window_inference(model, torch.randn(1, 2, 16, 16, 16), 16, overlap=1.0)
+    with pytest.raises(ValueError, match="volume must be"):
+        sliding_window_inference(model, torch.randn(2, 16, 16, 16), 16)
+    with pytest.raises(ValueError, match="model_fn must map windows"):
+        sliding_window_inference(lambda w: w[:, :, :8], torch.randn(1, 2, 16, 16, 16), 16)
+    weights = gaussian_weights((16, 8, 4))
+    assert weights.shape == (16, 8, 4) and weights.max() == 1.0 and weights.min() >= 1e-3

@@ -1,0 +1,358 @@
+"""Sequence parallelism against one device, for real: gloo process groups of 2 and 4 ranks on this machine.
+
+One spawn per world size runs every configuration in a loop; each rank checks its own numbers against
+the single-device reference it computes itself (same seeds), and writes what it found to a file the
+tests read. Tiny fp32 models without dropout, so the comparisons are tight.
+"""
+
+from __future__ import annotations
+
+import copy
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distmis.models.vit_seg import ViTSeg
+from distmis.net import free_port
+
+TILE = (24, 8, 8)  # patch 4: a (6, 2, 2) grid of 24 tokens; 'ordered' at 4 ranks gives non-box chunks
+MODEL = dict(in_channels=2, num_classes=3, tile=TILE, patch=4, layers=2, embed_dim=32, heads=4, mlp_ratio=2.0,
+             decoder_features=16)
+TOL = dict(atol=1e-5, rtol=1e-5)
+LR = 0.5
+ATTENTIONS = ("allgather-kv", "ulysses")
+SPLITS = ("ordered", "spatial")
+GATHER_CASES = [f"gather/{a}/{s}" for a in ATTENTIONS for s in SPLITS] + ["gather/ulysses/ordered/sinusoidal"]
+NO_GATHER_CASES = [f"no-gather/{a}/spatial" for a in ATTENTIONS]
+
+
+def make_model(**kwargs: Any) -> ViTSeg:
+    torch.manual_seed(0)
+    return ViTSeg(**{**MODEL, **kwargs})
+
+
+def make_batch(seed: int, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 2, *TILE, generator=g), torch.randint(0, 3, (batch, *TILE), generator=g)
+
+
+def blob_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """A bright ellipsoid (class 1) with a brighter core (class 2) in noise."""
+    g = torch.Generator().manual_seed(7)
+    w, d, h = torch.meshgrid(*(torch.linspace(-1, 1, s) for s in TILE), indexing="ij")
+    r = (w / 0.7) ** 2 + (d / 0.8) ** 2 + (h / 0.8) ** 2
+    y = (r < 1).long() + (r < 0.3).long()
+    x = torch.stack((y.float(), (r < 1).float())) + 0.3 * torch.randn(2, *TILE, generator=g)
+    return x[None], y[None]
+
+
+def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n.removeprefix("model."): p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n.removeprefix("model."): p.detach().clone() for n, p in model.named_parameters()}
+
+
+def sgd_step(model: torch.nn.Module) -> None:
+    torch.optim.SGD(model.parameters(), lr=LR).step()
+
+
+def assert_same(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str) -> float:
+    assert actual.keys() == expected.keys()
+    worst = 0.0
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], **TOL, msg=lambda m: f"{what} {name}: {m}")
+        worst = max(worst, (actual[name] - expected[name]).abs().max().item())
+    return worst
+
+
+def reference_step(model: ViTSeg, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    """SP=1: loss, gradients, and the weights after one SGD step."""
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    grads = grads_of(model)
+    sgd_step(model)
+    return {"loss": loss.detach(), "grads": grads, "weights": weights_of(model)}
+
+
+def no_gather_reference(model: ViTSeg, x: torch.Tensor, y: torch.Tensor, chunks: list) -> dict[str, Any]:
+    """SP=1 emulation of no-gather: whole-sequence encoder, each chunk decoded alone, the mean of their losses."""
+    tokens = model.encode(model.embed(x))
+    losses = [
+        F.cross_entropy(model.decode(tokens[:, c.indices], c.grid), y[(Ellipsis,) + c.voxel_box(model.patch)])
+        for c in chunks
+    ]
+    loss = torch.stack(losses).mean()
+    loss.backward()
+    grads = grads_of(model)
+    sgd_step(model)
+    return {"loss": loss.detach(), "grads": grads, "weights": weights_of(model)}
+
+
+# --------------------------------------------------------------------------- what each rank runs
+def gather_case(attention: str, split: str, pos_embedding: str = "learned") -> dict[str, float]:
+    from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients
+
+    base = make_model(pos_embedding=pos_embedding)
+    x, y = make_batch(1)
+    expected = reference_step(copy.deepcopy(base), x, y)
+    model = parallelize_vit_seg(copy.deepcopy(base), None, attention=attention, decoder="gather", split=split)
+    logits = model(x)
+    assert logits.shape == (2, 3, *TILE)
+    loss = F.cross_entropy(logits, model.local_target(y))
+    loss.backward()
+    sync_sp_gradients(model)
+    torch.testing.assert_close(loss.detach(), expected["loss"], **TOL)
+    grad_error = assert_same(grads_of(model), expected["grads"], "gradient of")
+    sgd_step(model)
+    weight_error = assert_same(weights_of(model), expected["weights"], "weight")
+    return {"loss_error": abs(loss.item() - expected["loss"].item()), "grad_error": grad_error,
+            "weight_error": weight_error}
+
+
+def no_gather_case(attention: str) -> dict[str, float]:
+    from distmis.parallel.collectives import all_reduce_mean
+    from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients
+
+    base = make_model()
+    x, y = make_batch(2)
+    model = parallelize_vit_seg(copy.deepcopy(base), None, attention=attention, decoder="no-gather", split="spatial")
+    expected = no_gather_reference(copy.deepcopy(base), x, y, model.chunks)
+    logits = model(x)
+    target = model.local_target(y)
+    assert logits.shape[2:] == target.shape[1:] and logits.shape[2:] != TILE
+    loss = F.cross_entropy(logits, target)
+    loss.backward()
+    sync_sp_gradients(model)
+    torch.testing.assert_close(all_reduce_mean(loss), expected["loss"], **TOL)
+    grad_error = assert_same(grads_of(model), expected["grads"], "gradient of")
+    sgd_step(model)
+    return {"grad_error": grad_error, "weight_error": assert_same(weights_of(model), expected["weights"], "weight")}
+
+
+def no_gather_training() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from distmis.parallel.collectives import all_reduce_mean
+    from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients
+
+    model = parallelize_vit_seg(make_model(), None, attention="ulysses", decoder="no-gather", split="spatial")
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    x, y = blob_batch()
+    losses = []
+    for _ in range(12):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), model.local_target(y))
+        loss.backward()
+        sync_sp_gradients(model)
+        optimizer.step()
+        losses.append(all_reduce_mean(loss).item())
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, flat)
+    assert all(torch.equal(other, flat) for other in everyone), "the ranks' weights drifted apart"
+    return {"losses": losses}
+
+
+def collectives_case() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from distmis.parallel.collectives import all_gather_reduce_scatter_grad, all_gather_split_grad, all_to_all
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x = torch.full((2, 3), float(rank), requires_grad=True)
+    gathered = all_gather_reduce_scatter_grad(x, 1, None)
+    assert torch.equal(gathered[0], torch.arange(size).repeat_interleave(3).float())
+    (gathered * (rank + 1)).sum().backward()  # every rank's copy feeds its own loss: the gradients add up
+    assert torch.equal(x.grad, torch.full((2, 3), float(sum(range(1, size + 1)))))
+    x.grad = None
+    (all_gather_split_grad(x, 1, None) * torch.arange(3 * size).float()).sum().backward()
+    assert torch.equal(x.grad, torch.arange(3 * rank, 3 * rank + 3).float().expand(2, 3))  # own slice only
+    z = torch.randn(2, 4, 3 * size, generator=torch.Generator().manual_seed(rank), requires_grad=True)
+    there = all_to_all(z, 1, 2, None)
+    assert there.shape == (2, 4 // size, 3 * size * size)
+    back = all_to_all(there, 2, 1, None)
+    assert torch.equal(back, z)
+    (there * 2).sum().backward()
+    assert torch.equal(z.grad, torch.full_like(z, 2.0))
+    return {}
+
+
+def dp_sp_case() -> dict[str, float]:
+    """DP=2 x SP=2 (4 ranks) against DP=2 x SP=1 (ranks 0 and 1): same losses, gradients and weights."""
+    import torch.distributed as dist
+
+    from distmis.parallel.collectives import all_reduce_mean
+    from distmis.parallel.groups import broadcast_in_sp_group, build_parallel_groups
+    from distmis.parallel.sequence import parallelize_vit_seg, sync_gradients
+
+    dp_sp = build_parallel_groups(2)
+    dp_only = build_parallel_groups(1, ranks=[0, 1])
+    assert dp_sp is not None and (dp_only is None) == (dist.get_rank() >= 2)
+    assert (dp_sp.sp_size, dp_sp.dp_size, dp_sp.sp_ranks) == (2, 2, (0, 1) if dist.get_rank() < 2 else (2, 3))
+    base = make_model()
+
+    def step(groups, sp_split: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        model = parallelize_vit_seg(copy.deepcopy(base), groups.sp_group, attention="allgather-kv", split=sp_split)
+        x, y = make_batch(100 + groups.dp_rank)
+        if groups.sp_rank > 0:  # only the SP leader reads the tile; the others get it by broadcast
+            x.zero_()
+        broadcast_in_sp_group(x, groups)
+        loss = F.cross_entropy(model(x), model.local_target(y))
+        loss.backward()
+        sync_gradients(model, groups)
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        sgd_step(model)
+        weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        return all_reduce_mean(loss, groups.dp_group).reshape(1), grads, weights
+
+    loss, grads, weights = step(dp_sp, "spatial")
+    if dp_only is not None:
+        ref_loss, ref_grads, ref_weights = step(dp_only, "ordered")
+    else:
+        ref_loss, ref_grads, ref_weights = torch.empty_like(loss), torch.empty_like(grads), torch.empty_like(weights)
+    for tensor in (ref_loss, ref_grads, ref_weights):
+        dist.broadcast(tensor, src=0)
+    torch.testing.assert_close(loss, ref_loss, **TOL)
+    torch.testing.assert_close(grads, ref_grads, **TOL)
+    torch.testing.assert_close(weights, ref_weights, **TOL)
+
+    # and both equal one process that averages the two samples' losses (no collective at all)
+    alone = copy.deepcopy(base)
+    mean_loss = sum(F.cross_entropy(alone(x), y) for x, y in (make_batch(100), make_batch(101))) / 2
+    mean_loss.backward()
+    torch.testing.assert_close(loss, mean_loss.detach().reshape(1), **TOL)
+    torch.testing.assert_close(grads, torch.cat([p.grad.reshape(-1) for p in alone.parameters()]), **TOL)
+    sgd_step(alone)
+    torch.testing.assert_close(weights, torch.cat([p.detach().reshape(-1) for p in alone.parameters()]), **TOL)
+    return {"grad_error": (grads - ref_grads).abs().max().item(),
+            "weight_error": (weights - ref_weights).abs().max().item()}
+
+
+@torch.no_grad()
+def sliding_window_case() -> dict[str, float]:
+    """Whole-volume validation through the parallel model: every rank gets the single-device prediction."""
+    from distmis.parallel.sequence import parallelize_vit_seg
+    from distmis.train.sliding_window import sliding_window_inference
+
+    base = make_model().eval()
+    volume = torch.randn(1, 2, 40, 12, 8, generator=torch.Generator().manual_seed(3))
+    expected = sliding_window_inference(base, volume, TILE, overlap=0.5, gaussian=True)
+    model = parallelize_vit_seg(copy.deepcopy(base), None, attention="ulysses", split="spatial").eval()
+    actual = sliding_window_inference(model, volume, TILE, overlap=0.5, gaussian=True)
+    torch.testing.assert_close(actual, expected, **TOL)
+    return {"error": (actual - expected).abs().max().item()}
+
+
+def non_box_case() -> dict[str, str]:
+    from distmis.parallel.sequence import parallelize_vit_seg
+
+    try:
+        parallelize_vit_seg(make_model(), None, decoder="no-gather", split="ordered")
+    except ValueError as error:
+        return {"error": str(error)}
+    raise AssertionError("no-gather with a non-box ordered split did not raise")
+
+
+def run_case(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return {"ok": True, **fn()}
+    except AssertionError:  # raised after the collectives of the case, so the other ranks do not hang
+        return {"ok": False, "error": traceback.format_exc()}
+
+
+def worker(rank: int, world_size: int, port: int, out: str) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=60))
+    results: dict[str, Any] = {}
+    try:
+        cases: dict[str, Callable[[], dict[str, Any]]] = {"collectives": collectives_case}
+        for attention in ATTENTIONS:
+            for split in SPLITS:
+                cases[f"gather/{attention}/{split}"] = lambda a=attention, s=split: gather_case(a, s)
+            cases[f"no-gather/{attention}/spatial"] = lambda a=attention: no_gather_case(a)
+        cases["gather/ulysses/ordered/sinusoidal"] = lambda: gather_case("ulysses", "ordered", "sinusoidal")
+        cases["no-gather/train"] = no_gather_training
+        cases["sliding-window"] = sliding_window_case
+        if world_size == 4:
+            cases["dp2xsp2"] = dp_sp_case
+            cases["no-gather/non-box"] = non_box_case
+        for name, fn in cases.items():
+            start = time.perf_counter()
+            results[name] = run_case(fn)
+            results[name]["seconds"] = time.perf_counter() - start
+    finally:
+        torch.save(results, Path(out) / f"rank{rank}.pt")
+        dist.destroy_process_group()
+
+
+def spawn(world_size: int, out: Path) -> list[dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    mp.spawn(worker, args=(world_size, free_port(), str(out)), nprocs=world_size, join=True)
+    return [torch.load(out / f"rank{r}.pt") for r in range(world_size)]
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
+    """Every configuration run once in a real gloo group of 2 ranks and once in one of 4."""
+    return {n: spawn(n, tmp_path_factory.mktemp(f"sp{n}")) for n in (2, 4)}
+
+
+@pytest.fixture(params=[2, 4], ids=lambda n: f"{n}ranks")
+def ranks(request, spawned) -> list[dict[str, Any]]:
+    return spawned[request.param]
+
+
+def case(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    results = [r[name] for r in ranks]
+    failures = [f"rank {i}:\n{r['error']}" for i, r in enumerate(results) if not r["ok"]]
+    assert not failures, "\n".join(failures)
+    return results
+
+
+def test_collectives_and_their_backwards(ranks):
+    case(ranks, "collectives")
+
+
+@pytest.mark.parametrize("name", GATHER_CASES)
+def test_gather_equals_one_device(ranks, name):
+    """Loss, every parameter gradient and the weights after an SGD step equal SP=1's."""
+    for result in case(ranks, name):
+        assert result["grad_error"] <= 1e-5 and result["weight_error"] <= 1e-5
+
+
+@pytest.mark.parametrize("name", NO_GATHER_CASES)
+def test_no_gather_equals_its_single_device_emulation(ranks, name):
+    """No-gather is not SP=1, but it is exactly 'encode the whole tile, decode each part alone, mean the losses'."""
+    case(ranks, name)
+
+
+def test_no_gather_learns_a_blob(ranks):
+    losses = case(ranks, "no-gather/train")[0]["losses"]
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_sliding_window_through_the_parallel_model(ranks):
+    case(ranks, "sliding-window")
+
+
+def test_data_times_sequence_parallel_equals_data_parallel(spawned):
+    case(spawned[4], "dp2xsp2")  # 4 ranks: DP=2 x SP=2
+
+
+def test_no_gather_with_a_non_box_split_raises(spawned):
+    # 4 ranks: the ordered chunks of this tile are not boxes (at 2 they are)
+    for result in case(spawned[4], "no-gather/non-box"):
+        assert "decoder 'no-gather' needs every rank's tokens to form a box" in result["error"]

@@ -1,0 +1,105 @@
+"""Splitting a tile's tokens between SP ranks, validating SP configurations, the DP x SP layout: no processes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distmis.models.vit_seg import ViTSeg
+from distmis.parallel.groups import parallel_layout
+from distmis.parallel.sequence import box_indices, check_sequence_parallel, chunk_box, split_tokens
+
+
+def covers_every_token_once(chunks, n):
+    return torch.equal(torch.sort(torch.cat([c.indices for c in chunks])).values, torch.arange(n))
+
+
+def test_ordered_split_is_contiguous_chunks():
+    chunks = split_tokens((6, 2, 2), 4, "ordered")
+    assert [c.indices.tolist() for c in chunks] == [list(range(r * 6, r * 6 + 6)) for r in range(4)]
+    # 6 tokens = one and a half Width slabs of 2 x 2: not boxes
+    assert [c.box for c in chunks] == [None] * 4
+    halves = split_tokens((6, 2, 2), 2, "ordered")
+    assert [c.box for c in halves] == [(slice(0, 3), slice(0, 2), slice(0, 2)), (slice(3, 6), slice(0, 2), slice(0, 2))]
+
+
+@pytest.mark.parametrize(
+    "sp, boxes",
+    [
+        (1, [((0, 4), (0, 4), (0, 4))]),
+        (2, [((0, 2), (0, 4), (0, 4)), ((2, 4), (0, 4), (0, 4))]),
+        (4, [((0, 2), (0, 2), (0, 4)), ((0, 2), (2, 4), (0, 4)), ((2, 4), (0, 2), (0, 4)), ((2, 4), (2, 4), (0, 4))]),
+        (8, [((w, w + 2), (d, d + 2), (h, h + 2)) for w in (0, 2) for d in (0, 2) for h in (0, 2)]),
+    ],
+)
+def test_spatial_split_follows_figure_4(sp, boxes):
+    grid = (4, 4, 4)
+    chunks = split_tokens(grid, sp, "spatial")
+    assert [tuple((s.start, s.stop) for s in c.box) for c in chunks] == boxes
+    assert covers_every_token_once(chunks, 64)
+    for chunk in chunks:
+        assert len(chunk.indices) == 64 // sp
+        assert chunk_box(chunk.indices, grid) == chunk.box  # listed row-major inside the box
+        assert chunk.voxel_box(4) == tuple(slice(s.start * 4, s.stop * 4) for s in chunk.box)
+
+
+def test_ordered_and_spatial_agree_at_two_ranks():
+    for grid in [(4, 4, 4), (6, 2, 2)]:
+        ordered, spatial = split_tokens(grid, 2, "ordered"), split_tokens(grid, 2, "spatial")
+        assert all(torch.equal(a.indices, b.indices) and a.box == b.box for a, b in zip(ordered, spatial))
+
+
+def test_box_helpers():
+    assert box_indices((slice(1, 2), slice(0, 2), slice(1, 3)), (2, 2, 3)).tolist() == [7, 8, 10, 11]
+    assert chunk_box(torch.tensor([7, 8, 10, 11]), (2, 2, 3)) == (slice(1, 2), slice(0, 2), slice(1, 3))
+    assert chunk_box(torch.tensor([8, 7, 10, 11]), (2, 2, 3)) is None  # a box, but not in row-major order
+    assert chunk_box(torch.tensor([2, 3]), (2, 2, 3)) is None  # crosses a Height row
+
+
+def test_embedding_a_cropped_box_equals_the_tile_tokens_at_its_indices():
+    torch.manual_seed(0)
+    model = ViTSeg(2, 3, (24, 8, 8), patch=4, layers=1, embed_dim=16, heads=2, decoder_features=8)
+    x = torch.randn(1, 2, 24, 8, 8)
+    tokens = model.embed(x)
+    for chunk in split_tokens(model.grid, 4, "spatial"):
+        crop = x[(Ellipsis,) + chunk.voxel_box(4)]
+        torch.testing.assert_close(model.embed(crop), tokens[:, chunk.indices], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"attention": "ring"}, r"attention must be one of \('allgather-kv', 'ulysses'\), got 'ring'"),
+        ({"decoder": "scatter"}, r"decoder must be one of \('gather', 'no-gather'\), got 'scatter'"),
+        ({"split": "random"}, r"split must be one of \('ordered', 'spatial'\), got 'random'"),
+        ({"sp_size": 5},
+         r"split 'ordered': the tile's 24 tokens \(patch grid \(6, 2, 2\)\) must be divisible by the sequence-parallel "
+         r"degree 5"),
+        ({"sp_size": 3, "split": "spatial"}, r"split 'spatial' supports sequence-parallel degrees \(1, 2, 4, 8\)"),
+        ({"sp_size": 8, "split": "spatial", "grid": (6, 2, 3)}, "not divisible along H=3"),
+        ({"sp_size": 8, "attention": "ulysses"},
+         r"attention 'ulysses' needs heads \(4\) divisible by the sequence-parallel degree \(8\)"),
+        ({"sp_size": 4, "decoder": "no-gather"},
+         "decoder 'no-gather' needs every rank's tokens to form a box .* rank 0 .* use split 'spatial'"),
+        ({"sp_size": 0}, "the sequence-parallel degree must be a positive int"),
+    ],
+)
+def test_configuration_errors(kwargs, match):
+    args = {"grid": (6, 2, 2), "heads": 4, "sp_size": 2, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        check_sequence_parallel(args.pop("grid"), args.pop("heads"), args.pop("sp_size"), **args)
+
+
+def test_valid_configurations():
+    assert len(check_sequence_parallel((6, 2, 2), 4, 4, attention="ulysses", split="spatial", decoder="no-gather")) == 4
+    assert len(check_sequence_parallel((6, 2, 2), 4, 2, decoder="no-gather", split="ordered")) == 2  # boxes at 2
+
+
+def test_parallel_layout():
+    assert parallel_layout(range(4), 2) == ([(0, 1), (2, 3)], [(0, 2), (1, 3)])
+    assert parallel_layout(range(8), 4) == ([(0, 1, 2, 3), (4, 5, 6, 7)], [(0, 4), (1, 5), (2, 6), (3, 7)])
+    assert parallel_layout([0, 1], 1) == ([(0,), (1,)], [(0, 1)])
+    with pytest.raises(ValueError, match="the 6 ranks must divide into sequence-parallel groups of sp_size 4"):
+        parallel_layout(range(6), 4)
+    with pytest.raises(ValueError, match="sp_size must be a positive int"):
+        parallel_layout(range(4), 0)
