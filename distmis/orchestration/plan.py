@@ -50,11 +50,21 @@ def experiment_plan(spec: Spec, *, cluster_workers: int | None = None) -> TrialP
     """
     par = spec.parallelism
     k = par.workers_per_trial
-    if k == 1:
+    ranks_per_trial = k * max(sequence_parallel_degrees(spec))  # a vit-seg trial of SP degree s holds k * s workers
+    if ranks_per_trial == 1:
         return TrialPlan("experiment", 1, False, par.max_concurrent_trials, resources_dict(par.resources_per_trial), {})
-    limits = [n for n in (par.max_concurrent_trials, cluster_workers and max(1, cluster_workers // k)) if n]
+    limits = [n for n in (par.max_concurrent_trials, cluster_workers and max(1, cluster_workers // ranks_per_trial))
+              if n]
     return TrialPlan("experiment", k, True, min(limits) if limits else None,
                      DRIVER_RESOURCES, resources_dict(par.resources_per_worker))
+
+
+def sequence_parallel_degrees(spec: Spec) -> list[int]:
+    """The sequence-parallel degrees the search's trials may use: the spec's, or every searched value."""
+    domain = spec.search.space.get("parallelism.sequence_parallel.degree")
+    if domain is None:
+        return [spec.parallelism.sequence_parallel.degree]
+    return sorted({int(v) for v in domain.values})
 
 
 def data_plan(spec: Spec, workers: int) -> TrialPlan:

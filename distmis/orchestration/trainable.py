@@ -60,6 +60,8 @@ def build_trainer(spec: Spec, tfrecord_dir: str | Path, *, distributed: bool = F
                 raise RuntimeError(f"MultiWorkerMirroredStrategy has {strategy.num_replicas_in_sync} replica(s), "
                                    f"the Ray Train worker group {world}; is TF_CONFIG set?")
         return UNetTrainer(spec, tfrecord_dir, strategy=strategy)
+    if spec.model.name == "vit-seg":
+        return _vit_trainer(spec, tfrecord_dir, distributed=distributed)
     if spec.model.framework == "torch":
         from distmis.train.torch_unet import TorchUNetTrainer
 
@@ -115,6 +117,25 @@ def _quiet_worker() -> None:
         pass
 
 
+def _vit_trainer(spec: Spec, tfrecord_dir: str | Path, *, distributed: bool) -> Any:
+    """The ViT trainer; in a Ray Train worker group, with this rank's sequence- and data-parallel groups."""
+    from distmis.train.torch_vit import TorchViTTrainer
+
+    if not distributed:
+        return TorchViTTrainer(spec, tfrecord_dir)
+    import ray.train.torch
+
+    from distmis.parallel.groups import build_parallel_groups
+
+    groups = build_parallel_groups(spec.parallelism.sequence_parallel.degree)  # every rank calls it
+    return TorchViTTrainer(spec, tfrecord_dir, groups=groups, device=str(ray.train.torch.get_device()))
+
+
+def worker_count(spec: Spec, data_parallel: int) -> int:
+    """Ray Train workers of one trial: its data-parallel replicas times its sequence-parallel degree."""
+    return data_parallel * spec.parallelism.sequence_parallel.degree
+
+
 # --------------------------------------------------------------------------- experiment-parallel
 def single_process_trial(config: dict[str, Any], *, base_spec: dict[str, Any], tfrecord_dir: str, cpus: float) -> None:
     """One trial in this Tune actor's process, on ``cpus`` CPUs."""
@@ -138,7 +159,9 @@ def data_parallel_worker(loop_config: dict[str, Any]) -> None:
 
     _quiet_worker()
     context = ray.train.get_context()
-    spec = scaled_spec(trial_spec(loop_config["base_spec"], loop_config["config"]), context.get_world_size())
+    spec = trial_spec(loop_config["base_spec"], loop_config["config"])
+    # The learning rate scales with the data-parallel replicas, not with the ranks that share one sample (SP).
+    spec = scaled_spec(spec, context.get_world_size() // spec.parallelism.sequence_parallel.degree)
     pin_threads(loop_config["cpus"], torch=spec.model.framework == "torch")
     trainer = build_trainer(spec, loop_config["tfrecord_dir"], distributed=True)
     # Rank 0 keeps the checkpoints; the model is the same on every rank.
@@ -156,14 +179,17 @@ def data_parallel_trial(
     storage_path: str,
     worker_loop: Callable[[dict[str, Any]], None] = data_parallel_worker,
 ) -> None:
-    """One trial as a Ray Train run over ``workers`` workers running ``worker_loop``; rank 0's reports reach Tune."""
+    """One trial as a Ray Train run running ``worker_loop``; rank 0's reports reach Tune.
+
+    ``workers`` data-parallel replicas, each of the trial's sequence-parallel degree (1 but for vit-seg) ranks.
+    """
     from ray import tune
     from ray.train import RunConfig, ScalingConfig
     from ray.tune.integration.ray_train import TuneReportCallback
 
     spec = trial_spec(base_spec, config)
     scaling = ScalingConfig(
-        num_workers=workers,
+        num_workers=worker_count(spec, workers),
         use_gpu=worker_resources.get("gpu", 0) > 0,
         resources_per_worker={"CPU": worker_resources.get("cpu", 1), "GPU": worker_resources.get("gpu", 0)},
     )

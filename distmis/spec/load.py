@@ -17,7 +17,11 @@ from distmis.spec.schema import Spec
 
 # Sections whose values may be searched. The dataset is converted once per search, so its
 # fields are fixed; parallelism and tracking describe the search itself, not a trial.
-SEARCHABLE_SECTIONS = ("model", "training")
+SEARCHABLE_SECTIONS = ("model", "training", "parallelism.sequence_parallel")
+
+
+def is_searchable(path: str) -> bool:
+    return any(path == section or path.startswith(f"{section}.") for section in SEARCHABLE_SECTIONS)
 
 
 class SpecError(ValueError):
@@ -181,16 +185,17 @@ def volume_shape(spec: Spec) -> tuple[int, int, int] | None:
 
 
 def check_input_shape(spec: Spec, shape: tuple[int, int, int] | None = None) -> list[tuple[str, str]]:
-    """The network input (tile, or whole volume) must fit the volume and divide by the pooling factor."""
+    """The network input (tile, or whole volume) must fit the volume and divide by the pooling factor
+    (U-Net) or the patch size (ViT)."""
     problems: list[tuple[str, str]] = []
     volume = shape or volume_shape(spec)
-    factor = spec.model.pooling_factor
+    factor = spec.model.input_multiple
     tile = spec.training.tile
     if tile is not None:
         if any(t % factor for t in tile):
             problems.append(
-                ("training.tile", f"every dimension must divide by {factor} (2**(levels-1) for "
-                 f"levels={spec.model.params.levels}), got {list(tile)}")
+                ("training.tile", f"every dimension must divide by {factor} ({spec.model.input_rule}), "
+                 f"got {list(tile)}")
             )
         if volume is not None and any(t > v for t, v in zip(tile, volume)):
             problems.append(
@@ -222,10 +227,10 @@ def check_search_space(spec: Spec) -> list[tuple[str, str]]:
         return problems
 
     resolved = spec_to_dict(spec)
-    base_problems = set(check_input_shape(spec))  # reported once, not again per value
+    base_problems = set(check_input_shape(spec) + check_sequence_parallel(spec))  # reported once, not per value
     for path, domain in space.items():
         where = f"search.space.{path}"
-        if path.split(".")[0] not in SEARCHABLE_SECTIONS:
+        if not is_searchable(path):
             problems.append((where, f"only fields under {', '.join(SEARCHABLE_SECTIONS)} can be searched "
                              "(the dataset is converted once per search)"))
             continue
@@ -242,11 +247,42 @@ def check_search_space(spec: Spec) -> list[tuple[str, str]]:
                 for sub_path, message in problems_from_validation_error(exc):
                     problems.append((where, f"value {value!r} is invalid for {sub_path}: {message}"))
                 continue
-            for sub_path, message in set(check_input_shape(trial_spec)) - base_problems:
+            for sub_path, message in set(check_input_shape(trial_spec) + check_sequence_parallel(trial_spec)) - base_problems:
                 problems.append((where, f"value {value!r} makes {sub_path} invalid: {message}"))
     return problems
 
 
+def network_input(spec: Spec) -> tuple[int, int, int] | None:
+    """The shape the network sees: the tile, or the whole volume when it is known from the spec."""
+    return tuple(spec.training.tile) if spec.training.tile is not None else volume_shape(spec)  # type: ignore[return-value]
+
+
+def check_sequence_parallel(spec: Spec) -> list[tuple[str, str]]:
+    """Sequence parallelism needs the ViT, and a token grid, heads and split that suit the degree."""
+    sp = spec.parallelism.sequence_parallel
+    where = "parallelism.sequence_parallel"
+    if sp.degree == 1:
+        return []
+    if spec.model.name != "vit-seg":
+        return [(f"{where}.degree", f"sequence parallelism splits a ViT's tokens: it needs model.name 'vit-seg', "
+                                    f"not {spec.model.name!r} (got degree {sp.degree})")]
+    if spec.parallelism.mode == "compare":
+        return [(f"{where}.degree", "mode 'compare' runs trials of one worker; use mode 'experiment' or 'data' "
+                                    f"with degree {sp.degree}")]
+    shape = network_input(spec)
+    if shape is None or any(s % spec.model.input_multiple for s in shape):
+        return []  # check_input_shape reports it (or the data decides it)
+    from distmis.parallel.sequence import check_sequence_parallel as check_layout  # imports torch
+
+    grid = tuple(s // spec.model.input_multiple for s in shape)
+    try:
+        check_layout(grid, spec.model.params.heads, sp.degree, attention=sp.attention, decoder=sp.decoder,
+                     split=sp.split)
+    except ValueError as exc:
+        return [(where, f"{exc} (tile {list(shape)}, patch {spec.model.input_multiple}: token grid {list(grid)})")]
+    return []
+
+
 def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
-    return check_input_shape(spec) + check_search_space(spec)
+    return check_input_shape(spec) + check_sequence_parallel(spec) + check_search_space(spec)

@@ -11,7 +11,7 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 Shape3 = Annotated[tuple[int, int, int], Field(description="(H, W, D) in voxels")]
 
@@ -91,20 +91,66 @@ class UNet3DParams(StrictModel):
         return self
 
 
+class ViTSegParams(StrictModel):
+    """A ViT encoder with a convolutional decoder (UNETR without skips; the SP-ViT paper's Figure 2).
+
+    The defaults (L, E, A) = (12, 768, 12) with patch 16 are the paper's; tests and CPUs use small ones.
+    """
+
+    layers: int = Field(12, ge=1, le=128)
+    embed_dim: int = Field(768, ge=8)
+    heads: int = Field(12, ge=1)
+    patch: int = Field(16, ge=2)
+    mlp_ratio: float = Field(4.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    pos_embedding: Literal["learned", "sinusoidal"] = "learned"
+    decoder_features: int = Field(128, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ViTSegParams:
+        if self.embed_dim % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide embed_dim ({self.embed_dim})")
+        if self.patch & (self.patch - 1):
+            raise ValueError(f"patch must be a power of two (the decoder upsamples x2 per stage), got {self.patch}")
+        return self
+
+
+MODEL_PARAMS: dict[str, type[StrictModel]] = {"unet3d": UNet3DParams, "vit-seg": ViTSegParams}
+
+
 class ModelSpec(StrictModel):
-    name: Literal["unet3d"] = "unet3d"
+    name: Literal["unet3d", "vit-seg"] = "unet3d"
     framework: Literal["tensorflow", "torch"] = "tensorflow"
-    params: UNet3DParams = UNet3DParams()
+    # The params' fields depend on the model: validated by the class MODEL_PARAMS names for ``name``.
+    params: UNet3DParams | ViTSegParams = Field(default=None, validate_default=True)  # type: ignore[assignment]
 
     @field_validator("params", mode="before")
     @classmethod
-    def _params_default(cls, value: Any) -> Any:
-        return {} if value is None else value
+    def _params_of_the_model(cls, value: Any, info: ValidationInfo) -> Any:
+        value = {} if value is None else value
+        params_class = MODEL_PARAMS[info.data.get("name", "unet3d")]
+        if isinstance(value, BaseModel):
+            value = value.model_dump()
+        return params_class.model_validate(value)
+
+    @model_validator(mode="after")
+    def _framework_of_the_model(self) -> ModelSpec:
+        if self.name == "vit-seg" and self.framework != "torch":
+            raise ValueError(f"model 'vit-seg' is a PyTorch model: set framework: torch (got {self.framework!r})")
+        return self
 
     @property
-    def pooling_factor(self) -> int:
-        """Every spatial dimension of the network input must divide by this."""
+    def input_multiple(self) -> int:
+        """Every spatial dimension of the network input must divide by this (pooling, or patch size)."""
+        if isinstance(self.params, ViTSegParams):
+            return self.params.patch
         return 2 ** (self.params.levels - 1)
+
+    @property
+    def input_rule(self) -> str:
+        if isinstance(self.params, ViTSegParams):
+            return f"the patch size, model.params.patch={self.params.patch}"
+        return f"2**(levels-1) for levels={self.params.levels}"
 
 
 # --------------------------------------------------------------------------- training
@@ -203,6 +249,16 @@ class ResourcesSpec(StrictModel):
     gpu: float = Field(0, ge=0)
 
 
+class SequenceParallelSpec(StrictModel):
+    """Sequence parallelism inside one trial (``model.name: vit-seg`` only): the tokens of a tile are split
+    over ``degree`` Ray Train workers. See docs/spec.md and :mod:`distmis.parallel.sequence`."""
+
+    degree: int = Field(1, ge=1)
+    attention: Literal["allgather-kv", "ulysses"] = "allgather-kv"
+    decoder: Literal["gather", "no-gather"] = "gather"
+    split: Literal["ordered", "spatial"] = "ordered"
+
+
 class ParallelismSpec(StrictModel):
     """How trials use the cluster.
 
@@ -221,6 +277,7 @@ class ParallelismSpec(StrictModel):
     resources_per_worker: ResourcesSpec = ResourcesSpec()
     lr_scaling: Literal["linear", "none"] = "linear"
     max_concurrent_trials: int | None = Field(None, ge=1)
+    sequence_parallel: SequenceParallelSpec = SequenceParallelSpec()
 
     @model_validator(mode="after")
     def _workers_fit_the_mode(self) -> ParallelismSpec:

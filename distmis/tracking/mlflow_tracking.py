@@ -194,7 +194,8 @@ class MLflowTrialCallback(tune.Callback):
         spec = Spec.model_validate(with_overrides(self.base_spec, dict(trial.config)))
         params = {k: v for k, v in flatten(spec.model_dump(mode="json")).items()
                   if not k.startswith(("search.", "tracking."))}
-        params["trial.workers"] = self.workers_per_trial
+        # Ray Train workers of the trial: data-parallel replicas x the sequence-parallel degree (vit-seg).
+        params["trial.workers"] = self.workers_per_trial * spec.parallelism.sequence_parallel.degree
         params["training.optimizer.effective_lr"] = spec.effective_lr(self.workers_per_trial)
         log_params(self.client, run_id, params)
 

@@ -151,6 +151,9 @@ class TorchUNetTrainer:
         self.num_classes = int(manifest["num_classes"])
         training = spec.training
 
+        self.volume_shape = tuple(int(v) for v in manifest["image_shape"][:3])
+        self.tile = self._check_tile(training.tile, self.volume_shape)
+        self.reduce_group: object | None = None  # the ranks whose validation shares add up (None: all)
         # Same seed -> same initial weights, whatever hyperparameters differ.
         torch.manual_seed(training.seed)
         self.model = self._build_model(int(manifest["image_shape"][-1])).to(self.device)
@@ -173,7 +176,6 @@ class TorchUNetTrainer:
         if not self.val_cases:
             raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
 
-        self.tile = self._check_tile(training.tile, tuple(int(v) for v in manifest["image_shape"][:3]))
         self._tile_rng = torch.Generator().manual_seed(training.seed * 1_000 + rank)
         self._epochs_trained = 0
 
@@ -244,12 +246,20 @@ class TorchUNetTrainer:
         for indices in self.epoch_batches(epoch):
             x, y = self._batch(indices)
             self.optimizer.zero_grad(set_to_none=True)
-            loss = self.loss_fn(self.train_model(x), y)
+            loss = self._batch_loss(x, y)
             loss.backward()
+            self._synchronize_gradients()
             self.optimizer.step()
             losses.append(float(loss.detach()))
         self._epochs_trained += 1
         return float(np.mean(losses))
+
+    def _batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training loss of one batch (a subclass may predict only part of it)."""
+        return self.loss_fn(self.train_model(x), y)
+
+    def _synchronize_gradients(self) -> None:
+        """Called between backward and the optimizer step; DDP (``wrap_model``) has already all-reduced."""
 
     # ------------------------------------------------------------------ validation
     @torch.no_grad()
@@ -287,7 +297,7 @@ class TorchUNetTrainer:
                 dice_sum += dice_score(prob, label)
         totals = torch.tensor([loss_sum, dice_sum, float(len(cases))], dtype=torch.float64, device=self.device)
         if distributed:
-            dist.all_reduce(totals)  # sum over ranks (the tensor lives on the model's device, as nccl needs)
+            dist.all_reduce(totals, group=self.reduce_group)  # sum over ranks (on the model's device, for nccl)
         loss_total, dice_total, count = totals.cpu().tolist()
         return loss_total / count, dice_total / count
 

@@ -198,3 +198,81 @@ def test_dotted_paths():
     assert get_path(tree, "a.b.c") == 3
     with pytest.raises(KeyError, match="a.x"):
         get_path(tree, "a.x.c")
+
+
+# --------------------------------------------------------------------------- vit-seg and sequence parallelism
+def vit_tree(spec_tree, **sequence_parallel):
+    spec_tree["model"] = {"name": "vit-seg", "framework": "torch",
+                          "params": {"layers": 2, "embed_dim": 32, "heads": 4, "patch": 4, "decoder_features": 16}}
+    spec_tree["training"]["tile"] = [16, 16, 16]
+    spec_tree["parallelism"] = {"sequence_parallel": sequence_parallel}
+    return spec_tree
+
+
+def test_vit_seg_params_and_sequence_parallel_defaults(spec_tree):
+    spec = validate_spec(vit_tree(spec_tree, degree=2))
+    assert spec.model.params.heads == 4 and spec.model.params.pos_embedding == "learned"
+    sp = spec.parallelism.sequence_parallel
+    assert (sp.degree, sp.attention, sp.decoder, sp.split) == (2, "allgather-kv", "gather", "ordered")
+    assert spec.model.input_multiple == 4
+    # A U-Net's params are U-Net params: the ViT's fields are unknown keys there, and the other way round.
+    spec_tree["model"] = {"name": "unet3d", "params": {"heads": 4}}
+    assert problems_of(spec_tree)[0][0] == "model.params.heads"
+
+
+@pytest.mark.parametrize("change, path, fragment", [
+    ({"params": {"embed_dim": 30}}, "model.params", "heads (4) must divide embed_dim (30)"),
+    ({"params": {"patch": 6}}, "model.params", "power of two"),
+    ({"framework": "tensorflow"}, "model", "set framework: torch"),
+])
+def test_bad_vit_seg_models(spec_tree, change, path, fragment):
+    tree = vit_tree(spec_tree)
+    for key, value in change.items():
+        tree["model"][key] = {**tree["model"][key], **value} if isinstance(value, dict) else value
+    [(where, message)] = problems_of(tree)
+    assert where == path and fragment in message
+
+
+def test_vit_tile_must_divide_by_the_patch(spec_tree):
+    tree = vit_tree(spec_tree)
+    tree["training"]["tile"] = [16, 16, 14]
+    [(path, message)] = problems_of(tree)
+    assert path == "training.tile" and "divide by 4 (the patch size, model.params.patch=4)" in message
+
+
+@pytest.mark.parametrize("sequence_parallel, fragment", [
+    ({"degree": 3}, "64 tokens (patch grid (4, 4, 4)) must be divisible by the sequence-parallel degree 3"),
+    ({"degree": 8, "attention": "ulysses"}, "heads (4) divisible by the sequence-parallel degree (8)"),
+    ({"degree": 3, "split": "spatial"}, "supports sequence-parallel degrees (1, 2, 4, 8)"),
+])
+def test_bad_sequence_parallel_layouts(spec_tree, sequence_parallel, fragment):
+    [(path, message)] = problems_of(vit_tree(spec_tree, **sequence_parallel))
+    assert path == "parallelism.sequence_parallel" and fragment in message
+
+
+def test_no_gather_needs_box_chunks(spec_tree):
+    tree = vit_tree(spec_tree, degree=4, decoder="no-gather", split="ordered")
+    tree["training"]["tile"] = [16, 8, 8]  # a 4 x 2 x 2 patch grid: ordered quarters are single rows, boxes
+    validate_spec(tree)
+    tree["training"]["tile"] = [8, 12, 8]  # 2 x 3 x 2: a quarter of the order is 3 tokens, not a box
+    [(path, message)] = problems_of(tree)
+    assert path == "parallelism.sequence_parallel" and "decoder 'no-gather' needs every rank's tokens" in message
+    assert validate_spec(vit_tree(spec_tree, degree=4, decoder="no-gather", split="spatial"))
+
+
+def test_sequence_parallelism_needs_the_vit(spec_tree):
+    spec_tree["parallelism"] = {"sequence_parallel": {"degree": 2}}
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "parallelism.sequence_parallel.degree" and "needs model.name 'vit-seg'" in message
+
+
+def test_sequence_parallel_degree_is_searchable_and_every_value_checked(spec_tree):
+    tree = vit_tree(spec_tree)
+    tree["search"] = {"algorithm": "grid", "space": {"parallelism.sequence_parallel.degree": {"grid": [1, 2]},
+                                                     "model.params.patch": {"grid": [4, 8]}}}
+    validate_spec(tree)
+    tree["search"]["space"]["parallelism.sequence_parallel.degree"] = {"grid": [1, 2, 3]}
+    [(path, message)] = problems_of(tree)
+    assert path == "search.space.parallelism.sequence_parallel.degree" and "value 3" in message
+    tree["search"]["space"] = {"parallelism.workers": {"grid": [1, 2]}}  # the rest of parallelism is not
+    assert problems_of(tree)[0][0] == "search.space.parallelism.workers"

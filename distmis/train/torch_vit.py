@@ -1,0 +1,84 @@
+"""Training the ViT segmentation model (``model.name: vit-seg``), alone or sequence-parallel inside a trial.
+
+:class:`TorchViTTrainer` is the U-Net trainer's loop (same data order, tiles, losses, validation) with
+the ViT as the model. Inside a Ray Train worker group of DP x SP ranks it takes the :class:`ParallelGroups`
+of its rank: the data is sharded over the DP groups (all ranks of one SP group see the same samples and
+the same tiles), the model is parallelized from outside with :func:`parallelize_vit_seg`, and after every
+backward :func:`sync_gradients` makes the gradients the ones SP=1 would have (``gather``). The data order,
+the tiles and the initial weights depend on the seed and the DP rank only, so SP=1 and SP=k trials of one
+search follow the same loss curve.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from distmis.models.vit_seg import ViTSeg
+from distmis.parallel.groups import ParallelGroups
+from distmis.parallel.sequence import SequenceParallelViTSeg, parallelize_vit_seg, sync_gradients
+from distmis.spec.schema import Spec, ViTSegParams
+from distmis.train.torch_unet import TorchUNetTrainer
+
+
+class TorchViTTrainer(TorchUNetTrainer):
+    """Train and validate a ViTSeg; ``groups`` (from :func:`build_parallel_groups`) makes it DP x SP."""
+
+    def __init__(self, spec: Spec, tfrecord_dir: str | Path, *, groups: ParallelGroups | None = None,
+                 device: str = "cpu") -> None:
+        if not isinstance(spec.model.params, ViTSegParams):
+            raise ValueError(f"TorchViTTrainer trains model 'vit-seg', got {spec.model.name!r}")
+        self.groups = groups
+        sp = spec.parallelism.sequence_parallel
+        parallel = groups is not None and groups.sp_size > 1
+
+        def wrap(model: torch.nn.Module) -> torch.nn.Module:
+            assert groups is not None and isinstance(model, ViTSeg)
+            return parallelize_vit_seg(model, groups.sp_group, attention=sp.attention, decoder=sp.decoder,
+                                       split=sp.split)
+
+        super().__init__(
+            spec, tfrecord_dir,
+            rank=groups.dp_rank if groups else 0, world_size=groups.dp_size if groups else 1,
+            wrap_model=wrap if parallel else None, device=device,
+        )
+        if groups is not None:
+            self.reduce_group = groups.dp_group  # validation shares add up over DP; SP ranks hold copies
+
+    def _build_model(self, in_channels: int) -> ViTSeg:
+        params = self.spec.model.params
+        tile = self.tile or self.volume_shape  # no tile: the whole volume is one input
+        return ViTSeg(in_channels, self.num_classes, tile, **params.model_dump())
+
+    def _batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = self.train_model(x)
+        if isinstance(self.train_model, SequenceParallelViTSeg):
+            y = self.train_model.local_target(y)  # no-gather: this rank's sub-volume; gather: all of it
+        return self.loss_fn(torch.sigmoid(logits), y)
+
+    def _synchronize_gradients(self) -> None:
+        if self.groups is not None:
+            sync_gradients(self.train_model, self.groups)
+
+    @torch.no_grad()
+    def _predict(self, images_hwdc: np.ndarray) -> np.ndarray:
+        """Probabilities (B, h, w, d, C) for channels-last tiles; every rank of an SP group gets all of them."""
+        x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(images_hwdc, -1, 1), dtype=np.float32))
+        model = self.train_model  # eval mode: set by predict_volume on the (shared) plain model
+        logits = model(x.to(self.device))
+        if isinstance(model, SequenceParallelViTSeg) and model.decoder == "no-gather":
+            logits = self._assemble(model, logits, tuple(x.shape[2:]))
+        return torch.sigmoid(logits).cpu().numpy().transpose(0, 2, 3, 4, 1)
+
+    @staticmethod
+    def _assemble(model: SequenceParallelViTSeg, local: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:
+        """The whole tile's logits from every rank's sub-volume (no-gather decodes boxes of equal size)."""
+        parts = [torch.empty_like(local) for _ in range(model.sp_size)]
+        dist.all_gather(parts, local.contiguous(), group=model.sp_group)
+        whole = local.new_empty(local.shape[:2] + spatial)
+        for chunk, part in zip(model.chunks, parts):
+            whole[(Ellipsis,) + chunk.voxel_box(model.model.patch)] = part
+        return whole
