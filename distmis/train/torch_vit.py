@@ -21,6 +21,7 @@ from distmis.models.vit_seg import ViTSeg
 from distmis.parallel.groups import ParallelGroups
 from distmis.parallel.sequence import SequenceParallelViTSeg, parallelize_vit_seg, sync_gradients
 from distmis.spec.schema import Spec, ViTSegParams
+from distmis.train.sliding_window import sliding_window_inference
 from distmis.train.torch_unet import TorchUNetTrainer
 
 
@@ -47,6 +48,7 @@ class TorchViTTrainer(TorchUNetTrainer):
         )
         if groups is not None:
             self.reduce_group = groups.dp_group  # validation shares add up over DP; SP ranks hold copies
+        self.overlap = 0.5  # of the sliding windows that predict whole volumes
 
     def _build_model(self, in_channels: int) -> ViTSeg:
         params = self.spec.model.params
@@ -64,14 +66,22 @@ class TorchViTTrainer(TorchUNetTrainer):
             sync_gradients(self.train_model, self.groups)
 
     @torch.no_grad()
-    def _predict(self, images_hwdc: np.ndarray) -> np.ndarray:
-        """Probabilities (B, h, w, d, C) for channels-last tiles; every rank of an SP group gets all of them."""
-        x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(images_hwdc, -1, 1), dtype=np.float32))
+    def predict_volume(self, image_hwdc: np.ndarray) -> np.ndarray:
+        """Probabilities (h, w, d, C) for one channels-last volume: sliding windows of the model's tile with
+        half-tile overlap, averaged. Every rank of an SP group runs the same windows and gets the whole result."""
+        self.model.eval()
+        x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(image_hwdc, -1, 0), dtype=np.float32))[None]
+        prob = sliding_window_inference(self._probabilities, x.to(self.device), self.model.tile,
+                                        overlap=self.overlap, batch_size=self.spec.training.batch_size)
+        return prob[0].permute(1, 2, 3, 0).cpu().numpy()
+
+    def _probabilities(self, x: torch.Tensor) -> torch.Tensor:
+        """Sigmoid probabilities of whole tiles (B, C, *tile) -> (B, K, *tile), on every rank of an SP group."""
         model = self.train_model  # eval mode: set by predict_volume on the (shared) plain model
-        logits = model(x.to(self.device))
+        logits = model(x)
         if isinstance(model, SequenceParallelViTSeg) and model.decoder == "no-gather":
             logits = self._assemble(model, logits, tuple(x.shape[2:]))
-        return torch.sigmoid(logits).cpu().numpy().transpose(0, 2, 3, 4, 1)
+        return torch.sigmoid(logits)
 
     @staticmethod
     def _assemble(model: SequenceParallelViTSeg, local: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:
