@@ -66,12 +66,7 @@ def build_trainer(spec: Spec, tfrecord_dir: str | Path, *, distributed: bool = F
         from distmis.train.torch_unet import TorchUNetTrainer
 
         if not distributed:
-            import ray
-            import torch
-
-            # A GPU only when Ray reserved one for this trial (it then sets CUDA_VISIBLE_DEVICES to it).
-            use_gpu = ray.is_initialized() and bool(ray.get_gpu_ids()) and torch.cuda.is_available()
-            return TorchUNetTrainer(spec, tfrecord_dir, device="cuda" if use_gpu else "cpu")
+            return TorchUNetTrainer(spec, tfrecord_dir, device=_trial_device())
         import ray.train
         import ray.train.torch
 
@@ -117,12 +112,22 @@ def _quiet_worker() -> None:
         pass
 
 
+def _trial_device() -> str:
+    """A single-process torch trial's device: a GPU only when Ray reserved one for it (and set
+    CUDA_VISIBLE_DEVICES to it), else the CPU."""
+    import ray
+    import torch
+
+    use_gpu = ray.is_initialized() and bool(ray.get_gpu_ids()) and torch.cuda.is_available()
+    return "cuda" if use_gpu else "cpu"
+
+
 def _vit_trainer(spec: Spec, tfrecord_dir: str | Path, *, distributed: bool) -> Any:
     """The ViT trainer; in a Ray Train worker group, with this rank's sequence- and data-parallel groups."""
     from distmis.train.torch_vit import TorchViTTrainer
 
     if not distributed:
-        return TorchViTTrainer(spec, tfrecord_dir)
+        return TorchViTTrainer(spec, tfrecord_dir, device=_trial_device())
     import ray.train.torch
 
     from distmis.parallel.groups import build_parallel_groups
