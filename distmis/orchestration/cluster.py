@@ -179,7 +179,7 @@ def cluster_up(
         f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
     ]
     if host != "0.0.0.0":
-        command.append(f"--node-ip-address={host if host != 'localhost' else LOOPBACK}")
+        command.append(f"--node-ip-address={host}")
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
     if num_gpus is not None:
