@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from distmis.models.vit_seg import ViTSeg
-from distmis.net import free_port
 
 TILE = (24, 8, 8)  # patch 4: a (6, 2, 2) grid of 24 tokens; 'ordered' at 4 ranks gives non-box chunks
 MODEL = dict(in_channels=2, num_classes=3, tile=TILE, patch=4, layers=2, embed_dim=32, heads=4, mlp_ratio=2.0,
@@ -267,13 +266,14 @@ def run_case(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"ok": False, "error": traceback.format_exc()}
 
 
-def worker(rank: int, world_size: int, port: int, out: str) -> None:
+def worker(rank: int, world_size: int, out: str) -> None:
     import time
 
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+    # A file store, not a TCP store hosted by rank 0: no rank depends on rank 0's process to rendezvous or leave.
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=60))
     results: dict[str, Any] = {}
     try:
@@ -294,13 +294,16 @@ def worker(rank: int, world_size: int, port: int, out: str) -> None:
             results[name]["seconds"] = time.perf_counter() - start
     finally:
         torch.save(results, Path(out) / f"rank{rank}.pt")
+        # Every rank done before any tears gloo down: a rank that exits while a peer still talks to it
+        # aborts ("terminate called without an active exception"), seen under load.
+        dist.barrier()
         dist.destroy_process_group()
 
 
 def spawn(world_size: int, out: Path) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
-    mp.spawn(worker, args=(world_size, free_port(), str(out)), nprocs=world_size, join=True)
+    mp.spawn(worker, args=(world_size, str(out)), nprocs=world_size, join=True)
     return [torch.load(out / f"rank{r}.pt") for r in range(world_size)]
 
 

@@ -202,10 +202,10 @@ def test_bad_rank():
 
 
 # --------------------------------------------------------------------------- validation over a process group
-def _validate_on_rank(rank: int, world_size: int, port: int, spec_tree: dict, tfrecord_dir: str, out: str) -> None:
+def _validate_on_rank(rank: int, world_size: int, spec_tree: dict, tfrecord_dir: str, out: str) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world_size)
     try:
         trainer = TorchUNetTrainer(validate_spec(spec_tree), tfrecord_dir, rank=rank, world_size=world_size)
         if rank == 1:  # drifted batch-norm statistics that rank 0's must replace before predicting
@@ -214,13 +214,12 @@ def _validate_on_rank(rank: int, world_size: int, port: int, spec_tree: dict, tf
                     module.running_mean.add_(3.0)
         torch.save({"metrics": trainer.validate(), "cases": len(trainer.val_cases[rank::world_size])},
                    f"{out}/rank{rank}.pt")
+        dist.barrier()  # both ranks done before either tears gloo down
     finally:
         dist.destroy_process_group()
 
 
 def test_validation_is_sharded_over_ranks_and_all_reduced(tmp_path: Path):
-    import socket
-
     import torch.multiprocessing as mp
 
     tree = small_spec_tree(tmp_path / "data")
@@ -231,10 +230,7 @@ def test_validation_is_sharded_over_ranks_and_all_reduced(tmp_path: Path):
     assert len(whole.val_cases) == 3  # 2 + 1: the ranks hold unequal shares
     expected = whole.validate()
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_validate_on_rank, args=(2, port, spec.model_dump(mode="json"), str(data.tfrecord_dir), str(tmp_path)),
+    mp.spawn(_validate_on_rank, args=(2, spec.model_dump(mode="json"), str(data.tfrecord_dir), str(tmp_path)),
              nprocs=2, join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert [r["cases"] for r in results] == [2, 1]
