@@ -87,13 +87,9 @@ class AllGatherForwardReduceScatterBackward(torch.autograd.Function):
         return _reduce_scatter(grad, ctx.dim, ctx.group), None, None
 
 
-class AllGatherForwardSplitBackward(torch.autograd.Function):
-    """Forward: concatenate every rank's chunk along ``dim``. Backward: keep the own chunk of the gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return _all_gather(x, dim, group)
+class AllGatherForwardSplitBackward(AllGatherForwardReduceScatterBackward):
+    """Forward: concatenate every rank's chunk along ``dim`` (as above). Backward: keep the own chunk of the
+    gradient, for a gathered tensor every rank uses identically (each rank injects its share once)."""
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
