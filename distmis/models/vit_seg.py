@@ -6,21 +6,22 @@ distribution logic: :mod:`distmis.parallel.sequence` splits its token sequence b
 outside, through the pieces this module exposes.
 
 Layout and token order
-    Inputs are channels-first tiles ``(B, C, W, D, H)``. :class:`PatchEmbedding3D` cuts a tile into
-    non-overlapping ``P x P x P`` patches (a ``Conv3d`` with ``kernel_size = stride = P``) on a patch grid
-    ``(gw, gd, gh) = (W/P, D/P, H/P)``; the ``N = gw * gd * gh`` tokens are ordered Height fastest, then
-    Depth, then Width (the paper's Figure 3)::
+    Inputs are channels-first tiles ``(B, C, H, W, D)``, the axes of the data everywhere in distmis
+    (:mod:`distmis.spec.partition`). :class:`PatchEmbedding3D` cuts a tile into non-overlapping ``P x P x P``
+    patches (a ``Conv3d`` with ``kernel_size = stride = P``) on a patch grid ``(gh, gw, gd) = (H/P, W/P, D/P)``;
+    the ``N = gh * gw * gd`` tokens are ordered row-major, the last axis fastest (the paper's Figure 3 order,
+    whose fastest axis it calls Height)::
 
-        token index n = (iw * gd + id) * gh + ih     for the patch at grid coordinates (iw, id, ih)
+        token index n = (ih * gw + iw) * gd + id     for the patch at grid coordinates (ih, iw, id)
 
-    which is the row-major flattening of the ``(gw, gd, gh)`` grid. :func:`token_coordinates` inverts it.
+    :func:`token_coordinates` inverts it.
 
 Pieces, so that an encoder can run on a slice of the sequence
     ``embed(x)`` -> tokens ``(B, n, E)`` of a tile or any sub-volume of it (no positions yet);
     ``encode(tokens, positions)`` adds the 1D position embedding of the tokens' *global* indices
     ``positions`` (learned, as the paper, or fixed sinusoidal, as the perf-model paper), then runs the
     pre-norm transformer blocks and a final LayerNorm; ``decode(tokens, grid)`` reshapes tokens back to a
-    ``(B, E, gw, gd, gh)`` grid and runs :class:`ConvDecoder`. ``forward(x)`` composes them for one device.
+    ``(B, E, gh, gw, gd)`` grid and runs :class:`ConvDecoder`. ``forward(x)`` composes them for one device.
 
 Attention
     Each :class:`MultiHeadSelfAttention` computes Q, K and V for its own tokens and hands them, shaped
@@ -43,23 +44,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from distmis.spec.partition import token_grid
+
 PositionEmbeddingKind = Literal["learned", "sinusoidal"]
 POSITION_EMBEDDINGS: tuple[str, ...] = ("learned", "sinusoidal")
-AXES = ("W", "D", "H")
 
 
 def as_triple(value: int | Sequence[int], name: str) -> tuple[int, int, int]:
     """``value`` as three positive ints (an int is repeated); ValueError naming ``name`` otherwise."""
     triple = (value, value, value) if isinstance(value, int) else tuple(value)
     if len(triple) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in triple):
-        raise ValueError(f"{name} must be a positive int or three positive ints (W, D, H), got {value!r}")
+        raise ValueError(f"{name} must be a positive int or three positive ints (H, W, D), got {value!r}")
     return triple  # type: ignore[return-value]
 
 
 def token_coordinates(indices: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
-    """Grid coordinates ``(n, 3)`` as (iw, id, ih) of the tokens at global ``indices`` on a ``grid`` (gw, gd, gh)."""
-    _, gd, gh = grid
-    return torch.stack((indices // (gd * gh), (indices // gh) % gd, indices % gh), dim=-1)
+    """Grid coordinates ``(n, 3)`` as (ih, iw, id) of the tokens at global ``indices`` on a ``grid`` (gh, gw, gd)."""
+    _, gw, gd = grid
+    return torch.stack((indices // (gw * gd), (indices // gd) % gw, indices % gd), dim=-1)
 
 
 def sinusoidal_embedding(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -75,7 +77,7 @@ def sinusoidal_embedding(positions: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class PatchEmbedding3D(nn.Module):
-    """Non-overlapping ``P^3`` patches of a ``(B, C, W, D, H)`` tile -> tokens ``(B, N, E)``, Height fastest."""
+    """Non-overlapping ``P^3`` patches of a ``(B, C, H, W, D)`` tile -> tokens ``(B, N, E)``, row-major."""
 
     def __init__(self, in_channels: int, embed_dim: int, patch: int) -> None:
         super().__init__()
@@ -83,14 +85,12 @@ class PatchEmbedding3D(nn.Module):
         self.proj = nn.Conv3d(in_channels, embed_dim, kernel_size=patch, stride=patch)
 
     def grid(self, spatial: Sequence[int]) -> tuple[int, int, int]:
-        """The patch grid (gw, gd, gh) of a volume of ``spatial`` size (W, D, H); ValueError if not divisible."""
-        if len(spatial) != 3 or any(s % self.patch for s in spatial):
-            raise ValueError(f"volume {tuple(spatial)} must be divisible by patch {self.patch} along W, D and H")
-        return tuple(s // self.patch for s in spatial)  # type: ignore[return-value]
+        """The patch grid (gh, gw, gd) of a volume of ``spatial`` size (H, W, D); ValueError if not divisible."""
+        return token_grid(spatial, self.patch)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.grid(x.shape[2:])
-        return self.proj(x).flatten(2).transpose(1, 2)  # (B, E, gw, gd, gh) -> (B, N, E), row-major
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, E, gh, gw, gd) -> (B, N, E), row-major
 
     def forward_at(self, x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """Tokens ``(B, len(indices), E)`` of the patches at global ``indices`` of the tile ``x``, in that order.
@@ -99,10 +99,10 @@ class PatchEmbedding3D(nn.Module):
         share of the sequence is not a box it could crop.
         """
         batch, channels = x.shape[:2]
-        gw, gd, gh = self.grid(x.shape[2:])
+        gh, gw, gd = self.grid(x.shape[2:])
         p = self.patch
-        patches = x.reshape(batch, channels, gw, p, gd, p, gh, p).permute(0, 2, 4, 6, 1, 3, 5, 7)
-        patches = patches.reshape(batch, gw * gd * gh, channels, p, p, p)[:, indices]
+        patches = x.reshape(batch, channels, gh, p, gw, p, gd, p).permute(0, 2, 4, 6, 1, 3, 5, 7)
+        patches = patches.reshape(batch, gh * gw * gd, channels, p, p, p)[:, indices]
         tokens = self.proj(patches.reshape(batch * len(indices), channels, p, p, p))
         return tokens.reshape(batch, len(indices), -1)
 
@@ -204,7 +204,7 @@ class DecoderStage(nn.Sequential):
 
 
 class ConvDecoder(nn.Module):
-    """Features ``(B, E, gw, gd, gh)`` -> logits ``(B, classes, gw*P, gd*P, gh*P)``: ``log2(P)`` x2 stages.
+    """Features ``(B, E, gh, gw, gd)`` -> logits ``(B, classes, gh*P, gw*P, gd*P)``: ``log2(P)`` x2 stages.
 
     Stage ``i`` has ``features // 2**i`` channels; a final 1x1x1 convolution maps to ``num_classes``.
     """
@@ -230,11 +230,11 @@ class ConvDecoder(nn.Module):
 
 
 class ViTSeg(nn.Module):
-    """ViT encoder + convolutional decoder: ``(B, C, W, D, H)`` tiles -> ``(B, classes, W, D, H)`` logits.
+    """ViT encoder + convolutional decoder: ``(B, C, H, W, D)`` tiles -> ``(B, classes, H, W, D)`` logits.
 
     Defaults are the paper's: (layers, embed_dim, heads) = (12, 768, 12), patch 16 (tile 96^3 in the paper).
-    ``tile`` is one int or (W, D, H). The learned position embedding is sized for the tile's ``N`` tokens, so
-    the model takes tiles of exactly that size (use :func:`distmis.train.sliding_window.sliding_window_inference`
+    ``tile`` is one int or (H, W, D). The learned position embedding is sized for the tile's ``N`` tokens, so
+    the model takes tiles of exactly that size (use :func:`distmis.train.inference.sliding_window`
     for larger volumes).
     """
 
@@ -264,11 +264,7 @@ class ViTSeg(nn.Module):
                 f"patch must be a power of two (1, 2, 4, 8, 16, ...) so the decoder's x2 upsamplings "
                 f"reach the tile, got {patch}"
             )
-        bad = [f"{axis}={size}" for axis, size in zip(AXES, self.tile) if size % patch]
-        if bad:
-            raise ValueError(
-                f"tile {self.tile} must be divisible by patch {patch} along W, D and H; not along {', '.join(bad)}"
-            )
+        token_grid(self.tile, patch)  # ValueError naming the axes the patch does not divide
         if embed_dim % heads:
             raise ValueError(f"embed_dim {embed_dim} must be divisible by heads {heads}")
         if not mlp_ratio > 0:
@@ -293,7 +289,7 @@ class ViTSeg(nn.Module):
 
     # ---------------------------------------------------------------- pieces
     def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens ``(B, n, E)`` of a tile or a sub-volume of one, in its own Height-fastest order; no positions."""
+        """Tokens ``(B, n, E)`` of a tile or a sub-volume of one, in its own row-major order; no positions."""
         return self.patch_embed(x)
 
     def position_embedding(self, indices: torch.Tensor) -> torch.Tensor:
@@ -321,15 +317,10 @@ class ViTSeg(nn.Module):
             raise ValueError(f"grid {grid} does not hold the {n} tokens to decode")
         return self.decoder(tokens.transpose(1, 2).reshape(batch, embed, *grid))
 
-    def encoder_parameters(self) -> list[nn.Parameter]:
-        """Every parameter but the decoder's: those sequence parallelism computes partial gradients for."""
-        decoder = {id(p) for p in self.decoder.parameters()}
-        return [p for p in self.parameters() if id(p) not in decoder]
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 5 or tuple(x.shape[2:]) != self.tile or x.shape[1] != self.in_channels:
             raise ValueError(
-                f"input must be (B, {self.in_channels}, {', '.join(map(str, self.tile))}) (B, C, W, D, H), "
+                f"input must be (B, {self.in_channels}, {', '.join(map(str, self.tile))}) (B, C, H, W, D), "
                 f"got {tuple(x.shape)}"
             )
         return self.decode(self.encode(self.embed(x)))
@@ -340,8 +331,3 @@ def _init_linear(module: nn.Module) -> None:
         nn.init.trunc_normal_(module.weight, std=0.02)
         if module.bias is not None:
             nn.init.zeros_(module.bias)
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Trainable parameters."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

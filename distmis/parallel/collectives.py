@@ -148,12 +148,3 @@ def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], group: Any = 
         n = p.numel()
         p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
         offset += n
-
-
-def all_reduce_mean(value: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """The mean of ``value`` over ``group`` (a detached copy; for logging per-rank losses)."""
-    value = value.detach().clone()
-    if group_size(group) > 1:
-        dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
-        value /= group_size(group)
-    return value

@@ -75,10 +75,3 @@ def build_parallel_groups(sp_size: int, ranks: Sequence[int] | None = None) -> P
         dp_group=dp_group, dp_rank=dp_ranks.index(me), dp_size=len(dp_ranks),
         sp_ranks=sp_ranks, dp_ranks=dp_ranks,
     )
-
-
-def broadcast_in_sp_group(tensor: torch.Tensor, groups: ParallelGroups) -> torch.Tensor:
-    """Give every rank of the SP group the SP leader's ``tensor`` (in place), so they all see the same tile."""
-    if groups.sp_size > 1:
-        dist.broadcast(tensor, src=groups.sp_ranks[0], group=groups.sp_group)
-    return tensor

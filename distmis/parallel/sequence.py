@@ -5,10 +5,10 @@ The ranks of one sequence-parallel (SP) group all hold the same tile and split i
 attention core of every transformer block of a plain model for a parallel one and wraps the model in a
 :class:`SequenceParallelViTSeg`, whose ``forward(tile)`` runs the rank's share.
 
-Splitting (``split``)
-    ``ordered``: rank ``r`` takes tokens ``[r N/SP, (r+1) N/SP)`` of the Height-fastest token order.
-    ``spatial``: rank ``r`` takes a sub-volume of the patch grid (the paper's Figure 4): SP=2 halves Width,
-    SP=4 Width and Depth, SP=8 Width, Depth and Height; ranks are numbered over the parts Height fastest.
+Splitting (``split``; the arithmetic is :mod:`distmis.spec.partition`, which the spec checks with too)
+    ``ordered``: rank ``r`` takes tokens ``[r N/SP, (r+1) N/SP)`` of the row-major token order.
+    ``spatial``: rank ``r`` takes a sub-volume of the patch grid (the paper's Figure 4): SP=2 halves the first
+    axis (H), SP=4 H and W, SP=8 all three; ranks are numbered over the parts row-major.
     Each rank embeds its tokens (cropping its sub-volume when its share is a box, selecting patches
     otherwise) and adds the position embedding of their *global* indices.
 
@@ -50,14 +50,13 @@ Dropout draws different masks than one device would; exactness holds with ``drop
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from distmis.models.vit_seg import AXES, MultiHeadSelfAttention, ViTSeg, token_coordinates
+from distmis.models.vit_seg import MultiHeadSelfAttention, ViTSeg
 from distmis.parallel.collectives import (
     all_gather_reduce_scatter_grad,
     all_gather_split_grad,
@@ -67,22 +66,13 @@ from distmis.parallel.collectives import (
     group_size,
 )
 from distmis.parallel.groups import ParallelGroups
-
-SplitKind = Literal["ordered", "spatial"]
-AttentionKind = Literal["allgather-kv", "ulysses"]
-DecoderKind = Literal["gather", "no-gather"]
-SPLITS: tuple[str, ...] = ("ordered", "spatial")
-ATTENTIONS: tuple[str, ...] = ("allgather-kv", "ulysses")
-DECODERS: tuple[str, ...] = ("gather", "no-gather")
-
-# parts of the (W, D, H) patch grid per sequence-parallel degree, for the spatial split (the paper's Figure 4)
-SPATIAL_PARTS: dict[int, tuple[int, int, int]] = {1: (1, 1, 1), 2: (2, 1, 1), 4: (2, 2, 1), 8: (2, 2, 2)}
-
+from distmis.spec.partition import AttentionKind, DecoderKind, SplitKind, TokenShare
+from distmis.spec.partition import check_sequence_parallel as check_shares
 
 @dataclass(frozen=True)
 class TokenChunk:
     """One rank's share of a tile's tokens: global ``indices`` in the rank's order, and its ``box`` of the
-    patch grid (slices along W, D, H) when the tokens fill one, listed row-major (Height fastest)."""
+    patch grid (slices along H, W, D) when the tokens fill one, listed row-major (last axis fastest)."""
 
     indices: torch.Tensor
     box: tuple[slice, slice, slice] | None
@@ -100,62 +90,20 @@ class TokenChunk:
 
 
 def box_indices(box: Sequence[slice], grid: Sequence[int]) -> torch.Tensor:
-    """Global token indices of a ``box`` of the patch ``grid``, row-major (Height fastest)."""
-    iw, id_, ih = (torch.arange(s.start, s.stop) for s in box)
-    _, gd, gh = grid
-    return ((iw[:, None, None] * gd + id_[None, :, None]) * gh + ih[None, None, :]).reshape(-1)
+    """Global token indices of a ``box`` of the patch ``grid``, row-major (last axis fastest)."""
+    i0, i1, i2 = (torch.arange(s.start, s.stop) for s in box)
+    _, g1, g2 = grid
+    return ((i0[:, None, None] * g1 + i1[None, :, None]) * g2 + i2[None, None, :]).reshape(-1)
 
 
-def chunk_box(indices: torch.Tensor, grid: Sequence[int]) -> tuple[slice, slice, slice] | None:
-    """The box the ``indices`` fill, listed row-major, or ``None``."""
-    coords = token_coordinates(indices, grid)
-    low, high = coords.min(dim=0).values, coords.max(dim=0).values + 1
-    box = tuple(slice(int(a), int(b)) for a, b in zip(low, high))
-    if math.prod(int(b - a) for a, b in zip(low, high)) != len(indices):
-        return None
-    return box if torch.equal(box_indices(box, grid), indices) else None  # type: ignore[return-value]
-
-
-def split_tokens(grid: Sequence[int], sp_size: int, split: SplitKind) -> list[TokenChunk]:
-    """Every rank's :class:`TokenChunk` of a tile whose patch grid is ``grid`` (gw, gd, gh)."""
-    grid = tuple(grid)
-    if not isinstance(sp_size, int) or sp_size < 1:
-        raise ValueError(f"the sequence-parallel degree must be a positive int, got {sp_size!r}")
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    n = math.prod(grid)
-    if split == "ordered":
-        if n % sp_size:
-            raise ValueError(
-                f"split 'ordered': the tile's {n} tokens (patch grid {grid}) must be divisible by the "
-                f"sequence-parallel degree {sp_size}"
-            )
-        size = n // sp_size
-        chunks = []
-        for r in range(sp_size):
-            indices = torch.arange(r * size, (r + 1) * size)
-            chunks.append(TokenChunk(indices, chunk_box(indices, grid)))
-        return chunks
-    if sp_size not in SPATIAL_PARTS:
-        raise ValueError(
-            f"split 'spatial' supports sequence-parallel degrees {tuple(SPATIAL_PARTS)} (the paper's Figure 4), "
-            f"got {sp_size}"
-        )
-    parts = SPATIAL_PARTS[sp_size]
-    bad = [f"{axis}={g}" for axis, g, p in zip(AXES, grid, parts) if g % p]
-    if bad:
-        raise ValueError(
-            f"split 'spatial' with degree {sp_size} cuts the patch grid {grid} (W, D, H) into {parts} parts; "
-            f"not divisible along {', '.join(bad)}"
-        )
-    sizes = [g // p for g, p in zip(grid, parts)]
-    chunks = []
-    for rw in range(parts[0]):
-        for rd in range(parts[1]):
-            for rh in range(parts[2]):
-                box = tuple(slice(r * s, (r + 1) * s) for r, s in zip((rw, rd, rh), sizes))
-                chunks.append(TokenChunk(box_indices(box, grid), box))  # type: ignore[arg-type]
-    return chunks
+def token_chunk(share: TokenShare, grid: Sequence[int]) -> TokenChunk:
+    """The torch form of a rank's :class:`~distmis.spec.partition.TokenShare`."""
+    box = None if share.box is None else tuple(slice(a, b) for a, b in share.box)
+    if share.start is not None:
+        indices = torch.arange(share.start, share.stop)
+    else:
+        indices = box_indices(box, grid)  # type: ignore[arg-type]
+    return TokenChunk(indices, box)  # type: ignore[arg-type]
 
 
 def check_sequence_parallel(
@@ -167,28 +115,9 @@ def check_sequence_parallel(
     decoder: DecoderKind = "gather",
     split: SplitKind = "ordered",
 ) -> list[TokenChunk]:
-    """Validate an SP configuration for a patch ``grid`` and ``heads``; return every rank's chunk.
-
-    Raises a ValueError naming the option and its allowed values, or what does not divide.
-    """
-    if attention not in ATTENTIONS:
-        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
-    if decoder not in DECODERS:
-        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
-    chunks = split_tokens(grid, sp_size, split)
-    if attention == "ulysses" and heads % sp_size:
-        raise ValueError(
-            f"attention 'ulysses' needs heads ({heads}) divisible by the sequence-parallel degree ({sp_size})"
-        )
-    if decoder == "no-gather":
-        for rank, chunk in enumerate(chunks):
-            if chunk.box is None:
-                raise ValueError(
-                    f"decoder 'no-gather' needs every rank's tokens to form a box (a sub-volume to decode), but "
-                    f"split {split!r} with degree {sp_size} gives rank {rank} a chunk of the patch grid {tuple(grid)} "
-                    f"that is not one; use split 'spatial' or decoder 'gather'"
-                )
-    return chunks
+    """Validate an SP configuration (:func:`distmis.spec.partition.check_sequence_parallel`); every rank's chunk."""
+    shares = check_shares(grid, heads, sp_size, attention=attention, decoder=decoder, split=split)
+    return [token_chunk(share, grid) for share in shares]
 
 
 class AllGatherKVAttention(nn.Module):
@@ -221,7 +150,7 @@ class UlyssesAttention(nn.Module):
 class SequenceParallelViTSeg(nn.Module):
     """A :class:`ViTSeg` run on one rank's share of the tokens; made by :func:`parallelize_vit_seg`.
 
-    ``forward(tile)`` takes the whole tile ``(B, C, W, D, H)`` (every rank of the group the same one) and
+    ``forward(tile)`` takes the whole tile ``(B, C, H, W, D)`` (every rank of the group the same one) and
     returns the logits of the whole tile (``gather``) or of the rank's sub-volume (``no-gather``); compute
     the loss against :meth:`local_target` of the labels, then call :func:`sync_sp_gradients`.
     """
@@ -251,7 +180,7 @@ class SequenceParallelViTSeg(nn.Module):
         return self.chunk.voxel_box(self.model.patch)
 
     def local_target(self, target: torch.Tensor) -> torch.Tensor:
-        """The part of a ``(B, ..., W, D, H)`` label tensor that this rank's logits predict."""
+        """The part of a ``(B, ..., H, W, D)`` label tensor that this rank's logits predict."""
         return target[(Ellipsis,) + self.region()]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

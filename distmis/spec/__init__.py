@@ -1,10 +1,14 @@
-"""The search spec: schema, loading, overrides and validation."""
+"""The search spec: schema, loading, overrides and validation, a trial's spec and its parallel layout.
+
+Pure data and arithmetic: nothing here imports torch, TensorFlow or Ray.
+"""
 
 from __future__ import annotations
 
+from distmis.spec.layout import TrialLayout, resolve_layout, resolve_trial
 from distmis.spec.load import (
     SpecError,
-    get_path,
+    apply_config,
     load_spec,
     parse_set_options,
     set_path,
@@ -20,9 +24,12 @@ __all__ = [
     "Domain",
     "Spec",
     "SpecError",
-    "get_path",
+    "TrialLayout",
+    "apply_config",
     "load_spec",
     "parse_set_options",
+    "resolve_layout",
+    "resolve_trial",
     "set_path",
     "spec_to_dict",
     "spec_to_yaml",

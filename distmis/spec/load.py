@@ -13,6 +13,8 @@ from typing import Any, Iterable, Mapping
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from distmis.spec.partition import check_sequence_parallel as check_token_partition
+from distmis.spec.partition import token_grid
 from distmis.spec.schema import Spec
 
 # Sections whose values may be searched. The dataset is converted once per search, so its
@@ -36,16 +38,6 @@ class SpecError(ValueError):
 
 
 # --------------------------------------------------------------------------- dotted paths
-def get_path(tree: Mapping[str, Any], path: str) -> Any:
-    """``get_path(d, "training.optimizer.lr")``; ``KeyError`` naming the missing part."""
-    node: Any = tree
-    for i, part in enumerate(path.split(".")):
-        if not isinstance(node, Mapping) or part not in node:
-            raise KeyError(".".join(path.split(".")[: i + 1]))
-        node = node[part]
-    return node
-
-
 def set_path(tree: dict[str, Any], path: str, value: Any) -> None:
     """Set ``tree[a][b][c] = value`` for ``path="a.b.c"``, creating missing mappings."""
     parts = path.split(".")
@@ -226,8 +218,7 @@ def check_search_space(spec: Spec) -> list[tuple[str, str]]:
     if problems:
         return problems
 
-    resolved = spec_to_dict(spec)
-    base_problems = set(check_input_shape(spec) + check_sequence_parallel(spec))  # reported once, not per value
+    base_problems = set(trial_problems(spec))  # reported once, not per value
     for path, domain in space.items():
         where = f"search.space.{path}"
         if not is_searchable(path):
@@ -235,21 +226,66 @@ def check_search_space(spec: Spec) -> list[tuple[str, str]]:
                              "(the dataset is converted once per search)"))
             continue
         try:
-            get_path(resolved, path)
+            _field_of(spec, path)
         except KeyError as missing:
             problems.append((where, f"no field {missing.args[0]!r} in the spec; see docs/spec.md for the fields"))
             continue
         for value in domain.values:
-            trial_tree = with_overrides(resolved, {path: value})
             try:
-                trial_spec = Spec.model_validate(trial_tree)
-            except ValidationError as exc:
-                for sub_path, message in problems_from_validation_error(exc):
+                trial = apply_config(spec, {path: value})
+            except SpecError as exc:
+                for sub_path, message in exc.problems:
                     problems.append((where, f"value {value!r} is invalid for {sub_path}: {message}"))
                 continue
-            for sub_path, message in set(check_input_shape(trial_spec) + check_sequence_parallel(trial_spec)) - base_problems:
+            for sub_path, message in set(trial_problems(trial)) - base_problems:
                 problems.append((where, f"value {value!r} makes {sub_path} invalid: {message}"))
     return problems
+
+
+# --------------------------------------------------------------------------- a trial's spec
+def _field_of(spec: Spec, path: str) -> tuple[BaseModel, str]:
+    """The section holding the field at dotted ``path`` and the field's name; ``KeyError`` naming the missing part."""
+    *sections, field = path.split(".")
+    node: Any = spec
+    for i, part in enumerate(sections + [field]):
+        if not isinstance(node, BaseModel) or part not in type(node).model_fields:
+            raise KeyError(".".join(path.split(".")[: i + 1]))
+        if i < len(sections):
+            node = getattr(node, part)
+    return node, field
+
+
+def apply_config(spec: Spec, config: Mapping[str, Any], *, source: str = "trial config") -> Spec:
+    """The spec of one trial: a copy of ``spec`` with each dotted path of ``config`` (a Ray Tune trial's config,
+    ``{"training.optimizer.lr": 0.001}``) set, every changed section validated by the schema as a whole (so
+    values that are only valid together, like ``base_filters`` and ``norm_groups``, may change together).
+
+    The one place where a trial's values reach its spec; trainers, workers and callbacks receive the result.
+    """
+    if not config:
+        return spec
+    updates: dict[str, dict[str, Any]] = {}
+    for path, value in config.items():
+        try:
+            _field_of(spec, path)
+        except KeyError as missing:
+            raise SpecError(source, [(path, f"no field {missing.args[0]!r} in the spec")]) from None
+        section_path, _, field = path.rpartition(".")
+        updates.setdefault(section_path, {})[field] = value
+    trial = spec.model_copy(deep=True)
+    for section_path in sorted(updates, key=lambda p: -p.count(".")):  # inner sections first
+        parent, name = _field_of(trial, section_path) if section_path else (None, "")
+        section = getattr(parent, name) if parent is not None else trial
+        try:
+            rebuilt = type(section).model_validate({**dict(section), **updates[section_path]})
+        except ValidationError as exc:
+            raise SpecError(source, [(".".join(p for p in (section_path, sub) if p), message)
+                                     for sub, message in problems_from_validation_error(exc)]) from None
+        if parent is None:
+            trial = rebuilt  # type: ignore[assignment]
+        else:
+            setattr(parent, name, rebuilt)
+    return trial
 
 
 def network_input(spec: Spec) -> tuple[int, int, int] | None:
@@ -272,17 +308,20 @@ def check_sequence_parallel(spec: Spec) -> list[tuple[str, str]]:
     shape = network_input(spec)
     if shape is None or any(s % spec.model.input_multiple for s in shape):
         return []  # check_input_shape reports it (or the data decides it)
-    from distmis.parallel.sequence import check_sequence_parallel as check_layout  # imports torch
-
-    grid = tuple(s // spec.model.input_multiple for s in shape)
+    grid = token_grid(shape, spec.model.input_multiple)
     try:
-        check_layout(grid, spec.model.params.heads, sp.degree, attention=sp.attention, decoder=sp.decoder,
-                     split=sp.split)
+        check_token_partition(grid, spec.model.params.heads, sp.degree, attention=sp.attention, decoder=sp.decoder,
+                              split=sp.split)
     except ValueError as exc:
         return [(where, f"{exc} (tile {list(shape)}, patch {spec.model.input_multiple}: token grid {list(grid)})")]
     return []
 
 
+def trial_problems(spec: Spec) -> list[tuple[str, str]]:
+    """The rules every trial's spec must meet (checked for the spec and for every searched value)."""
+    return check_input_shape(spec) + check_sequence_parallel(spec)
+
+
 def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
-    return check_input_shape(spec) + check_sequence_parallel(spec) + check_search_space(spec)
+    return trial_problems(spec) + check_search_space(spec)

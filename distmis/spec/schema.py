@@ -2,7 +2,7 @@
 
 Every section forbids unknown keys, so a typo (``lrr: 1e-3``) is an error rather than a silently
 ignored setting. Cross-field rules that need more than one section (a tile the U-Net can pool,
-search-space paths that exist) live in :mod:`distmis.spec.validate`.
+search-space paths that exist) live in :mod:`distmis.spec.load`.
 """
 
 from __future__ import annotations
@@ -170,13 +170,36 @@ class LossSpec(StrictModel):
     smooth: float = Field(1.0, ge=0)
 
 
+InferenceMode = Literal["gaussian", "constant"]
+
+
+class InferenceSpec(StrictModel):
+    """Whole-volume prediction by sliding windows of the network input (the tile), for validation and test.
+
+    Windows overlap by ``overlap`` of their size; where they overlap, predictions are averaged with weights
+    that are constant or a Gaussian centred on each window (``sigma_scale`` times the window per axis), as
+    nnU-Net and MONAI do: a window's borders, where context is missing, count less.
+    """
+
+    overlap: float = Field(0.5, ge=0, lt=1)
+    mode: InferenceMode = "gaussian"
+    sigma_scale: float = Field(0.125, gt=0)
+    batch_size: int | None = Field(None, ge=1, description="windows per forward pass (default training.batch_size)")
+
+
 class TrainingSpec(StrictModel):
     epochs: int = Field(10, ge=1, le=100_000)
     batch_size: int = Field(2, ge=1)
     tile: Shape3 | None = None
     optimizer: OptimizerSpec = OptimizerSpec()
     loss: LossSpec = LossSpec()
+    inference: InferenceSpec = InferenceSpec()
     seed: int = 0
+
+    @property
+    def inference_batch_size(self) -> int:
+        """Windows per forward pass of sliding-window inference."""
+        return self.inference.batch_size or self.batch_size
 
     _tile = field_validator("tile")(_check_positive_shape)
 
@@ -331,9 +354,3 @@ class Spec(StrictModel):
     @property
     def experiment_name(self) -> str:
         return self.tracking.experiment or self.name
-
-    def effective_lr(self, workers: int) -> float:
-        """The learning rate of a trial over ``workers`` data-parallel workers (the paper scales it linearly)."""
-        scale = workers if self.parallelism.lr_scaling == "linear" else 1
-        return self.training.optimizer.lr * scale
-

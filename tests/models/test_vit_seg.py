@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from distmis.models.vit_seg import ConvDecoder, PatchEmbedding3D, ViTSeg, count_parameters, token_coordinates
-from distmis.train.sliding_window import gaussian_weights, sliding_window_inference, window_starts
+from distmis.models.unet3d_torch import count_trainable_parameters as count_parameters
+from distmis.models.vit_seg import ConvDecoder, PatchEmbedding3D, ViTSeg, token_coordinates
 
 TINY = dict(in_channels=2, num_classes=3, patch=4, layers=2, embed_dim=32, heads=4, mlp_ratio=2.0, decoder_features=16)
 
@@ -33,15 +33,15 @@ def test_shapes(tile):
     assert model.decode(encoded[:, :4], (1, 2, 2)).shape == (2, 3, 4, 8, 8)
 
 
-def test_token_order_is_height_then_depth_then_width():
-    # a (W, D, H) = (4, 4, 6) tile in 2^3 patches: a (2, 2, 3) grid; every voxel of patch (iw, id, ih) holds
-    # 100 iw + 10 id + ih, and the embedding averages a patch, so each token shows where it came from
+def test_token_order_is_row_major_last_axis_fastest():
+    # an (H, W, D) = (4, 4, 6) tile in 2^3 patches: a (2, 2, 3) grid; every voxel of patch (ih, iw, id) holds
+    # 100 ih + 10 iw + id, and the embedding averages a patch, so each token shows where it came from
     embed = PatchEmbedding3D(in_channels=1, embed_dim=1, patch=2)
     with torch.no_grad():
         embed.proj.weight.fill_(1 / 8)
         embed.proj.bias.zero_()
-    w, d, h = torch.meshgrid(torch.arange(4) // 2, torch.arange(4) // 2, torch.arange(6) // 2, indexing="ij")
-    x = (100 * w + 10 * d + h).float()[None, None]
+    h, w, d = torch.meshgrid(torch.arange(4) // 2, torch.arange(4) // 2, torch.arange(6) // 2, indexing="ij")
+    x = (100 * h + 10 * w + d).float()[None, None]
     tokens = embed(x)[0, :, 0]
     assert tokens.tolist() == pytest.approx([0, 1, 2, 10, 11, 12, 100, 101, 102, 110, 111, 112])
     assert token_coordinates(torch.tensor([0, 2, 3, 5, 6, 11]), (2, 2, 3)).tolist() == [
@@ -89,7 +89,7 @@ def test_paper_defaults():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"tile": (16, 16, 18)}, r"tile \(16, 16, 18\) must be divisible by patch 4 along W, D and H; not along H=18"),
+        ({"tile": (16, 16, 18)}, r"shape \(16, 16, 18\) must divide by the patch 4 along H, W and D; not along D=18"),
         ({"tile": (16, 16)}, "tile must be a positive int or three positive ints"),
         ({"patch": 6, "tile": 12}, "patch must be a power of two"),
         ({"patch": 0}, "patch must be a positive int"),
@@ -121,51 +121,12 @@ def test_input_shape_error():
 
 
 # --------------------------------------------------------------------------- sliding window
-def test_window_starts():
-    assert window_starts(16, 16, 0.5) == [0]
-    assert window_starts(10, 16, 0.5) == [0]
-    assert window_starts(40, 16, 0.5) == [0, 8, 16, 24]
-    assert window_starts(42, 16, 0.5) == [0, 8, 16, 24, 26]
-    assert window_starts(40, 16, 0.0) == [0, 16, 24]
 
 
 @torch.no_grad()
-def test_sliding_window_equals_forward_on_one_tile():
+def test_sliding_window_over_one_tile_is_the_forward_pass():
+    from distmis.train.inference import sliding_window
+
     model = tiny()
     x = torch.randn(2, 2, 16, 16, 16)
-    expected = model(x)
-    torch.testing.assert_close(sliding_window_inference(model, x, 16), expected, atol=0, rtol=0)
-    torch.testing.assert_close(sliding_window_inference(model, x, 16, gaussian=True), expected)
-
-
-@torch.no_grad()
-@pytest.mark.parametrize("gaussian", [False, True])
-def test_sliding_window_covers_a_larger_volume(gaussian):
-    model = tiny()
-    calls = []
-
-    def predict(windows):
-        calls.append(windows.shape[0])
-        return model(windows)
-
-    volume = torch.randn(2, 2, 24, 20, 16)
-    out = sliding_window_inference(predict, volume, 16, overlap=0.5, gaussian=gaussian, batch_size=3)
-    assert out.shape == (2, 3, 24, 20, 16) and torch.isfinite(out).all()
-    assert sum(calls) == 2 * 2 * 1 * 2  # 2 x 2 x 1 windows, for each of the 2 volumes; in batches of 3 windows
-    # the corner only one window covers is that window's prediction
-    torch.testing.assert_close(out[:, :, :8, :4, :], model(volume[:, :, :16, :16, :])[:, :, :8, :4, :])
-
-
-@torch.no_grad()
-def test_sliding_window_pads_a_smaller_volume_and_checks_arguments():
-    model = tiny()
-    out = sliding_window_inference(model, torch.randn(1, 2, 12, 16, 16), 16)
-    assert out.shape == (1, 3, 12, 16, 16)
-    with pytest.raises(ValueError, match=r"overlap must lie in \[0, 1\)"):
-        sliding_window_inference(model, torch.randn(1, 2, 16, 16, 16), 16, overlap=1.0)
-    with pytest.raises(ValueError, match="volume must be"):
-        sliding_window_inference(model, torch.randn(2, 16, 16, 16), 16)
-    with pytest.raises(ValueError, match="model_fn must map windows"):
-        sliding_window_inference(lambda w: w[:, :, :8], torch.randn(1, 2, 16, 16, 16), 16)
-    weights = gaussian_weights((16, 8, 4))
-    assert weights.shape == (16, 8, 4) and weights.max() == 1.0 and weights.min() >= 1e-3
+    torch.testing.assert_close(sliding_window(model, x, 16, mode="gaussian"), model(x))

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 
 from distmis.models.vit_seg import ViTSeg
 
+pytestmark = pytest.mark.slow  # real gloo process groups of 2 and 4 ranks
+
 TILE = (24, 8, 8)  # patch 4: a (6, 2, 2) grid of 24 tokens; 'ordered' at 4 ranks gives non-box chunks
 MODEL = dict(in_channels=2, num_classes=3, tile=TILE, patch=4, layers=2, embed_dim=32, heads=4, mlp_ratio=2.0,
              decoder_features=16)
@@ -29,6 +31,27 @@ SPLITS = ("ordered", "spatial")
 GATHER_CASES = [f"gather/{a}/{s}" for a in ATTENTIONS for s in SPLITS] + ["gather/ulysses/ordered/sinusoidal"]
 NO_GATHER_CASES = [f"no-gather/{a}/spatial" for a in ATTENTIONS]
 
+
+
+def all_reduce_mean(value: torch.Tensor, group=None) -> torch.Tensor:
+    """The mean of ``value`` over ``group`` (a detached copy), to compare per-rank losses."""
+    import torch.distributed as dist
+
+    value = value.detach().clone()
+    size = dist.get_world_size(group) if dist.is_initialized() else 1
+    if size > 1:
+        dist.all_reduce(value, group=group)
+        value /= size
+    return value
+
+
+def broadcast_in_sp_group(tensor: torch.Tensor, groups) -> torch.Tensor:
+    """Give every rank of the SP group the SP leader's ``tensor`` (in place)."""
+    import torch.distributed as dist
+
+    if groups.sp_size > 1:
+        dist.broadcast(tensor, src=groups.sp_ranks[0], group=groups.sp_group)
+    return tensor
 
 def make_model(**kwargs: Any) -> ViTSeg:
     torch.manual_seed(0)
@@ -116,7 +139,6 @@ def gather_case(attention: str, split: str, pos_embedding: str = "learned") -> d
 
 
 def no_gather_case(attention: str) -> dict[str, float]:
-    from distmis.parallel.collectives import all_reduce_mean
     from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients
 
     base = make_model()
@@ -138,7 +160,6 @@ def no_gather_case(attention: str) -> dict[str, float]:
 def no_gather_training() -> dict[str, Any]:
     import torch.distributed as dist
 
-    from distmis.parallel.collectives import all_reduce_mean
     from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients
 
     model = parallelize_vit_seg(make_model(), None, attention="ulysses", decoder="no-gather", split="spatial")
@@ -187,8 +208,7 @@ def dp_sp_case() -> dict[str, float]:
     """DP=2 x SP=2 (4 ranks) against DP=2 x SP=1 (ranks 0 and 1): same losses, gradients and weights."""
     import torch.distributed as dist
 
-    from distmis.parallel.collectives import all_reduce_mean
-    from distmis.parallel.groups import broadcast_in_sp_group, build_parallel_groups
+    from distmis.parallel.groups import build_parallel_groups
     from distmis.parallel.sequence import parallelize_vit_seg, sync_gradients
 
     dp_sp = build_parallel_groups(2)
@@ -238,13 +258,13 @@ def dp_sp_case() -> dict[str, float]:
 def sliding_window_case() -> dict[str, float]:
     """Whole-volume validation through the parallel model: every rank gets the single-device prediction."""
     from distmis.parallel.sequence import parallelize_vit_seg
-    from distmis.train.sliding_window import sliding_window_inference
+    from distmis.train.inference import sliding_window
 
     base = make_model().eval()
     volume = torch.randn(1, 2, 40, 12, 8, generator=torch.Generator().manual_seed(3))
-    expected = sliding_window_inference(base, volume, TILE, overlap=0.5, gaussian=True)
+    expected = sliding_window(base, volume, TILE, overlap=0.5, mode="gaussian")
     model = parallelize_vit_seg(copy.deepcopy(base), None, attention="ulysses", split="spatial").eval()
-    actual = sliding_window_inference(model, volume, TILE, overlap=0.5, gaussian=True)
+    actual = sliding_window(model, volume, TILE, overlap=0.5, mode="gaussian")
     torch.testing.assert_close(actual, expected, **TOL)
     return {"error": (actual - expected).abs().max().item()}
 

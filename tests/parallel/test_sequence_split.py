@@ -7,7 +7,20 @@ import torch
 
 from distmis.models.vit_seg import ViTSeg
 from distmis.parallel.groups import parallel_layout
-from distmis.parallel.sequence import box_indices, check_sequence_parallel, chunk_box, split_tokens
+from distmis.parallel.sequence import box_indices, check_sequence_parallel, token_chunk
+from distmis.spec.partition import partition_tokens, range_box
+
+
+def split_tokens(grid, sp_size, split):
+    return [token_chunk(share, grid) for share in partition_tokens(grid, sp_size, split)]
+
+
+def chunk_box(indices: torch.Tensor, grid) -> tuple[slice, slice, slice] | None:
+    """The box a chunk of indices fills when they are listed row-major inside it (else None), the slow way."""
+    low = [min(int(i) // d % g for i in indices) for d, g in zip((grid[1] * grid[2], grid[2], 1), grid)]
+    high = [max(int(i) // d % g for i in indices) + 1 for d, g in zip((grid[1] * grid[2], grid[2], 1), grid)]
+    box = tuple(slice(a, b) for a, b in zip(low, high))
+    return box if torch.equal(box_indices(box, grid), indices) else None
 
 
 def covers_every_token_once(chunks, n):
@@ -53,7 +66,18 @@ def test_box_helpers():
     assert box_indices((slice(1, 2), slice(0, 2), slice(1, 3)), (2, 2, 3)).tolist() == [7, 8, 10, 11]
     assert chunk_box(torch.tensor([7, 8, 10, 11]), (2, 2, 3)) == (slice(1, 2), slice(0, 2), slice(1, 3))
     assert chunk_box(torch.tensor([8, 7, 10, 11]), (2, 2, 3)) is None  # a box, but not in row-major order
-    assert chunk_box(torch.tensor([2, 3]), (2, 2, 3)) is None  # crosses a Height row
+    assert chunk_box(torch.tensor([2, 3]), (2, 2, 3)) is None  # crosses a row of the last axis
+
+
+@pytest.mark.parametrize("grid", [(2, 2, 3), (3, 4, 5), (4, 1, 6), (2, 6, 1)])
+def test_range_box_agrees_with_the_tokens_it_lists(grid):
+    """Every contiguous range of the token order: a box exactly when its indices fill one row-major."""
+    n = grid[0] * grid[1] * grid[2]
+    for start in range(n):
+        for stop in range(start + 1, n + 1):
+            expected = chunk_box(torch.arange(start, stop), grid)
+            box = range_box(start, stop, grid)
+            assert (None if box is None else tuple(slice(a, b) for a, b in box)) == expected, (start, stop)
 
 
 def test_embedding_a_cropped_box_equals_the_tile_tokens_at_its_indices():
@@ -76,7 +100,7 @@ def test_embedding_a_cropped_box_equals_the_tile_tokens_at_its_indices():
          r"split 'ordered': the tile's 24 tokens \(patch grid \(6, 2, 2\)\) must be divisible by the sequence-parallel "
          r"degree 5"),
         ({"sp_size": 3, "split": "spatial"}, r"split 'spatial' supports sequence-parallel degrees \(1, 2, 4, 8\)"),
-        ({"sp_size": 8, "split": "spatial", "grid": (6, 2, 3)}, "not divisible along H=3"),
+        ({"sp_size": 8, "split": "spatial", "grid": (6, 2, 3)}, "not divisible along D=3"),
         ({"sp_size": 8, "attention": "ulysses"},
          r"attention 'ulysses' needs heads \(4\) divisible by the sequence-parallel degree \(8\)"),
         ({"sp_size": 4, "decoder": "no-gather"},

@@ -1,0 +1,100 @@
+"""A trial's parallel layout, resolved once from its spec (in the spirit of torchtitan's ``ParallelDims``).
+
+Every question of the form "how many workers does this trial hold, how are they grouped, what learning rate
+does it train with" is answered here, by :func:`resolve_layout`, and nowhere else: the search plan, the
+trainables, the Ray Train workers, the trainers, the MLflow callback and the comparison all read the
+:class:`TrialLayout` they are given. Pure arithmetic: no torch, no Ray.
+
+A trial of ``dp`` data-parallel replicas, each split over ``sp`` sequence-parallel ranks (and, once pipelines
+exist, ``pp`` stages), holds ``dp * sp * pp`` Ray Train workers. The learning rate scales with the replicas
+that each see their own samples (``dp``), not with ranks that share one sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+from distmis.spec.load import apply_config
+from distmis.spec.schema import ResourcesSpec, Spec
+
+SP_DEGREE_PATH = "parallelism.sequence_parallel.degree"
+
+
+@dataclass(frozen=True)
+class TrialLayout:
+    """Where one trial runs and how it divides its work."""
+
+    dp: int  # data-parallel replicas: each trains on its own share of the batches
+    sp: int  # sequence-parallel degree: ranks that split the tokens of one sample
+    pp: int  # pipeline stages (1 until pipeline parallelism exists)
+    distributed: bool  # a Ray Train worker group (even of one worker), else one process in Tune's actor
+    cpu: float  # CPUs of each worker (of the trial's one process when not distributed)
+    gpu: float  # GPUs of each worker (likewise)
+    lr: float  # the spec's training.optimizer.lr
+    lr_scaling: Literal["linear", "none"]
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "sp", "pp"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if not self.distributed and self.world_size != 1:
+            raise ValueError(f"a trial of {self.world_size} ranks (dp={self.dp}, sp={self.sp}, pp={self.pp}) "
+                             "must run as a Ray Train worker group (distributed=True)")
+
+    @property
+    def world_size(self) -> int:
+        """Ray Train workers (ranks) of the trial."""
+        return self.dp * self.sp * self.pp
+
+    @property
+    def effective_lr(self) -> float:
+        """The learning rate the trial's optimizer uses: scaled linearly with ``dp`` (the paper's rule) or not."""
+        return self.lr * (self.dp if self.lr_scaling == "linear" else 1)
+
+    @property
+    def worker_resources(self) -> dict[str, float]:
+        """What each worker (or the trial's one process) reserves, as Ray names it."""
+        return {"CPU": self.cpu, "GPU": self.gpu}
+
+    def describe(self) -> str:
+        """``"2 workers: dp=2 x sp=1, 1 CPU each"``."""
+        gpu = f" + {self.gpu:g} GPU" if self.gpu else ""
+        where = f"{self.world_size} worker(s): dp={self.dp} x sp={self.sp}" + (f" x pp={self.pp}" if self.pp > 1 else "")
+        return f"{where}, {self.cpu:g} CPU{gpu} each" if self.distributed else f"1 process, {self.cpu:g} CPU{gpu}"
+
+
+def searched_sp_degrees(spec: Spec) -> list[int]:
+    """The sequence-parallel degrees the search's trials may use: the spec's, or every searched value."""
+    domain = spec.search.space.get(SP_DEGREE_PATH)
+    if domain is None:
+        return [spec.parallelism.sequence_parallel.degree]
+    return sorted({int(v) for v in domain.values})
+
+
+def resolve_layout(spec: Spec) -> TrialLayout:
+    """The layout of a trial of ``spec`` (a trial's spec: the search's with its config applied).
+
+    ``experiment`` mode: ``workers_per_trial`` replicas (1: one process per trial; more: hybrid). ``data`` mode:
+    ``workers`` replicas. Either way times the sequence-parallel degree. A search whose trials may hold more than
+    one rank (a searched degree above 1 included) runs every trial as a Ray Train worker group, so that all its
+    trials are laid out, reserved and timed alike.
+    """
+    par = spec.parallelism
+    if par.mode == "compare":
+        raise ValueError("a comparison has no single trial layout: each of its cells is a search of its own "
+                         "(distmis.search.compare.cell_spec)")
+    dp = par.worker_counts[0] if par.mode == "data" else par.workers_per_trial
+    distributed = par.mode == "data" or dp * max(searched_sp_degrees(spec)) > 1
+    resources: ResourcesSpec = par.resources_per_worker if distributed else par.resources_per_trial
+    return TrialLayout(
+        dp=dp, sp=par.sequence_parallel.degree, pp=1, distributed=distributed, cpu=resources.cpu, gpu=resources.gpu,
+        lr=spec.training.optimizer.lr, lr_scaling=par.lr_scaling,
+    )
+
+
+def resolve_trial(spec: Spec, config: Mapping[str, Any]) -> tuple[Spec, TrialLayout]:
+    """A trial's spec (the search's with the trial's config applied) and its layout: what a trial process,
+    its workers and the driver's MLflow callback all work from."""
+    trial = apply_config(spec, config)
+    return trial, resolve_layout(trial)
