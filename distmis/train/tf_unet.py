@@ -4,8 +4,8 @@ The loop is a plain ``tf.function`` step over a ``tf.data`` pipeline rather than
 each epoch hands back its numbers to whoever drives it (a Ray Tune trial), and the same step
 can later run under a ``tf.distribute`` strategy.
 
-Validation is per case on whole volumes (or stitched tiles when ``training.tile`` is set), so the
-validation dice is the one a user would compute on the preprocessed cases.
+Validation is per case on whole volumes (by sliding windows of the tile when ``training.tile`` is set), so
+the validation dice is the one a user would compute on the preprocessed cases.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from distmis.spec.layout import TrialLayout, resolve_layout
 from distmis.spec.schema import Spec
 from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch
-from distmis.train.tiling import predict_tiled
+from distmis.train.inference import predict_channels_last
 
 __all__ = ["EpochMetrics", "NonFiniteLossError", "UNetTrainer"]
 
@@ -26,8 +27,10 @@ __all__ = ["EpochMetrics", "NonFiniteLossError", "UNetTrainer"]
 class UNetTrainer:
     """Builds the U-Net, its optimizer and data pipelines for one trial's spec."""
 
-    def __init__(self, spec: Spec, tfrecord_dir: str | Path, *, strategy: Any | None = None):
-        """``strategy``: a ``tf.distribute`` strategy (``MultiWorkerMirroredStrategy`` in a data-parallel
+    def __init__(self, spec: Spec, tfrecord_dir: str | Path, *, layout: TrialLayout | None = None,
+                 strategy: Any | None = None):
+        """``layout``: the trial's layout; the optimizer takes its ``effective_lr`` (default: the spec's own).
+        ``strategy``: a ``tf.distribute`` strategy (``MultiWorkerMirroredStrategy`` in a data-parallel
         trial); None runs on this process alone. Each replica takes ``training.batch_size`` volumes a step."""
         import keras
         import tensorflow as tf
@@ -37,6 +40,7 @@ class UNetTrainer:
         from distmis.train.losses import make_loss
 
         self.spec = spec
+        self.layout = layout or resolve_layout(spec)
         self.tfrecord_dir = Path(tfrecord_dir)
         manifest = read_manifest(self.tfrecord_dir)
         self.num_classes = int(manifest["num_classes"])
@@ -85,7 +89,8 @@ class UNetTrainer:
             in_channels=int(manifest["image_shape"][-1]), num_classes=self.num_classes, **params.model_dump()
         )
         optimizer = keras.optimizers.Adam(
-            learning_rate=opt.lr, beta_1=opt.beta1, beta_2=opt.beta2, epsilon=opt.epsilon, amsgrad=opt.amsgrad
+            learning_rate=self.layout.effective_lr, beta_1=opt.beta1, beta_2=opt.beta2, epsilon=opt.epsilon,
+            amsgrad=opt.amsgrad,
         )
         return model, optimizer
 
@@ -117,12 +122,11 @@ class UNetTrainer:
 
     # ------------------------------------------------------------------ validation
     def predict_volume(self, image: np.ndarray) -> np.ndarray:
-        """Probabilities for one (H, W, D, C) volume: whole, or stitched from tiles (averaged where they overlap)."""
-        tile = self.spec.training.tile
-        if tile is None:
-            return self._predict(image[None]).numpy()[0]
-        return predict_tiled(lambda batch: self._predict(batch).numpy(), image, tile,
-                             num_classes=self.num_classes, batch_size=self.spec.training.batch_size)
+        """Probabilities for one (H, W, D, C) volume: whole, or by sliding windows of the tile
+        (``training.inference``: overlap, constant or Gaussian weights)."""
+        training = self.spec.training
+        return predict_channels_last(lambda batch: self._predict(batch).numpy(), image, training.tile,
+                                     inference=training.inference, batch_size=training.inference_batch_size)
 
     def validate(self) -> tuple[float, float]:
         """Mean validation loss and mean per-case dice over the validation split."""

@@ -20,18 +20,21 @@ from typing import Callable, Literal
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from distmis.models.unet3d_torch import UNet3D, count_trainable_parameters
+from distmis.spec.layout import TrialLayout, resolve_layout
 from distmis.spec.schema import Spec
 from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch
-from distmis.train.tiling import predict_tiled
+from distmis.train.inference import predict_channels_last
 
 __all__ = [
     "LossName",
     "soft_dice_per_sample",
     "soft_dice_loss",
     "dice_bce_loss",
+    "dice_bce_with_logits_loss",
     "make_loss",
     "TorchUNetTrainer",
 ]
@@ -68,17 +71,32 @@ def dice_bce_loss(pred: torch.Tensor, target: torch.Tensor, smooth: float = 1.0)
     return soft_dice_loss(pred, target, smooth) + bce
 
 
-def make_loss(name: LossName, smooth: float = 1.0) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def dice_bce_with_logits_loss(logits: torch.Tensor, target: torch.Tensor, smooth: float = 1.0) -> torch.Tensor:
+    """:func:`dice_bce_loss` of ``sigmoid(logits)``, its cross-entropy computed from the logits: no clipping,
+    so a confidently wrong voxel (a logit beyond about +-16) still has a gradient."""
+    target = target.to(logits.dtype)
+    bce = F.binary_cross_entropy_with_logits(logits, target)
+    return soft_dice_loss(torch.sigmoid(logits), target, smooth) + bce
+
+
+def make_loss(
+    name: LossName, smooth: float = 1.0, *, from_logits: bool = False
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The loss a spec's ``training.loss`` names, as ``loss(pred, target) -> scalar``.
 
+    ``pred`` holds probabilities, or logits with ``from_logits`` (for a model whose head has no sigmoid).
     Note the argument order: prediction first, as PyTorch's own losses (the TF losses take the
     target first, as Keras does).
     """
+    if name not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {name!r}")
     if name == "dice":
+        if from_logits:
+            return lambda logits, target: soft_dice_loss(torch.sigmoid(logits), target, smooth)
         return lambda pred, target: soft_dice_loss(pred, target, smooth)
-    if name == "dice-bce":
-        return lambda pred, target: dice_bce_loss(pred, target, smooth)
-    raise ValueError(f"loss must be one of {LOSSES}, got {name!r}")
+    if from_logits:
+        return lambda logits, target: dice_bce_with_logits_loss(logits, target, smooth)
+    return lambda pred, target: dice_bce_loss(pred, target, smooth)
 
 
 # --------------------------------------------------------------------------- data
@@ -119,7 +137,9 @@ class TorchUNetTrainer:
 
     Args:
         spec: the trial's spec (its ``model.params`` and ``training`` sections are used).
-        tfrecord_dir: the converted data (see :func:`distmis.orchestration.prepare.prepare_data`).
+        tfrecord_dir: the converted data (see :func:`distmis.search.prepare.prepare_data`).
+        layout: the trial's layout; the optimizer takes its ``effective_lr``. Default: the spec's own
+            (:func:`~distmis.spec.layout.resolve_layout`).
         rank: this worker's index among ``world_size`` data-parallel workers.
         world_size: how many workers share each epoch's training cases.
         wrap_model: applied to the model to give :attr:`train_model` (e.g. Ray Train's
@@ -132,6 +152,7 @@ class TorchUNetTrainer:
         spec: Spec,
         tfrecord_dir: str | Path,
         *,
+        layout: TrialLayout | None = None,
         rank: int = 0,
         world_size: int = 1,
         wrap_model: Callable[[nn.Module], nn.Module] | None = None,
@@ -144,6 +165,7 @@ class TorchUNetTrainer:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must lie in [0, {world_size}), got {rank}")
         self.spec = spec
+        self.layout = layout or resolve_layout(spec)
         self.tfrecord_dir = Path(tfrecord_dir)
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
@@ -161,7 +183,7 @@ class TorchUNetTrainer:
         self.num_parameters = count_trainable_parameters(self.model)
         opt = training.optimizer
         self.optimizer = torch.optim.Adam(
-            self.train_model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.epsilon,
+            self.train_model.parameters(), lr=self.layout.effective_lr, betas=(opt.beta1, opt.beta2), eps=opt.epsilon,
             amsgrad=opt.amsgrad,
         )
         self.loss_fn = make_loss(training.loss.name, training.loss.smooth)
@@ -270,12 +292,12 @@ class TorchUNetTrainer:
         return prob.cpu().numpy().transpose(0, 2, 3, 4, 1)
 
     def predict_volume(self, image_hwdc: np.ndarray) -> np.ndarray:
-        """Probabilities (h, w, d, C) for one (h, w, d, 4) volume: whole, or stitched tiles averaged on overlaps."""
+        """Probabilities (h, w, d, C) for one (h, w, d, 4) volume: whole, or by sliding windows of the tile
+        (``training.inference``: overlap, constant or Gaussian weights)."""
         self.model.eval()
-        if self.tile is None:
-            return self._predict(image_hwdc[None])[0]
-        return predict_tiled(self._predict, image_hwdc, self.tile, num_classes=self.num_classes,
-                             batch_size=self.spec.training.batch_size)
+        training = self.spec.training
+        return predict_channels_last(self._predict, image_hwdc, self.tile, inference=training.inference,
+                                     batch_size=training.inference_batch_size)
 
     def validate(self) -> tuple[float, float]:
         """Mean validation loss and mean per-case dice over every validation case.

@@ -20,16 +20,17 @@ import torch.distributed as dist
 from distmis.models.vit_seg import ViTSeg
 from distmis.parallel.groups import ParallelGroups
 from distmis.parallel.sequence import SequenceParallelViTSeg, parallelize_vit_seg, sync_gradients
+from distmis.spec.layout import TrialLayout
 from distmis.spec.schema import Spec, ViTSegParams
-from distmis.train.sliding_window import sliding_window_inference
-from distmis.train.torch_unet import TorchUNetTrainer
+from distmis.train.inference import sliding_window
+from distmis.train.torch_unet import TorchUNetTrainer, make_loss
 
 
 class TorchViTTrainer(TorchUNetTrainer):
     """Train and validate a ViTSeg; ``groups`` (from :func:`build_parallel_groups`) makes it DP x SP."""
 
-    def __init__(self, spec: Spec, tfrecord_dir: str | Path, *, groups: ParallelGroups | None = None,
-                 device: str = "cpu") -> None:
+    def __init__(self, spec: Spec, tfrecord_dir: str | Path, *, layout: TrialLayout | None = None,
+                 groups: ParallelGroups | None = None, device: str = "cpu") -> None:
         if not isinstance(spec.model.params, ViTSegParams):
             raise ValueError(f"TorchViTTrainer trains model 'vit-seg', got {spec.model.name!r}")
         self.groups = groups
@@ -42,13 +43,15 @@ class TorchViTTrainer(TorchUNetTrainer):
                                        split=sp.split)
 
         super().__init__(
-            spec, tfrecord_dir,
+            spec, tfrecord_dir, layout=layout,
             rank=groups.dp_rank if groups else 0, world_size=groups.dp_size if groups else 1,
             wrap_model=wrap if parallel else None, device=device,
         )
         if groups is not None:
             self.reduce_group = groups.dp_group  # validation shares add up over DP; SP ranks hold copies
-        self.overlap = 0.5  # of the sliding windows that predict whole volumes
+        # The ViT gives logits: train on them (BCE with logits); validation scores averaged probabilities.
+        loss = spec.training.loss
+        self.logits_loss_fn = make_loss(loss.name, loss.smooth, from_logits=True)
 
     def _build_model(self, in_channels: int) -> ViTSeg:
         params = self.spec.model.params
@@ -59,7 +62,7 @@ class TorchViTTrainer(TorchUNetTrainer):
         logits = self.train_model(x)
         if isinstance(self.train_model, SequenceParallelViTSeg):
             y = self.train_model.local_target(y)  # no-gather: this rank's sub-volume; gather: all of it
-        return self.loss_fn(torch.sigmoid(logits), y)
+        return self.logits_loss_fn(logits, y)
 
     def _synchronize_gradients(self) -> None:
         if self.groups is not None:
@@ -67,12 +70,14 @@ class TorchViTTrainer(TorchUNetTrainer):
 
     @torch.no_grad()
     def predict_volume(self, image_hwdc: np.ndarray) -> np.ndarray:
-        """Probabilities (h, w, d, C) for one channels-last volume: sliding windows of the model's tile with
-        half-tile overlap, averaged. Every rank of an SP group runs the same windows and gets the whole result."""
+        """Probabilities (h, w, d, C) for one channels-last volume by sliding windows of the model's tile
+        (``training.inference``). Every rank of an SP group runs the same windows and gets the whole result."""
         self.model.eval()
+        inference = self.spec.training.inference
         x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(image_hwdc, -1, 0), dtype=np.float32))[None]
-        prob = sliding_window_inference(self._probabilities, x.to(self.device), self.model.tile,
-                                        overlap=self.overlap, batch_size=self.spec.training.batch_size)
+        prob = sliding_window(self._probabilities, x.to(self.device), self.model.tile, overlap=inference.overlap,
+                              mode=inference.mode, sigma_scale=inference.sigma_scale,
+                              batch_size=self.spec.training.inference_batch_size)
         return prob[0].permute(1, 2, 3, 0).cpu().numpy()
 
     def _probabilities(self, x: torch.Tensor) -> torch.Tensor:

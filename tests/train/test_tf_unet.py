@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distmis.orchestration.prepare import prepare_data
+from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.train.tf_unet import NonFiniteLossError, UNetTrainer
 from tests.conftest import small_spec_tree

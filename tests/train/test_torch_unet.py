@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from distmis.orchestration.prepare import prepare_data
+from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.train.tf_unet import NonFiniteLossError
 from distmis.train.torch_unet import (
@@ -219,6 +219,7 @@ def _validate_on_rank(rank: int, world_size: int, spec_tree: dict, tfrecord_dir:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # a real gloo group of 2 processes
 def test_validation_is_sharded_over_ranks_and_all_reduced(tmp_path: Path):
     import torch.multiprocessing as mp
 

@@ -1,5 +1,5 @@
 """The ViT trainer on real TFRecords (single process; the sequence-parallel path runs in
-tests/orchestration/test_sequence_parallel_search.py and tests/parallel/)."""
+tests/search/test_sequence_parallel_search.py and tests/parallel/)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from distmis.models.vit_seg import ViTSeg
-from distmis.orchestration.prepare import prepare_data
+from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.train.torch_vit import TorchViTTrainer
 from tests.conftest import small_spec_tree
