@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test setup clean
+.PHONY: quickstart test test-fast setup clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,10 @@ quickstart: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The fast tier (no Ray clusters, process groups or training runs): about a minute.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow"
 
 clean:
 	rm -rf runs data .pytest_cache

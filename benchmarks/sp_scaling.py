@@ -41,7 +41,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from distmis.models.vit_seg import ViTSeg  # noqa: E402
-from distmis.net import free_port  # noqa: E402
+from distmis.service.net import free_port  # noqa: E402
 from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients  # noqa: E402
 
 

@@ -43,8 +43,15 @@ def ray_local():
     """One local Ray for every test that needs it (starting Ray costs seconds)."""
     import ray
 
-    from distmis.orchestration.experiment import TRIAL_ENV
+    from distmis.search.execute import TRIAL_ENV
 
     ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", runtime_env={"env_vars": TRIAL_ENV}, logging_level="WARNING")
     yield ray
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that starts (or joins) a real Ray is part of the slow tier."""
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

@@ -41,7 +41,7 @@ def _counts(text: str) -> list[int]:
 
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args: argparse.Namespace) -> int:
-    from distmis.orchestration.search_space import num_trials
+    from distmis.search.search_space import num_trials
     from distmis.spec import load_spec, parse_set_options
 
     spec = load_spec(args.spec, parse_set_options(args.set))
@@ -50,7 +50,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from distmis.orchestration.experiment import default_output_dir, run_search
+    from distmis.search.execute import default_output_dir
+    from distmis.search.run import run_search
     from distmis.spec import load_spec, parse_set_options
 
     spec = load_spec(args.spec, parse_set_options(args.set))
@@ -62,8 +63,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from distmis.orchestration.compare import run_compare
-    from distmis.orchestration.experiment import default_output_dir
+    from distmis.search.compare import run_compare
+    from distmis.search.execute import default_output_dir
     from distmis.spec import load_spec, parse_set_options
 
     overrides = parse_set_options(args.set)
@@ -262,10 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from distmis.data.errors import DataError
-    from distmis.orchestration.cluster import ClusterError
-    from distmis.orchestration.jobs import SubmitError
+    from distmis.service.cluster import ClusterError
+    from distmis.service.jobs import SubmitError
     from distmis.spec import SpecError
-    from distmis.tracking.server import ServerError
+    from distmis.service.server import ServerError
 
     func: Callable[[argparse.Namespace], int] = args.func
     try:

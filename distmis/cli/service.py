@@ -19,7 +19,7 @@ from distmis.cli.errors import EXIT_FAILED, EXIT_OK, BadInput
 
 # --------------------------------------------------------------------------- cluster
 def cmd_cluster_up(args: argparse.Namespace) -> int:
-    from distmis.orchestration.cluster import cluster_up
+    from distmis.service.cluster import cluster_up
 
     try:
         state = cluster_up(host=args.host, port=args.port, dashboard_port=args.dashboard_port,
@@ -36,7 +36,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_status(args: argparse.Namespace) -> int:
-    from distmis.orchestration.cluster import cluster_resources, cluster_status
+    from distmis.service.cluster import cluster_resources, cluster_status
 
     state, up = cluster_status()
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.started_at))
@@ -48,7 +48,7 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_down(args: argparse.Namespace) -> int:
-    from distmis.orchestration.cluster import cluster_down
+    from distmis.service.cluster import cluster_down
 
     pids = cluster_down()
     print(f"cluster stopped ({len(pids)} process(es))" if pids else "cluster was not running; state cleared")
@@ -57,7 +57,7 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- jobs
 def cmd_submit(args: argparse.Namespace) -> int:
-    from distmis.orchestration.jobs import follow_logs, job_client, submit_search, wait_for_job
+    from distmis.service.jobs import follow_logs, job_client, submit_search, wait_for_job
     from distmis.spec import load_spec, parse_set_options
 
     spec = load_spec(args.spec, parse_set_options(args.set))  # SpecError: exit 2, nothing sent
@@ -77,7 +77,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from distmis.orchestration.jobs import job_client, job_rows
+    from distmis.service.jobs import job_client, job_rows
 
     rows = job_rows(job_client(args.address))
     if not rows:
@@ -92,7 +92,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from distmis.orchestration.jobs import job_client
+    from distmis.service.jobs import job_client
 
     info = _job_info(job_client(args.address), args.job)
     print(f"{args.job}: {info.status.value}" + (f" ({info.message})" if info.message else ""))
@@ -100,7 +100,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from distmis.orchestration.jobs import follow_logs, job_client
+    from distmis.service.jobs import follow_logs, job_client
 
     client = job_client(args.address)
     _job_info(client, args.job)
@@ -113,7 +113,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from distmis.orchestration.jobs import job_client
+    from distmis.service.jobs import job_client
 
     client = job_client(args.address)
     _job_info(client, args.job)
@@ -123,7 +123,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _job_info(client: Any, job_id: str) -> Any:
-    from distmis.orchestration.jobs import SubmitError
+    from distmis.service.jobs import SubmitError
 
     try:
         return client.get_job_info(job_id)
@@ -133,7 +133,7 @@ def _job_info(client: Any, job_id: str) -> Any:
 
 # --------------------------------------------------------------------------- ui
 def cmd_ui(args: argparse.Namespace) -> int:
-    from distmis.tracking.server import start_server, store_for
+    from distmis.service.server import start_server, store_for
     from distmis.tracking.uri import redact_uri
 
     runs_root = Path(os.environ.get("DISTMIS_OUTPUT", "runs"))

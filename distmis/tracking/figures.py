@@ -51,22 +51,17 @@ def segmentation_overlay_figure(image: np.ndarray, target: np.ndarray, prob: np.
 
 
 def learning_curves_figure(client: MlflowClient, parent: Run, metric: str = "val_dice"):
-    """A matplotlib figure of ``metric`` per epoch for every trial of the search."""
-    import json
-
-    from distmis.tracking.mlflow_tracking import SEARCHED_TAG
-    from distmis.tracking.results import short_name, trial_runs
-
-    searched = json.loads(parent.data.tags.get(SEARCHED_TAG, "[]"))
+    """A matplotlib figure of ``metric`` per epoch for every trial of the search, labelled by run name
+    (which already names the trial's values: ``00003 lr=0.005 norm=group``)."""
+    from distmis.tracking.results import trial_runs
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in trial_runs(client, parent):
         history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
         if history:
-            values = " ".join(f"{short_name(p)}={run.data.params.get(p)}" for p in searched)
             ax.plot([m.step for m in history], [m.value for m in history], marker="o", ms=3,
-                    label=f"{run.info.run_name.rsplit('_', 1)[-1]} {values} ({run.info.status.lower()})")
+                    label=f"{run.info.run_name} ({run.info.status.lower()})")
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} per trial")

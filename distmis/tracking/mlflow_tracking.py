@@ -19,6 +19,10 @@ from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 from ray import tune
 
+from distmis.spec.layout import resolve_trial
+from distmis.spec.load import spec_to_dict
+from distmis.spec.schema import Spec
+
 ROLE_TAG = "distmis.role"
 SEARCHED_TAG = "distmis.searched"
 METRIC_TAG = "distmis.metric"
@@ -151,8 +155,8 @@ class SearchRun:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
 
-    def trial_callback(self, base_spec: Mapping[str, Any], workers_per_trial: int = 1) -> MLflowTrialCallback:
-        return MLflowTrialCallback(self, base_spec, workers_per_trial)
+    def trial_callback(self, spec: Spec) -> MLflowTrialCallback:
+        return MLflowTrialCallback(self, spec)
 
     def finish(self, status: str = "FINISHED") -> float:
         elapsed = time.perf_counter() - self._started
@@ -164,11 +168,10 @@ class SearchRun:
 class MLflowTrialCallback(tune.Callback):
     """Logs every Tune trial as a child run of the search's parent run, from the driver."""
 
-    def __init__(self, search_run: SearchRun, base_spec: Mapping[str, Any], workers_per_trial: int = 1):
+    def __init__(self, search_run: SearchRun, spec: Spec):
         self.search = search_run
         self.client = search_run.client
-        self.base_spec = dict(base_spec)
-        self.workers_per_trial = workers_per_trial
+        self.spec = spec
         self.best_checkpoint: dict[str, str] = {}  # trial id -> checkpoint path of a Ray Train trial's best epoch
         self.run_ids: dict[str, str] = {}
         self.best: dict[str, tuple[float, int]] = {}
@@ -181,22 +184,17 @@ class MLflowTrialCallback(tune.Callback):
         return self.run_ids[trial.trial_id]
 
     def _start(self, trial: Any) -> None:
-        from distmis.spec.load import with_overrides
-        from distmis.spec.schema import Spec
-
         run = self.client.create_run(
             self.search.experiment_id,
             run_name=trial_run_name(trial.trial_id, trial.config),
             tags={PARENT_TAG: self.search.run_id, ROLE_TAG: "trial", "distmis.trial_id": trial.trial_id},
         )
         self.run_ids[trial.trial_id] = run_id = run.info.run_id
-        # Validated, so the params show what the trial really used ("1e-3" in YAML is logged as 0.001).
-        spec = Spec.model_validate(with_overrides(self.base_spec, dict(trial.config)))
-        params = {k: v for k, v in flatten(spec.model_dump(mode="json")).items()
-                  if not k.startswith(("search.", "tracking."))}
-        # Ray Train workers of the trial: data-parallel replicas x the sequence-parallel degree (vit-seg).
-        params["trial.workers"] = self.workers_per_trial * spec.parallelism.sequence_parallel.degree
-        params["training.optimizer.effective_lr"] = spec.effective_lr(self.workers_per_trial)
+        # The trial's spec and layout as the trial itself resolves them ("1e-3" in YAML is logged as 0.001).
+        spec, layout = resolve_trial(self.spec, trial.config)
+        params = {k: v for k, v in flatten(spec_to_dict(spec)).items() if not k.startswith(("search.", "tracking."))}
+        params.update({"trial.workers": layout.world_size, "trial.data_parallel": layout.dp,
+                       "training.optimizer.effective_lr": layout.effective_lr})
         log_params(self.client, run_id, params)
 
     def _finish(self, trial: Any, status: str) -> None:

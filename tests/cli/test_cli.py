@@ -92,8 +92,8 @@ def test_parser_shape_argument():
 def test_run_exits_1_when_a_trial_fails(ray_local, tmp_path, monkeypatch, capsys):
     import functools
 
-    import distmis.orchestration.experiment as experiment
-    from tests.orchestration.test_experiment import flaky_trial
+    import distmis.search.run as experiment
+    from tests.search.test_experiment import flaky_trial
 
     monkeypatch.setattr(experiment, "run_search", functools.partial(experiment.run_search, trainable=flaky_trial))
     tree = small_spec_tree(tmp_path / "data")

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from distmis.orchestration.cluster import (
+from distmis.service.cluster import (
     ClusterState, alive_nodes, auth_headers, cluster_alive, default_dashboard_address,
 )
 from distmis.spec.load import spec_to_dict
@@ -129,7 +129,7 @@ class Submission:
 def submit_search(spec: Spec, *, address: str | None = None, output: Path | None = None,
                   submission_id: str | None = None) -> Submission:
     """Send ``spec`` as a Ray job; returns once the cluster accepted it (see :func:`wait_for_job`)."""
-    from distmis.orchestration.experiment import default_output_dir
+    from distmis.search.execute import default_output_dir
 
     url = resolve_address(address)
     client = job_client(url)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from distmis.orchestration.experiment import run_search
-from distmis.orchestration.trainable import single_process_trial
+from distmis.search.run import run_search
+from distmis.search.trainable import single_process_trial
 from distmis.spec import validate_spec
 from distmis.tracking.results import find_search_run, trial_runs
 from tests.conftest import small_spec_tree

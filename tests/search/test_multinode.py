@@ -8,11 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a simulated 3-node Ray cluster
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_trials_spread_over_nodes_and_a_data_parallel_trial_spans_them(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "tests.orchestration.multinode_search", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "tests.search.multinode_search", str(tmp_path)],
                             cwd=REPO, capture_output=True, text=True, timeout=540)
     lines = [line for line in result.stdout.splitlines() if line.startswith("MULTINODE ")]
     assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-3000:]

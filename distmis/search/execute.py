@@ -1,9 +1,9 @@
-"""Run a search: prepare the data, connect to Ray, run the Ray Tune ``Tuner``, record it in MLflow.
+"""One search on a connected Ray: the Ray Tune ``Tuner`` over the spec's trials, recorded in MLflow.
 
-:func:`run_search` is the whole job behind ``distmis run``. It lays the trials out by
-``parallelism.mode`` (:mod:`distmis.orchestration.plan`) and hands ``compare`` to
-:func:`distmis.orchestration.compare.run_compare`. :func:`execute_search` runs one search with a given
-layout; the comparison calls it once per mode and worker count.
+The pieces every way of running a search shares: connecting to Ray, preparing the data (nothing
+half-written on failure), opening the search's MLflow parent run, and :func:`execute_search`, which runs
+the trials with a :class:`~distmis.search.plan.SearchPlan`. :func:`distmis.search.run.run_search` calls it
+once; the comparison (:mod:`distmis.search.compare`) once per mode and worker count.
 """
 
 from __future__ import annotations
@@ -13,17 +13,18 @@ import os
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pandas as pd
 import yaml
 
-from distmis.orchestration.plan import TrialPlan, cluster_worker_slots, data_plan, experiment_plan, resources_dict
-from distmis.orchestration.prepare import PreparedData, prepare_data
-from distmis.orchestration.search_space import num_trials, param_space, scheduler, search_algorithm
-from distmis.orchestration.trainable import data_parallel_trial, single_process_trial, trial_spec
+from distmis.search.plan import SearchPlan
+from distmis.search.prepare import PreparedData, prepare_data
+from distmis.search.search_space import num_trials, param_space, scheduler, search_algorithm
+from distmis.search.trainable import data_parallel_trial, single_process_trial
+from distmis.spec.layout import resolve_trial
 from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.figures import learning_curves_figure
@@ -113,35 +114,30 @@ def open_search_run(spec: Spec, output_dir: Path, data: PreparedData, *, run_nam
 
 
 # --------------------------------------------------------------------------- one search
-def trial_function(plan: TrialPlan, base_spec: dict[str, Any], data: PreparedData, output_dir: Path,
+def trial_function(plan: SearchPlan, spec: Spec, data: PreparedData, output_dir: Path,
                    trainable: Callable[..., None] | None = None) -> Any:
-    """The Tune trainable for a plan, with its parameters and resources bound."""
+    """The Tune trainable for a plan, with the search's spec and its resources bound."""
     from ray import tune
 
     if plan.distributed:
-        fn = trainable or data_parallel_trial
-        bound = tune.with_parameters(fn, base_spec=base_spec, tfrecord_dir=str(data.tfrecord_dir),
-                                     workers=plan.workers_per_trial, worker_resources=plan.worker_resources,
+        bound = tune.with_parameters(trainable or data_parallel_trial, spec=spec, tfrecord_dir=str(data.tfrecord_dir),
                                      storage_path=str(output_dir / "ray_train"))
     else:
-        fn = trainable or single_process_trial
-        bound = tune.with_parameters(fn, base_spec=base_spec, tfrecord_dir=str(data.tfrecord_dir),
-                                     cpus=plan.trial_resources.get("cpu", 1))
+        bound = tune.with_parameters(trainable or single_process_trial, spec=spec, tfrecord_dir=str(data.tfrecord_dir))
     return tune.with_resources(bound, plan.trial_resources)
 
 
-def execute_search(spec: Spec, data: PreparedData, plan: TrialPlan, search_run: SearchRun, output_dir: Path, *,
+def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run: SearchRun, output_dir: Path, *,
                    progress: bool = True, trainable: Callable[..., None] | None = None) -> SearchOutcome:
     """Run the spec's trials with ``plan`` (Ray must be connected) and record the results on ``search_run``."""
     from ray import tune
 
-    base_spec = spec_to_dict(spec)
     search_run.client.set_tag(search_run.run_id, "distmis.layout", plan.label)
-    callback = search_run.trial_callback(base_spec, plan.workers_per_trial)
+    callback = search_run.trial_callback(spec)
     # One checkpoint per improved epoch with num_to_keep=1 makes Tune warn about snapshot frequency; expected here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     tuner = tune.Tuner(
-        trial_function(plan, base_spec, data, output_dir, trainable),
+        trial_function(plan, spec, data, output_dir, trainable),
         param_space=param_space(spec.search),
         tune_config=tune.TuneConfig(
             metric=spec.search.metric,
@@ -152,7 +148,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: TrialPlan, search_run: 
             max_concurrent_trials=plan.max_concurrent_trials,
         ),
         run_config=tune.RunConfig(
-            name=f"{spec.name}-{plan.mode}-{plan.workers_per_trial}w-{time.strftime('%Y%m%d-%H%M%S')}",
+            name=f"{spec.name}-{plan.mode}-{plan.largest.world_size}w-{time.strftime('%Y%m%d-%H%M%S')}",
             storage_path=str(output_dir / "ray_results"),
             callbacks=[callback],
             checkpoint_config=tune.CheckpointConfig(
@@ -179,7 +175,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: TrialPlan, search_run: 
     search_run.log_text(format_results(results, "markdown"), "results.md")
     search_run.log_figure(learning_curves_figure(client, parent, "val_dice"), "val_dice_curves.png")
     if failed < len(results):
-        _log_best_overlay(search_run, grid, callback, base_spec, data)
+        _log_best_overlay(search_run, grid, callback, spec, data)
     search_run.log_metrics({"trials": len(results), "failed_trials": failed, "search_seconds": search_seconds})
     best_column = results.get(f"best_{spec.search.metric}")
     if best_column is not None and best_column.notna().any():
@@ -189,37 +185,14 @@ def execute_search(spec: Spec, data: PreparedData, plan: TrialPlan, search_run: 
                          search_run.run_id, data)
 
 
-def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None, progress: bool = True,
-               trainable: Callable[..., None] | None = None) -> Any:
-    """Run the spec's search in its ``parallelism.mode``; returns its results (best first).
-
-    ``trainable`` replaces the Tune function run for each trial (it receives the same keyword arguments
-    as :func:`single_process_trial` or :func:`data_parallel_trial`).
-    """
-    if spec.parallelism.mode == "compare":
-        from distmis.orchestration.compare import run_compare
-
-        return run_compare(spec, output_dir, address=address, progress=progress, trainable=trainable)
-    output_dir = Path(output_dir).resolve()
-    data = prepare_output(spec, output_dir, progress=progress)
-    with ray_connection(address):
-        if spec.parallelism.mode == "data":
-            plan = data_plan(spec, spec.parallelism.worker_counts[0])
-        else:
-            slots = cluster_worker_slots(resources_dict(spec.parallelism.resources_per_worker))
-            plan = experiment_plan(spec, cluster_workers=slots)
-        search_run = open_search_run(spec, output_dir, data)
-        return execute_search(spec, data, plan, search_run, output_dir, progress=progress, trainable=trainable)
-
-
-def _log_best_overlay(search_run: SearchRun, grid: Any, callback: MLflowTrialCallback, base_spec: dict[str, Any],
+def _log_best_overlay(search_run: SearchRun, grid: Any, callback: MLflowTrialCallback, spec: Spec,
                       data: PreparedData) -> None:
     """Predict the first validation case with the best trial's best checkpoint; log the overlay PNG.
 
     A picture for the MLflow UI, not part of the results: a failure here is logged, not raised.
     """
     try:
-        from distmis.orchestration.trainable import build_trainer
+        from distmis.search.trainable import build_trainer
         from distmis.tracking.figures import segmentation_overlay_figure
         from distmis.train.metrics import dice_score
 
@@ -229,7 +202,9 @@ def _log_best_overlay(search_run: SearchRun, grid: Any, callback: MLflowTrialCal
         path = callback.best_checkpoint.get(trial_id) if checkpoint is None else None
         if checkpoint is None and path is None:
             return
-        trainer = build_trainer(trial_spec(base_spec, best.config), data.tfrecord_dir)
+        trial, layout = resolve_trial(spec, best.config)
+        # In this (driver) process: the weights are the same whatever the layout, so one process predicts.
+        trainer = build_trainer(trial, replace(layout, dp=1, sp=1, pp=1, distributed=False), data.tfrecord_dir)
         if checkpoint is not None:
             with checkpoint.as_directory() as directory:
                 trainer.load(directory)

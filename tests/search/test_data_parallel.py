@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from distmis.orchestration.experiment import run_search
+from distmis.search.run import run_search
 from distmis.spec import validate_spec
 from distmis.tracking.results import trial_runs
 from tests.conftest import small_spec_tree

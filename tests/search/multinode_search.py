@@ -2,7 +2,7 @@
 
 Not a test module: ``test_multinode.py`` runs it in a subprocess, because ``ray.cluster_utils.Cluster``
 needs a process with no Ray of its own (the test session already has one). Usage:
-    python -m tests.orchestration.multinode_search WORKDIR
+    python -m tests.search.multinode_search WORKDIR
 prints one JSON line: the worker nodes, and per search the node of every trial / Ray Train worker.
 """
 
@@ -23,8 +23,9 @@ def main(workdir: Path) -> dict:
     import ray
     from ray.cluster_utils import Cluster
 
-    from distmis.net import free_port
-    from distmis.orchestration.experiment import TRIAL_ENV, run_search
+    from distmis.service.net import free_port
+    from distmis.search.execute import TRIAL_ENV
+    from distmis.search.run import run_search
     from distmis.spec import validate_spec
     from tests.conftest import small_spec_tree
 

@@ -12,8 +12,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from distmis.cli.main import main
-from distmis.orchestration.compare import run_compare
-from distmis.orchestration.trainable import data_parallel_trial, data_parallel_worker, single_process_trial
+from distmis.search.compare import run_compare
+from distmis.search.trainable import data_parallel_trial, data_parallel_worker, single_process_trial
 from distmis.spec import SpecError, validate_spec
 from distmis.tracking.results import speedup_table, trial_runs
 from tests.conftest import small_spec_tree
@@ -91,7 +91,7 @@ def dying_worker(loop_config: dict) -> None:
 
 
 def trial_with_a_dying_worker(config, **kwargs):
-    if "workers" in kwargs:
+    if "storage_path" in kwargs:
         return data_parallel_trial(config, worker_loop=dying_worker, **kwargs)
     return single_process_trial(config, **kwargs)
 

@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distmis.net import LOOPBACK, is_loopback, port_in_use
+from distmis.service.net import LOOPBACK, is_loopback, port_in_use
 from distmis.tracking.mlflow_tracking import default_tracking_uri
 from distmis.tracking.uri import redact_uri
 

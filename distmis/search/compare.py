@@ -8,6 +8,10 @@ warm file caches. The table holds, per mode and N: elapsed seconds, speedup ``T1
 mode's own 1-worker run, efficiency ``speedup / N``, and the best validation dice (distributing the
 search should not change it).
 
+Each cell is a search of its own spec (:func:`cell_spec`): the comparison's spec in mode ``experiment``
+(N trials at once, one worker each) or ``data`` (N workers per trial), so its trials are laid out, logged
+and timed exactly as that search alone would be.
+
 MLflow: a ``compare`` parent run holds the table (CSV, markdown, PNG); each (mode, N) search is its
 child run, with the trials as its children.
 """
@@ -22,10 +26,10 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from distmis.orchestration.experiment import execute_search, open_search_run, prepare_output, ray_connection
-from distmis.orchestration.plan import cluster_worker_slots, compare_plans, resources_dict
+from distmis.search.execute import execute_search, open_search_run, prepare_output, ray_connection
+from distmis.search.plan import cluster_worker_slots, plan_search, trial_layouts
 from distmis.spec.load import SpecError
-from distmis.spec.schema import Spec
+from distmis.spec.schema import ParallelismSpec, Spec
 from distmis.tracking.figures import speedup_figure
 from distmis.tracking.mlflow_tracking import SearchRun
 from distmis.tracking.results import MODES, speedup_table
@@ -45,16 +49,32 @@ class ComparisonOutcome:
         return len(self.failed_cells)
 
 
+def cell_spec(spec: Spec, mode: str, workers: int) -> Spec:
+    """The search one cell of the table runs, on ``workers`` worker slots of ``resources_per_worker``:
+    ``experiment``: ``workers`` one-worker trials at once; ``data``: one trial at a time over ``workers`` workers."""
+    par = spec.parallelism
+    common = {"resources_per_worker": par.resources_per_worker, "lr_scaling": par.lr_scaling,
+              "sequence_parallel": par.sequence_parallel}
+    if mode == "experiment":
+        cell = ParallelismSpec(mode="experiment", resources_per_trial=par.resources_per_worker,
+                               max_concurrent_trials=workers, **common)
+    elif mode == "data":
+        cell = ParallelismSpec(mode="data", workers=workers, **common)
+    else:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return spec.model_copy(update={"parallelism": cell})
+
+
 def check_capacity(spec: Spec, counts: Sequence[int]) -> None:
     """Refuse, before anything runs, a worker count the connected cluster cannot hold."""
-    worker = resources_dict(spec.parallelism.resources_per_worker)
-    slots = cluster_worker_slots(worker)
+    layout = trial_layouts(cell_spec(spec, "data", 1))[0]
+    slots = cluster_worker_slots(layout)
     too_many = [n for n in counts if n > slots]
     if too_many:
         raise SpecError(
             spec.name,
             [("parallelism.workers", f"{too_many} worker(s) do not fit: the cluster holds {slots} worker(s) of "
-              f"{worker} (resources_per_worker); lower the counts or add nodes")],
+              f"{layout.worker_resources} (resources_per_worker); lower the counts or add nodes")],
         )
 
 
@@ -83,9 +103,8 @@ def run_compare(
         cells: list[dict[str, Any]] = []
         try:
             for index, n in enumerate(counts):
-                plans = compare_plans(spec, n)
                 for mode in MODES if index % 2 == 0 else MODES[::-1]:
-                    cells.append(_run_cell(spec, data, plans[mode], mode, n, compare_run, output_dir, progress, trainable))
+                    cells.append(_run_cell(spec, data, mode, n, compare_run, output_dir, progress, trainable))
         except BaseException:
             compare_run.finish("FAILED")
             raise
@@ -97,18 +116,20 @@ def run_compare(
     return ComparisonOutcome(table, failed_cells, compare_run.tracking_uri, spec.experiment_name, compare_run.run_id)
 
 
-def _run_cell(spec: Spec, data: Any, plan: Any, mode: str, workers: int, compare_run: SearchRun, output_dir: Path,
+def _run_cell(spec: Spec, data: Any, mode: str, workers: int, compare_run: SearchRun, output_dir: Path,
               progress: bool, trainable: Callable[..., None] | None) -> dict[str, Any]:
     """One (mode, workers) search as a child run of the comparison; a crash is recorded, not raised."""
-    run = open_search_run(spec, output_dir, data, run_name=f"{mode} x{workers}", parent_run_id=compare_run.run_id,
+    search = cell_spec(spec, mode, workers)
+    plan = plan_search(search)
+    run = open_search_run(search, output_dir, data, run_name=f"{mode} x{workers}", parent_run_id=compare_run.run_id,
                           tags={"distmis.compare.mode": mode, "distmis.compare.workers": str(workers)})
     best_key = f"best_{spec.search.metric}"
     cell: dict[str, Any] = {"mode": mode, "workers": workers, "elapsed_s": math.nan, best_key: math.nan,
                             "trials": 0, "failed_trials": 0, "status": "FAILED"}
     try:
-        outcome = execute_search(spec, data, plan, run, output_dir, progress=progress, trainable=trainable)
+        outcome = execute_search(search, data, plan, run, output_dir, progress=progress, trainable=trainable)
     except Exception as exc:  # noqa: BLE001 - the comparison goes on and says which cell failed
-        logger.error("comparison cell %s x%d failed: %s", mode, workers, exc)
+        logger.error("comparison cell %s x%d failed: %s", mode, workers, exc, exc_info=True)
         return cell | {"error": f"{type(exc).__name__}: {exc}"}
     best = outcome.results.get(best_key)
     if best is not None and best.notna().any():

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from distmis.data import DataError
-from distmis.orchestration.prepare import prepare_data
+from distmis.search.prepare import prepare_data
 from distmis.spec import SpecError, validate_spec
 from tests.conftest import small_spec_tree
 

@@ -22,14 +22,16 @@ import pytest
 import yaml
 
 from distmis.cli.main import main
-from distmis.net import free_port, is_loopback
-from distmis.orchestration.cluster import ClusterError, ClusterState, auth_headers, cluster_down, cluster_up
-from distmis.orchestration.jobs import (
+from distmis.service.net import free_port, is_loopback
+from distmis.service.cluster import ClusterError, ClusterState, auth_headers, cluster_down, cluster_up
+from distmis.service.jobs import (
     SubmitError, check_reachable_storage, is_local_store, is_this_machine, job_client,
 )
 from distmis.spec import validate_spec
-from distmis.tracking.server import store_for
+from distmis.service.server import store_for
 from tests.conftest import small_spec_tree
+
+pytestmark = pytest.mark.slow  # real `ray start --head` clusters and MLflow servers
 
 
 @pytest.fixture(scope="module")

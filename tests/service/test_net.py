@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from distmis.net import free_port, is_loopback, port_in_use
+from distmis.service.net import free_port, is_loopback, port_in_use
 
 
 def test_is_loopback():

@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from distmis.net import LOOPBACK, free_port, is_loopback, port_in_use
+from distmis.service.net import LOOPBACK, free_port, is_loopback, port_in_use
 
 logger = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from ray import tune
 
-from distmis.orchestration.search_space import num_trials, param_space, scheduler, search_algorithm
-from distmis.orchestration.trainable import is_better, trial_spec
-from distmis.spec import spec_to_dict, validate_spec
+from distmis.search.search_space import num_trials, param_space, scheduler, search_algorithm
+from distmis.search.trainable import is_better
+from distmis.spec import validate_spec
 
 
 def test_param_space_maps_each_domain(spec_tree):
@@ -35,13 +35,6 @@ def test_optuna_and_asha(spec_tree):
     spec = validate_spec(spec_tree)
     assert type(search_algorithm(spec)).__name__ == "OptunaSearch"
     assert type(scheduler(spec)).__name__ == "AsyncHyperBandScheduler"
-
-
-def test_trial_spec_applies_config(spec_tree):
-    base = spec_to_dict(validate_spec(spec_tree))
-    spec = trial_spec(base, {"training.optimizer.lr": 0.5, "model.params.norm": "group"})
-    assert spec.training.optimizer.lr == 0.5 and spec.model.params.norm == "group"
-    assert base["training"]["optimizer"]["lr"] == 1.0e-3  # the base spec is untouched
 
 
 def test_is_better():

@@ -1,0 +1,95 @@
+"""How the trials of one search share the cluster: what Ray Tune reserves per trial and how many run at once.
+
+A search's trials are laid out by their :class:`~distmis.spec.layout.TrialLayout` (resolved by the spec
+package); this module only reads those layouts:
+
+- experiment-parallel: every trial is one process (a Ray Tune actor); many trials at once.
+- data-parallel: every trial is a Ray Train run over N workers; one trial at a time.
+- hybrid: experiment-parallel trials that are each a worker group (data- and/or sequence-parallel); as many
+  at once as the cluster has room for the largest of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distmis.spec.layout import SP_DEGREE_PATH, TrialLayout, resolve_layout, searched_sp_degrees
+from distmis.spec.load import apply_config
+from distmis.spec.schema import Spec
+
+# A distributed trial's own process only drives its Ray Train run; it must not hold a CPU that a training
+# worker needs. Ray refuses an empty request, so it asks for a token amount of memory.
+DRIVER_RESOURCES = {"cpu": 0, "memory": 2**20}
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """What Ray Tune needs to lay the search's trials out."""
+
+    mode: str  # "experiment" or "data"
+    layouts: tuple[TrialLayout, ...]  # every layout a trial of the search can take (one per searched SP degree)
+    max_concurrent_trials: int | None
+
+    @property
+    def distributed(self) -> bool:
+        """Every trial is a Ray Train worker group (the layouts of one search agree on it)."""
+        return self.layouts[0].distributed
+
+    @property
+    def largest(self) -> TrialLayout:
+        return max(self.layouts, key=lambda layout: layout.world_size)
+
+    @property
+    def trial_resources(self) -> dict[str, float]:
+        """What Tune reserves for each trial's own process (a worker group reserves its workers itself)."""
+        if self.distributed:
+            return dict(DRIVER_RESOURCES)
+        layout = self.layouts[0]
+        return {"cpu": layout.cpu, "gpu": layout.gpu}
+
+    @property
+    def label(self) -> str:
+        at_once = self.max_concurrent_trials or "as many as fit"
+        workers = "/".join(str(n) for n in sorted({layout.world_size for layout in self.layouts}))
+        if self.mode == "data":
+            return f"data-parallel, {workers} worker(s) per trial"
+        if self.distributed:
+            return f"hybrid: {at_once} trial(s) x {workers} workers"
+        return f"experiment-parallel, {at_once} trial(s) at once"
+
+
+def trial_layouts(spec: Spec) -> tuple[TrialLayout, ...]:
+    """The layout of every kind of trial the search runs: one per sequence-parallel degree it may use."""
+    if SP_DEGREE_PATH not in spec.search.space:
+        return (resolve_layout(spec),)
+    return tuple(resolve_layout(apply_config(spec, {SP_DEGREE_PATH: d})) for d in searched_sp_degrees(spec))
+
+
+def plan_search(spec: Spec, *, cluster_slots: int | None = None) -> SearchPlan:
+    """The plan of a search in ``experiment`` or ``data`` mode.
+
+    ``cluster_slots``: workers of the layouts' size the cluster holds; a hybrid search runs
+    ``cluster_slots // largest world size`` trials at once (and never more than ``max_concurrent_trials``).
+    """
+    par = spec.parallelism
+    layouts = trial_layouts(spec)
+    if par.mode == "data":
+        return SearchPlan("data", layouts, 1)
+    limit = par.max_concurrent_trials
+    if layouts[0].distributed and cluster_slots:
+        fit = max(1, cluster_slots // max(layout.world_size for layout in layouts))
+        limit = min(limit, fit) if limit else fit
+    return SearchPlan("experiment", layouts, limit)
+
+
+def cluster_worker_slots(layout: TrialLayout) -> int:
+    """How many workers of this layout's size the connected Ray cluster holds (CPU- or GPU-bound)."""
+    import ray
+
+    total = ray.cluster_resources()
+    slots = []
+    if layout.cpu:
+        slots.append(int(total.get("CPU", 0) // layout.cpu))
+    if layout.gpu:
+        slots.append(int(total.get("GPU", 0) // layout.gpu))
+    return max(1, min(slots)) if slots else 1

@@ -1,0 +1,34 @@
+"""``distmis run``: a search in its ``parallelism.mode``, from spec to results table.
+
+``experiment`` and ``data`` run one search (:func:`~distmis.search.execute.execute_search`) laid out by
+:func:`~distmis.search.plan.plan_search`; ``compare`` runs one search per mode and worker count
+(:func:`~distmis.search.compare.run_compare`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from distmis.search.compare import run_compare
+from distmis.search.execute import execute_search, open_search_run, prepare_output, ray_connection
+from distmis.search.plan import cluster_worker_slots, plan_search, trial_layouts
+from distmis.spec.schema import Spec
+
+
+def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None, progress: bool = True,
+               trainable: Callable[..., None] | None = None) -> Any:
+    """Run the spec's search in its ``parallelism.mode``; returns its results (best first).
+
+    ``trainable`` replaces the Tune function run for each trial (it receives the same keyword arguments
+    as :func:`~distmis.search.trainable.single_process_trial` or
+    :func:`~distmis.search.trainable.data_parallel_trial`).
+    """
+    if spec.parallelism.mode == "compare":
+        return run_compare(spec, output_dir, address=address, progress=progress, trainable=trainable)
+    output_dir = Path(output_dir).resolve()
+    data = prepare_output(spec, output_dir, progress=progress)
+    with ray_connection(address):
+        plan = plan_search(spec, cluster_slots=cluster_worker_slots(trial_layouts(spec)[0]))
+        search_run = open_search_run(spec, output_dir, data)
+        return execute_search(spec, data, plan, search_run, output_dir, progress=progress, trainable=trainable)

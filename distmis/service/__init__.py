@@ -1,0 +1,3 @@
+"""The head-node service: a Ray head started and stopped on this machine (``cluster``), searches submitted to
+a cluster through the Ray Jobs API (``jobs``), the MLflow UI over a search's store (``server``), and the
+loopback and port helpers they share (``net``)."""

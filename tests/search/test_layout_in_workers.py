@@ -1,0 +1,146 @@
+"""The trial layout takes effect where it matters: inside the real trial processes and Ray Train workers.
+
+Each probe runs the real set-up of a trial (the trainer the search would train), writes down what it finds
+in its own process (the optimizer's learning rate, the process group, the model wrapper, the SP group), then
+trains as usual. The assertions read those records, not what was logged to MLflow.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from distmis.search.run import run_search
+from distmis.search.trainable import (
+    data_parallel_trial,
+    resolve_trial,
+    train_and_report,
+    worker_trainer,
+)
+from distmis.spec import validate_spec
+from tests.conftest import small_spec_tree
+
+pytestmark = pytest.mark.slow
+
+
+def optimizer_lr(trainer: Any) -> float:
+    if hasattr(trainer.optimizer, "param_groups"):  # torch
+        return float(trainer.optimizer.param_groups[0]["lr"])
+    return float(trainer.optimizer.learning_rate.numpy())  # Keras
+
+
+def record(out_dir: str, spec: Any, layout: Any, trainer: Any, rank: int = 0) -> dict[str, Any]:
+    """What this process really holds, written to ``out_dir/<world size>-<rank>.json``."""
+    import torch.distributed as dist
+
+    found: dict[str, Any] = {"rank": rank,
+        "layout_world_size": layout.world_size, "layout_dp": layout.dp, "layout_sp": layout.sp,
+        "lr": optimizer_lr(trainer), "spec_lr": spec.training.optimizer.lr,
+        "degree": spec.parallelism.sequence_parallel.degree,
+        "train_model": type(getattr(trainer, "train_model", trainer.model)).__name__,
+        "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
+    }
+    if hasattr(trainer, "strategy"):  # TensorFlow
+        found["replicas"] = int(trainer.strategy.num_replicas_in_sync)
+    groups = getattr(trainer, "groups", None)
+    if groups is not None:
+        found.update(sp_size=groups.sp_size, dp_size=groups.dp_size, sp_ranks=list(groups.sp_ranks))
+    model = getattr(trainer, "train_model", None)
+    if type(model).__name__ == "SequenceParallelViTSeg":
+        found["wrapper_sp_size"] = model.sp_size
+        found["attention_cores"] = sorted({type(block.attn.core).__name__ for block in model.model.blocks})
+    Path(out_dir, f"{layout.world_size}-{found['rank']}.json").write_text(json.dumps(found))
+    return found
+
+
+def probe_worker(out_dir: str, loop_config: dict[str, Any]) -> None:
+    import ray.train
+
+    spec, layout, trainer = worker_trainer(loop_config)
+    record(out_dir, spec, layout, trainer, rank=ray.train.get_context().get_world_rank())
+    train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint, saves_checkpoints=False)
+
+
+def probe_single(out_dir: str, config: dict[str, Any], *, spec: Any, tfrecord_dir: str) -> None:
+    from ray import tune
+
+    from distmis.search.trainable import build_trainer
+
+    trial, layout = resolve_trial(spec, config)
+    trainer = build_trainer(trial, layout, tfrecord_dir)
+    record(out_dir, trial, layout, trainer)
+    train_and_report(trainer, trial, tune.report, tune.Checkpoint, saves_checkpoints=False)
+
+
+def probe_trial(out_dir: str, config: dict[str, Any], **kwargs: Any) -> None:
+    if "storage_path" in kwargs:
+        return data_parallel_trial(config, worker_loop=functools.partial(probe_worker, out_dir), **kwargs)
+    return probe_single(out_dir, config, **kwargs)
+
+
+def run_probed(tree: dict, tmp_path: Path) -> dict[str, dict[str, Any]]:
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False,
+                         trainable=functools.partial(probe_trial, str(probes)))
+    assert outcome.failed == 0, outcome.results.get("error")
+    return {p.stem: json.loads(p.read_text()) for p in probes.glob("*.json")}
+
+
+def one_epoch_tree(data: Path, framework: str = "torch", **parallelism: Any) -> dict:
+    tree = small_spec_tree(data)
+    tree["model"]["framework"] = framework
+    tree["training"]["epochs"] = 1
+    tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3]}}
+    tree["parallelism"] = parallelism
+    return tree
+
+
+def test_single_process_trial_trains_at_the_spec_lr(ray_local, tmp_path: Path):
+    found = run_probed(one_epoch_tree(tmp_path / "data", "torch"), tmp_path)
+    assert list(found) == ["1-0"]
+    assert found["1-0"]["lr"] == pytest.approx(1e-3) and found["1-0"]["world_size"] == 1
+    assert found["1-0"]["train_model"] == "UNet3D"
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_data_parallel_workers_train_at_the_effective_lr(ray_local, tmp_path: Path, framework: str):
+    tree = one_epoch_tree(tmp_path / "data", framework, mode="data", workers=2, resources_per_worker={"cpu": 1})
+    found = run_probed(tree, tmp_path)
+    assert sorted(found) == ["2-0", "2-1"]  # two workers, one record each
+    for rank in found.values():
+        assert rank["layout_world_size"] == 2 and rank["layout_dp"] == 2
+        assert rank["lr"] == pytest.approx(2e-3)  # linear scaling with 2 replicas, in the optimizer itself
+        if framework == "torch":
+            assert rank["world_size"] == 2 and rank["train_model"] == "DistributedDataParallel"
+        else:
+            assert rank["replicas"] == 2
+
+
+def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says(ray_local, tmp_path: Path):
+    """Degree 1 and 2 searched, two data-parallel replicas each: 2 and 4 ranks; the lr scales with DP only."""
+    tree = small_spec_tree(tmp_path / "data", model={
+        "name": "vit-seg", "framework": "torch",
+        "params": {"layers": 1, "embed_dim": 16, "heads": 4, "patch": 4, "decoder_features": 8}})
+    tree["training"].update(epochs=1, tile=[8, 8, 8], batch_size=1)
+    tree["search"] = {"algorithm": "grid", "space": {"parallelism.sequence_parallel.degree": {"grid": [1, 2]}}}
+    tree["parallelism"] = {"workers_per_trial": 2, "resources_per_worker": {"cpu": 0.5},
+                           "sequence_parallel": {"attention": "ulysses", "split": "spatial"}}
+    found = run_probed(tree, tmp_path)
+    assert sorted(found) == ["2-0", "2-1", "4-0", "4-1", "4-2", "4-3"]
+    for name, rank in found.items():
+        degree = rank["degree"]
+        assert rank["world_size"] == rank["layout_world_size"] == 2 * degree
+        assert rank["lr"] == pytest.approx(2e-3)  # dp=2 whatever the degree
+        assert (rank["sp_size"], rank["dp_size"]) == (degree, 2)
+        if degree == 1:
+            assert rank["train_model"] == "ViTSeg"  # no SP wrapper when there is nothing to split
+        else:
+            assert rank["train_model"] == "SequenceParallelViTSeg" and rank["wrapper_sp_size"] == 2
+            assert rank["attention_cores"] == ["UlyssesAttention"]
+            r = rank["rank"]
+            assert rank["sp_ranks"] == [r - r % 2, r - r % 2 + 1]  # SP groups of consecutive ranks
