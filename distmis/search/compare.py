@@ -36,6 +36,7 @@ from distmis.tracking.results import MODES, speedup_table
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class ComparisonOutcome:
     table: pd.DataFrame
@@ -129,7 +130,8 @@ def _run_cell(spec: Spec, data: Any, mode: str, workers: int, compare_run: Searc
     try:
         outcome = execute_search(search, data, plan, run, output_dir, progress=progress, trainable=trainable)
     except Exception as exc:  # noqa: BLE001 - the comparison goes on and says which cell failed
-        logger.error("comparison cell %s x%d failed: %s", mode, workers, exc, exc_info=True)
+        logger.error("comparison cell %s x%d failed: %s", mode, workers, exc)
+        logger.debug("comparison cell %s x%d", mode, workers, exc_info=True)  # the traceback with --verbose
         return cell | {"error": f"{type(exc).__name__}: {exc}"}
     best = outcome.results.get(best_key)
     if best is not None and best.notna().any():
