@@ -29,6 +29,24 @@ def _shape(text: str) -> tuple[int, int, int]:
     return values  # type: ignore[return-value]
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _synthetic_shape(text: str) -> tuple[int, int, int]:
+    shape = _shape(text)
+    if min(shape) < 8:
+        raise argparse.ArgumentTypeError(f"a synthetic volume needs every dimension >= 8 (room for a brain and a "
+                                         f"tumour), got {text!r}")
+    return shape
+
+
 def _counts(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -137,8 +155,11 @@ def cmd_results(args: argparse.Namespace) -> int:
 def cmd_data_synth(args: argparse.Namespace) -> int:
     from distmis.data.synthetic import synthesize_dataset
 
-    ids = synthesize_dataset(args.out, args.layout, cases=args.cases, shape=args.shape, seed=args.seed,
-                             progress=not args.quiet)
+    try:
+        ids = synthesize_dataset(args.out, args.layout, cases=args.cases, shape=args.shape, seed=args.seed,
+                                 progress=not args.quiet)
+    except ValueError as exc:  # the generator's own argument checks: bad input, not a crash
+        raise BadInput(f"data synth: {exc}") from None
     print(f"wrote {len(ids)} synthetic {args.layout} cases to {args.out}")
     return EXIT_OK
 
@@ -228,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = dsub.add_parser("synth", help="write a synthetic NIfTI dataset in MSD or BraTS layout")
     p.add_argument("out", help="folder to create")
     p.add_argument("--layout", choices=["msd", "brats"], default="msd")
-    p.add_argument("--cases", type=int, default=10)
-    p.add_argument("--shape", type=_shape, default=(64, 64, 64), help="H,W,D (default 64,64,64)")
+    p.add_argument("--cases", type=_positive_int, default=10)
+    p.add_argument("--shape", type=_synthetic_shape, default=(64, 64, 64), help="H,W,D, each >= 8 (default 64,64,64)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_data_synth)
@@ -243,8 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resize", type=_shape, help="resize to H,W,D after cropping")
     p.add_argument("--split", type=float, nargs=3, default=(0.7, 0.15, 0.15), metavar=("TRAIN", "VAL", "TEST"))
     p.add_argument("--seed", type=int, default=0, help="split seed")
-    p.add_argument("--shards", type=int, help="shards per split (default: about 8 cases a shard)")
-    p.add_argument("--workers", type=int, help="conversion processes (default: min(CPUs, 4))")
+    p.add_argument("--shards", type=_positive_int, help="shards per split (default: about 8 cases a shard)")
+    p.add_argument("--workers", type=_positive_int, help="conversion processes (default: min(CPUs, 4))")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_data_tfrecord)

@@ -183,11 +183,21 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
         raise DataError(f"output folder {str(out_dir)!r} already exists; pass overwrite=True to replace it")
     if not out_dir.is_dir():
         raise DataError(f"output path {str(out_dir)!r} exists and is not a folder; refusing to replace it")
-    if any(out_dir.iterdir()) and not (out_dir / MANIFEST_NAME).is_file():
-        raise DataError(
-            f"output folder {str(out_dir)!r} is not empty and has no {MANIFEST_NAME}: it does not look like "
-            f"a TFRecord folder, so overwrite=True will not delete it; choose another folder"
-        )
+    if not any(out_dir.iterdir()):
+        return
+    try:
+        manifest = read_manifest(out_dir)
+    except DataError as exc:
+        raise DataError(f"output folder {str(out_dir)!r} is not empty and is not a TFRecord folder distmis wrote "
+                        f"({exc}), so overwrite will not replace it; choose another folder") from None
+    listed = {MANIFEST_NAME} | {shard["file"] for info in manifest["splits"].values() for shard in info["shards"]}
+    present = {path.relative_to(out_dir).as_posix() for path in out_dir.rglob("*") if not path.is_dir()}
+    foreign = sorted(present - listed)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise DataError(f"output folder {str(out_dir)!r} holds files its {MANIFEST_NAME} does not list ({shown}): "
+                        "distmis replaces only a folder it wrote, so overwrite will not delete them; move them or "
+                        "choose another folder")
 
 
 def _plan(cases: Sequence[CaseFiles], split: Mapping[str, Any]) -> dict[str, list[CaseFiles]]:

@@ -80,6 +80,28 @@ def test_data_commands(tmp_path, capsys):
     # A second conversion into the same folder is refused rather than mixed in.
     assert main(["data", "tfrecord", str(data), str(out), "--layout", "brats", "--quiet"]) == 2
     assert main(["data", "inspect", str(tmp_path / "nothing")]) == 2
+    # --overwrite replaces only what distmis wrote: a manifest beside an unrelated file is not enough.
+    (out / "results.xlsx").write_text("a user's file")
+    capsys.readouterr()
+    assert main(["data", "tfrecord", str(data), str(out), "--layout", "brats", "--overwrite", "--quiet"]) == 2
+    assert "results.xlsx" in capsys.readouterr().err and (out / "results.xlsx").read_text() == "a user's file"
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["data", "synth", "OUT", "--cases", "0"], "--cases"),
+    (["data", "synth", "OUT", "--shape", "4,4,4"], "--shape"),
+    (["data", "tfrecord", "DATA", "OUT", "--shards", "0"], "--shards"),
+    (["data", "tfrecord", "DATA", "OUT", "--workers", "-1"], "--workers"),
+    (["compare", "SPEC", "--workers", "0,2"], "--workers"),
+])
+def test_bad_argument_values_exit_2_naming_the_argument(tmp_path, capsys, argv, culprit):
+    argv = [str(tmp_path / a) if a in ("OUT", "DATA", "SPEC") else a for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert culprit in err and "Traceback" not in err
+    assert not (tmp_path / "OUT").exists()
 
 
 def test_parser_shape_argument():

@@ -310,6 +310,11 @@ def test_existing_output_and_overwrite(brats_root: Path, brats_tfr, tmp_path: Pa
     unrelated = tmp_path / "unrelated"
     unrelated.mkdir()
     (unrelated / "notes.txt").write_text("keep me")
-    with pytest.raises(DataError, match="does not look like a TFRecord folder"):
+    with pytest.raises(DataError, match="is not a TFRecord folder distmis wrote"):
         convert_to_tfrecords(cases, small, BRATS_CONFIG, unrelated, workers=1, progress=False, overwrite=True)
     assert _listing(unrelated) == ["notes.txt"]
+    # A folder distmis wrote, with a file of someone else's beside the shards: left alone.
+    (target / "notes.txt").write_text("keep me")
+    with pytest.raises(DataError, match=r"holds files its manifest.json does not list \(notes.txt\)"):
+        convert_to_tfrecords(cases, small, BRATS_CONFIG, target, workers=1, progress=False, overwrite=True)
+    assert (target / "notes.txt").read_text() == "keep me" and read_manifest(target) == manifest
