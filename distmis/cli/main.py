@@ -68,7 +68,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from distmis.search.execute import default_output_dir
+    from distmis.spec.load import default_output_dir
     from distmis.search.run import run_search
     from distmis.spec import load_spec, parse_set_options
 
@@ -82,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from distmis.search.compare import run_compare
-    from distmis.search.execute import default_output_dir
+    from distmis.spec.load import default_output_dir
     from distmis.spec import load_spec, parse_set_options
 
     overrides = parse_set_options(args.set)

@@ -24,6 +24,7 @@ from distmis.search.plan import SearchPlan
 from distmis.search.prepare import PreparedData, prepare_data
 from distmis.search.search_space import num_trials, param_space, scheduler, search_algorithm
 from distmis.search.trainable import data_parallel_trial, single_process_trial
+from distmis.service.token import prepare_local_token
 from distmis.spec.layout import resolve_trial
 from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
@@ -68,6 +69,8 @@ def ray_connection(address: str | None = None) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    if address in (None, "local"):
+        prepare_local_token()  # made 0600 before Ray writes one readable by everybody
     ray.init(address=address or "local", include_dashboard=True, dashboard_host="127.0.0.1", runtime_env={"env_vars": TRIAL_ENV},
              logging_level=logging.WARNING)
     try:
@@ -216,7 +219,3 @@ def _log_best_overlay(search_run: SearchRun, grid: Any, callback: MLflowTrialCal
         search_run.log_figure(segmentation_overlay_figure(image, label, prob, title=title), "best_trial_overlay.png")
     except Exception:  # noqa: BLE001
         logger.warning("could not draw the segmentation overlay of the best trial", exc_info=True)
-
-
-def default_output_dir(spec: Spec) -> Path:
-    return Path(os.environ.get("DISTMIS_OUTPUT", "runs")) / spec.name

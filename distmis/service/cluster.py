@@ -8,8 +8,8 @@ user's cluster) are left alone, unlike ``ray stop``.
 
 Token authentication: the Ray Jobs API runs whatever it is sent, so the head starts with
 ``RAY_AUTH_MODE=token`` and a token file (``$RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``, made
-with mode 0600 when missing). Clients of this package read the same file (:func:`auth_headers`); other
-machines need a copy of it (``docs/cluster.md``).
+with mode 0600 when missing; one that others can read is refused: :mod:`distmis.service.token`). Clients of
+this package read the same file; other machines need a copy of it (``docs/cluster.md``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from distmis.service.net import LOOPBACK, free_port, is_loopback, port_in_use
+from distmis.service.token import auth_env, auth_headers, ensure_token, token_problem  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -35,44 +35,9 @@ class ClusterError(RuntimeError):
     """The cluster could not be started, found or stopped; the message says why."""
 
 
-# --------------------------------------------------------------------------- token and addresses
+# --------------------------------------------------------------------------- home
 def distmis_home() -> Path:
     return Path(os.environ.get("DISTMIS_HOME", "~/.distmis")).expanduser()
-
-
-def token_path() -> Path:
-    """Where Ray and this package read the authentication token."""
-    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
-
-
-def ensure_token(path: Path | None = None) -> Path:
-    """The token file, created (random, readable by its owner only) if it does not exist."""
-    path = path or token_path()
-    if not path.exists() or not path.read_text().strip():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-        logger.info("wrote a new Ray authentication token to %s", path)
-    return path
-
-
-def read_token() -> str | None:
-    """The token a client sends: ``$RAY_AUTH_TOKEN``, else the token file, else None."""
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"].strip()
-    path = token_path()
-    return path.read_text().strip() if path.exists() else None
-
-
-def auth_headers() -> dict[str, str]:
-    token = read_token()
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def auth_env(path: Path) -> dict[str, str]:
-    """Environment that makes Ray processes (and Ray clients) use token authentication with ``path``."""
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
 
 
 # --------------------------------------------------------------------------- state
@@ -151,6 +116,10 @@ def cluster_up(
     if existing is not None and _alive(existing.pid):
         raise ClusterError(f"a cluster started by 'distmis cluster up' is already running (pid {existing.pid}, "
                            f"{existing.dashboard_url}); stop it with 'distmis cluster down' first")
+    token = ensure_token()
+    problem = token_problem(token)
+    if problem:
+        raise ValueError(problem)
     for name, value in (("--port", port), ("--dashboard-port", dashboard_port)):
         if not 0 < value < 65536:
             raise ValueError(f"{name} must be a TCP port in 1..65535, got {value}")
@@ -164,10 +133,6 @@ def cluster_up(
             "binding the Ray head to %s: anyone who reaches this address and holds the token can run code here. "
             "Keep the token secret and the port behind a firewall; prefer 127.0.0.1 with an SSH tunnel.", host)
 
-    token = ensure_token()
-    if token.stat().st_mode & 0o077:
-        logger.warning("the token file %s can be read by other users (mode %o): anyone who reads it can run code "
-                       "on this cluster; run 'chmod 600 %s'", token, token.stat().st_mode & 0o777, token)
     home = distmis_home()
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "cluster.log"

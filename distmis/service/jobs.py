@@ -25,9 +25,8 @@ from typing import Any, Iterator
 
 import yaml
 
-from distmis.service.cluster import (
-    ClusterState, alive_nodes, auth_headers, cluster_alive, default_dashboard_address,
-)
+from distmis.service.cluster import ClusterState, alive_nodes, cluster_alive, default_dashboard_address
+from distmis.service.token import auth_headers
 from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
 
@@ -129,7 +128,7 @@ class Submission:
 def submit_search(spec: Spec, *, address: str | None = None, output: Path | None = None,
                   submission_id: str | None = None) -> Submission:
     """Send ``spec`` as a Ray job; returns once the cluster accepted it (see :func:`wait_for_job`)."""
-    from distmis.search.execute import default_output_dir
+    from distmis.spec.load import default_output_dir
 
     url = resolve_address(address)
     client = job_client(url)

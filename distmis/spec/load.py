@@ -7,6 +7,7 @@ clear message, never a half-started search.
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -157,6 +158,11 @@ def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None) -> S
 def spec_to_dict(spec: Spec) -> dict[str, Any]:
     """The fully resolved spec (defaults filled in) as plain YAML-able data."""
     return spec.model_dump(mode="json")
+
+
+def default_output_dir(spec: Spec) -> Path:
+    """Where a search writes by default: ``runs/<name>`` (``$DISTMIS_OUTPUT/<name>``)."""
+    return Path(os.environ.get("DISTMIS_OUTPUT", "runs")) / spec.name
 
 
 def spec_to_yaml(spec: Spec) -> str:

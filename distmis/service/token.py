@@ -1,0 +1,77 @@
+"""The Ray authentication token: one file, readable by its owner only.
+
+Ray's Jobs API runs whatever it is sent, so every Ray that distmis starts (a ``cluster up`` head, or the local
+Ray of ``distmis run``) uses token authentication, and the token file is made here, with mode 0600, before
+Ray sees it (Ray would write it world-readable). Clients of this package send the same token.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def token_path() -> Path:
+    """Where Ray and this package read the authentication token: ``$RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
+
+
+def token_auth_disabled() -> bool:
+    """The user opted out of Ray's token authentication (``RAY_AUTH_MODE=disabled``)."""
+    return os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled"
+
+
+def ensure_token(path: Path | None = None) -> Path:
+    """The token file, created (random, mode 0600 from the start) if it does not exist or is empty."""
+    path = path or token_path()
+    if not path.exists() or not path.read_text().strip():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        os.chmod(path, 0o600)  # O_CREAT's mode only applies to a new file; an empty one may have been wider
+        logger.info("wrote a new Ray authentication token to %s", path)
+    return path
+
+
+def token_problem(path: Path) -> str | None:
+    """Why the token file must not be used (other users can read or write it), or None."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        return (f"the token file {path} can be read by other users (mode {mode:o}): anyone who reads it can run code "
+                f"on the cluster. Run 'chmod 600 {path}' (or remove it to get a new one), then try again")
+    return None
+
+
+def read_token() -> str | None:
+    """The token a client sends: ``$RAY_AUTH_TOKEN``, else the token file, else None."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = token_path()
+    return path.read_text().strip() if path.exists() else None
+
+
+def auth_headers() -> dict[str, str]:
+    token = read_token()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def auth_env(path: Path) -> dict[str, str]:
+    """Environment that makes Ray processes (and Ray clients) use token authentication with ``path``."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
+
+
+def prepare_local_token() -> Path | None:
+    """Before a local ``ray.init()``: the token file Ray will use, made 0600 if missing; a warning if others can
+    read an existing one. None when the user disabled token authentication."""
+    if token_auth_disabled():
+        return None
+    path = ensure_token()
+    problem = token_problem(path)
+    if problem:
+        logger.warning(problem)
+    return path
