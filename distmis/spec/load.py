@@ -232,11 +232,16 @@ def check_search_space(spec: Spec) -> list[tuple[str, str]]:
                              "(the dataset is converted once per search)"))
             continue
         try:
-            _field_of(spec, path)
+            section, field = _field_of(spec, path)
         except KeyError as missing:
             problems.append((where, f"no field {missing.args[0]!r} in the spec; see docs/spec.md for the fields"))
             continue
-        for value in domain.values:
+        if domain.kind in ("uniform", "loguniform") and _is_integer_field(section, field):
+            low, high = (int(v) if float(v).is_integer() else v for v in domain.values)
+            problems.append((where, f"'{domain.kind}' samples real numbers, but {path} takes integers; "
+                             f"use randint: [{low}, {high}] or a choice of integers"))
+            continue
+        for value in _values_to_check(domain):
             try:
                 trial = apply_config(spec, {path: value})
             except SpecError as exc:
@@ -246,6 +251,28 @@ def check_search_space(spec: Spec) -> list[tuple[str, str]]:
             for sub_path, message in set(trial_problems(trial)) - base_problems:
                 problems.append((where, f"value {value!r} makes {sub_path} invalid: {message}"))
     return problems
+
+
+# Integer ranges up to this many values are checked value by value (a rule such as "a power of two" can hold
+# at both ends and fail between them); longer ones at their ends.
+MAX_CHECKED_INTEGERS = 512
+
+
+def _values_to_check(domain: Any) -> list[Any]:
+    """The values of a domain that stand for all of it: every grid/choice value, every integer of a short
+    randint range, the ends of any other range."""
+    if domain.kind == "randint":
+        low, high = domain.randint
+        if high - low < MAX_CHECKED_INTEGERS:
+            return list(range(low, high + 1))
+    return domain.values
+
+
+def _is_integer_field(section: BaseModel, field: str) -> bool:
+    """True when the field takes only integers (``int``, or ``int | None``)."""
+    annotation = type(section).model_fields[field].annotation
+    args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+    return annotation is int or (bool(args) and all(a is int for a in args))
 
 
 # --------------------------------------------------------------------------- a trial's spec

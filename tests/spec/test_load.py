@@ -133,6 +133,28 @@ def test_search_range_ends_validated(spec_tree):
     assert path == "search.space.training.optimizer.beta2" and "1.2" in message
 
 
+def test_real_valued_range_over_an_integer_field_is_refused(spec_tree):
+    spec_tree["search"] = {"algorithm": "random", "space": {"model.params.base_filters": {"uniform": [4, 8]},
+                                                            "training.batch_size": {"loguniform": [1, 4]},
+                                                            "training.optimizer.lr": {"uniform": [1e-4, 1e-2]}}}
+    problems = dict(problems_of(spec_tree))
+    assert set(problems) == {"search.space.model.params.base_filters", "search.space.training.batch_size"}
+    assert "use randint: [4, 8]" in problems["search.space.model.params.base_filters"]
+    assert "'loguniform' samples real numbers" in problems["search.space.training.batch_size"]
+
+
+def test_every_integer_of_a_randint_range_is_checked(spec_tree):
+    spec_tree["model"] = {"name": "vit-seg", "framework": "torch",
+                          "params": {"layers": 1, "embed_dim": 16, "heads": 4, "patch": 4, "decoder_features": 8}}
+    spec_tree["training"]["tile"] = [16, 16, 16]
+    spec_tree["search"] = {"algorithm": "random", "space": {"model.params.patch": {"randint": [2, 8]}}}
+    problems = problems_of(spec_tree)
+    # 2, 4 and 8 are powers of two; 3, 5, 6 and 7 between the valid ends are not.
+    assert [message.split()[1] for _, message in problems] == ["3", "5", "6", "7"]
+    spec_tree["search"]["space"] = {"model.params.patch": {"choice": [2, 4, 8]}}
+    validate_spec(spec_tree)
+
+
 def test_dataset_is_not_searchable(spec_tree):
     spec_tree["search"]["space"] = {"dataset.crop": {"grid": [[16, 16, 16]]}}
     [(path, message)] = problems_of(spec_tree)
