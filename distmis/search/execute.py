@@ -166,9 +166,11 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     try:
         grid = tuner.fit()
     except BaseException:
+        callback.close(timeout=30)
         search_run.finish("FAILED")
         raise
     search_seconds = time.perf_counter() - start
+    callback.close()  # the trial records a store outage held back, before the results are read
     failed = len(grid.errors)
 
     client = search_run.client

@@ -37,6 +37,9 @@ class SpecError(ValueError):
         lines += [f"  - {path or '<top level>'}: {message}" for path, message in problems]
         super().__init__("\n".join(lines))
 
+    def __reduce__(self) -> tuple:  # picklable, so a trial's SpecError reaches the driver with its message
+        return (type(self), (self.source, self.problems))
+
 
 # --------------------------------------------------------------------------- dotted paths
 def set_path(tree: dict[str, Any], path: str, value: Any) -> None:

@@ -13,15 +13,16 @@ import math
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 from ray import tune
 
 from distmis.spec.layout import resolve_trial
-from distmis.spec.load import spec_to_dict
+from distmis.spec.load import SpecError, spec_to_dict
 from distmis.spec.schema import Spec
+from distmis.tracking.writer import ResilientWriter
 
 ROLE_TAG = "distmis.role"
 SEARCHED_TAG = "distmis.searched"
@@ -83,14 +84,15 @@ def trial_run_name(trial_id: str, config: Mapping[str, Any]) -> str:
 
 
 def error_summary(text: str | None) -> str:
-    """The last line of a traceback that says what went wrong (``FloatingPointError: ...``)."""
+    """The line of a traceback that says what went wrong (``FloatingPointError: ...``), with the lines of a
+    message that goes on below it (a SpecError lists its problems)."""
     if not text:
         return "unknown error"
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    for line in reversed(lines):
-        head = line.split(":", 1)[0]
+    for index in range(len(lines) - 1, -1, -1):
+        head = lines[index].split(":", 1)[0]
         if head.endswith(("Error", "Exception")) and "ray." not in head and "TuneError" not in head:
-            return line[:500]
+            return " ".join(lines[index:])[:500]
     return lines[-1][:500] if lines else "unknown error"
 
 
@@ -166,39 +168,61 @@ class SearchRun:
 
 
 class MLflowTrialCallback(tune.Callback):
-    """Logs every Tune trial as a child run of the search's parent run, from the driver."""
+    """Logs every Tune trial as a child run of the search's parent run, from the driver.
 
-    def __init__(self, search_run: SearchRun, spec: Spec):
+    Every write goes through a :class:`~distmis.tracking.writer.ResilientWriter`: a tracking store that is away
+    for a while delays the records, never the trials. Call :meth:`close` after ``Tuner.fit`` to flush them.
+    """
+
+    def __init__(self, search_run: SearchRun, spec: Spec, writer: ResilientWriter | None = None):
         self.search = search_run
         self.client = search_run.client
         self.spec = spec
+        self.writer = writer or ResilientWriter()
         self.best_checkpoint: dict[str, str] = {}  # trial id -> checkpoint path of a Ray Train trial's best epoch
-        self.run_ids: dict[str, str] = {}
+        self.run_ids: dict[str, str] = {}  # filled when the (possibly delayed) create_run has been made
+        self.started: set[str] = set()
         self.best: dict[str, tuple[float, int]] = {}
         self.epochs: dict[str, int] = {}
 
+    def close(self, timeout: float = 300.0) -> bool:
+        """Flush the writes still waiting for the store; False if some could not be made."""
+        return self.writer.close(timeout)
+
     # -- helpers
-    def _run_id(self, trial: Any) -> str:
-        if trial.trial_id not in self.run_ids:
+    def _write(self, trial: Any, what: str, write: Callable[[str], None]) -> None:
+        """Submit ``write(run_id)`` for the trial's run (created first, in order, if it is not yet)."""
+        if trial.trial_id not in self.started:
             self._start(trial)
-        return self.run_ids[trial.trial_id]
+        trial_id = trial.trial_id
+        self.writer.submit(f"{what} ({trial_id})", lambda: write(self.run_ids[trial_id]))
 
     def _start(self, trial: Any) -> None:
-        run = self.client.create_run(
-            self.search.experiment_id,
-            run_name=trial_run_name(trial.trial_id, trial.config),
-            tags={PARENT_TAG: self.search.run_id, ROLE_TAG: "trial", "distmis.trial_id": trial.trial_id},
-        )
-        self.run_ids[trial.trial_id] = run_id = run.info.run_id
-        # The trial's spec and layout as the trial itself resolves them ("1e-3" in YAML is logged as 0.001).
-        spec, layout = resolve_trial(self.spec, trial.config)
-        params = {k: v for k, v in flatten(spec_to_dict(spec)).items() if not k.startswith(("search.", "tracking."))}
-        params.update({"trial.workers": layout.world_size, "trial.data_parallel": layout.dp,
-                       "training.optimizer.effective_lr": layout.effective_lr})
-        log_params(self.client, run_id, params)
+        trial_id, config = trial.trial_id, dict(trial.config)
+        self.started.add(trial_id)
+        try:  # the trial's spec and layout as the trial itself resolves them ("1e-3" in YAML is logged as 0.001)
+            spec, layout = resolve_trial(self.spec, config)
+        except SpecError as exc:  # the trial fails alone, with this reason; the search goes on
+            params, invalid = dict(config), str(exc)
+        else:
+            params = {k: v for k, v in flatten(spec_to_dict(spec)).items() if not k.startswith(("search.", "tracking."))}
+            params.update({"trial.workers": layout.world_size, "trial.data_parallel": layout.dp,
+                           "training.optimizer.effective_lr": layout.effective_lr})
+            invalid = None
+        tags = {PARENT_TAG: self.search.run_id, ROLE_TAG: "trial", "distmis.trial_id": trial_id}
+        if invalid:
+            tags["error"] = invalid[:500]
+
+        def create() -> None:
+            if trial_id not in self.run_ids:  # a retried write must not create a second run
+                run = self.client.create_run(self.search.experiment_id, run_name=trial_run_name(trial_id, config),
+                                             tags=tags)
+                self.run_ids[trial_id] = run.info.run_id
+
+        self.writer.submit(f"create run ({trial_id})", create)
+        self.writer.submit(f"params ({trial_id})", lambda: log_params(self.client, self.run_ids[trial_id], params))
 
     def _finish(self, trial: Any, status: str) -> None:
-        run_id = self._run_id(trial)
         last = trial.last_result or {}
         summary: dict[str, float] = {}
         if "time_total_s" in last:
@@ -209,15 +233,16 @@ class MLflowTrialCallback(tune.Callback):
             summary["best_epoch"] = float(epoch)
         summary["epochs_completed"] = float(self.epochs.get(trial.trial_id, 0))
         now = int(time.time() * 1000)
-        self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in summary.items()])
-        self.client.set_terminated(run_id, status)
+        metrics = [Metric(k, v, now, 0) for k, v in summary.items()]
+        self._write(trial, "summary", lambda run_id: self.client.log_batch(run_id, metrics=metrics))
+        self._write(trial, "status", lambda run_id: self.client.set_terminated(run_id, status))
 
     # -- Tune hooks
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._run_id(trial)
+        if trial.trial_id not in self.started:
+            self._start(trial)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        run_id = self._run_id(trial)
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
         now = int(time.time() * 1000)
         metrics = [
@@ -225,9 +250,11 @@ class MLflowTrialCallback(tune.Callback):
             for key in EPOCH_METRICS
             if key in result and result[key] is not None and math.isfinite(float(result[key]))
         ]
-        self.client.log_batch(run_id, metrics=metrics)
+        self._write(trial, f"epoch {epoch}", lambda run_id: self.client.log_batch(run_id, metrics=metrics))
         if trial.trial_id not in self.epochs and "num_parameters" in result:
-            self.client.log_param(run_id, "model.num_parameters", int(result["num_parameters"]))
+            count = int(result["num_parameters"])
+            self._write(trial, "num_parameters",
+                        lambda run_id: self.client.log_param(run_id, "model.num_parameters", count))
         self.epochs[trial.trial_id] = epoch
         value = result.get(self.search.metric)
         if value is not None and math.isfinite(float(value)):
@@ -242,9 +269,9 @@ class MLflowTrialCallback(tune.Callback):
         self._finish(trial, RunStatus.to_string(RunStatus.FINISHED))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        run_id = self._run_id(trial)
         text = _trial_error_text(trial)
-        self.client.set_tag(run_id, "error", error_summary(text))
+        summary = error_summary(text)
+        self._write(trial, "error", lambda run_id: self.client.set_tag(run_id, "error", summary))
         if text:
-            self.client.log_text(run_id, text, "error.txt")
+            self._write(trial, "error.txt", lambda run_id: self.client.log_text(run_id, text, "error.txt"))
         self._finish(trial, RunStatus.to_string(RunStatus.FAILED))

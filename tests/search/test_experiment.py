@@ -110,3 +110,18 @@ def test_bad_dataset_path_leaves_nothing_behind(tmp_path: Path):
     with pytest.raises(DataError, match="missing"):
         run_search(validate_spec(tree), tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_trial_whose_values_clash_fails_alone_with_the_reason(ray_local, tmp_path: Path):
+    """base_filters 6 and norm 'group' are each valid, but not together (4 groups): that trial fails, not the search."""
+    tree = small_spec_tree(tmp_path / "data")
+    tree["training"]["epochs"] = 1
+    tree["search"]["space"] = {"model.params.base_filters": {"grid": [4, 6]}, "model.params.norm": {"grid": ["group"]}}
+    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False)
+    assert outcome.failed == 1 and len(outcome.results) == 2
+    by_status = {row["status"]: row for row in outcome.results.to_dict("records")}
+    assert set(by_status) == {"FINISHED", "FAILED"}
+    assert "norm_groups (4) must divide base_filters (6)" in by_status["FAILED"]["error"]
+    client = MlflowClient(outcome.tracking_uri)
+    failed = client.get_run(by_status["FAILED"]["run_id"])
+    assert failed.data.params["model.params.base_filters"] == "6" and failed.info.status == "FAILED"

@@ -20,6 +20,11 @@ def test_error_summary_picks_the_cause():
     )
     assert error_summary(trace) == "distmis.train.tf_unet.NonFiniteLossError: training loss became nan at epoch 2"
     assert error_summary(None) == "unknown error"
+    spec_error = ("Traceback ...\n  raise SpecError(source, problems)\n"
+                  "distmis.spec.load.SpecError: invalid search spec trial config:\n"
+                  "  - model.params: norm_groups (4) must divide base_filters (6)\n")
+    assert error_summary(spec_error) == ("distmis.spec.load.SpecError: invalid search spec trial config: "
+                                         "- model.params: norm_groups (4) must divide base_filters (6)")
 
 
 def test_short_name():
