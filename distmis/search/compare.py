@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from distmis.search.execute import execute_search, open_search_run, prepare_output, ray_connection
-from distmis.search.plan import cluster_worker_slots, plan_search, trial_layouts
+from distmis.search.plan import fit_problems, node_resources, plan_search, trial_layouts
+from distmis.search.prepare import check_dataset_path
 from distmis.spec.load import SpecError
 from distmis.spec.schema import ParallelismSpec, Spec
 from distmis.tracking.figures import speedup_figure
@@ -67,16 +68,17 @@ def cell_spec(spec: Spec, mode: str, workers: int) -> Spec:
 
 
 def check_capacity(spec: Spec, counts: Sequence[int]) -> None:
-    """Refuse, before anything runs, a worker count the connected cluster cannot hold."""
-    layout = trial_layouts(cell_spec(spec, "data", 1))[0]
-    slots = cluster_worker_slots(layout)
-    too_many = [n for n in counts if n > slots]
+    """Refuse, before anything runs, a worker count the connected cluster cannot hold (the data-parallel cell
+    of N workers is the larger of the two)."""
+    if spec.parallelism.autoscaling:
+        return
+    nodes = node_resources()
+    reasons = {n: fit_problems(trial_layouts(cell_spec(spec, "data", n)), nodes) for n in counts}
+    too_many = [n for n, problems in reasons.items() if problems]
     if too_many:
-        raise SpecError(
-            spec.name,
-            [("parallelism.workers", f"{too_many} worker(s) do not fit: the cluster holds {slots} worker(s) of "
-              f"{layout.worker_resources} (resources_per_worker); lower the counts or add nodes")],
-        )
+        raise SpecError(spec.name, [("parallelism.workers", f"{too_many} worker(s) do not fit: "
+                                     f"{reasons[max(too_many)][0]}; lower the counts, add nodes, or set "
+                                     "parallelism.autoscaling: true on an autoscaling cluster")])
 
 
 def run_compare(
@@ -96,9 +98,10 @@ def run_compare(
     if any(n < 1 for n in counts):
         raise SpecError(spec.name, [("parallelism.workers", f"worker counts must be >= 1, got {counts}")])
     output_dir = Path(output_dir).resolve()
-    data = prepare_output(spec, output_dir, progress=progress)
+    check_dataset_path(spec)
     with ray_connection(address):
-        check_capacity(spec, counts)
+        check_capacity(spec, counts)  # before any data is converted
+        data = prepare_output(spec, output_dir, progress=progress)
         compare_run = open_search_run(spec, output_dir, data, run_name=f"{spec.name} compare", role="compare",
                                       tags={"distmis.workers": ",".join(map(str, counts))})
         cells: list[dict[str, Any]] = []

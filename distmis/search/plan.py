@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distmis.spec.layout import SP_DEGREE_PATH, TrialLayout, resolve_layout, searched_sp_degrees
-from distmis.spec.load import apply_config
+from distmis.spec.load import SpecError, apply_config
 from distmis.spec.schema import Spec
 
 # A distributed trial's own process only drives its Ray Train run; it must not hold a CPU that a training
@@ -80,6 +80,47 @@ def plan_search(spec: Spec, *, cluster_slots: int | None = None) -> SearchPlan:
         fit = max(1, cluster_slots // max(layout.world_size for layout in layouts))
         limit = min(limit, fit) if limit else fit
     return SearchPlan("experiment", layouts, limit)
+
+
+def node_resources() -> list[dict[str, float]]:
+    """CPUs and GPUs of every alive node of the connected Ray cluster."""
+    import ray
+
+    return [{"CPU": float(n["Resources"].get("CPU", 0)), "GPU": float(n["Resources"].get("GPU", 0))}
+            for n in ray.nodes() if n.get("Alive")]
+
+
+def fit_problems(layouts: tuple[TrialLayout, ...], nodes: list[dict[str, float]]) -> list[str]:
+    """Why the largest trial of a search can never start on these nodes (each worker whole on one node, all
+    workers at once), or nothing. Pure arithmetic, so the reasons are testable without a cluster."""
+    problems: list[str] = []
+    for layout in layouts:
+        asked = {key: value for key, value in layout.worker_resources.items() if value > 0}
+        what = (f"a trial of {layout.describe()}" if layout.distributed
+                else f"a trial of {layout.cpu:g} CPU(s) and {layout.gpu:g} GPU(s)")
+        biggest = {key: max((node[key] for node in nodes), default=0.0) for key in asked}
+        short = [f"{asked[key]:g} {key}(s) on one node, but the largest node has {biggest[key]:g}"
+                 for key in asked if asked[key] > biggest[key]]
+        if short:
+            problems.append(f"{what} needs {' and '.join(short)}")
+            continue
+        slots = sum(int(min(node[key] // asked[key] for key in asked)) for node in nodes) if asked else layout.world_size
+        if slots < layout.world_size:
+            problems.append(f"{what} needs {layout.world_size} worker(s) at once, but the cluster holds {slots} "
+                            f"worker(s) of {layout.cpu:g} CPU(s)" + (f" and {layout.gpu:g} GPU(s)" if layout.gpu else ""))
+    return list(dict.fromkeys(problems))
+
+
+def check_fit(spec: Spec) -> None:
+    """Refuse (SpecError, exit 2), before any data is converted, a search whose trials cannot fit the connected
+    cluster: Ray would wait for them forever. ``parallelism.autoscaling: true`` skips it (nodes may come)."""
+    if spec.parallelism.autoscaling:
+        return
+    problems = fit_problems(trial_layouts(spec), node_resources())
+    if problems:
+        raise SpecError(spec.name, [("parallelism", f"{p}; lower the resources or the workers, add nodes, or set "
+                                                   "parallelism.autoscaling: true on an autoscaling cluster")
+                                    for p in problems])
 
 
 def cluster_worker_slots(layout: TrialLayout) -> int:

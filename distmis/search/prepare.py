@@ -38,17 +38,24 @@ def preprocess_config(spec: Spec) -> PreprocessConfig:
     )
 
 
+def check_dataset_path(spec: Spec) -> None:
+    """DataError, before anything starts, when ``dataset.path`` is missing and nothing would generate it."""
+    root = Path(spec.dataset.path)
+    if not root.exists() and spec.dataset.synthetic is None:
+        raise DataError(
+            f"dataset.path {str(root)!r} does not exist; point it at an MSD or BraTS folder, "
+            "or add dataset.synthetic to generate a synthetic dataset there"
+        )
+
+
 def ensure_dataset(spec: Spec, *, progress: bool = True) -> bool:
     """Generate the synthetic dataset at ``dataset.path`` if it is absent and asked for. True if generated."""
     root = Path(spec.dataset.path)
     if root.exists():
         return False
+    check_dataset_path(spec)
     synthetic = spec.dataset.synthetic
-    if synthetic is None:
-        raise DataError(
-            f"dataset.path {str(root)!r} does not exist; point it at an MSD or BraTS folder, "
-            "or add dataset.synthetic to generate a synthetic dataset there"
-        )
+    assert synthetic is not None
     synthesize_dataset(
         root, Layout(spec.dataset.layout), cases=synthetic.cases, shape=synthetic.shape,
         seed=synthetic.seed, progress=progress,

@@ -301,6 +301,8 @@ class ParallelismSpec(StrictModel):
     lr_scaling: Literal["linear", "none"] = "linear"
     max_concurrent_trials: int | None = Field(None, ge=1)
     sequence_parallel: SequenceParallelSpec = SequenceParallelSpec()
+    autoscaling: bool = Field(False, description="the cluster adds nodes on demand: do not refuse a trial that "
+                                                 "does not fit the nodes there are now")
 
     @model_validator(mode="after")
     def _workers_fit_the_mode(self) -> ParallelismSpec:
