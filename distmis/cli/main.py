@@ -1,7 +1,8 @@
 """``distmis``: the command line.
 
 Exit codes: 0 success; 1 the search ran but some trials failed; 2 bad input (spec, data or
-arguments), in which case nothing was started and nothing was written.
+arguments), in which case nothing was started and nothing was written; 130 (Ctrl-C) or 143 (SIGTERM, as
+`distmis stop` sends) when a search was interrupted: its unfinished MLflow runs are marked KILLED.
 """
 
 from __future__ import annotations
@@ -298,9 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ClusterError, ServerError) as exc:  # a server did not start, or no cluster to stop
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a search (SearchInterrupted): runs are KILLED
+        print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 130))
 
 
 if __name__ == "__main__":

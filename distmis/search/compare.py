@@ -109,6 +109,9 @@ def run_compare(
             for index, n in enumerate(counts):
                 for mode in MODES if index % 2 == 0 else MODES[::-1]:
                     cells.append(_run_cell(spec, data, mode, n, compare_run, output_dir, progress, trainable))
+        except KeyboardInterrupt:  # SearchInterrupted included: the cell's runs are KILLED already
+            compare_run.finish("KILLED")
+            raise
         except BaseException:
             compare_run.finish("FAILED")
             raise

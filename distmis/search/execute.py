@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -54,6 +56,43 @@ class SearchOutcome:
     def best(self) -> dict[str, Any] | None:
         ok = self.results[self.results["status"] == "FINISHED"] if not self.results.empty else self.results
         return None if ok.empty else ok.iloc[0].to_dict()
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """The search was stopped by a signal (Ctrl-C, SIGTERM from ``distmis stop`` or a scheduler); its MLflow runs
+    that had not finished are marked KILLED. ``exit_code`` is the shell's: 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        super().__init__(f"search interrupted by {signal.Signals(self.signum).name}; unfinished runs marked KILLED")
+
+
+@contextmanager
+def sigterm_stops_tune() -> Iterator[dict[str, int]]:
+    """While Tune runs, SIGTERM stops it as Ctrl-C does (Tune ends its loop and saves its state) instead of killing
+    the driver with every run left RUNNING. Yields what was received (``{"signal": 15}``)."""
+    received: dict[str, int] = {}
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        received["signal"] = signum
+        os.kill(os.getpid(), signal.SIGINT)  # Tune's own SIGINT handler stops its loop gracefully
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _record_interruption(callback: MLflowTrialCallback, search_run: SearchRun) -> None:
+    """Every trial run that had started and not ended, and the search's run, KILLED."""
+    callback.kill_unfinished()
+    callback.close(timeout=30)
+    search_run.finish("KILLED")
 
 
 # --------------------------------------------------------------------------- set-up shared by every mode
@@ -164,11 +203,18 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     logger.info("running %d trial(s) of %s: %s", num_trials(spec.search), spec.name, plan.label)
     start = time.perf_counter()
     try:
-        grid = tuner.fit()
+        with sigterm_stops_tune() as received:
+            grid = tuner.fit()
+    except KeyboardInterrupt:  # a second Ctrl-C: Tune did not stop gracefully
+        _record_interruption(callback, search_run)
+        raise SearchInterrupted(signal.SIGINT) from None
     except BaseException:
         callback.close(timeout=30)
         search_run.finish("FAILED")
         raise
+    if callback.unfinished:  # Tune stopped on Ctrl-C or SIGTERM with trials still to run
+        _record_interruption(callback, search_run)
+        raise SearchInterrupted(received.get("signal", signal.SIGINT))
     search_seconds = time.perf_counter() - start
     callback.close()  # the trial records a store outage held back, before the results are read
     failed = len(grid.errors)

@@ -182,6 +182,8 @@ class MLflowTrialCallback(tune.Callback):
         self.best_checkpoint: dict[str, str] = {}  # trial id -> checkpoint path of a Ray Train trial's best epoch
         self.run_ids: dict[str, str] = {}  # filled when the (possibly delayed) create_run has been made
         self.started: set[str] = set()
+        self.ended: set[str] = set()  # completed or errored
+        self.unfinished: list[str] = []  # trials Tune left unfinished (it was stopped): set at the experiment's end
         self.best: dict[str, tuple[float, int]] = {}
         self.epochs: dict[str, int] = {}
 
@@ -222,7 +224,16 @@ class MLflowTrialCallback(tune.Callback):
         self.writer.submit(f"create run ({trial_id})", create)
         self.writer.submit(f"params ({trial_id})", lambda: log_params(self.client, self.run_ids[trial_id], params))
 
+    def kill_unfinished(self) -> None:
+        """Mark the runs of trials that started and never ended KILLED (the search was interrupted)."""
+        killed = RunStatus.to_string(RunStatus.KILLED)
+        for trial_id in sorted(self.started - self.ended):
+            self.writer.submit(f"status ({trial_id})",
+                               lambda trial_id=trial_id: self.client.set_terminated(self.run_ids[trial_id], killed))
+            self.ended.add(trial_id)
+
     def _finish(self, trial: Any, status: str) -> None:
+        self.ended.add(trial.trial_id)
         last = trial.last_result or {}
         summary: dict[str, float] = {}
         if "time_total_s" in last:
@@ -264,6 +275,9 @@ class MLflowTrialCallback(tune.Callback):
                 self.best[trial.trial_id] = (float(value), epoch)
                 if result.get("checkpoint_path"):  # forwarded by Ray Train's TuneReportCallback
                     self.best_checkpoint[trial.trial_id] = str(result["checkpoint_path"])
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.unfinished = [t.trial_id for t in trials if t.trial_id not in self.ended]
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._finish(trial, RunStatus.to_string(RunStatus.FINISHED))

@@ -1,0 +1,61 @@
+"""Ctrl-C and SIGTERM stop a real `distmis run` honestly: exit 130 or 143, and no MLflow run left RUNNING."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from distmis.tracking.results import find_search_run, trial_runs
+from tests.conftest import small_spec_tree
+
+pytestmark = pytest.mark.slow  # a real search in its own process, with its own local Ray
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for_a_metric(db: Path, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        try:
+            with sqlite3.connect(db, timeout=1) as conn:
+                if conn.execute("SELECT count(*) FROM metrics WHERE key = 'val_dice'").fetchone()[0]:
+                    return
+        except sqlite3.Error:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("no trial reported an epoch in time")
+
+
+@pytest.mark.parametrize("signum, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_marks_the_search_and_its_unfinished_trials_killed(tmp_path: Path, signum: int, exit_code: int):
+    tree = small_spec_tree(tmp_path / "data")
+    tree["training"]["epochs"] = 500  # far longer than the test waits
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(tree))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
+    process = subprocess.Popen([sys.executable, "-m", "distmis", "run", str(tmp_path / "spec.yaml"), "--output",
+                                str(tmp_path / "out"), "--quiet"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_a_metric(tmp_path / "out" / "mlflow.db", process)
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == exit_code, err[-3000:]
+    assert "interrupted" in err and signal.Signals(signum).name in err
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    parent = find_search_run(client, "tiny")
+    assert parent.info.status == "KILLED"
+    trials = trial_runs(client, parent)
+    assert trials and all(run.info.status == "KILLED" for run in trials), [r.info.status for r in trials]
