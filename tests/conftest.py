@@ -33,6 +33,17 @@ def small_spec_tree(data_path: str | Path, **sections: Any) -> dict[str, Any]:
     return tree
 
 
+def has_epoch_metric(db: Path) -> bool:
+    """True once a trial has logged a validation dice to the sqlite MLflow store at ``db`` (read directly)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(db, timeout=1) as conn:
+            return bool(conn.execute("SELECT count(*) FROM metrics WHERE key = 'val_dice'").fetchone()[0])
+    except sqlite3.Error:  # not created yet, or locked
+        return False
+
+
 @pytest.fixture
 def spec_tree(tmp_path: Path) -> dict[str, Any]:
     return small_spec_tree(tmp_path / "data")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from distmis.tracking.results import find_search_run, trial_runs
-from tests.conftest import small_spec_tree
+from tests.conftest import has_epoch_metric, small_spec_tree
 
 pytestmark = pytest.mark.slow  # a real search in its own process, with its own local Ray
 
@@ -26,12 +25,8 @@ def wait_for_a_metric(db: Path, process: subprocess.Popen, timeout: float = 240)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert process.poll() is None, process.communicate()
-        try:
-            with sqlite3.connect(db, timeout=1) as conn:
-                if conn.execute("SELECT count(*) FROM metrics WHERE key = 'val_dice'").fetchone()[0]:
-                    return
-        except sqlite3.Error:
-            pass
+        if has_epoch_metric(db):
+            return
         time.sleep(0.5)
     raise AssertionError("no trial reported an epoch in time")
 

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from distmis.search.run import run_search
 from distmis.spec import validate_spec
 from distmis.tracking.results import trial_runs
-from tests.conftest import small_spec_tree
+from tests.conftest import has_epoch_metric, small_spec_tree
 
 LOCK_SECONDS = 25  # longer than MLflow's sqlite busy timeout (20 s): its writes fail while the lock is held
 
@@ -20,13 +20,7 @@ LOCK_SECONDS = 25  # longer than MLflow's sqlite busy timeout (20 s): its writes
 def lock_store_once_metrics_arrive(db: Path, held: dict) -> None:
     """Wait for the first epoch metric, then hold an exclusive lock on the store, as a long reader would."""
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            with sqlite3.connect(db, timeout=1) as conn:
-                if conn.execute("SELECT count(*) FROM metrics WHERE key = 'val_dice'").fetchone()[0]:
-                    break
-        except sqlite3.Error:
-            pass
+    while time.monotonic() < deadline and not has_epoch_metric(db):
         time.sleep(0.2)
     conn = sqlite3.connect(db, timeout=60, isolation_level=None)
     conn.execute("BEGIN EXCLUSIVE")
