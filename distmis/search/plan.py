@@ -90,6 +90,14 @@ def node_resources() -> list[dict[str, float]]:
             for n in ray.nodes() if n.get("Alive")]
 
 
+def worker_slots(layout: TrialLayout, nodes: list[dict[str, float]]) -> int:
+    """How many workers of this layout's size the nodes hold, each worker whole on one node."""
+    asked = {key: value for key, value in layout.worker_resources.items() if value > 0}
+    if not asked:
+        return layout.world_size
+    return sum(int(min(node[key] // asked[key] for key in asked)) for node in nodes)
+
+
 def fit_problems(layouts: tuple[TrialLayout, ...], nodes: list[dict[str, float]]) -> list[str]:
     """Why the largest trial of a search can never start on these nodes (each worker whole on one node, all
     workers at once), or nothing. Pure arithmetic, so the reasons are testable without a cluster."""
@@ -104,7 +112,7 @@ def fit_problems(layouts: tuple[TrialLayout, ...], nodes: list[dict[str, float]]
         if short:
             problems.append(f"{what} needs {' and '.join(short)}")
             continue
-        slots = sum(int(min(node[key] // asked[key] for key in asked)) for node in nodes) if asked else layout.world_size
+        slots = worker_slots(layout, nodes)
         if slots < layout.world_size:
             problems.append(f"{what} needs {layout.world_size} worker(s) at once, but the cluster holds {slots} "
                             f"worker(s) of {layout.cpu:g} CPU(s)" + (f" and {layout.gpu:g} GPU(s)" if layout.gpu else ""))
@@ -121,16 +129,3 @@ def check_fit(spec: Spec) -> None:
         raise SpecError(spec.name, [("parallelism", f"{p}; lower the resources or the workers, add nodes, or set "
                                                    "parallelism.autoscaling: true on an autoscaling cluster")
                                     for p in problems])
-
-
-def cluster_worker_slots(layout: TrialLayout) -> int:
-    """How many workers of this layout's size the connected Ray cluster holds (CPU- or GPU-bound)."""
-    import ray
-
-    total = ray.cluster_resources()
-    slots = []
-    if layout.cpu:
-        slots.append(int(total.get("CPU", 0) // layout.cpu))
-    if layout.gpu:
-        slots.append(int(total.get("GPU", 0) // layout.gpu))
-    return max(1, min(slots)) if slots else 1

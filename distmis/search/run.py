@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from distmis.search.compare import run_compare
 from distmis.search.execute import execute_search, open_search_run, prepare_output, ray_connection
-from distmis.search.plan import check_fit, cluster_worker_slots, plan_search, trial_layouts
+from distmis.search.plan import check_fit, node_resources, plan_search, trial_layouts, worker_slots
 from distmis.search.prepare import check_dataset_path
 from distmis.spec.schema import Spec
 
@@ -32,6 +32,6 @@ def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None
     with ray_connection(address):
         check_fit(spec)  # before any data is converted: a trial that cannot fit would wait forever
         data = prepare_output(spec, output_dir, progress=progress)
-        plan = plan_search(spec, cluster_slots=cluster_worker_slots(trial_layouts(spec)[0]))
+        plan = plan_search(spec, cluster_slots=worker_slots(trial_layouts(spec)[0], node_resources()))
         search_run = open_search_run(spec, output_dir, data)
         return execute_search(spec, data, plan, search_run, output_dir, progress=progress, trainable=trainable)

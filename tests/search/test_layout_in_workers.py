@@ -23,6 +23,7 @@ from distmis.search.trainable import (
 )
 from distmis.spec import validate_spec
 from tests.conftest import small_spec_tree
+from tests.search.test_data_parallel import dp_tree
 
 pytestmark = pytest.mark.slow
 
@@ -92,11 +93,8 @@ def run_probed(tree: dict, tmp_path: Path) -> dict[str, dict[str, Any]]:
 
 
 def one_epoch_tree(data: Path, framework: str = "torch", **parallelism: Any) -> dict:
-    tree = small_spec_tree(data)
-    tree["model"]["framework"] = framework
+    tree = dp_tree(data, framework, **parallelism)
     tree["training"]["epochs"] = 1
-    tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3]}}
-    tree["parallelism"] = parallelism
     return tree
 
 
