@@ -4,6 +4,12 @@ By default it serves the sqlite store a search wrote into its output folder (``r
 artifacts beside it in ``mlartifacts/``), bound to 127.0.0.1. A team passes a database URI instead
 (``postgresql://...``). ``mlflow server`` starts worker processes of its own, so it runs in a session
 of its own and is stopped by process group.
+
+The store URI can hold a password (``postgresql://user:secret@host/db``). It never goes on the server's
+command line, which every user of the machine can read (``ps``, ``/proc/PID/cmdline``): the server gets it
+from its environment (:data:`BACKEND_STORE_ENV`, readable only by its owner), as ``mlflow server`` passes
+it on to its own workers; and anything printed or logged names the store through
+:func:`~distmis.tracking.uri.redact_uri`.
 """
 
 from __future__ import annotations
@@ -18,12 +24,16 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from distmis.service.net import LOOPBACK, is_loopback, port_in_use
 from distmis.tracking.mlflow_tracking import default_tracking_uri
 from distmis.tracking.uri import redact_uri
 
 logger = logging.getLogger(__name__)
+
+#: The environment variable ``mlflow server`` reads its ``--backend-store-uri`` from (the option's click envvar).
+BACKEND_STORE_ENV = "MLFLOW_BACKEND_STORE_URI"
 
 
 class ServerError(RuntimeError):
@@ -85,6 +95,26 @@ class MLflowServer:
         self.stop()
 
 
+def server_command(*, host: str = LOOPBACK, port: int = 5000, artifacts: Path | None = None) -> list[str]:
+    """The ``mlflow server`` command line: no store URI on it (see :func:`server_environment`)."""
+    command = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", "1"]
+    if artifacts is not None:  # new experiments created in the UI put their artifacts beside the store
+        command += ["--default-artifact-root", artifacts.as_uri()]
+    return command
+
+
+def server_environment(backend_store_uri: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ``base`` (default this process's) with the store URI in :data:`BACKEND_STORE_ENV`.
+
+    Unlike a command-line argument, a process's environment is readable only by its owner (and root).
+    """
+    if not backend_store_uri:
+        raise ValueError("the backend store URI is empty; give a search's output folder or --tracking-uri")
+    env = dict(os.environ if base is None else base)
+    env[BACKEND_STORE_ENV] = backend_store_uri
+    return env
+
+
 def start_server(
     backend_store_uri: str,
     *,
@@ -102,14 +132,12 @@ def start_server(
     if not is_loopback(host):
         logger.warning("the MLflow server listens on %s: anyone who reaches it can read and change every run. "
                        "MLflow has no login here; prefer 127.0.0.1 with an SSH tunnel.", host)
-    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
-               "--host", host, "--port", str(port), "--workers", "1"]
-    if artifacts is not None:  # new experiments created in the UI put their artifacts beside the store
-        command += ["--default-artifact-root", artifacts.as_uri()]
+    command = server_command(host=host, port=port, artifacts=artifacts)
+    env = server_environment(backend_store_uri)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
+                                   env=env, start_new_session=True)
     finally:
         if log_path:
             out.close()  # type: ignore[union-attr]
