@@ -51,6 +51,7 @@ __all__ = [
     "coerce_layout",
     "discover_cases",
     "read_case",
+    "case_spatial_shape",
     "label_counts",
 ]
 
@@ -249,6 +250,27 @@ def _load_nifti(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
         raise DataError(f"cannot read NIfTI file {str(path)!r}: {type(exc).__name__}: {exc}") from exc
     spacing = tuple(float(z) for z in (tuple(zooms) + (1.0, 1.0, 1.0))[:3])
     return np.asarray(data), spacing  # type: ignore[return-value]
+
+
+def case_spatial_shape(case: CaseFiles) -> tuple[int, int, int]:
+    """The stored spatial shape ``(H, W, D)`` of a case's image, read from its NIfTI header only.
+
+    The voxel data is not read (nor, for ``.nii.gz``, decompressed beyond the header), so this is cheap
+    for a whole data set. MSD: the first three axes of the 4-D image; BraTS: those of the first modality.
+
+    Raises:
+        DataError: naming the file, if its header cannot be read or it has fewer than 3 axes.
+    """
+    import nibabel as nib
+
+    path = case.images[0]
+    try:
+        shape = tuple(int(s) for s in nib.load(str(path)).header.get_data_shape())
+    except Exception as exc:  # nibabel, gzip and zlib raise many different types
+        raise DataError(f"cannot read the NIfTI header of {str(path)!r}: {type(exc).__name__}: {exc}") from exc
+    if len(shape) < 3:
+        raise DataError(f"image file {str(path)!r} has shape {shape}; an image needs 3 spatial axes (H, W, D)")
+    return shape[:3]  # type: ignore[return-value]
 
 
 def _squeeze_trailing(array: np.ndarray, ndim: int) -> np.ndarray:

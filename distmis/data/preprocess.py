@@ -35,6 +35,7 @@ __all__ = [
     "labels_to_target",
     "PreprocessConfig",
     "preprocess_case",
+    "preprocessed_shape",
 ]
 
 
@@ -295,3 +296,16 @@ def preprocess_case(image: np.ndarray, label: np.ndarray, config: PreprocessConf
         label = resize(label, config.resize, order=0)
     target = labels_to_target(label, config.layout, config.labels)
     return np.ascontiguousarray(image, dtype=np.float32), np.ascontiguousarray(target, dtype=np.uint8)
+
+
+def preprocessed_shape(shape: Sequence[int], config: PreprocessConfig) -> tuple[int, int, int]:
+    """The spatial shape :func:`preprocess_case` gives a case whose image has spatial shape ``shape``.
+
+    The pipeline's geometry only: the centre crop / pad makes it ``config.crop``, then the resize
+    ``config.resize``; with neither it stays ``shape``. Needs no voxel data (e.g. ``shape`` from a header).
+    """
+    if config.resize is not None:
+        return config.resize
+    if config.crop is not None:
+        return config.crop
+    return _check_shape3(tuple(shape)[:3], "image spatial shape")

@@ -11,15 +11,15 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from distmis.data.errors import DataError
-from distmis.data.layouts import CaseFiles, Layout, discover_cases
-from distmis.data.preprocess import LabelMode, PreprocessConfig
+from distmis.data.layouts import CaseFiles, Layout, case_spatial_shape, discover_cases
+from distmis.data.preprocess import LabelMode, PreprocessConfig, preprocessed_shape
 from distmis.data.split import make_split
 from distmis.data.synthetic import synthesize_dataset
 from distmis.data.tfrecord import convert_to_tfrecords, read_manifest, verify_checksums
-from distmis.spec.load import SpecError, check_input_shape
+from distmis.spec.load import SpecError, apply_config, check_input_shape
 from distmis.spec.schema import Spec
 
 
@@ -39,13 +39,111 @@ def preprocess_config(spec: Spec) -> PreprocessConfig:
 
 
 def check_dataset_path(spec: Spec) -> None:
-    """DataError, before anything starts, when ``dataset.path`` is missing and nothing would generate it."""
+    """Before anything starts (no Ray, no output folder, no conversion): DataError when ``dataset.path`` is
+    missing and nothing would generate it; SpecError when a tile is larger than the volumes
+    (:func:`check_tile_fits`)."""
     root = Path(spec.dataset.path)
     if not root.exists() and spec.dataset.synthetic is None:
         raise DataError(
             f"dataset.path {str(root)!r} does not exist; point it at an MSD or BraTS folder, "
             "or add dataset.synthetic to generate a synthetic dataset there"
         )
+    check_tile_fits(spec)
+
+
+# --------------------------------------------------------------------------- tile against the volumes
+@dataclass(frozen=True)
+class Volume:
+    """The spatial shape one case has after preprocessing, and where that shape comes from (for messages)."""
+
+    shape: tuple[int, int, int]
+    source: str
+
+
+def tiles_to_check(spec: Spec) -> list[tuple[str, Any, tuple[int, int, int]]]:
+    """Every tile a trial may train on: ``(field, searched value or None, tile)`` for ``training.tile`` and for
+    each value of a search over it (``search.space.training.tile``, or over the whole ``training`` section).
+
+    Values that give no tile (null: the whole volume) or no valid spec (reported by the spec's own checks)
+    are left out.
+    """
+    tiles = []
+    if spec.training.tile is not None:
+        tiles.append(("training.tile", None, tuple(spec.training.tile)))
+    for path, domain in spec.search.space.items():
+        if path not in ("training", "training.tile"):
+            continue
+        for value in domain.values:
+            try:
+                tile = apply_config(spec, {path: value}).training.tile
+            except SpecError:
+                continue
+            if tile is not None:
+                tiles.append((f"search.space.{path}", value, tuple(tile)))
+    return tiles  # type: ignore[return-value]
+
+
+def _geometry(start: str, config: PreprocessConfig) -> str:
+    """How a shape becomes the preprocessed one, e.g. ``stored shape [240, 240, 155] -> dataset.crop [...]``."""
+    steps = [start]
+    steps += [f"dataset.{name} {list(value)}" for name, value in (("crop", config.crop), ("resize", config.resize))
+              if value is not None]
+    return " -> ".join(steps) if len(steps) > 1 else f"{steps[0]}, no dataset.crop or dataset.resize"
+
+
+def preprocessed_volumes(spec: Spec) -> Iterator[Volume]:
+    """The preprocessed shape of each case, from the NIfTI headers only (no voxel data is read).
+
+    A synthetic dataset not generated yet: the one shape ``dataset.synthetic.shape`` gives. Raises DataError
+    when the cases cannot be found or a header cannot be read.
+    """
+    config = preprocess_config(spec)
+    root = Path(spec.dataset.path)
+    synthetic = spec.dataset.synthetic
+    if not root.exists():
+        if synthetic is not None:
+            stored = tuple(synthetic.shape)
+            yield Volume(preprocessed_shape(stored, config),
+                         f"the synthetic cases dataset.synthetic will generate at {str(root)!r} "
+                         f"({_geometry(f'dataset.synthetic.shape {list(stored)}', config)})")  # type: ignore[arg-type]
+        return
+    for case in discover_cases(root, Layout(spec.dataset.layout)):
+        stored = case_spatial_shape(case)
+        yield Volume(preprocessed_shape(stored, config),
+                     f"case file {str(case.images[0])!r} ({_geometry(f'stored shape {list(stored)}', config)})")
+
+
+def check_tile_fits(spec: Spec) -> None:
+    """SpecError when ``training.tile``, or a tile the search may try, is larger than a case's preprocessed
+    volume in any dimension: conversion would succeed and every trial would then fail.
+
+    The shapes come from the NIfTI headers (crop and resize applied as the preprocessing applies them), or
+    from ``dataset.synthetic`` for a dataset not generated yet. When they cannot be read (no cases found, a
+    broken header) this says nothing: preparing the data reports that, and the trainers check the tile again.
+    """
+    pending = tiles_to_check(spec)
+    problems: list[tuple[str, str]] = []
+    try:
+        for volume in preprocessed_volumes(spec):
+            if not pending:
+                break
+            too_large = [item for item in pending if any(t > v for t, v in zip(item[2], volume.shape))]
+            for field, value, tile in too_large:
+                problems.append((field, _too_large_message(value, tile, volume)))
+            pending = [item for item in pending if item not in too_large]
+    except DataError:  # cases or a header that cannot be read: reported when the data is prepared
+        pass
+    if problems:
+        raise SpecError(f"{spec.name} (with the data at {spec.dataset.path})", problems)
+
+
+def _too_large_message(value: Any, tile: tuple[int, int, int], volume: Volume) -> str:
+    """What is wrong and what is allowed; ``value``: the searched value that sets the tile (None: the spec's)."""
+    allowed = list(volume.shape)
+    subject = f"{list(tile)} is" if value is None else f"value {value!r} makes training.tile {list(tile)}, which is"
+    return (f"{subject} larger than the preprocessed volume {allowed} of {volume.source}; a tile must be at most "
+            f"the volume in every dimension (here <= {allowed}), or set dataset.crop / dataset.resize to a shape "
+            "at least as large as the tile")
 
 
 def ensure_dataset(spec: Spec, *, progress: bool = True) -> bool:

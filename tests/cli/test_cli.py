@@ -10,6 +10,7 @@ import yaml
 
 from distmis.cli.main import build_parser, main
 from tests.conftest import small_spec_tree
+from tests.search.test_prepare import SHORT_CASES, msd_dataset, real_data_tree
 
 
 def write_spec(path: Path, tree: dict) -> Path:
@@ -125,3 +126,14 @@ def test_run_exits_1_when_a_trial_fails(ray_local, tmp_path, monkeypatch, capsys
     assert main(["run", str(spec), "--output", str(tmp_path / "out"), "--quiet"]) == 1
     printed = capsys.readouterr().out
     assert "1 failed" in printed and "NonFiniteLossError" in printed
+
+
+def test_cli_run_with_an_oversized_tile_exits_2_and_writes_nothing(tmp_path, capsys):
+    data = msd_dataset(tmp_path / "data", SHORT_CASES)
+    spec = write_spec(tmp_path / "spec.yaml", real_data_tree(data, [16, 16, 16]))
+    out = tmp_path / "out"
+    assert main(["run", str(spec), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "training.tile: [16, 16, 16] is larger than the preprocessed volume [16, 16, 12]" in err
+    assert str(data / "imagesTr" / "BRATS_001.nii.gz") in err
+    assert not out.exists()

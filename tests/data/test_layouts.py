@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from distmis.data import LABEL_VALUES, MODALITIES, CaseFiles, DataError, Layout, discover_cases, read_case
-from distmis.data.layouts import coerce_layout, label_counts
+from distmis.data.layouts import case_spatial_shape, coerce_layout, label_counts
 
 from .conftest import SHAPE, corrupt_gzip, write_nifti
 
@@ -239,3 +239,33 @@ def test_read_nan_image(tmp_path: Path) -> None:
     _msd_dataset(tmp_path, {"BRATS_001": image}, {"BRATS_001": np.zeros((4, 4, 4), np.uint8)})
     with pytest.raises(DataError, match=r"imagesTr/BRATS_001\.nii\.gz.*NaN"):
         read_case(discover_cases(tmp_path, "msd")[0], "msd")
+
+
+# --------------------------------------------------------------------------- shapes from headers
+
+
+def test_case_spatial_shape_of_both_layouts(msd_root: Path, brats_root: Path) -> None:
+    for root, layout in ((msd_root, "msd"), (brats_root, "brats")):
+        for case in discover_cases(root, layout):
+            assert case_spatial_shape(case) == SHAPE == read_case(case, layout)[0].shape[:3]
+
+
+def test_case_spatial_shape_reads_the_header_only(tmp_path: Path) -> None:
+    image = np.random.default_rng(0).uniform(0, 100, (24, 20, 12, 4)).astype(np.float32)  # incompressible
+    _msd_dataset(tmp_path, {"BRATS_001": image}, {"BRATS_001": np.zeros((24, 20, 12), np.uint8)})
+    corrupt_gzip(tmp_path / "imagesTr" / "BRATS_001.nii.gz")  # the voxel data is cut, the header is whole
+    case = discover_cases(tmp_path, "msd")[0]
+    assert case_spatial_shape(case) == (24, 20, 12)
+    with pytest.raises(DataError, match="cannot read"):  # reading the data does fail
+        read_case(case, "msd")
+
+
+def test_case_spatial_shape_names_a_bad_file(tmp_path: Path) -> None:
+    _msd_dataset(tmp_path, {"BRATS_001": np.ones((4, 4, 4, 4), np.float32)},
+                 {"BRATS_001": np.zeros((4, 4, 4), np.uint8)})
+    (tmp_path / "imagesTr" / "BRATS_001.nii.gz").write_bytes(b"not a nifti file")
+    with pytest.raises(DataError, match=r"NIfTI header of .*imagesTr/BRATS_001\.nii\.gz"):
+        case_spatial_shape(discover_cases(tmp_path, "msd")[0])
+    write_nifti(tmp_path / "imagesTr" / "BRATS_001.nii.gz", np.ones((4, 4), np.float32))
+    with pytest.raises(DataError, match=r"BRATS_001\.nii\.gz' has shape \(4, 4\); an image needs 3 spatial axes"):
+        case_spatial_shape(discover_cases(tmp_path, "msd")[0])

@@ -14,6 +14,7 @@ from distmis.data import (
     center_crop_or_pad,
     labels_to_target,
     preprocess_case,
+    preprocessed_shape,
     resize,
     zscore_nonzero,
 )
@@ -203,3 +204,21 @@ def test_preprocess_case_without_geometry_keeps_shape() -> None:
     assert out_image.shape == (6, 6, 6, 4) and out_target.shape == (6, 6, 6, 1)
     with pytest.raises(ValueError, match="does not match"):
         preprocess_case(image, label[:5], PreprocessConfig(layout="msd"))
+
+
+@pytest.mark.parametrize(
+    "crop, resize_to",
+    [(None, None), ((16, 16, 16), None), (None, (8, 12, 6)), ((16, 8, 20), (8, 8, 8)), ((8, 30, 10), None)],
+)
+def test_preprocessed_shape_is_what_preprocess_case_gives(crop, resize_to) -> None:
+    image = np.ones((20, 18, 14, 4), np.float32)
+    label = np.zeros((20, 18, 14), np.int16)
+    config = PreprocessConfig(layout="msd", crop=crop, resize=resize_to)
+    out_image, out_target = preprocess_case(image, label, config)
+    assert preprocessed_shape((20, 18, 14), config) == out_image.shape[:3] == out_target.shape[:3]
+    assert preprocessed_shape((20, 18, 14, 4), config) == out_image.shape[:3]  # an MSD header's 4-D shape
+
+
+def test_preprocessed_shape_rejects_a_bad_shape() -> None:
+    with pytest.raises(ValueError, match="image spatial shape must be 3 positive integers"):
+        preprocessed_shape((20, 18), PreprocessConfig(layout="msd"))

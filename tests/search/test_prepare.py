@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from distmis.data import DataError
-from distmis.search.prepare import prepare_data
+from distmis.search.prepare import check_dataset_path, check_tile_fits, prepare_data
 from distmis.spec import SpecError, validate_spec
+from distmis.spec.schema import Spec
 from tests.conftest import small_spec_tree
+from tests.data.conftest import write_nifti
 
 
 def test_prepare_generates_converts_and_reuses(tmp_path):
@@ -40,3 +46,118 @@ def test_too_few_cases_for_the_split(tmp_path):
     del tree["dataset"]["synthetic"]
     with pytest.raises(DataError, match="dataset.split.*too few cases"):
         prepare_data(validate_spec(tree), tmp_path / "out", progress=False)
+
+
+# --------------------------------------------------------------------------- tile against the data's shapes
+def msd_dataset(root: Path, shapes: dict[str, tuple[int, int, int]]) -> Path:
+    """A real MSD folder (dataset.json, imagesTr/, labelsTr/) of NIfTI cases with the given spatial shapes."""
+    rng = np.random.default_rng(0)
+    training = []
+    for case_id, shape in shapes.items():
+        image = np.zeros((*shape, 4), np.float32)
+        image[1:-1, 1:-1, 1:-1] = rng.uniform(1, 100, (shape[0] - 2, shape[1] - 2, shape[2] - 2, 4))
+        label = np.zeros(shape, np.uint8)
+        label[2:5, 2:5, 2:5] = 1
+        write_nifti(root / "imagesTr" / f"{case_id}.nii.gz", image)
+        write_nifti(root / "labelsTr" / f"{case_id}.nii.gz", label)
+        training.append({"image": f"./imagesTr/{case_id}.nii.gz", "label": f"./labelsTr/{case_id}.nii.gz"})
+    (root / "dataset.json").write_text(json.dumps({"training": training}))
+    return root
+
+
+def real_data_tree(root: Path, tile: list[int] | None, **dataset: object) -> dict:
+    """The small spec over the real folder ``root`` (no synthetic section), with ``training.tile``."""
+    tree = small_spec_tree(root)
+    del tree["dataset"]["synthetic"]
+    tree["dataset"].update(dataset)
+    tree["training"]["tile"] = tile
+    return tree
+
+
+FOUR_CASES = {"BRATS_001": (16, 16, 16), "BRATS_002": (16, 16, 16), "BRATS_003": (16, 16, 12),
+              "BRATS_004": (16, 16, 16)}
+SHORT_CASES = {f"BRATS_00{i}": (16, 16, 12) for i in range(1, 5)}
+
+
+def test_oversized_tile_refused_before_anything_is_written(tmp_path):
+    from distmis.search.run import run_search
+
+    data = msd_dataset(tmp_path / "data", SHORT_CASES)
+    spec = validate_spec(real_data_tree(data, [16, 16, 16]))  # the spec alone cannot tell: the data decides
+    with pytest.raises(SpecError) as info:
+        check_dataset_path(spec)
+    assert info.value.source == f"tiny (with the data at {data})"
+    (path, message), = info.value.problems
+    assert path == "training.tile"
+    assert message.startswith("[16, 16, 16] is larger than the preprocessed volume [16, 16, 12] of case file "
+                              f"'{data / 'imagesTr' / 'BRATS_001.nii.gz'}' (stored shape [16, 16, 12], "
+                              "no dataset.crop or dataset.resize); a tile must be at most the volume in every "
+                              "dimension (here <= [16, 16, 12])")
+    new, existing = tmp_path / "new", tmp_path / "existing"
+    existing.mkdir()
+    for out in (new, existing):
+        with pytest.raises(SpecError, match=r"training\.tile: \[16, 16, 16\] is larger"):
+            run_search(spec, out, progress=False)  # refused before Ray starts or any data is converted
+    assert not new.exists() and list(existing.iterdir()) == []
+    assert not list(tmp_path.rglob("*.tfrecord*")) and not list(tmp_path.rglob("manifest.json"))
+
+
+def test_the_case_too_small_is_named(tmp_path):
+    data = msd_dataset(tmp_path / "data", FOUR_CASES)
+    with pytest.raises(SpecError) as info:
+        check_dataset_path(validate_spec(real_data_tree(data, [16, 16, 16])))
+    (path, message), = info.value.problems
+    assert path == "training.tile" and "larger than the preprocessed volume [16, 16, 12]" in message
+    assert str(data / "imagesTr" / "BRATS_003.nii.gz") in message  # the one case that is too small
+
+
+def test_fitting_tile_passes_and_converts(tmp_path):
+    data = msd_dataset(tmp_path / "data", SHORT_CASES)
+    spec = validate_spec(real_data_tree(data, [16, 8, 12]))
+    check_dataset_path(spec)  # fits exactly in one dimension: allowed
+    prepared = prepare_data(spec, tmp_path / "out", progress=False)
+    assert prepared.manifest["image_shape"] == [16, 16, 12, 4]
+
+
+def test_crop_and_resize_are_applied_as_the_preprocessing_does(tmp_path):
+    data = msd_dataset(tmp_path / "data", FOUR_CASES)
+    # The crop pads BRATS_003's 12 slices to 16, so a 16-slice tile fits; resize then shrinks every case.
+    check_dataset_path(validate_spec(real_data_tree(data, [16, 16, 16], crop=[16, 16, 16])))
+    spec = Spec.model_validate(real_data_tree(data, [16, 16, 16], crop=[16, 16, 16], resize=[8, 8, 8]))
+    with pytest.raises(SpecError) as info:  # (the spec's own checks refuse this too; the data check agrees)
+        check_tile_fits(spec)
+    assert "larger than the preprocessed volume [8, 8, 8]" in str(info.value)
+    assert "stored shape [16, 16, 16] -> dataset.crop [16, 16, 16] -> dataset.resize [8, 8, 8]" in str(info.value)
+
+
+def test_every_searched_tile_is_checked(tmp_path):
+    data = msd_dataset(tmp_path / "data", FOUR_CASES)
+    tree = real_data_tree(data, [8, 8, 8])
+    tree["search"]["space"] = {"training.tile": {"grid": [[8, 8, 8], [16, 16, 16], [8, 16, 4]]}}
+    with pytest.raises(SpecError) as info:
+        check_dataset_path(validate_spec(tree))
+    (path, message), = info.value.problems  # [8, 8, 8] and [8, 16, 4] fit
+    assert path == "search.space.training.tile"
+    assert message.startswith("value [16, 16, 16] makes training.tile [16, 16, 16], which is larger than the "
+                              "preprocessed volume [16, 16, 12]")
+
+
+def test_synthetic_dataset_not_generated_yet_uses_its_shape(tmp_path):
+    tree = small_spec_tree(tmp_path / "data")
+    tree["training"]["tile"] = [16, 16, 32]
+    spec = Spec.model_validate(tree)  # past the spec's own checks, which refuse it already
+    with pytest.raises(SpecError, match=r"\[16, 16, 32\] is larger than the preprocessed volume \[16, 16, 16\] "
+                                        r"of the synthetic cases dataset.synthetic will generate"):
+        check_tile_fits(spec)
+    assert not (tmp_path / "data").exists()  # nothing generated
+    tree["training"]["tile"] = [16, 16, 16]
+    check_tile_fits(Spec.model_validate(tree))
+
+
+def test_unreadable_shapes_are_left_to_the_later_checks(tmp_path):
+    data = msd_dataset(tmp_path / "data", FOUR_CASES)
+    (data / "imagesTr" / "BRATS_001.nii.gz").write_bytes(b"not a nifti file")
+    spec = validate_spec(real_data_tree(data, [32, 32, 32]))
+    check_tile_fits(spec)  # the first header is unreadable: no shapes, no verdict (conversion reports the file)
+    (data / "dataset.json").unlink()
+    check_tile_fits(spec)  # no cases to read: discovery reports it when the data is prepared
