@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec, parse_set_options(args.set))
     output = Path(args.output) if args.output else default_output_dir(spec)
-    outcome = run_search(spec, output, address=args.address, progress=not args.quiet)
+    outcome = run_search(spec, output, address=args.address, progress=not args.quiet, resume=args.resume)
     if spec.parallelism.mode == "compare":
         return print_comparison(spec, outcome)
     return print_search(spec, outcome)
@@ -92,7 +92,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         overrides["parallelism.workers"] = args.workers
     spec = load_spec(args.spec, overrides)
     output = Path(args.output) if args.output else default_output_dir(spec)
-    outcome = run_compare(spec, output, address=args.address, progress=not args.quiet)
+    outcome = run_compare(spec, output, address=args.address, progress=not args.quiet, resume=args.resume)
     return print_comparison(spec, outcome)
 
 
@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
                        help="Ray cluster address (default: $RAY_ADDRESS, else start a local Ray)")
         p.add_argument("--quiet", action="store_true", help="no progress output")
+        p.add_argument("--resume", action="store_true",
+                       help="continue the interrupted search in --output (same spec): finished trials are kept, "
+                            "unfinished ones go on from their last epoch")
 
     p = sub.add_parser("run", help="run a search spec in its parallelism mode (experiment, data or compare)")
     spec_args(p)
@@ -290,9 +293,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from distmis.spec import SpecError
     from distmis.service.server import ServerError
 
+    from distmis.search.state import NothingToResume
+
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
+    except NothingToResume as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_OK
     except (SpecError, DataError, BadInput, SubmitError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

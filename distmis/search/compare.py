@@ -26,14 +26,17 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from distmis.search.execute import execute_search, open_search_run, prepare_output, ray_connection
+from distmis.search.execute import (
+    execute_search, experiment_name, open_search_run, prepare_output, ray_connection, reopen_search_run,
+)
 from distmis.search.plan import fit_problems, node_resources, plan_search, trial_layouts
 from distmis.search.prepare import check_dataset_path
+from distmis.search.state import SearchState, recorded, state_to_resume
 from distmis.spec.load import SpecError
 from distmis.spec.schema import ParallelismSpec, Spec
 from distmis.tracking.figures import speedup_figure
 from distmis.tracking.mlflow_tracking import SearchRun
-from distmis.tracking.results import MODES, speedup_table
+from distmis.tracking.results import MODES, RESUMED_CELL, speedup_table
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ def cell_spec(spec: Spec, mode: str, workers: int) -> Spec:
     ``experiment``: ``workers`` one-worker trials at once; ``data``: one trial at a time over ``workers`` workers."""
     par = spec.parallelism
     common = {"resources_per_worker": par.resources_per_worker, "lr_scaling": par.lr_scaling,
-              "sequence_parallel": par.sequence_parallel}
+              "sequence_parallel": par.sequence_parallel, "max_failures": par.max_failures}
     if mode == "experiment":
         cell = ParallelismSpec(mode="experiment", resources_per_trial=par.resources_per_worker,
                                max_concurrent_trials=workers, **common)
@@ -89,52 +92,80 @@ def run_compare(
     address: str | None = None,
     progress: bool = True,
     trainable: Callable[..., None] | None = None,
+    resume: bool = False,
 ) -> ComparisonOutcome:
     """Run the search in both modes for every worker count and record the speedup table.
 
-    ``trainable`` replaces the Tune function of every trial (see :func:`execute_search`).
+    ``trainable`` replaces the Tune function of every trial (see :func:`execute_search`). ``resume`` continues
+    an interrupted comparison in ``output_dir``: the cells done are kept, the one under way is resumed (its
+    results count, its time does not: status RESUMED), and the rest run.
     """
     counts = sorted(set(workers or spec.parallelism.worker_counts) | {1})
     if any(n < 1 for n in counts):
         raise SpecError(spec.name, [("parallelism.workers", f"worker counts must be >= 1, got {counts}")])
     output_dir = Path(output_dir).resolve()
+    state = state_to_resume(spec, output_dir, "compare") if resume else None
     check_dataset_path(spec)
     with ray_connection(address):
         check_capacity(spec, counts)  # before any data is converted
         data = prepare_output(spec, output_dir, progress=progress)
-        compare_run = open_search_run(spec, output_dir, data, run_name=f"{spec.name} compare", role="compare",
-                                      tags={"distmis.workers": ",".join(map(str, counts))})
-        cells: list[dict[str, Any]] = []
+        if state is None:
+            compare_run = open_search_run(spec, output_dir, data, run_name=f"{spec.name} compare", role="compare",
+                                          tags={"distmis.workers": ",".join(map(str, counts))})
+            state = SearchState.start("compare", spec, compare_run.run_id)
+        else:
+            compare_run = reopen_search_run(spec, output_dir, state.run_id)
         try:
-            for index, n in enumerate(counts):
-                for mode in MODES if index % 2 == 0 else MODES[::-1]:
-                    cells.append(_run_cell(spec, data, mode, n, compare_run, output_dir, progress, trainable))
+            with recorded(state, output_dir):
+                for index, n in enumerate(counts):
+                    for mode in MODES if index % 2 == 0 else MODES[::-1]:
+                        if any(c["mode"] == mode and c["workers"] == n for c in state.cells):
+                            continue  # done before the comparison was interrupted
+                        state.cells.append(_run_cell(spec, data, mode, n, compare_run, output_dir, progress,
+                                                     trainable, state))
+                        state.current = None
+                        state.save(output_dir)
+                table = speedup_table(state.cells)
+                _log_table(compare_run, table, spec)
+                failed_cells = [f"{c['mode']} x{c['workers']}" for c in state.cells
+                                if c["status"] not in ("FINISHED", RESUMED_CELL) or c["failed_trials"]]
+                compare_run.log_metrics({"failed_cells": len(failed_cells)})
+                compare_run.finish("FINISHED")
         except KeyboardInterrupt:  # SearchInterrupted included: the cell's runs are KILLED already
             compare_run.finish("KILLED")
             raise
         except BaseException:
             compare_run.finish("FAILED")
             raise
-    table = speedup_table(cells)
-    _log_table(compare_run, table, spec)
-    failed_cells = [f"{c['mode']} x{c['workers']}" for c in cells if c["status"] != "FINISHED" or c["failed_trials"]]
-    compare_run.log_metrics({"failed_cells": len(failed_cells)})
-    compare_run.finish("FINISHED")
     return ComparisonOutcome(table, failed_cells, compare_run.tracking_uri, spec.experiment_name, compare_run.run_id)
 
 
 def _run_cell(spec: Spec, data: Any, mode: str, workers: int, compare_run: SearchRun, output_dir: Path,
-              progress: bool, trainable: Callable[..., None] | None) -> dict[str, Any]:
-    """One (mode, workers) search as a child run of the comparison; a crash is recorded, not raised."""
+              progress: bool, trainable: Callable[..., None] | None, state: SearchState) -> dict[str, Any]:
+    """One (mode, workers) search as a child run of the comparison; a crash is recorded, not raised.
+
+    The cell under way is named in ``state.current``; a resumed comparison continues that cell's search.
+    """
     search = cell_spec(spec, mode, workers)
     plan = plan_search(search)
-    run = open_search_run(search, output_dir, data, run_name=f"{mode} x{workers}", parent_run_id=compare_run.run_id,
-                          tags={"distmis.compare.mode": mode, "distmis.compare.workers": str(workers)})
+    current = state.current
+    resume = bool(current and current["mode"] == mode and current["workers"] == workers)
+    if current is not None and resume:
+        run = reopen_search_run(search, output_dir, current["run_id"])
+        experiment = current["experiment"]
+    else:
+        run = open_search_run(search, output_dir, data, run_name=f"{mode} x{workers}",
+                              parent_run_id=compare_run.run_id,
+                              tags={"distmis.compare.mode": mode, "distmis.compare.workers": str(workers)})
+        experiment = experiment_name(search, plan, run.run_id)
+        state.current = {"mode": mode, "workers": workers, "run_id": run.run_id, "experiment": experiment}
+        state.save(output_dir)
     best_key = f"best_{spec.search.metric}"
     cell: dict[str, Any] = {"mode": mode, "workers": workers, "elapsed_s": math.nan, best_key: math.nan,
                             "trials": 0, "failed_trials": 0, "status": "FAILED"}
     try:
-        outcome = execute_search(search, data, plan, run, output_dir, progress=progress, trainable=trainable)
+        outcome = execute_search(search, data, plan, run, output_dir, experiment=experiment, resume=resume,
+                                 progress=progress, trainable=trainable)
     except Exception as exc:  # noqa: BLE001 - the comparison goes on and says which cell failed
         logger.error("comparison cell %s x%d failed: %s", mode, workers, exc)
         logger.debug("comparison cell %s x%d", mode, workers, exc_info=True)  # the traceback with --verbose
@@ -142,11 +173,13 @@ def _run_cell(spec: Spec, data: Any, mode: str, workers: int, compare_run: Searc
     best = outcome.results.get(best_key)
     if best is not None and best.notna().any():
         cell[best_key] = float(best.max() if spec.search.mode == "max" else best.min())
+    status = "FINISHED" if outcome.failed == 0 else "TRIALS_FAILED"
     return cell | {
-        "elapsed_s": round(outcome.search_seconds, 2),
+        # a resumed cell's time covers only the part after the resume: not a figure to compare
+        "elapsed_s": math.nan if resume else round(outcome.search_seconds, 2),
         "trials": len(outcome.results),
         "failed_trials": outcome.failed,
-        "status": "FINISHED" if outcome.failed == 0 else "TRIALS_FAILED",
+        "status": RESUMED_CELL if resume and status == "FINISHED" else status,
     }
 
 

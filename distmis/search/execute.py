@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 
 import pandas as pd
 import yaml
+from mlflow.tracking import MlflowClient
 
 from distmis.search.plan import SearchPlan
 from distmis.search.prepare import PreparedData, prepare_data
@@ -31,7 +32,9 @@ from distmis.spec.layout import resolve_trial
 from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.figures import learning_curves_figure
-from distmis.tracking.mlflow_tracking import MLflowTrialCallback, SearchRun, default_tracking_uri, flatten
+from distmis.tracking.mlflow_tracking import (
+    MLflowTrialCallback, SearchRun, default_tracking_uri, flatten, mark_interrupted,
+)
 from distmis.tracking.results import format_results, results_frame
 from distmis.tracking.uri import redact_uri
 
@@ -155,51 +158,82 @@ def open_search_run(spec: Spec, output_dir: Path, data: PreparedData, *, run_nam
     return run
 
 
+def reopen_search_run(spec: Spec, output_dir: Path, run_id: str) -> SearchRun:
+    """The MLflow run of an interrupted search, RUNNING again; what its killed driver left RUNNING is KILLED."""
+    uri, _ = tracking_location(spec, output_dir)
+    mark_interrupted(MlflowClient(tracking_uri=uri), run_id)
+    return SearchRun.reopen(uri, run_id)
+
+
+def experiment_name(spec: Spec, plan: SearchPlan, run_id: str) -> str:
+    """The Ray Tune experiment folder of a search, under ``OUTPUT/ray_results``: one per MLflow search run."""
+    return f"{spec.name}-{plan.mode}-{plan.largest.world_size}w-{run_id[:8]}"
+
+
 # --------------------------------------------------------------------------- one search
-def trial_function(plan: SearchPlan, spec: Spec, data: PreparedData, output_dir: Path,
+def trial_function(plan: SearchPlan, spec: Spec, data: PreparedData, output_dir: Path, experiment: str,
                    trainable: Callable[..., None] | None = None) -> Any:
     """The Tune trainable for a plan, with the search's spec and its resources bound."""
     from ray import tune
 
     if plan.distributed:
         bound = tune.with_parameters(trainable or data_parallel_trial, spec=spec, tfrecord_dir=str(data.tfrecord_dir),
-                                     storage_path=str(output_dir / "ray_train"))
+                                     storage_path=str(output_dir / "ray_train" / experiment))
     else:
         bound = tune.with_parameters(trainable or single_process_trial, spec=spec, tfrecord_dir=str(data.tfrecord_dir))
     return tune.with_resources(bound, plan.trial_resources)
 
 
 def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run: SearchRun, output_dir: Path, *,
-                   progress: bool = True, trainable: Callable[..., None] | None = None) -> SearchOutcome:
-    """Run the spec's trials with ``plan`` (Ray must be connected) and record the results on ``search_run``."""
+                   experiment: str, resume: bool = False, progress: bool = True,
+                   trainable: Callable[..., None] | None = None) -> SearchOutcome:
+    """Run the spec's trials with ``plan`` (Ray must be connected) and record the results on ``search_run``.
+
+    ``experiment``: the Tune experiment's folder name under ``OUTPUT/ray_results``. With ``resume``, a search
+    that was interrupted goes on (``Tuner.restore``): finished trials stay as they are, unfinished and failed
+    ones continue from their last checkpoint in their own MLflow runs, and the searcher and scheduler carry on
+    from their saved state. (A search killed before Tune saved anything starts its trials afresh.)
+    """
     from ray import tune
 
     search_run.client.set_tag(search_run.run_id, "distmis.layout", plan.label)
     callback = search_run.trial_callback(spec)
-    # One checkpoint per improved epoch with num_to_keep=1 makes Tune warn about snapshot frequency; expected here.
+    if resume:
+        callback.adopt_existing_runs()
+    # One checkpoint per epoch makes Tune warn about snapshot frequency; expected here. Tune saves its own state
+    # (which trials ended, the searcher's) every few seconds, so little is run again after the driver is killed.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    tuner = tune.Tuner(
-        trial_function(plan, spec, data, output_dir, trainable),
-        param_space=param_space(spec.search),
-        tune_config=tune.TuneConfig(
-            metric=spec.search.metric,
-            mode=spec.search.mode,
-            num_samples=spec.search.num_samples,
-            search_alg=search_algorithm(spec),
-            scheduler=scheduler(spec),
-            max_concurrent_trials=plan.max_concurrent_trials,
-        ),
-        run_config=tune.RunConfig(
-            name=f"{spec.name}-{plan.mode}-{plan.largest.world_size}w-{time.strftime('%Y%m%d-%H%M%S')}",
-            storage_path=str(output_dir / "ray_results"),
-            callbacks=[callback],
-            checkpoint_config=tune.CheckpointConfig(
-                num_to_keep=1, checkpoint_score_attribute=spec.search.metric, checkpoint_score_order=spec.search.mode,
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
+    function = trial_function(plan, spec, data, output_dir, experiment, trainable)
+    storage = output_dir / "ray_results"
+    handle = callback.handle()
+    if resume and tune.Tuner.can_restore(storage / experiment):
+        tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=param_space(spec.search),
+                                   resume_unfinished=True, resume_errored=True)
+    else:
+        # Ray Train restarts a data-parallel trial's workers itself (trainable.py); Tune restarts the others.
+        retries = 0 if plan.distributed else spec.parallelism.max_failures
+        tuner = tune.Tuner(
+            function,
+            param_space=param_space(spec.search),
+            tune_config=tune.TuneConfig(
+                metric=spec.search.metric,
+                mode=spec.search.mode,
+                num_samples=spec.search.num_samples,
+                search_alg=search_algorithm(spec),
+                scheduler=scheduler(spec),
+                max_concurrent_trials=plan.max_concurrent_trials,
             ),
-            failure_config=tune.FailureConfig(max_failures=0),
-            verbose=1 if progress else 0,
-        ),
-    )
+            run_config=tune.RunConfig(
+                name=experiment,
+                storage_path=str(storage),
+                callbacks=[handle],
+                # Every folder stays for Tune's saved state to name; the trials empty the old ones (trial_checkpoints).
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
+                failure_config=tune.FailureConfig(max_failures=retries),
+                verbose=1 if progress else 0,
+            ),
+        )
     logger.info("running %d trial(s) of %s: %s", num_trials(spec.search), spec.name, plan.label)
     start = time.perf_counter()
     try:
@@ -248,9 +282,9 @@ def _log_best_overlay(search_run: SearchRun, grid: Any, callback: MLflowTrialCal
         from distmis.train.metrics import dice_score
 
         best = grid.get_best_result(scope="all")
-        checkpoint = best.get_best_checkpoint(search_run.metric, search_run.mode) if best.best_checkpoints else None
+        checkpoint = best.checkpoint  # the latest: it holds the best epoch's weights at its root
         trial_id = best.metrics.get("trial_id")
-        path = callback.best_checkpoint.get(trial_id) if checkpoint is None else None
+        path = callback.last_checkpoint.get(trial_id) if checkpoint is None else None
         if checkpoint is None and path is None:
             return
         trial, layout = resolve_trial(spec, best.config)

@@ -1,8 +1,9 @@
-"""``distmis run``: a search in its ``parallelism.mode``, from spec to results table.
+"""``distmis run``: a search in its ``parallelism.mode``, from spec to results table; ``--resume`` continues one.
 
 ``experiment`` and ``data`` run one search (:func:`~distmis.search.execute.execute_search`) laid out by
 :func:`~distmis.search.plan.plan_search`; ``compare`` runs one search per mode and worker count
-(:func:`~distmis.search.compare.run_compare`).
+(:func:`~distmis.search.compare.run_compare`). Either keeps ``OUTPUT/search_state.json``
+(:mod:`distmis.search.state`), from which ``resume=True`` continues an interrupted search.
 """
 
 from __future__ import annotations
@@ -11,27 +12,40 @@ from pathlib import Path
 from typing import Any, Callable
 
 from distmis.search.compare import run_compare
-from distmis.search.execute import execute_search, open_search_run, prepare_output, ray_connection
+from distmis.search.execute import (
+    execute_search, experiment_name, open_search_run, prepare_output, ray_connection, reopen_search_run,
+)
 from distmis.search.plan import check_fit, node_resources, plan_search, trial_layouts, worker_slots
 from distmis.search.prepare import check_dataset_path
+from distmis.search.state import SearchState, recorded, state_to_resume
 from distmis.spec.schema import Spec
 
 
 def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None, progress: bool = True,
-               trainable: Callable[..., None] | None = None) -> Any:
+               trainable: Callable[..., None] | None = None, resume: bool = False) -> Any:
     """Run the spec's search in its ``parallelism.mode``; returns its results (best first).
 
-    ``trainable`` replaces the Tune function run for each trial (it receives the same keyword arguments
-    as :func:`~distmis.search.trainable.single_process_trial` or
+    ``resume``: continue the interrupted search in ``output_dir`` (started with the same spec) instead of
+    starting a new one. ``trainable`` replaces the Tune function run for each trial (it receives the same
+    keyword arguments as :func:`~distmis.search.trainable.single_process_trial` or
     :func:`~distmis.search.trainable.data_parallel_trial`).
     """
     if spec.parallelism.mode == "compare":
-        return run_compare(spec, output_dir, address=address, progress=progress, trainable=trainable)
+        return run_compare(spec, output_dir, address=address, progress=progress, trainable=trainable, resume=resume)
     output_dir = Path(output_dir).resolve()
+    state = state_to_resume(spec, output_dir, "search") if resume else None
     check_dataset_path(spec)
     with ray_connection(address):
         check_fit(spec)  # before any data is converted: a trial that cannot fit would wait forever
         data = prepare_output(spec, output_dir, progress=progress)
         plan = plan_search(spec, cluster_slots=worker_slots(trial_layouts(spec)[0], node_resources()))
-        search_run = open_search_run(spec, output_dir, data)
-        return execute_search(spec, data, plan, search_run, output_dir, progress=progress, trainable=trainable)
+        if state is None:
+            search_run = open_search_run(spec, output_dir, data)
+            state = SearchState.start("search", spec, search_run.run_id)
+            state.experiment = experiment_name(spec, plan, search_run.run_id)
+        else:
+            search_run = reopen_search_run(spec, output_dir, state.run_id)
+        with recorded(state, output_dir):
+            return execute_search(spec, data, plan, search_run, output_dir, experiment=str(state.experiment),
+                                  resume=resume, progress=progress, trainable=trainable)
+

@@ -50,7 +50,7 @@ def scheduler(spec: Spec):
         from ray.tune.schedulers import ASHAScheduler
 
         return ASHAScheduler(
-            time_attr="training_iteration",
+            time_attr="epoch",  # what a trial reports; a resumed trial's Tune iteration count may differ
             max_t=spec.training.epochs,
             grace_period=min(search.asha.grace_period, spec.training.epochs),
             reduction_factor=search.asha.reduction_factor,

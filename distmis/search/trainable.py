@@ -11,20 +11,26 @@ then either
   parallel groups for vit-seg), each worker running :func:`data_parallel_worker` on the trial's spec and
   layout (typed objects, not re-validated); ``TuneReportCallback`` forwards rank 0's reports to Tune.
 
-Either way every epoch is reported with the same metrics, and the epoch with the best metric so far
-also saves a checkpoint. Every process pins its thread pools to the CPUs its layout gives it.
+Either way every epoch is reported with the same metrics and a checkpoint to resume from (the last epoch's
+state, the best epoch's weights: :mod:`distmis.train.checkpoint`), and a restarted trial goes on from it.
+Every process pins its thread pools to the CPUs its layout gives it.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import os
 import tempfile
+import uuid
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.schema import Spec
+
+logger = logging.getLogger(__name__)
 
 
 def is_better(value: float, best: float | None, mode: str) -> bool:
@@ -72,23 +78,60 @@ def _check_world(actual: int, layout: TrialLayout, what: str) -> None:
                            f"but there are {actual} {what}")
 
 
-def train_and_report(
-    trainer: Any, spec: Spec, report: Callable[..., None], checkpoint_type: Any, *, saves_checkpoints: bool = True
-) -> None:
-    """Run every epoch; ``report(metrics, checkpoint=...)`` with a checkpoint at each new best epoch."""
+def train_and_report(trainer: Any, spec: Spec, report: Callable[..., None], checkpoint_type: Any, *,
+                     checkpoints: Sequence[Any] = (), rank: int = 0, primary: bool = True) -> None:
+    """Run the trial's epochs, reporting each with a resumable checkpoint (:mod:`distmis.train.checkpoint`).
+
+    ``checkpoints``: when the trial is restarted (a retry, or a resumed search), its checkpoints, newest first:
+    training goes on after the epoch of the first one that loads. ``rank``/``primary``: this process's rank; the
+    primary one writes the weights. Every report carries ``attempt``, an id of this process's run of the trial,
+    so the driver can count restarts.
+    """
+    from distmis.train.checkpoint import HISTORY_KEY, TrainingState, write_checkpoint
+
     metric, mode = spec.search.metric, spec.search.mode
-    best: float | None = None
-    for epoch in range(1, spec.training.epochs + 1):
-        metrics: dict[str, Any] = trainer.run_epoch(epoch).as_dict()
-        metrics["num_parameters"] = trainer.num_parameters
-        if is_better(metrics[metric], best, mode):
-            best = metrics[metric]
-            if saves_checkpoints:
-                with tempfile.TemporaryDirectory() as tmp:
-                    trainer.save(tmp)
+    attempt = uuid.uuid4().hex[:12]
+    with tempfile.TemporaryDirectory(prefix="distmis-best-") as best_dir:
+        state = _resume(trainer, checkpoints, best_dir, rank) if checkpoints else TrainingState()
+        # After a restart, the first report carries the epochs trained so far: the driver may have missed some.
+        replay = {HISTORY_KEY: json.dumps(state.history)} if state.history else {}
+        if state.epoch >= spec.training.epochs and replay:  # it had trained every epoch: only the replay is left
+            report({**state.history[-1], "num_parameters": trainer.num_parameters, "attempt": attempt, **replay})
+        for epoch in range(state.epoch + 1, spec.training.epochs + 1):
+            epoch_metrics = trainer.run_epoch(epoch).as_dict()
+            metrics: dict[str, Any] = {**epoch_metrics, "num_parameters": trainer.num_parameters, "attempt": attempt,
+                                       **replay}
+            replay = {}
+            state.epoch = epoch
+            state.history.append(epoch_metrics)
+            if is_better(metrics[metric], state.best_value, mode):
+                state.best_value, state.best_epoch = float(metrics[metric]), epoch
+                if primary:
+                    trainer.save(best_dir)
+            with tempfile.TemporaryDirectory() as tmp:
+                if write_checkpoint(trainer, tmp, state, best_dir, rank=rank, primary=primary):
                     report(metrics, checkpoint=checkpoint_type.from_directory(tmp))
-                continue
-        report(metrics)
+                else:
+                    report(metrics)
+
+
+def _resume(trainer: Any, checkpoints: Sequence[Any], best_dir: str, rank: int) -> Any:
+    """Load the newest of ``checkpoints`` that loads; an unreadable one (cut short when a process died while it
+    was being saved) is skipped with a warning."""
+    from distmis.train.checkpoint import resume_from
+
+    problems = []
+    for checkpoint in checkpoints:
+        try:
+            with checkpoint.as_directory() as directory:
+                state = resume_from(trainer, directory, best_dir, rank=rank)
+        except Exception as exc:  # noqa: BLE001 - a missing or truncated file, whatever its reader raises
+            logger.warning("cannot resume from %s (%s); trying an older checkpoint", checkpoint.path, exc)
+            problems.append(f"{checkpoint.path}: {exc}")
+            continue
+        logger.info("resuming after epoch %d from %s", state.epoch, checkpoint.path)
+        return state
+    raise RuntimeError("no checkpoint of this trial could be loaded:\n" + "\n".join(problems))
 
 
 def _quiet_worker() -> None:
@@ -137,13 +180,20 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
     """One trial in this Tune actor's process, on the CPUs its layout gives it."""
     from ray import tune
 
+    from distmis.search.trial_checkpoints import prune_older, resume_candidates
     from distmis.train.threads import pin_threads
 
     _quiet_worker()
     trial, layout = resolve_trial(spec, config)
     pin_threads(layout.cpu, torch=trial.model.framework == "torch")
     trainer = build_trainer(trial, layout, tfrecord_dir)
-    train_and_report(trainer, trial, tune.report, tune.Checkpoint)
+
+    def report(metrics: dict[str, Any], checkpoint: Any | None = None) -> None:
+        tune.report(metrics, checkpoint=checkpoint)
+        if checkpoint is not None:
+            prune_older(tune.get_checkpoint())  # the one just persisted
+
+    train_and_report(trainer, trial, report, tune.Checkpoint, checkpoints=resume_candidates(tune.get_checkpoint()))
 
 
 # --------------------------------------------------------------------------- data-parallel
@@ -162,9 +212,11 @@ def data_parallel_worker(loop_config: dict[str, Any]) -> None:
     import ray.train
 
     spec, _layout, trainer = worker_trainer(loop_config)
-    # Rank 0 keeps the checkpoints; the model is the same on every rank.
-    train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint,
-                     saves_checkpoints=ray.train.get_context().get_world_rank() == 0)
+    # Every rank adds its own files to an epoch's checkpoint; rank 0 the weights (the same on every rank).
+    rank = ray.train.get_context().get_world_rank()
+    checkpoint = ray.train.get_checkpoint()  # Ray Train's latest, after a restart
+    train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint, rank=rank, primary=rank == 0,
+                     checkpoints=[checkpoint] if checkpoint is not None else [])
 
 
 def data_parallel_trial(
@@ -176,9 +228,14 @@ def data_parallel_trial(
     worker_loop: Callable[[dict[str, Any]], None] = data_parallel_worker,
 ) -> None:
     """One trial as a Ray Train run of ``layout.world_size`` workers running ``worker_loop``; rank 0's
-    reports reach Tune."""
+    reports reach Tune.
+
+    The run is named after the trial in ``storage_path``, so a restarted trial (a Tune retry, a resumed search)
+    finds its Ray Train checkpoints again and its workers go on from the last epoch; Ray Train itself restarts
+    a worker group that lost a worker up to ``parallelism.max_failures`` times.
+    """
     from ray import tune
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial, layout = resolve_trial(spec, config)
@@ -188,6 +245,8 @@ def data_parallel_trial(
         name=f"{tune.get_context().get_trial_id()}",
         storage_path=storage_path,
         callbacks=[TuneReportCallback()],
+        checkpoint_config=CheckpointConfig(num_to_keep=1),  # the latest epoch's (it holds the best weights too)
+        failure_config=FailureConfig(max_failures=trial.parallelism.max_failures),
     )
     loop_config = {"spec": trial, "layout": layout, "tfrecord_dir": tfrecord_dir}
     if trial.model.framework == "tensorflow":

@@ -303,6 +303,8 @@ class ParallelismSpec(StrictModel):
     sequence_parallel: SequenceParallelSpec = SequenceParallelSpec()
     autoscaling: bool = Field(False, description="the cluster adds nodes on demand: do not refuse a trial that "
                                                  "does not fit the nodes there are now")
+    max_failures: int = Field(0, ge=0, description="times a trial whose process or worker died is restarted from "
+                                                   "its last epoch's checkpoint before it counts as failed")
 
     @model_validator(mode="after")
     def _workers_fit_the_mode(self) -> ParallelismSpec:

@@ -23,6 +23,7 @@ from distmis.spec.layout import resolve_trial
 from distmis.spec.load import SpecError, spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.writer import ResilientWriter
+from distmis.train.checkpoint import HISTORY_KEY
 
 ROLE_TAG = "distmis.role"
 SEARCHED_TAG = "distmis.searched"
@@ -30,6 +31,9 @@ METRIC_TAG = "distmis.metric"
 MODE_TAG = "distmis.mode"
 PARENT_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
+TRIAL_ID_TAG = "distmis.trial_id"
+ATTEMPTS_TAG = "distmis.attempts"  # processes (or worker groups) that trained a trial: > 1 after a retry or resume
+RESUMES_TAG = "distmis.resumes"  # times a search (or a trial in it) was resumed after an interruption
 
 # What a trial reports each epoch that is logged as an MLflow metric (step = epoch).
 EPOCH_METRICS = ("train_loss", "val_loss", "val_dice", "epoch_seconds")
@@ -108,6 +112,21 @@ def _trial_error_text(trial: Any) -> str | None:
         return traceback.format_exc()
 
 
+def mark_interrupted(client: MlflowClient, run_id: str) -> list[str]:
+    """A run whose driver was killed, and every run below it (trials; a comparison's searches and theirs): those
+    still RUNNING are set KILLED, as an interruption is recorded. Returns the ids it changed."""
+    killed = RunStatus.to_string(RunStatus.KILLED)
+    run = client.get_run(run_id)
+    changed = []
+    if run.info.status == "RUNNING":
+        client.set_terminated(run_id, killed)
+        changed.append(run_id)
+    for child in client.search_runs([run.info.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{run_id}'",
+                                    max_results=10_000):
+        changed += mark_interrupted(client, child.info.run_id)
+    return changed
+
+
 class SearchRun:
     """The parent MLflow run of one search."""
 
@@ -136,6 +155,22 @@ class SearchRun:
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         self.run_id = run.info.run_id
         self._started = time.perf_counter()
+
+    @classmethod
+    def reopen(cls, tracking_uri: str, run_id: str) -> SearchRun:
+        """The run of an interrupted search, RUNNING again (``distmis run --resume``)."""
+        self = cls.__new__(cls)
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        run = self.client.get_run(run_id)
+        self.run_id, self.experiment_id = run_id, run.info.experiment_id
+        self.metric = run.data.tags.get(METRIC_TAG, "val_dice")
+        self.mode = run.data.tags.get(MODE_TAG, "max")
+        resumes = int(run.data.tags.get(RESUMES_TAG, "0")) + 1
+        self.client.update_run(run_id, status="RUNNING")
+        self.client.set_tag(run_id, RESUMES_TAG, str(resumes))
+        self._started = time.perf_counter()
+        return self
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         log_params(self.client, self.run_id, params)
@@ -172,6 +207,13 @@ class MLflowTrialCallback(tune.Callback):
 
     Every write goes through a :class:`~distmis.tracking.writer.ResilientWriter`: a tracking store that is away
     for a while delays the records, never the trials. Call :meth:`close` after ``Tuner.fit`` to flush them.
+
+    A trial keeps one run whatever happens to it: a retried or resumed trial (:meth:`adopt_existing_runs` after
+    an interruption) logs into the run it had, only the epochs that run does not hold yet (one point per epoch,
+    no duplicates), and its ``distmis.attempts`` tag counts the processes that trained it.
+
+    Tune pickles its callbacks into the experiment folder; this one would carry the tracking URI (credentials
+    included) and a live client, so Tune is given a :class:`TrialCallbackHandle` to it instead (:meth:`handle`).
     """
 
     def __init__(self, search_run: SearchRun, spec: Spec, writer: ResilientWriter | None = None):
@@ -179,17 +221,73 @@ class MLflowTrialCallback(tune.Callback):
         self.client = search_run.client
         self.spec = spec
         self.writer = writer or ResilientWriter()
-        self.best_checkpoint: dict[str, str] = {}  # trial id -> checkpoint path of a Ray Train trial's best epoch
+        self.last_checkpoint: dict[str, str] = {}  # trial id -> its latest checkpoint (Ray Train trials)
         self.run_ids: dict[str, str] = {}  # filled when the (possibly delayed) create_run has been made
         self.started: set[str] = set()
         self.ended: set[str] = set()  # completed or errored
+        self.finished_before: set[str] = set()  # trials whose run had finished before a resume: left untouched
         self.unfinished: list[str] = []  # trials Tune left unfinished (it was stopped): set at the experiment's end
         self.best: dict[str, tuple[float, int]] = {}
-        self.epochs: dict[str, int] = {}
+        self.epochs: dict[str, int] = {}  # the last epoch logged per trial
+        self.attempts: dict[str, set[str]] = {}  # attempt ids seen this session
+        self.attempts_before: dict[str, int] = {}  # attempts recorded before a resume
+        self.adopted: set[str] = set()  # trials whose runs a resumed search took over
+        self.num_parameters_logged: set[str] = set()
+        self.reopened: set[str] = set()
 
     def close(self, timeout: float = 300.0) -> bool:
         """Flush the writes still waiting for the store; False if some could not be made."""
         return self.writer.close(timeout)
+
+    def handle(self) -> TrialCallbackHandle:
+        """What to give Tune's ``RunConfig(callbacks=...)`` (see the class docstring)."""
+        return TrialCallbackHandle(self)
+
+    # -- a resumed search
+    def adopt_existing_runs(self) -> None:
+        """Take over the trial runs a search recorded before it was interrupted (the store must answer).
+
+        Each run is found by its trial id; its last logged epoch, best value and attempts are read back. A run
+        that had finished is left as it is; one left RUNNING by a driver that was killed is marked KILLED until its
+        trial starts again.
+        """
+        killed = RunStatus.to_string(RunStatus.KILLED)
+        for run in self.client.search_runs([self.search.experiment_id], max_results=10_000,
+                                           filter_string=f"tags.`{PARENT_TAG}` = '{self.search.run_id}'"):
+            trial_id = run.data.tags.get(TRIAL_ID_TAG)
+            if not trial_id:
+                continue
+            run_id = run.info.run_id
+            self.run_ids[trial_id] = run_id
+            self.started.add(trial_id)
+            self.adopted.add(trial_id)
+            if "model.num_parameters" in run.data.params:
+                self.num_parameters_logged.add(trial_id)
+            self.attempts_before[trial_id] = int(run.data.tags.get(ATTEMPTS_TAG, "0"))
+            epochs = self.client.get_metric_history(run_id, "epoch_seconds")  # logged with every epoch
+            self.epochs[trial_id] = max((m.step for m in epochs), default=0)
+            history = [m for m in self.client.get_metric_history(run_id, self.search.metric) if math.isfinite(m.value)]
+            if history:
+                pick = max if self.search.mode == "max" else min
+                best = pick(history, key=lambda m: m.value)
+                self.best[trial_id] = (best.value, best.step)
+            if run.info.status == "FINISHED":
+                self.finished_before.add(trial_id)
+                self.ended.add(trial_id)
+            elif run.info.status == "RUNNING":
+                self.client.set_terminated(run_id, killed)
+
+    def _reopen(self, trial_id: str) -> None:
+        """An interrupted or failed trial runs again: its run is RUNNING again and counts the resume."""
+        def reopen(run_id: str) -> None:
+            run = self.client.get_run(run_id)
+            if "error" in run.data.tags:
+                self.client.set_tag(run_id, "distmis.previous_error", run.data.tags["error"])
+                self.client.delete_tag(run_id, "error")
+            self.client.set_tag(run_id, RESUMES_TAG, str(int(run.data.tags.get(RESUMES_TAG, "0")) + 1))
+            self.client.update_run(run_id, status="RUNNING")
+
+        self.writer.submit(f"reopen ({trial_id})", lambda: reopen(self.run_ids[trial_id]))
 
     # -- helpers
     def _write(self, trial: Any, what: str, write: Callable[[str], None]) -> None:
@@ -211,7 +309,7 @@ class MLflowTrialCallback(tune.Callback):
             params.update({"trial.workers": layout.world_size, "trial.data_parallel": layout.dp,
                            "training.optimizer.effective_lr": layout.effective_lr})
             invalid = None
-        tags = {PARENT_TAG: self.search.run_id, ROLE_TAG: "trial", "distmis.trial_id": trial_id}
+        tags = {PARENT_TAG: self.search.run_id, ROLE_TAG: "trial", TRIAL_ID_TAG: trial_id}
         if invalid:
             tags["error"] = invalid[:500]
 
@@ -248,13 +346,48 @@ class MLflowTrialCallback(tune.Callback):
         self._write(trial, "summary", lambda run_id: self.client.log_batch(run_id, metrics=metrics))
         self._write(trial, "status", lambda run_id: self.client.set_terminated(run_id, status))
 
+    def _count_attempt(self, trial: Any, attempt: str) -> None:
+        seen = self.attempts.setdefault(trial.trial_id, set())
+        if attempt in seen:
+            return
+        seen.add(attempt)
+        count = str(self.attempts_before.get(trial.trial_id, 0) + len(seen))
+        self._write(trial, "attempts", lambda run_id: self.client.set_tag(run_id, ATTEMPTS_TAG, count))
+
     # -- Tune hooks
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if trial.trial_id in self.finished_before:
+            return
         if trial.trial_id not in self.started:
             self._start(trial)
+        elif trial.trial_id in self.adopted and trial.trial_id not in self.reopened:  # resumed: its first start
+            self.reopened.add(trial.trial_id)
+            self._reopen(trial.trial_id)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        trial_id = trial.trial_id
+        if trial_id in self.finished_before:
+            return
+        if result.get("checkpoint_path"):  # forwarded by Ray Train's TuneReportCallback
+            self.last_checkpoint[trial_id] = str(result["checkpoint_path"])
+        if result.get("attempt"):
+            self._count_attempt(trial, str(result["attempt"]))
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
+        # A restarted trial's first report replays the epochs it trained before: log those the run lacks.
+        replayed = json.loads(result[HISTORY_KEY]) if result.get(HISTORY_KEY) else []
+        for entry in [*replayed, {**result, "epoch": epoch}]:
+            self._log_epoch(trial, int(entry["epoch"]), entry)
+        if "num_parameters" in result and trial_id not in self.num_parameters_logged:
+            self.num_parameters_logged.add(trial_id)
+            count = int(result["num_parameters"])
+            self._write(trial, "num_parameters",
+                        lambda run_id: self.client.log_param(run_id, "model.num_parameters", count))
+
+    def _log_epoch(self, trial: Any, epoch: int, result: Mapping[str, Any]) -> None:
+        """One epoch's metrics (step = epoch), unless the trial's run holds that epoch already."""
+        trial_id = trial.trial_id
+        if epoch <= self.epochs.get(trial_id, 0):
+            return  # a restarted trial repeats epochs its run already holds (its checkpoint was older)
         now = int(time.time() * 1000)
         metrics = [
             Metric(key, float(result[key]), now, epoch)
@@ -262,24 +395,19 @@ class MLflowTrialCallback(tune.Callback):
             if key in result and result[key] is not None and math.isfinite(float(result[key]))
         ]
         self._write(trial, f"epoch {epoch}", lambda run_id: self.client.log_batch(run_id, metrics=metrics))
-        if trial.trial_id not in self.epochs and "num_parameters" in result:
-            count = int(result["num_parameters"])
-            self._write(trial, "num_parameters",
-                        lambda run_id: self.client.log_param(run_id, "model.num_parameters", count))
-        self.epochs[trial.trial_id] = epoch
+        self.epochs[trial_id] = epoch
         value = result.get(self.search.metric)
         if value is not None and math.isfinite(float(value)):
-            best = self.best.get(trial.trial_id)
-            better = best is None or (value > best[0] if self.search.mode == "max" else value < best[0])
-            if better:
-                self.best[trial.trial_id] = (float(value), epoch)
-                if result.get("checkpoint_path"):  # forwarded by Ray Train's TuneReportCallback
-                    self.best_checkpoint[trial.trial_id] = str(result["checkpoint_path"])
+            best = self.best.get(trial_id)
+            if best is None or (value > best[0] if self.search.mode == "max" else value < best[0]):
+                self.best[trial_id] = (float(value), epoch)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         self.unfinished = [t.trial_id for t in trials if t.trial_id not in self.ended]
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if trial.trial_id in self.finished_before:
+            return
         self._finish(trial, RunStatus.to_string(RunStatus.FINISHED))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -289,3 +417,46 @@ class MLflowTrialCallback(tune.Callback):
         if text:
             self._write(trial, "error.txt", lambda run_id: self.client.log_text(run_id, text, "error.txt"))
         self._finish(trial, RunStatus.to_string(RunStatus.FAILED))
+
+
+class TrialCallbackHandle(tune.Callback):
+    """What Tune holds for a search's :class:`MLflowTrialCallback`: the search run's id, nothing secret.
+
+    Tune pickles its callbacks into the experiment folder (``tuner.pkl``) and ``Tuner.restore`` brings them back;
+    this handle forwards Tune's calls to the callback registered under its id in this (driver) process, so a
+    restored search reports to the callback the resumed driver made.
+    """
+
+    _registry: dict[str, MLflowTrialCallback] = {}
+
+    def __init__(self, callback: MLflowTrialCallback) -> None:
+        self.key = callback.search.run_id
+        self._registry[self.key] = callback
+
+    def _target(self) -> MLflowTrialCallback | None:
+        return self._registry.get(self.key)
+
+    def on_trial_start(self, *args: Any, **kwargs: Any) -> None:
+        if (target := self._target()) is not None:
+            target.on_trial_start(*args, **kwargs)
+
+    def on_trial_result(self, *args: Any, **kwargs: Any) -> None:
+        if (target := self._target()) is not None:
+            target.on_trial_result(*args, **kwargs)
+
+    def on_trial_complete(self, *args: Any, **kwargs: Any) -> None:
+        if (target := self._target()) is not None:
+            target.on_trial_complete(*args, **kwargs)
+
+    def on_trial_error(self, *args: Any, **kwargs: Any) -> None:
+        if (target := self._target()) is not None:
+            target.on_trial_error(*args, **kwargs)
+
+    def on_experiment_end(self, *args: Any, **kwargs: Any) -> None:
+        if (target := self._target()) is not None:
+            target.on_experiment_end(*args, **kwargs)
+
+    @classmethod
+    def register(cls, callback: MLflowTrialCallback) -> None:
+        """Make ``callback`` the one a restored handle of its search run forwards to."""
+        cls._registry[callback.search.run_id] = callback

@@ -14,10 +14,11 @@ import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from distmis.tracking.mlflow_tracking import METRIC_TAG, MODE_TAG, PARENT_TAG, ROLE_TAG, SEARCHED_TAG
+from distmis.tracking.mlflow_tracking import METRIC_TAG, MODE_TAG, PARENT_TAG, RESUMES_TAG, ROLE_TAG, SEARCHED_TAG
 
 Format = Literal["table", "csv", "json", "markdown"]
 MODES = ("experiment", "data")  # the two sides of a comparison
+RESUMED_CELL = "RESUMED"  # a comparison cell finished after a resume: its results hold, its time is not measured
 
 
 class ResultsNotFound(LookupError):
@@ -153,13 +154,15 @@ def comparison_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
             continue
         failed = int(m.get("failed_trials", 0))
         finished = run.info.status == "FINISHED" and "search_seconds" in m
+        status = ("FINISHED" if failed == 0 else "TRIALS_FAILED") if finished else "FAILED"
+        resumed = finished and RESUMES_TAG in tags  # its time is only the part after the resume
         cells.append({
             "mode": tags["distmis.compare.mode"],
             "workers": int(tags["distmis.compare.workers"]),
-            "elapsed_s": round(m.get("search_seconds", math.nan), 2),
+            "elapsed_s": math.nan if resumed else round(m.get("search_seconds", math.nan), 2),
             f"best_{metric}": m.get(f"best_{metric}", math.nan),
             "trials": int(m.get("trials", 0)),
             "failed_trials": failed,
-            "status": ("FINISHED" if failed == 0 else "TRIALS_FAILED") if finished else "FAILED",
+            "status": RESUMED_CELL if resumed and failed == 0 else status,
         })
     return speedup_table(cells)

@@ -35,7 +35,7 @@ class UNetTrainer:
         import keras
         import tensorflow as tf
 
-        from distmis.data.tfrecord import iter_cases, make_dataset, read_manifest
+        from distmis.data.tfrecord import iter_cases, read_manifest
         from distmis.models.unet3d_tf import build_unet3d, count_trainable_parameters
         from distmis.train.losses import make_loss
 
@@ -54,7 +54,8 @@ class UNetTrainer:
             self.model, self.optimizer = self._build(keras, build_unet3d, manifest)
         self.num_parameters = count_trainable_parameters(self.model)
         self.loss_fn = make_loss(training.loss.name, smooth=training.loss.smooth)
-        self.train_data = self._train_data(make_dataset, int(manifest["splits"]["train"]["num_cases"]))
+        self._num_train = int(manifest["splits"]["train"]["num_cases"])
+        self.train_data = self._train_data(training.seed)
         # Validation cases stay in memory: they are read once and predicted every epoch.
         self.val_cases = [(cid, img, lab.astype(np.float32)) for cid, img, lab in iter_cases(self.tfrecord_dir, "val")]
         if not self.val_cases:
@@ -94,18 +95,20 @@ class UNetTrainer:
         )
         return model, optimizer
 
-    def _train_data(self, make_dataset: Any, num_train: int) -> Any:
+    def _train_data(self, seed: int) -> Any:
         """One process: the training split once per epoch. Several replicas: each worker reads its shard,
         repeated, and every worker takes the same number of steps (collectives would hang otherwise)."""
+        from distmis.data.tfrecord import make_dataset
+
         training = self.spec.training
         if self.replicas == 1:
             return make_dataset(self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True,
-                                seed=training.seed, tile=training.tile)
-        self.steps_per_epoch = max(1, math.ceil(num_train / (training.batch_size * self.replicas)))
+                                seed=seed, tile=training.tile)
+        self.steps_per_epoch = max(1, math.ceil(self._num_train / (training.batch_size * self.replicas)))
 
         def worker_dataset(context: Any) -> Any:
             return make_dataset(
-                self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True, seed=training.seed,
+                self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True, seed=seed,
                 tile=training.tile, repeat=True,
                 shard=(context.num_input_pipelines, context.input_pipeline_id),
             ).take(self.steps_per_epoch)
@@ -143,6 +146,8 @@ class UNetTrainer:
         """Train one epoch, validate, and time both. Raises NonFiniteLossError if training diverged."""
         return checked_epoch(epoch, self.train_epoch, self.validate)
 
+    weight_files: tuple[str, ...] = ("model.weights.h5",)
+
     def save(self, directory: str | Path) -> Path:
         """Save the weights (Keras ``.weights.h5``) into ``directory``."""
         path = Path(directory) / "model.weights.h5"
@@ -152,3 +157,38 @@ class UNetTrainer:
     def load(self, directory: str | Path) -> None:
         """Load weights saved by :meth:`save`."""
         self.model.load_weights(Path(directory) / "model.weights.h5")
+
+    # ------------------------------------------------------------------ resuming (see distmis.train.checkpoint)
+    def save_state(self, directory: str | Path, *, rank: int = 0, primary: bool = True) -> None:
+        """The weights and the optimizer's variables (Adam's moments and step count), from the ``primary`` rank."""
+        if not primary:
+            return
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_weights(directory / "model.weights.h5")
+        np.savez(directory / "optimizer.npz", *[np.asarray(v.numpy()) for v in self.optimizer.variables])
+
+    def load_state(self, directory: str | Path, *, rank: int = 0, epoch: int) -> None:
+        """Continue after ``epoch`` epochs from :meth:`save_state`'s folder: weights and optimizer state exactly.
+
+        The ``tf.data`` pipeline's shuffle and tile streams cannot be saved mid-way: after a resume they are
+        seeded from the seed and ``epoch``, a fresh order rather than the one an uninterrupted run would have
+        drawn (the torch trainers continue exactly).
+        """
+        import keras
+
+        directory = Path(directory)
+        self.model.load_weights(directory / "model.weights.h5")
+        with self.strategy.scope():
+            if not self.optimizer.built:
+                self.optimizer.build(self.model.trainable_variables)
+        saved = np.load(directory / "optimizer.npz")
+        values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        if len(values) != len(self.optimizer.variables):
+            raise ValueError(f"{directory}: the optimizer state holds {len(values)} variables, this trial's optimizer "
+                             f"has {len(self.optimizer.variables)}: the checkpoint is from another model")
+        for variable, value in zip(self.optimizer.variables, values):
+            variable.assign(value)
+        seed = self.spec.training.seed + epoch
+        keras.utils.set_random_seed(seed)
+        self.train_data = self._train_data(seed)

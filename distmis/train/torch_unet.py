@@ -335,6 +335,8 @@ class TorchUNetTrainer:
         """
         return checked_epoch(epoch, lambda: self.train_epoch(epoch), self.validate)
 
+    weight_files: tuple[str, ...] = ("model.pt",)
+
     def save(self, directory: str | Path) -> Path:
         """Save the plain model's ``state_dict`` as ``model.pt`` in ``directory``."""
         path = Path(directory) / "model.pt"
@@ -346,3 +348,40 @@ class TorchUNetTrainer:
         """Load weights saved by :meth:`save`."""
         state = torch.load(Path(directory) / "model.pt", map_location=self.device, weights_only=True)
         self.model.load_state_dict(state)
+
+    # ------------------------------------------------------------------ resuming (see distmis.train.checkpoint)
+    def save_state(self, directory: str | Path, *, rank: int = 0, primary: bool = True) -> None:
+        """What continuing exactly needs: the weights and the optimizer state (``primary`` rank) and this rank's
+        random-number state (``rng.rank<rank>.pt``: torch's global generator and the tile generator)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if primary:
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
+                       directory / "trainer.pt")
+        rng = {"torch": torch.get_rng_state(), "tiles": self._tile_rng.get_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        torch.save(rng, directory / f"rng.rank{rank}.pt")
+
+    def load_state(self, directory: str | Path, *, rank: int = 0, epoch: int) -> None:
+        """Continue after ``epoch`` epochs from :meth:`save_state`'s folder.
+
+        The data order of every epoch is a function of the seed and the epoch, and the random-number state is
+        this rank's own, so an interrupted trial continues as it would have without the interruption. A rank
+        that finds no state of its own (the trial resumed on a different number of ranks) seeds its tile
+        generator from the seed, its rank and the epoch.
+        """
+        directory = Path(directory)
+        state = torch.load(directory / "trainer.pt", map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        rng_file = directory / f"rng.rank{rank}.pt"
+        if rng_file.is_file():
+            rng = torch.load(rng_file, weights_only=True)
+            torch.set_rng_state(rng["torch"])
+            self._tile_rng.set_state(rng["tiles"])
+            if "cuda" in rng and self.device.type == "cuda":
+                torch.cuda.set_rng_state(rng["cuda"], self.device)
+        else:
+            self._tile_rng.manual_seed((self.spec.training.seed * 1_000 + rank) * 10_000 + epoch)
+        self._epochs_trained = epoch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -55,9 +56,12 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
     table = outcome.results
     assert len(table) == 4 and list(table["best_val_dice"]) == sorted(table["best_val_dice"], reverse=True)
     assert set(table.columns) >= {"trial", "status", "lr", "norm", "best_val_dice", "best_epoch", "elapsed_s"}
-    # Each trial kept a checkpoint of its best epoch.
-    checkpoints = list((tmp_path / "out" / "ray_results").rglob("model.weights.h5"))
+    # Each trial kept one checkpoint (its last epoch's): the best epoch's weights, and the state to resume from.
+    checkpoints = sorted(path.parent for path in (tmp_path / "out" / "ray_results").rglob("resume/state.json"))
     assert len(checkpoints) == 4
+    for checkpoint in checkpoints:
+        assert (checkpoint / "model.weights.h5").is_file() and (checkpoint / "optimizer.npz").is_file()
+        assert json.loads((checkpoint / "state.json").read_text())["epoch"] == 2
 
 
 def test_optuna_search_with_asha_samples_the_space(ray_local, tmp_path: Path):

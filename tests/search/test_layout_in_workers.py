@@ -62,8 +62,9 @@ def probe_worker(out_dir: str, loop_config: dict[str, Any]) -> None:
     import ray.train
 
     spec, layout, trainer = worker_trainer(loop_config)
-    record(out_dir, spec, layout, trainer, rank=ray.train.get_context().get_world_rank())
-    train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint, saves_checkpoints=False)
+    rank = ray.train.get_context().get_world_rank()
+    record(out_dir, spec, layout, trainer, rank=rank)
+    train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint, rank=rank, primary=rank == 0)
 
 
 def probe_single(out_dir: str, config: dict[str, Any], *, spec: Any, tfrecord_dir: str) -> None:
@@ -74,7 +75,7 @@ def probe_single(out_dir: str, config: dict[str, Any], *, spec: Any, tfrecord_di
     trial, layout = resolve_trial(spec, config)
     trainer = build_trainer(trial, layout, tfrecord_dir)
     record(out_dir, trial, layout, trainer)
-    train_and_report(trainer, trial, tune.report, tune.Checkpoint, saves_checkpoints=False)
+    train_and_report(trainer, trial, tune.report, tune.Checkpoint)
 
 
 def probe_trial(out_dir: str, config: dict[str, Any], **kwargs: Any) -> None:

@@ -1,0 +1,123 @@
+"""The driver's MLflow callback on a real sqlite store: one run per trial through restarts and resumes, one metric
+point per epoch, the runs of an interrupted search taken over, and nothing secret pickled into Tune's folder."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from distmis.spec import validate_spec
+from distmis.tracking.mlflow_tracking import (
+    ATTEMPTS_TAG, RESUMES_TAG, SearchRun, TrialCallbackHandle, mark_interrupted,
+)
+from distmis.train.checkpoint import HISTORY_KEY
+from tests.conftest import small_spec_tree
+
+
+@pytest.fixture
+def search(tmp_path: Path):
+    spec = validate_spec(small_spec_tree(tmp_path / "data"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = SearchRun(uri, "tiny", run_name="tiny", searched=["training.optimizer.lr"], metric="val_dice", mode="max")
+    return spec, run
+
+
+def trial(trial_id: str, lr: float = 1e-3) -> Any:
+    return SimpleNamespace(trial_id=trial_id, config={"training.optimizer.lr": lr}, last_result={"time_total_s": 3.0},
+                           error_file=None, get_error=lambda: None)
+
+
+def result(epoch: int, attempt: str = "a", **extra: Any) -> dict[str, Any]:
+    return {"epoch": epoch, "train_loss": 1.0 / epoch, "val_loss": 1.0 / epoch, "val_dice": epoch / 10,
+            "epoch_seconds": 0.5, "num_parameters": 7, "attempt": attempt, **extra}
+
+
+def steps(client: MlflowClient, run_id: str, key: str = "val_dice") -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def test_a_restarted_trial_keeps_its_run_and_fills_the_epochs_it_missed(search):
+    spec, run = search
+    callback = run.trial_callback(spec)
+    t = trial("t_00000")
+    callback.on_trial_start(0, [], t)
+    for epoch in (1, 2):
+        callback.on_trial_result(0, [], t, result(epoch))
+    # The process died after training epochs 3 and 4 (checkpointed, never reported); the restart replays them.
+    history = json.dumps([result(e) for e in (1, 2, 3, 4)])
+    callback.on_trial_result(0, [], t, result(5, attempt="b", **{HISTORY_KEY: history}))
+    callback.on_trial_result(0, [], t, result(5, attempt="b"))  # a repeated epoch is not logged twice
+    callback.on_trial_complete(0, [], t)
+    assert callback.close()
+    client = run.client
+    run_id = callback.run_ids["t_00000"]
+    finished = client.get_run(run_id)
+    assert finished.info.status == "FINISHED"
+    for key in ("train_loss", "val_loss", "val_dice", "epoch_seconds"):
+        assert steps(client, run_id, key) == [1, 2, 3, 4, 5], key
+    assert finished.data.tags[ATTEMPTS_TAG] == "2"
+    assert finished.data.metrics["best_val_dice"] == 0.5 and finished.data.metrics["best_epoch"] == 5
+    assert finished.data.metrics["epochs_completed"] == 5 and finished.data.params["model.num_parameters"] == "7"
+
+
+def test_a_resumed_search_takes_over_its_runs(search):
+    spec, run = search
+    first = run.trial_callback(spec)
+    done, cut = trial("t_00000"), trial("t_00001", 2e-3)
+    for t in (done, cut):
+        first.on_trial_start(0, [], t)
+        first.on_trial_result(0, [], t, result(1))
+        first.on_trial_result(0, [], t, result(2))
+    first.on_trial_complete(0, [], done)
+    assert first.close()  # ... and the driver is killed: the search and `cut` stay RUNNING
+    client = run.client
+    done_id, cut_id = first.run_ids["t_00000"], first.run_ids["t_00001"]
+    done_before = client.get_run(done_id)
+
+    assert sorted(mark_interrupted(client, run.run_id)) == sorted([run.run_id, cut_id])
+    assert client.get_run(cut_id).info.status == "KILLED"
+    reopened = SearchRun.reopen(run.tracking_uri, run.run_id)
+    assert client.get_run(run.run_id).info.status == "RUNNING"
+    assert client.get_run(run.run_id).data.tags[RESUMES_TAG] == "1"
+    second = reopened.trial_callback(spec)
+    second.adopt_existing_runs()
+    assert second.epochs == {"t_00000": 2, "t_00001": 2} and second.finished_before == {"t_00000"}
+
+    for t in (done, cut):  # Tune restarts both (its state was older than MLflow's)
+        second.on_trial_start(0, [], t)
+        second.on_trial_result(0, [], t, result(2, attempt="b"))
+        second.on_trial_result(0, [], t, result(3, attempt="b"))
+        second.on_trial_complete(0, [], t)
+    assert second.close()
+    after = client.get_run(done_id)
+    assert (after.info.status, after.info.end_time, after.data.metrics) == (
+        done_before.info.status, done_before.info.end_time, done_before.data.metrics)  # untouched
+    assert steps(client, done_id) == [1, 2]
+    resumed = client.get_run(cut_id)
+    assert resumed.info.status == "FINISHED" and steps(client, cut_id) == [1, 2, 3]
+    assert resumed.data.tags[RESUMES_TAG] == "1" and resumed.data.tags[ATTEMPTS_TAG] == "2"
+    assert len(client.search_runs([run.experiment_id])) == 3  # the search and its two trials: no new run
+
+
+def test_tune_pickles_a_handle_that_holds_no_tracking_uri(tmp_path: Path):
+    spec = validate_spec(small_spec_tree(tmp_path / "data"))
+    secret_dir = tmp_path / "s3cr3t-store"
+    secret_dir.mkdir()
+    run = SearchRun(f"sqlite:///{secret_dir / 'mlflow.db'}", "tiny", run_name="tiny", searched=[], metric="val_dice",
+                    mode="max")
+    callback = run.trial_callback(spec)
+    data = pickle.dumps(callback.handle())
+    assert b"s3cr3t" not in data and run.run_id.encode() in data
+    restored = pickle.loads(data)
+    t = trial("t_00000")
+    restored.on_trial_start(0, [], t)  # forwarded to the callback registered for the search run
+    restored.on_trial_result(0, [], t, result(1))
+    assert callback.close() and steps(run.client, callback.run_ids["t_00000"]) == [1]
+    TrialCallbackHandle._registry.pop(run.run_id)
+    pickle.loads(data).on_trial_result(0, [], t, result(2))  # no callback for it in this process: nothing happens
