@@ -1,0 +1,107 @@
+"""parallelism.max_failures: a trial whose process (or one of its Ray Train workers) is killed mid-trial restarts
+from its last epoch and finishes, in its one MLflow run. Real processes killed with SIGKILL."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from distmis.search.run import run_search
+from distmis.search.trainable import data_parallel_trial, data_parallel_worker, single_process_trial
+from distmis.spec import validate_spec
+from distmis.tracking.mlflow_tracking import ATTEMPTS_TAG
+from distmis.tracking.results import trial_runs
+from tests.conftest import small_spec_tree
+
+EPOCHS = 4
+KILL_AFTER = 2  # epochs: the process is SIGKILLed once the second epoch's checkpoint is saved
+
+
+def die_after_reports(report: Any, log: Path, armed: bool) -> Any:
+    """``report``, logging each epoch as "pid epoch"; when ``armed``, SIGKILL this process after KILL_AFTER."""
+
+    def wrapped(metrics: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        report(metrics, *args, **kwargs)
+        with log.open("a") as handle:
+            handle.write(f"{os.getpid()} {metrics['epoch']}\n")
+        if armed and metrics["epoch"] >= KILL_AFTER:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return wrapped
+
+
+def first_time(marker: Path) -> bool:
+    try:
+        marker.touch(exist_ok=False)
+        return True
+    except FileExistsError:
+        return False
+
+
+def dying_single_trial(workdir: str, config: dict[str, Any], **kwargs: Any) -> None:
+    """The real single-process trial, whose first process is killed after its second epoch."""
+    from ray import tune
+
+    tune.report = die_after_reports(tune.report, Path(workdir, "reports.log"), first_time(Path(workdir, "killed")))
+    single_process_trial(config, **kwargs)
+
+
+def dying_worker(workdir: str, loop_config: dict[str, Any]) -> None:
+    """A real data-parallel worker; rank 1 of the first worker group is killed after its second epoch."""
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    armed = rank == 1 and first_time(Path(workdir, "killed"))
+    log = Path(workdir, f"reports.rank{rank}.log")
+    ray.train.report = die_after_reports(ray.train.report, log, armed)
+    data_parallel_worker(loop_config)
+
+
+def dying_data_trial(workdir: str, config: dict[str, Any], **kwargs: Any) -> None:
+    data_parallel_trial(config, worker_loop=functools.partial(dying_worker, workdir), **kwargs)
+
+
+def epochs_by_process(log: Path) -> list[list[int]]:
+    processes: dict[str, list[int]] = {}
+    for line in log.read_text().splitlines():
+        pid, epoch = line.split()
+        processes.setdefault(pid, []).append(int(epoch))
+    return list(processes.values())
+
+
+@pytest.mark.parametrize("mode", ["experiment", "data"])
+def test_a_killed_trial_restarts_from_its_last_epoch(ray_local, tmp_path: Path, mode: str):
+    tree = small_spec_tree(tmp_path / "data")
+    tree["model"]["framework"] = "torch"
+    tree["dataset"]["synthetic"]["shape"] = [32, 32, 32]  # epochs of about a second: each report reaches the driver
+    tree["training"]["epochs"] = EPOCHS
+    tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3]}}
+    if mode == "experiment":
+        tree["parallelism"] = {"resources_per_trial": {"cpu": 1}, "max_failures": 1}
+        trainable = functools.partial(dying_single_trial, str(tmp_path))
+    else:
+        tree["parallelism"] = {"mode": "data", "workers": 2, "max_failures": 1}
+        trainable = functools.partial(dying_data_trial, str(tmp_path))
+    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False, trainable=trainable)
+
+    assert (tmp_path / "killed").exists(), "no process was killed: the test tested nothing"
+    assert outcome.failed == 0, outcome.results.get("error")
+    client = MlflowClient(outcome.tracking_uri)
+    [run] = trial_runs(client, client.get_run(outcome.parent_run_id))
+    assert run.info.status == "FINISHED"
+    for key in ("train_loss", "val_dice", "epoch_seconds"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == list(range(1, EPOCHS + 1))
+    assert run.data.tags[ATTEMPTS_TAG] == "2"  # one run, and it says the trial was restarted once
+    log = tmp_path / ("reports.log" if mode == "experiment" else "reports.rank0.log")
+    first, second = epochs_by_process(log) if mode == "experiment" else epochs_by_process(log)[:1] + [
+        epochs_by_process(log)[-1]]
+    assert first[:KILL_AFTER] == list(range(1, KILL_AFTER + 1))
+    # It went on from its last checkpoint, not from the start. (A data-parallel trial's is the last one Ray Train
+    # registered: the epoch the killed worker had just reported may be lost with it.)
+    assert second == list(range(second[0], EPOCHS + 1)) and 1 < second[0] <= KILL_AFTER + 1, second
