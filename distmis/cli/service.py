@@ -61,7 +61,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from distmis.spec import load_spec, parse_set_options
 
     spec = load_spec(args.spec, parse_set_options(args.set))  # SpecError: exit 2, nothing sent
-    submission = submit_search(spec, address=args.address, output=Path(args.output) if args.output else None)
+    submission = submit_search(spec, address=args.address, output=Path(args.output) if args.output else None,
+                               resume=args.resume)
     print(f"submitted {submission.job_id} to {submission.address}")
     print(f"  output: {submission.output}")
     print(f"  distmis logs {submission.job_id} --follow   |   distmis status {submission.job_id}   |   "
@@ -187,6 +188,7 @@ def add_service_commands(sub: Any, spec_args: Any) -> None:
     p.add_argument("--output", help="output folder of the search (default: runs/<name>; on a multi-node or "
                                     "remote cluster an absolute folder every node sees)")
     p.add_argument("--follow", action="store_true", help="print the job's log until it ends; exit 1 unless it succeeded")
+    p.add_argument("--resume", action="store_true", help="continue the interrupted search in --output (distmis run --resume)")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("jobs", help="the cluster's jobs")

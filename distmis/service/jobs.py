@@ -126,8 +126,10 @@ class Submission:
 
 
 def submit_search(spec: Spec, *, address: str | None = None, output: Path | None = None,
-                  submission_id: str | None = None) -> Submission:
-    """Send ``spec`` as a Ray job; returns once the cluster accepted it (see :func:`wait_for_job`)."""
+                  submission_id: str | None = None, resume: bool = False) -> Submission:
+    """Send ``spec`` as a Ray job; returns once the cluster accepted it (see :func:`wait_for_job`).
+
+    ``resume``: the job continues the interrupted search in ``output`` (``distmis run --resume``)."""
     from distmis.spec.load import default_output_dir
 
     url = resolve_address(address)
@@ -143,7 +145,8 @@ def submit_search(spec: Spec, *, address: str | None = None, output: Path | None
         (workdir / "spec.yaml").write_text(yaml.safe_dump(job_spec_tree(spec, local=local), sort_keys=False))
         job_id = client.submit_job(
             # No env_vars here: the driver's ray.init sets the trials' own, and Ray refuses to merge the two.
-            entrypoint=f"PYTHONUNBUFFERED=1 python -m distmis run spec.yaml --output {_quote(str(out))}",
+            entrypoint=f"PYTHONUNBUFFERED=1 python -m distmis run spec.yaml --output {_quote(str(out))}"
+                       + (" --resume" if resume else ""),
             submission_id=submission_id,
             runtime_env={"working_dir": str(workdir)},
             metadata={"distmis.spec": spec.name, "distmis.output": str(out)},
