@@ -68,7 +68,8 @@ class SearchInterrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         self.signum = int(signum)
         self.exit_code = 128 + self.signum
-        super().__init__(f"search interrupted by {signal.Signals(self.signum).name}; unfinished runs marked KILLED")
+        super().__init__(f"search interrupted by {signal.Signals(self.signum).name}; unfinished runs marked KILLED "
+                         "(the same command with --resume continues it)")
 
 
 @contextmanager
