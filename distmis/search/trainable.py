@@ -238,6 +238,8 @@ def data_parallel_trial(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    from distmis.search.placement_groups import release_train_placement_groups
+
     trial, layout = resolve_trial(spec, config)
     scaling = ScalingConfig(num_workers=layout.world_size, use_gpu=layout.gpu > 0,
                             resources_per_worker=layout.worker_resources)
@@ -246,7 +248,10 @@ def data_parallel_trial(
         storage_path=storage_path,
         callbacks=[TuneReportCallback()],
         checkpoint_config=CheckpointConfig(num_to_keep=1),  # the latest epoch's (it holds the best weights too)
-        failure_config=FailureConfig(max_failures=trial.parallelism.max_failures),
+        # A worker group that can never start (its workers die at once) fails the trial after 3 tries rather than
+        # retrying for ever, unless the cluster may still grow.
+        failure_config=FailureConfig(max_failures=trial.parallelism.max_failures,
+                                     controller_failure_limit=-1 if trial.parallelism.autoscaling else 3),
     )
     loop_config = {"spec": trial, "layout": layout, "tfrecord_dir": tfrecord_dir}
     if trial.model.framework == "tensorflow":
@@ -260,4 +265,7 @@ def data_parallel_trial(
         backend = "nccl" if scaling.use_gpu else "gloo"
         trainer = TorchTrainer(worker_loop, train_loop_config=loop_config, scaling_config=scaling,
                                run_config=run_config, torch_config=TorchConfig(backend=backend))
-    trainer.fit()
+    try:
+        trainer.fit()
+    finally:  # whatever fit did: a worker group lost while it started keeps its CPUs otherwise
+        release_train_placement_groups()
