@@ -50,6 +50,9 @@ def segmentation_overlay_figure(image: np.ndarray, target: np.ndarray, prob: np.
     return fig
 
 
+MAX_LEGEND_ENTRIES = 16
+
+
 def learning_curves_figure(client: MlflowClient, parent: Run, metric: str = "val_dice"):
     """A matplotlib figure of ``metric`` per epoch for every trial of the search, labelled by run name
     (which already names the trial's values: ``00003 lr=0.005 norm=group``)."""
@@ -66,8 +69,11 @@ def learning_curves_figure(client: MlflowClient, parent: Run, metric: str = "val
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} per trial")
     ax.grid(alpha=0.3)
-    if ax.get_lines():
+    lines = len(ax.get_lines())
+    if 0 < lines <= MAX_LEGEND_ENTRIES:
         ax.legend(fontsize=7, loc="best")
+    elif lines:  # a legend of many trials would hide the curves: the trials are in the results table
+        ax.set_title(f"{metric} per trial ({lines} trials)")
     fig.tight_layout()
     return fig
 
