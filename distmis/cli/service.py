@@ -134,12 +134,14 @@ def _job_info(client: Any, job_id: str) -> Any:
 
 # --------------------------------------------------------------------------- ui
 def cmd_ui(args: argparse.Namespace) -> int:
-    from distmis.service.server import start_server, store_for
+    from distmis.service.server import BACKEND_STORE_ENV, start_server, store_for
     from distmis.tracking.uri import redact_uri
 
     runs_root = Path(os.environ.get("DISTMIS_OUTPUT", "runs"))
+    # A URI with a password can come from the environment rather than this command line (which `ps` shows).
+    tracking_uri = args.tracking_uri or (None if args.output else os.environ.get(BACKEND_STORE_ENV) or None)
     try:
-        uri, artifacts = store_for(Path(args.output) if args.output else None, args.tracking_uri,
+        uri, artifacts = store_for(Path(args.output) if args.output else None, tracking_uri,
                                    runs_root=runs_root)
         server = start_server(uri, artifacts=artifacts, host=args.host, port=args.port)
     except ValueError as exc:  # the store or the port (ServerError, a server that did not start: exit 1)
@@ -205,7 +207,9 @@ def add_service_commands(sub: Any, spec_args: Any) -> None:
 
     p = sub.add_parser("ui", help="browse results: an MLflow server (and UI) over a search's store")
     p.add_argument("output", nargs="?", help="a search's output folder (default: the one under runs/)")
-    p.add_argument("--tracking-uri", help="any MLflow backend store URI instead, e.g. postgresql://...")
+    p.add_argument("--tracking-uri", help="any MLflow backend store URI instead, e.g. postgresql://... (default: "
+                                          "$MLFLOW_BACKEND_STORE_URI when no OUTPUT is given; put a URI holding a "
+                                          "password there, not on the command line)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others warn)")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000)")
     p.set_defaults(func=cmd_ui)

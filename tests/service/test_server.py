@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -80,3 +81,13 @@ def test_distmis_ui_prints_no_password(tmp_path):
     assert "postgresql://alice:***@127.0.0.1:" in result.stderr  # the store is named, redacted
     assert SECRET not in result.stdout + result.stderr
     assert not (Path(tmp_path) / "mlflow.db").exists()  # it never fell back to a default store
+
+
+@pytest.mark.slow
+def test_distmis_ui_takes_the_store_from_its_environment(tmp_path):
+    """The password need not be on distmis's own command line either: $MLFLOW_BACKEND_STORE_URI names the store."""
+    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": f"postgresql://alice:{SECRET}@127.0.0.1:{free_port()}/mlflow"}
+    result = subprocess.run([sys.executable, "-m", "distmis", "ui", "--port", str(free_port())], env=env,
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr  # no database there: the server cannot start
+    assert "postgresql://alice:***@127.0.0.1:" in result.stderr and SECRET not in result.stdout + result.stderr
