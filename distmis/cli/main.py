@@ -121,6 +121,10 @@ def print_search(spec: Any, outcome: Any) -> int:
     if best is not None:
         metric = spec.search.metric
         print(f"\nBest trial: {best['trial']}  {metric} = {best[f'best_{metric}']:.4f} (epoch {best['best_epoch']})")
+    if outcome.test is not None:
+        print(f"Test split, best trial: {outcome.test.summary()}")
+    elif outcome.test_note:
+        print(f"Test split: {outcome.test_note}")
     uri = redact_uri(outcome.tracking_uri)
     print(f"\nMLflow: experiment {outcome.experiment!r}, parent run {outcome.parent_run_id}")
     print(f"  tracking URI: {uri}")

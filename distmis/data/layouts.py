@@ -273,6 +273,22 @@ def case_spatial_shape(case: CaseFiles) -> tuple[int, int, int]:
     return shape[:3]  # type: ignore[return-value]
 
 
+def case_spacing(case: CaseFiles) -> tuple[float, float, float]:
+    """The voxel spacing (mm) of a case's image along its three spatial axes, from its NIfTI header only.
+
+    Raises:
+        DataError: naming the file, if its header cannot be read.
+    """
+    import nibabel as nib
+
+    path = case.images[0]
+    try:
+        zooms = tuple(float(z) for z in nib.load(str(path)).header.get_zooms())
+    except Exception as exc:  # nibabel, gzip and zlib raise many different types
+        raise DataError(f"cannot read the NIfTI header of {str(path)!r}: {type(exc).__name__}: {exc}") from exc
+    return tuple((zooms + (1.0, 1.0, 1.0))[:3])  # type: ignore[return-value]
+
+
 def _squeeze_trailing(array: np.ndarray, ndim: int) -> np.ndarray:
     """Drop trailing singleton axes beyond ``ndim`` (some tools write (H, W, D, 1))."""
     while array.ndim > ndim and array.shape[-1] == 1:

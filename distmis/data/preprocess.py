@@ -298,6 +298,15 @@ def preprocess_case(image: np.ndarray, label: np.ndarray, config: PreprocessConf
     return np.ascontiguousarray(image, dtype=np.float32), np.ascontiguousarray(target, dtype=np.uint8)
 
 
+def preprocessed_spacing(shape: Sequence[int], spacing: Sequence[float],
+                         config: PreprocessConfig) -> tuple[float, float, float]:
+    """The voxel spacing (mm) of a case after :func:`preprocess_case`: a crop or pad keeps the spacing, a resize
+    from ``n`` to ``m`` voxels along an axis multiplies it by ``n / m``."""
+    before = config.crop if config.crop is not None else _check_shape3(tuple(shape)[:3], "image spatial shape")
+    after = preprocessed_shape(shape, config)
+    return tuple(float(s) * b / a for s, b, a in zip(tuple(spacing)[:3], before, after))  # type: ignore[return-value]
+
+
 def preprocessed_shape(shape: Sequence[int], config: PreprocessConfig) -> tuple[int, int, int]:
     """The spatial shape :func:`preprocess_case` gives a case whose image has spatial shape ``shape``.
 

@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -23,12 +23,12 @@ import pandas as pd
 import yaml
 from mlflow.tracking import MlflowClient
 
+from distmis.search.evaluate import TestEvaluation, best_models, evaluate_on_test, loaded_trainer, test_spacings
 from distmis.search.plan import SearchPlan
 from distmis.search.prepare import PreparedData, prepare_data
 from distmis.search.search_space import num_trials, param_space, scheduler, search_algorithm
 from distmis.search.trainable import data_parallel_trial, single_process_trial
 from distmis.service.token import prepare_local_token
-from distmis.spec.layout import resolve_trial
 from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.figures import learning_curves_figure
@@ -54,6 +54,8 @@ class SearchOutcome:
     experiment: str
     parent_run_id: str
     data: PreparedData
+    test: TestEvaluation | None = None  # the best trial on the test split
+    test_note: str = ""  # why there is no test evaluation, if there is none
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -260,42 +262,73 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     search_run.log_text(format_results(results, "csv"), "results.csv")
     search_run.log_text(format_results(results, "markdown"), "results.md")
     search_run.log_figure(learning_curves_figure(client, parent, "val_dice"), "val_dice_curves.png")
-    if failed < len(results):
-        _log_best_overlay(search_run, grid, callback, spec, data)
+    test, test_note = _finish_with_best_models(search_run, grid, callback, spec, data)
     search_run.log_metrics({"trials": len(results), "failed_trials": failed, "search_seconds": search_seconds})
     best_column = results.get(f"best_{spec.search.metric}")
     if best_column is not None and best_column.notna().any():
         search_run.log_metrics({f"best_{spec.search.metric}": float(best_column.iloc[0])})
     elapsed = search_run.finish("FINISHED")
     return SearchOutcome(results, failed, elapsed, search_seconds, search_run.tracking_uri, spec.experiment_name,
-                         search_run.run_id, data)
+                         search_run.run_id, data, test, test_note)
 
 
-def _log_best_overlay(search_run: SearchRun, grid: Any, callback: MLflowTrialCallback, spec: Spec,
-                      data: PreparedData) -> None:
-    """Predict the first validation case with the best trial's best checkpoint; log the overlay PNG.
+def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowTrialCallback, spec: Spec,
+                             data: PreparedData) -> tuple[TestEvaluation | None, str]:
+    """Score the ``search.evaluate_top`` best trials on the test split (each on its own run; the best also on the
+    search's run) and draw the best one's overlay. Returns the best's scores (None if none) and a note for the user.
 
-    A picture for the MLflow UI, not part of the results: a failure here is logged, not raised.
+    The trials' records are safe by now: a failure here is logged and tagged on the search run, not raised.
     """
+    top = spec.search.evaluate_top
+    models = best_models(grid, callback.last_checkpoint, callback.best, spec.search.mode, top=max(top, 1))
+    if not models:
+        return None, "no trial has weights to evaluate"
+    best: TestEvaluation | None = None
+    note = ""
     try:
-        from distmis.search.trainable import build_trainer
+        spacings = test_spacings(spec, data) if top else {}
+        for rank, model in enumerate(models):
+            with loaded_trainer(model, spec, data) as trainer:
+                if rank == 0:
+                    _log_overlay(search_run, trainer)
+                if not top:
+                    note = "search.evaluate_top is 0: the test split was not evaluated"
+                    continue
+                evaluation = evaluate_on_test(trainer, spec, data, model.trial_id, spacings)
+            if evaluation is None:
+                note = "the test split is empty: nothing to evaluate"
+                search_run.client.set_tag(search_run.run_id, "distmis.test", note)
+                break
+            csv = format_results(evaluation.cases, "csv")
+            run_id = callback.run_ids.get(model.trial_id)
+            if run_id is not None:
+                search_run.client.log_batch(run_id, metrics=_metrics(evaluation.means))
+                search_run.client.log_text(run_id, csv, "test_cases.csv")
+            if rank == 0:
+                best = evaluation
+                search_run.log_metrics(evaluation.means)
+                search_run.log_text(csv, "test_cases.csv")
+                search_run.client.set_tag(search_run.run_id, "distmis.test_trial", model.trial_id)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("could not evaluate the best trial(s) on the test split", exc_info=True)
+        note = f"test evaluation failed: {type(exc).__name__}: {exc}"
+        search_run.client.set_tag(search_run.run_id, "distmis.test_error", note[:500])
+    return best, note
+
+
+def _metrics(values: dict[str, float]) -> list[Any]:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    return [Metric(key, float(value), now, 0) for key, value in values.items()]
+
+
+def _log_overlay(search_run: SearchRun, trainer: Any) -> None:
+    """The best trial's prediction of the first validation case, as a PNG (a picture for the UI: never raises)."""
+    try:
         from distmis.tracking.figures import segmentation_overlay_figure
         from distmis.train.metrics import dice_score
 
-        best = grid.get_best_result(scope="all")
-        checkpoint = best.checkpoint  # the latest: it holds the best epoch's weights at its root
-        trial_id = best.metrics.get("trial_id")
-        path = callback.last_checkpoint.get(trial_id) if checkpoint is None else None
-        if checkpoint is None and path is None:
-            return
-        trial, layout = resolve_trial(spec, best.config)
-        # In this (driver) process: the weights are the same whatever the layout, so one process predicts.
-        trainer = build_trainer(trial, replace(layout, dp=1, sp=1, pp=1, distributed=False), data.tfrecord_dir)
-        if checkpoint is not None:
-            with checkpoint.as_directory() as directory:
-                trainer.load(directory)
-        else:
-            trainer.load(path)
         case_id, image, label = trainer.val_cases[0]
         prob = trainer.predict_volume(image)
         title = f"best trial, validation case {case_id}: dice {dice_score(prob, label):.3f}"

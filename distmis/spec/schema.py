@@ -257,6 +257,8 @@ class SearchSpec(StrictModel):
     scheduler: Literal["none", "asha"] = "none"
     asha: AshaSpec = AshaSpec()
     space: dict[str, Domain] = Field(default_factory=dict)
+    evaluate_top: int = Field(1, ge=0, description="after the search, the best k trials' best epochs are scored on the "
+                                                   "test split (0: none)")
 
     @model_validator(mode="after")
     def _default_mode(self) -> SearchSpec:

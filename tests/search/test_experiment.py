@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -25,6 +26,7 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
         "training.optimizer.lr": {"grid": [1.0e-3, 5.0e-3]},
         "model.params.norm": {"grid": ["batch", "group"]},
     }
+    tree["search"]["evaluate_top"] = 2
     spec = validate_spec(tree)
     outcome = run_search(spec, tmp_path / "out", progress=False)
 
@@ -49,6 +51,21 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
     combos = {(c.data.params["training.optimizer.lr"], c.data.params["model.params.norm"]) for c in children}
     assert len(combos) == 4
 
+    # The best trial was scored on the test split, per case, on its own run and on the search's.
+    test_cases = outcome.data.split["test"]
+    assert outcome.test is not None and sorted(outcome.test.cases["case"]) == sorted(test_cases)
+    assert 0 <= parent.data.metrics["test_dice_WT"] <= 1 and parent.data.metrics["test_hd95_WT"] >= 0
+    assert parent.data.metrics["test_dice_WT"] == pytest.approx(outcome.test.cases["dice_WT"].mean())
+    best_run = next(c for c in children if c.data.tags["distmis.trial_id"] == parent.data.tags["distmis.test_trial"])
+    assert best_run.data.metrics["best_val_dice"] == max(c.data.metrics["best_val_dice"] for c in children)
+    assert best_run.data.metrics["test_dice_WT"] == parent.data.metrics["test_dice_WT"]
+    csv = client.download_artifacts(parent.info.run_id, "test_cases.csv", str(tmp_path))
+    assert sorted(pd.read_csv(csv)["case"]) == sorted(test_cases)
+    scored = sorted((c for c in children if "test_dice_WT" in c.data.metrics),
+                    key=lambda c: c.data.metrics["best_val_dice"], reverse=True)
+    ranked = sorted(children, key=lambda c: c.data.metrics["best_val_dice"], reverse=True)
+    assert [c.info.run_id for c in scored] == [c.info.run_id for c in ranked[:2]]  # evaluate_top: 2
+
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"spec.yaml", "split.json", "results.csv", "results.md", "val_dice_curves.png", "best_trial_overlay.png"} <= artifacts
     assert parent.data.metrics["failed_trials"] == 0 and parent.data.metrics["elapsed_seconds"] > 0
@@ -56,12 +73,16 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
     table = outcome.results
     assert len(table) == 4 and list(table["best_val_dice"]) == sorted(table["best_val_dice"], reverse=True)
     assert set(table.columns) >= {"trial", "status", "lr", "norm", "best_val_dice", "best_epoch", "elapsed_s"}
-    # Each trial kept one checkpoint (its last epoch's): the best epoch's weights, and the state to resume from.
-    checkpoints = sorted(path.parent for path in (tmp_path / "out" / "ray_results").rglob("resume/state.json"))
-    assert len(checkpoints) == 4
-    for checkpoint in checkpoints:
-        assert (checkpoint / "model.weights.h5").is_file() and (checkpoint / "optimizer.npz").is_file()
-        assert json.loads((checkpoint / "state.json").read_text())["epoch"] == 2
+    # Each trial's newest checkpoint (its last epoch's) holds the best epoch's weights and the state to resume from.
+    states = list((tmp_path / "out" / "ray_results").rglob("checkpoint_*/resume/state.json"))
+    by_trial: dict[Path, list[Path]] = {}
+    for state in states:
+        by_trial.setdefault(state.parents[2], []).append(state.parents[1])
+    assert len(by_trial) == 4
+    for checkpoints in by_trial.values():
+        newest = max(checkpoints)
+        assert (newest / "model.weights.h5").is_file() and (newest / "resume" / "optimizer.npz").is_file()
+        assert json.loads((newest / "resume" / "state.json").read_text())["epoch"] == 2
 
 
 def test_optuna_search_with_asha_samples_the_space(ray_local, tmp_path: Path):
@@ -129,3 +150,15 @@ def test_a_trial_whose_values_clash_fails_alone_with_the_reason(ray_local, tmp_p
     client = MlflowClient(outcome.tracking_uri)
     failed = client.get_run(by_status["FAILED"]["run_id"])
     assert failed.data.params["model.params.base_filters"] == "6" and failed.info.status == "FAILED"
+
+
+def test_an_empty_test_split_is_stated_not_an_error(ray_local, tmp_path: Path):
+    tree = small_spec_tree(tmp_path / "data")
+    tree["dataset"]["split"] = {"train": 0.67, "val": 0.33, "test": 0, "seed": 0}
+    tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3]}}
+    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False)
+    assert outcome.failed == 0 and outcome.test is None
+    assert outcome.test_note == "the test split is empty: nothing to evaluate"
+    parent = MlflowClient(outcome.tracking_uri).get_run(outcome.parent_run_id)
+    assert parent.data.tags["distmis.test"] == outcome.test_note
+    assert not any(key.startswith("test_") for key in parent.data.metrics)

@@ -1,0 +1,126 @@
+"""What a search ends with, besides its table: its best models scored on the test split, and a picture.
+
+Runs in the driver once the trials are done. Each of the ``search.evaluate_top`` best trials (by the best value of
+the search metric) is rebuilt in this process, on one device (its weights do not depend on the layout it trained
+in), loads its best epoch's weights from its last checkpoint (:mod:`distmis.train.checkpoint`), predicts every
+test case whole (by sliding windows of its tile, as ``training.inference`` says) and is scored per case and region
+(:mod:`distmis.train.evaluation`) at the voxel spacing of the preprocessed volume, read from the NIfTI headers.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+
+from distmis.search.prepare import PreparedData, preprocess_config
+from distmis.spec.layout import resolve_trial
+from distmis.spec.schema import Spec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BestModel:
+    """A finished trial, ranked by its best value of the search metric, with where its weights are."""
+
+    trial_id: str
+    config: dict[str, Any]
+    best_value: float
+    checkpoint: Any  # a ray Checkpoint (single-process trials) or a path (Ray Train's, data-parallel trials)
+
+
+@dataclass(frozen=True)
+class TestEvaluation:
+    """One trial's scores on the test split: a row per case (``case``, ``dice_<region>``, ``hd95_<region>``)."""
+
+    trial_id: str
+    cases: pd.DataFrame
+
+    @property
+    def regions(self) -> list[str]:
+        return [c.removeprefix("dice_") for c in self.cases.columns if c.startswith("dice_")]
+
+    @property
+    def means(self) -> dict[str, float]:
+        """``test_dice_<region>`` and ``test_hd95_<region>`` over the cases; with several regions also their mean
+        (``test_dice_mean``, ``test_hd95_mean``), as BraTS reports."""
+        out = {f"test_{column}": float(self.cases[column].mean()) for column in self.cases.columns if column != "case"}
+        if len(self.regions) > 1:
+            for metric in ("dice", "hd95"):
+                out[f"test_{metric}_mean"] = float(np.mean([out[f"test_{metric}_{r}"] for r in self.regions]))
+        return out
+
+    def summary(self) -> str:
+        regions = self.regions
+        parts = [f"dice {r} {self.means[f'test_dice_{r}']:.4f}, HD95 {r} {self.means[f'test_hd95_{r}']:.2f} mm"
+                 for r in regions]
+        if len(regions) > 1:
+            parts.append(f"mean dice {self.means['test_dice_mean']:.4f}, mean HD95 {self.means['test_hd95_mean']:.2f} mm")
+        return f"{len(self.cases)} case(s): " + "; ".join(parts)
+
+
+def best_models(grid: Any, last_checkpoint: dict[str, str], best: dict[str, tuple[float, int]], mode: str,
+                top: int) -> list[BestModel]:
+    """The ``top`` best finished trials of a ``ResultGrid`` that have weights to load, best first.
+
+    ``last_checkpoint``: a data-parallel trial's latest checkpoint path (Tune does not hold those);
+    ``best``: each trial's best value and epoch, as the MLflow callback recorded them.
+    """
+    found = []
+    for result in grid:
+        trial_id = (result.metrics or {}).get("trial_id")
+        if result.error is not None or trial_id not in best:
+            continue
+        checkpoint = result.checkpoint or last_checkpoint.get(trial_id)
+        if checkpoint is not None:
+            found.append(BestModel(trial_id, dict(result.config or {}), best[trial_id][0], checkpoint))
+    found.sort(key=lambda model: model.best_value, reverse=mode == "max")
+    return found[:top]
+
+
+@contextmanager
+def loaded_trainer(model: BestModel, spec: Spec, data: PreparedData) -> Iterator[Any]:
+    """The trial's trainer in this process, on one device, with its best epoch's weights."""
+    from distmis.search.trainable import build_trainer
+
+    trial, layout = resolve_trial(spec, model.config)
+    trainer = build_trainer(trial, replace(layout, dp=1, sp=1, pp=1, distributed=False), data.tfrecord_dir)
+    if isinstance(model.checkpoint, (str, Path)):
+        trainer.load(model.checkpoint)
+    else:
+        with model.checkpoint.as_directory() as directory:
+            trainer.load(directory)
+    yield trainer
+
+
+def test_spacings(spec: Spec, data: PreparedData) -> dict[str, tuple[float, float, float]]:
+    """The voxel spacing (mm) of each test case after preprocessing, from its NIfTI header."""
+    from distmis.data.layouts import Layout, case_spacing, case_spatial_shape, discover_cases
+    from distmis.data.preprocess import preprocessed_spacing
+
+    test = set(data.split.get("test", []))
+    config = preprocess_config(spec)
+    return {case.case_id: preprocessed_spacing(case_spatial_shape(case), case_spacing(case), config)
+            for case in discover_cases(Path(spec.dataset.path), Layout(spec.dataset.layout)) if case.case_id in test}
+
+
+def evaluate_on_test(trainer: Any, spec: Spec, data: PreparedData, trial_id: str,
+                     spacings: dict[str, tuple[float, float, float]]) -> TestEvaluation | None:
+    """Score ``trainer``'s model on every test case; None when the test split is empty."""
+    from distmis.data.tfrecord import iter_cases
+    from distmis.train.evaluation import case_metrics, region_names
+
+    if not data.split.get("test"):
+        return None
+    names = region_names(spec.dataset.labels, int(data.manifest["num_classes"]))
+    rows = []
+    for case_id, image, label in iter_cases(data.tfrecord_dir, "test"):
+        prob = trainer.predict_volume(image)
+        rows.append({"case": case_id, **case_metrics(prob, label.astype(np.float32), spacings[case_id], names)})
+    return TestEvaluation(trial_id, pd.DataFrame(rows))
