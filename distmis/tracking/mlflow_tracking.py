@@ -33,6 +33,7 @@ PARENT_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
 TRIAL_ID_TAG = "distmis.trial_id"
 ATTEMPTS_TAG = "distmis.attempts"  # processes (or worker groups) that trained a trial: > 1 after a retry or resume
+CHECKPOINT_TAG = "distmis.checkpoint"  # a trial's latest checkpoint folder: its best epoch's weights at the root
 RESUMES_TAG = "distmis.resumes"  # times a search (or a trial in it) was resumed after an interruption
 
 # What a trial reports each epoch that is logged as an MLflow metric (step = epoch).
@@ -369,7 +370,7 @@ class MLflowTrialCallback(tune.Callback):
         if trial_id in self.finished_before:
             return
         if result.get("checkpoint_path"):  # forwarded by Ray Train's TuneReportCallback
-            self.last_checkpoint[trial_id] = str(result["checkpoint_path"])
+            self._record_checkpoint(trial, str(result["checkpoint_path"]))
         if result.get("attempt"):
             self._count_attempt(trial, str(result["attempt"]))
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
@@ -401,6 +402,17 @@ class MLflowTrialCallback(tune.Callback):
             best = self.best.get(trial_id)
             if best is None or (value > best[0] if self.search.mode == "max" else value < best[0]):
                 self.best[trial_id] = (float(value), epoch)
+
+    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
+        if trial.trial_id not in self.finished_before and getattr(checkpoint, "path", None):
+            self._record_checkpoint(trial, str(checkpoint.path))
+
+    def _record_checkpoint(self, trial: Any, path: str) -> None:
+        """The trial's latest checkpoint (its best epoch's weights at the root), tagged on its run when it changes."""
+        if self.last_checkpoint.get(trial.trial_id) == path:
+            return
+        self.last_checkpoint[trial.trial_id] = path
+        self._write(trial, "checkpoint", lambda run_id: self.client.set_tag(run_id, CHECKPOINT_TAG, path))
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         self.unfinished = [t.trial_id for t in trials if t.trial_id not in self.ended]
@@ -455,6 +467,10 @@ class TrialCallbackHandle(tune.Callback):
     def on_experiment_end(self, *args: Any, **kwargs: Any) -> None:
         if (target := self._target()) is not None:
             target.on_experiment_end(*args, **kwargs)
+
+    def on_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        if (target := self._target()) is not None:
+            target.on_checkpoint(*args, **kwargs)
 
     @classmethod
     def register(cls, callback: MLflowTrialCallback) -> None:

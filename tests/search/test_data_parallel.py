@@ -36,6 +36,7 @@ def test_data_parallel_trial_with_two_workers(ray_local, tmp_path: Path, framewo
     # Rank 0 kept a checkpoint of the best epoch in the Ray Train run's storage.
     name = "model.weights.h5" if framework == "tensorflow" else "model.pt"
     assert list((tmp_path / "out" / "ray_train").rglob(name))
+    assert (Path(child.data.tags["distmis.checkpoint"]) / name).is_file()  # the latest, tagged on the trial's run
     assert 0 <= outcome.best["best_val_dice"] <= 1
 
 

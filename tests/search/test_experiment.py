@@ -48,6 +48,8 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
         assert params["training.optimizer.lr"] in ("0.001", "0.005")
         assert params["model.params.norm"] in ("batch", "group")
         assert child.data.metrics["elapsed_seconds"] > 0
+        checkpoint = Path(child.data.tags["distmis.checkpoint"])  # its latest: the best weights at the root
+        assert (checkpoint / "model.weights.h5").is_file() and (checkpoint / "resume" / "state.json").is_file()
     combos = {(c.data.params["training.optimizer.lr"], c.data.params["model.params.norm"]) for c in children}
     assert len(combos) == 4
 
