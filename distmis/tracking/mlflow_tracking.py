@@ -249,10 +249,9 @@ class MLflowTrialCallback(tune.Callback):
         """Take over the trial runs a search recorded before it was interrupted (the store must answer).
 
         Each run is found by its trial id; its last logged epoch, best value and attempts are read back. A run
-        that had finished is left as it is; one left RUNNING by a driver that was killed is marked KILLED until its
-        trial starts again.
+        that had finished is left as it is; the others are reopened when their trials start again (those a killed
+        driver left RUNNING were marked KILLED first: :func:`mark_interrupted`).
         """
-        killed = RunStatus.to_string(RunStatus.KILLED)
         for run in self.client.search_runs([self.search.experiment_id], max_results=10_000,
                                            filter_string=f"tags.`{PARENT_TAG}` = '{self.search.run_id}'"):
             trial_id = run.data.tags.get(TRIAL_ID_TAG)
@@ -275,8 +274,6 @@ class MLflowTrialCallback(tune.Callback):
             if run.info.status == "FINISHED":
                 self.finished_before.add(trial_id)
                 self.ended.add(trial_id)
-            elif run.info.status == "RUNNING":
-                self.client.set_terminated(run_id, killed)
 
     def _reopen(self, trial_id: str) -> None:
         """An interrupted or failed trial runs again: its run is RUNNING again and counts the resume."""
