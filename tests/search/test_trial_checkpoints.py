@@ -39,3 +39,9 @@ def test_a_restart_goes_on_from_the_newest_complete_folder_whichever_tune_names(
     found = [Path(c.path).name for c in resume_candidates(named_by_tune)]
     assert found == ["checkpoint_000003", "checkpoint_000002"]
     assert resume_candidates(None) == []
+    # Tune's saved state predates the trial's first checkpoint: the trial's folder is looked in.
+    from pyarrow.fs import LocalFileSystem
+
+    found = [Path(c.path).name for c in resume_candidates(None, (LocalFileSystem(), str(tmp_path)))]
+    assert found == ["checkpoint_000003", "checkpoint_000002"]
+    assert resume_candidates(None, (LocalFileSystem(), str(tmp_path / "nothing-here"))) == []
