@@ -442,34 +442,25 @@ class TrialCallbackHandle(tune.Callback):
         self.key = callback.search.run_id
         self._registry[self.key] = callback
 
-    def _target(self) -> MLflowTrialCallback | None:
-        return self._registry.get(self.key)
+    def _forward(self, hook: str, *args: Any, **kwargs: Any) -> None:
+        target = self._registry.get(self.key)
+        if target is not None:  # none in a process that did not register one: nothing to record there
+            getattr(target, hook)(*args, **kwargs)
 
     def on_trial_start(self, *args: Any, **kwargs: Any) -> None:
-        if (target := self._target()) is not None:
-            target.on_trial_start(*args, **kwargs)
+        self._forward("on_trial_start", *args, **kwargs)
 
     def on_trial_result(self, *args: Any, **kwargs: Any) -> None:
-        if (target := self._target()) is not None:
-            target.on_trial_result(*args, **kwargs)
+        self._forward("on_trial_result", *args, **kwargs)
 
     def on_trial_complete(self, *args: Any, **kwargs: Any) -> None:
-        if (target := self._target()) is not None:
-            target.on_trial_complete(*args, **kwargs)
+        self._forward("on_trial_complete", *args, **kwargs)
 
     def on_trial_error(self, *args: Any, **kwargs: Any) -> None:
-        if (target := self._target()) is not None:
-            target.on_trial_error(*args, **kwargs)
-
-    def on_experiment_end(self, *args: Any, **kwargs: Any) -> None:
-        if (target := self._target()) is not None:
-            target.on_experiment_end(*args, **kwargs)
+        self._forward("on_trial_error", *args, **kwargs)
 
     def on_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        if (target := self._target()) is not None:
-            target.on_checkpoint(*args, **kwargs)
+        self._forward("on_checkpoint", *args, **kwargs)
 
-    @classmethod
-    def register(cls, callback: MLflowTrialCallback) -> None:
-        """Make ``callback`` the one a restored handle of its search run forwards to."""
-        cls._registry[callback.search.run_id] = callback
+    def on_experiment_end(self, *args: Any, **kwargs: Any) -> None:
+        self._forward("on_experiment_end", *args, **kwargs)
