@@ -2,12 +2,14 @@
 
 Read top-down, the modules are:
 
-* :mod:`~distmis.data.layouts` - the MSD and BraTS on-disk layouts;
+* :mod:`~distmis.data.layouts` - the MSD, BraTS and BraTS 2023 on-disk layouts;
   :func:`discover_cases` and :func:`read_case`.
+* :mod:`~distmis.data.scans` - the scans to segment (one case or a data set,
+  labels optional); :func:`discover_scans`, :func:`read_scan` and :func:`read_scan_label`.
 * :mod:`~distmis.data.preprocess` - z-score, crop / pad, resize, label ->
   target channels; :class:`PreprocessConfig` and :func:`preprocess_case`.
 * :mod:`~distmis.data.split` - seeded train / val / test splits.
-* :mod:`~distmis.data.synthetic` - small synthetic data sets in either layout.
+* :mod:`~distmis.data.synthetic` - small synthetic data sets in any layout.
 * :mod:`~distmis.data.tfrecord` - offline conversion to sharded TFRecords and
   the tf.data input pipeline.
 * :mod:`~distmis.data.inspect` - a per-case summary table of a raw data set.
@@ -20,10 +22,12 @@ from __future__ import annotations
 from distmis.data.errors import DataError
 from distmis.data.inspect import format_inspection, inspect_dataset
 from distmis.data.layouts import (
+    CASE_FOLDER_LAYOUTS,
     LABEL_VALUES,
     MODALITIES,
     CaseFiles,
     Layout,
+    case_file_stems,
     case_spacing,
     case_spatial_shape,
     coerce_layout,
@@ -42,6 +46,7 @@ from distmis.data.preprocess import (
     resize,
     zscore_nonzero,
 )
+from distmis.data.scans import ScanFiles, discover_scans, read_scan, read_scan_label
 from distmis.data.split import make_split, read_split, write_split
 from distmis.data.synthetic import synthesize_dataset
 from distmis.data.tfrecord import (
@@ -57,10 +62,16 @@ __all__ = [
     "Layout",
     "MODALITIES",
     "LABEL_VALUES",
+    "CASE_FOLDER_LAYOUTS",
     "CaseFiles",
     "coerce_layout",
+    "case_file_stems",
     "discover_cases",
     "read_case",
+    "ScanFiles",
+    "discover_scans",
+    "read_scan",
+    "read_scan_label",
     "case_spacing",
     "case_spatial_shape",
     "label_counts",

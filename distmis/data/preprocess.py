@@ -57,8 +57,12 @@ def coerce_label_mode(mode: LabelMode | str) -> LabelMode:
 
 
 # Label values that make up the tumour core (TC) and the enhancing tumour (ET).
-_CORE_VALUES: dict[Layout, tuple[int, ...]] = {Layout.MSD: (2, 3), Layout.BRATS: (1, 4)}
-_ENHANCING_VALUE: dict[Layout, int] = {Layout.MSD: 3, Layout.BRATS: 4}
+_CORE_VALUES: dict[Layout, tuple[int, ...]] = {Layout.MSD: (2, 3), Layout.BRATS: (1, 4), Layout.BRATS2023: (1, 3)}
+_ENHANCING_VALUE: dict[Layout, int] = {Layout.MSD: 3, Layout.BRATS: 4, Layout.BRATS2023: 3}
+# The value of each nested region's outermost part, to write a prediction back in the layout's convention:
+# whole tumour outside the core (edema), core outside the enhancing tumour, and the enhancing tumour.
+_EDEMA_VALUE: dict[Layout, int] = {Layout.MSD: 1, Layout.BRATS: 2, Layout.BRATS2023: 2}
+_CORE_ONLY_VALUE: dict[Layout, int] = {Layout.MSD: 2, Layout.BRATS: 1, Layout.BRATS2023: 1}
 
 
 def _check_shape3(shape: Sequence[int], what: str) -> tuple[int, int, int]:
@@ -185,8 +189,8 @@ def labels_to_target(label: np.ndarray, layout: Layout | str, mode: LabelMode | 
         label: integer ``(H, W, D)`` label map with values from ``LABEL_VALUES[layout]``.
         layout: which label convention ``label`` uses.
         mode: ``whole-tumour`` -> 1 channel (label > 0); ``regions`` -> 3 channels
-            WT (any tumour), TC (core + enhancing: BraTS {1, 4}, MSD {2, 3}) and
-            ET (enhancing: BraTS 4, MSD 3).
+            WT (any tumour), TC (core + enhancing: BraTS {1, 4}, MSD {2, 3}, BraTS 2023 {1, 3}) and
+            ET (enhancing: BraTS 4, MSD 3, BraTS 2023 3).
 
     Returns:
         uint8 ``(H, W, D, C)`` array of 0/1.
@@ -267,7 +271,7 @@ class PreprocessConfig:
         if unknown:
             raise ValueError(f"unknown PreprocessConfig field(s) {unknown}; allowed: {sorted(known)}")
         if "layout" not in data:
-            raise ValueError("PreprocessConfig needs a 'layout' ('msd' or 'brats')")
+            raise ValueError("PreprocessConfig needs a 'layout' ('msd', 'brats' or 'brats2023')")
         return cls(**dict(data))
 
 

@@ -1,6 +1,6 @@
 """Synthetic brain-tumour data sets, written as real NIfTI files.
 
-:func:`synthesize_dataset` writes a small data set in either on-disk layout
+:func:`synthesize_dataset` writes a small data set in any on-disk layout
 (:class:`~distmis.data.layouts.Layout`), so that the whole pipeline (discovery,
 reading, preprocessing, TFRecords, training) can be exercised without the real
 MSD / BraTS data.  Each case is built as follows:
@@ -22,7 +22,9 @@ MSD / BraTS data.  Each case is built as follows:
 MSD layout: ``dataset.json``, ``imagesTr/BRATS_XXX.nii.gz`` (float32, H x W x D x 4)
 and ``labelsTr/BRATS_XXX.nii.gz`` (uint8, values 0-3).  BraTS layout:
 ``BraTS2021_XXXXX/BraTS2021_XXXXX_{flair,t1,t1ce,t2}.nii.gz`` (int16) and
-``..._seg.nii.gz`` (uint8, values 0, 1, 2, 4).  All files have 1 mm spacing.
+``..._seg.nii.gz`` (uint8, values 0, 1, 2, 4).  BraTS 2023 layout:
+``BraTS-GLI-XXXXX-000/BraTS-GLI-XXXXX-000-{t2f,t1n,t1c,t2w}.nii.gz`` (int16) and
+``...-seg.nii.gz`` (uint8, values 0-3).  All files have 1 mm spacing.
 
 The data set is written into a temporary sibling folder and renamed into
 place at the end, so an interrupted run never leaves a half-written data set.
@@ -42,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from distmis.data.errors import DataError
-from distmis.data.layouts import MODALITIES, Layout, coerce_layout
+from distmis.data.layouts import MODALITIES, Layout, case_file_stems, coerce_layout
 
 __all__ = ["synthesize_dataset", "synthesize_case"]
 
@@ -61,7 +63,7 @@ _TUMOUR = np.array(
 # Typical intensity of each modality in the written files (before the per-case scale).
 _SCALE = np.array([420.0, 610.0, 700.0, 520.0], dtype=np.float32)
 # Label values for (edema, enhancing, necrotic/non-enhancing core) per layout.
-_LABELS = {Layout.MSD: (1, 3, 2), Layout.BRATS: (2, 4, 1)}
+_LABELS = {Layout.MSD: (1, 3, 2), Layout.BRATS: (2, 4, 1), Layout.BRATS2023: (2, 3, 1)}
 
 
 def _smooth_noise(rng: np.random.Generator, shape: tuple[int, int, int], cells: int) -> np.ndarray:
@@ -180,6 +182,15 @@ def _msd_dataset_json(case_ids: list[str]) -> dict:
     }
 
 
+def _case_ids(layout: Layout, cases: int) -> list[str]:
+    """Case ids in the style of each layout's real data sets (sorted as numbered)."""
+    if layout is Layout.MSD:
+        return [f"BRATS_{i + 1:03d}" for i in range(cases)]
+    if layout is Layout.BRATS:
+        return [f"BraTS2021_{i:05d}" for i in range(cases)]
+    return [f"BraTS-GLI-{i:05d}-000" for i in range(cases)]
+
+
 def synthesize_dataset(
     root: str | Path,
     layout: Layout | str,
@@ -193,7 +204,7 @@ def synthesize_dataset(
 
     Args:
         root: output folder; must not exist or be empty.
-        layout: ``msd`` or ``brats`` (see the module docstring).
+        layout: ``msd``, ``brats`` or ``brats2023`` (see the module docstring).
         cases: number of cases (>= 1).
         shape: spatial shape ``(H, W, D)``, each >= 8.
         seed: the data set is a deterministic function of the seed.
@@ -217,10 +228,7 @@ def synthesize_dataset(
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise DataError(f"output folder {str(root)!r} already exists and is not empty; choose a new folder")
 
-    if layout is Layout.MSD:
-        case_ids = [f"BRATS_{i + 1:03d}" for i in range(cases)]
-    else:
-        case_ids = [f"BraTS2021_{i:05d}" for i in range(cases)]
+    case_ids = _case_ids(layout, int(cases))
     affine = _affine(shape3)  # type: ignore[arg-type]
 
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -239,9 +247,10 @@ def synthesize_dataset(
                 folder = tmp / case_id
                 folder.mkdir()
                 intensities = np.round(image).astype(np.int16)
-                for m, modality in enumerate(MODALITIES):
-                    _save(intensities[..., m], affine, folder / f"{case_id}_{modality}.nii.gz")
-                _save(label, affine, folder / f"{case_id}_seg.nii.gz")
+                modality_stems, label_stem = case_file_stems(layout, case_id)
+                for m, stem in enumerate(modality_stems):
+                    _save(intensities[..., m], affine, folder / f"{stem}.nii.gz")
+                _save(label, affine, folder / f"{label_stem}.nii.gz")
         if layout is Layout.MSD:
             (tmp / "dataset.json").write_text(json.dumps(_msd_dataset_json(case_ids), indent=2) + "\n")
         if root.exists():

@@ -57,7 +57,7 @@ class SyntheticSpec(StrictModel):
 
 class DatasetSpec(StrictModel):
     path: str = Field(min_length=1)
-    layout: Literal["msd", "brats"] = "msd"
+    layout: Literal["msd", "brats", "brats2023"] = "msd"
     labels: Literal["whole-tumour", "regions"] = "whole-tumour"
     crop: Shape3 | None = None
     resize: Shape3 | None = None

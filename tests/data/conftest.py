@@ -40,3 +40,11 @@ def brats_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("brats") / "BraTS2021"
     synthesize_dataset(root, "brats", cases=5, shape=SHAPE, seed=2, progress=False)
     return root
+
+
+@pytest.fixture(scope="session")
+def brats2023_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A read-only 3-case synthetic BraTS 2023 data set (do not modify it in tests)."""
+    root = tmp_path_factory.mktemp("brats2023") / "BraTS2023-GLI"
+    synthesize_dataset(root, "brats2023", cases=3, shape=SHAPE, seed=3, progress=False)
+    return root

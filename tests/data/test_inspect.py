@@ -32,6 +32,13 @@ def test_inspect_brats(brats_root: Path) -> None:
         assert 0.0 < fraction < 0.2
 
 
+def test_inspect_brats2023(brats2023_root: Path) -> None:
+    df = inspect_dataset(brats2023_root, "brats2023")
+    assert df["case_id"].tolist() == [f"BraTS-GLI-{i:05d}-000" for i in range(3)]
+    assert set(df["image_dtype"]) == {"int16"} and set(df["label_values"]) == {(0, 1, 2, 3)}
+    assert "3 cases" in format_inspection(df)
+
+
 def test_inspect_msd_dtypes(msd_root: Path) -> None:
     df = inspect_dataset(msd_root, "msd")
     assert set(df["image_dtype"]) == {"float32"} and set(df["label_dtype"]) == {"uint8"}

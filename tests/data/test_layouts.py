@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from distmis.data import LABEL_VALUES, MODALITIES, CaseFiles, DataError, Layout, discover_cases, read_case
-from distmis.data.layouts import case_spatial_shape, coerce_layout, label_counts
+from distmis.data.layouts import case_file_stems, case_spatial_shape, coerce_layout, label_counts
 
 from .conftest import SHAPE, corrupt_gzip, write_nifti
 
@@ -25,6 +25,12 @@ def _brats_case(folder: Path, case_id: str, modalities: list[np.ndarray], seg: n
     for name, data in zip(MODALITIES, modalities):
         write_nifti(folder / case_id / f"{case_id}_{name}.nii.gz", data, affine)
     write_nifti(folder / case_id / f"{case_id}_seg.nii.gz", seg, affine)
+
+
+def _brats2023_case(folder: Path, case_id: str, modalities: list[np.ndarray], seg: np.ndarray, affine=None) -> None:
+    for name, data in zip(("t2f", "t1n", "t1c", "t2w"), modalities):  # MODALITIES order: flair, t1, t1ce, t2
+        write_nifti(folder / case_id / f"{case_id}-{name}.nii.gz", data, affine)
+    write_nifti(folder / case_id / f"{case_id}-seg.nii.gz", seg, affine)
 
 
 def _msd_dataset(root: Path, images: dict[str, np.ndarray], labels: dict[str, np.ndarray], affine=None) -> None:
@@ -43,13 +49,25 @@ def test_constants() -> None:
     assert MODALITIES == ("flair", "t1", "t1ce", "t2")
     assert LABEL_VALUES[Layout.MSD] == (0, 1, 2, 3)
     assert LABEL_VALUES[Layout.BRATS] == (0, 1, 2, 4)
-    assert Layout("msd") is Layout.MSD and Layout.BRATS == "brats"
+    assert LABEL_VALUES[Layout.BRATS2023] == (0, 1, 2, 3)
+    assert Layout("msd") is Layout.MSD and Layout.BRATS == "brats" and Layout("brats2023") is Layout.BRATS2023
 
 
 def test_coerce_layout_rejects_unknown() -> None:
     assert coerce_layout("brats") is Layout.BRATS
-    with pytest.raises(ValueError, match="'msd', 'brats'"):
+    assert coerce_layout("brats2023") is Layout.BRATS2023
+    with pytest.raises(ValueError, match="'msd', 'brats', 'brats2023'"):
         coerce_layout("nnunet")
+
+
+def test_case_file_stems() -> None:
+    assert case_file_stems("brats", "B_1") == (("B_1_flair", "B_1_t1", "B_1_t1ce", "B_1_t2"), "B_1_seg")
+    assert case_file_stems(Layout.BRATS2023, "BraTS-GLI-00000-000") == (
+        ("BraTS-GLI-00000-000-t2f", "BraTS-GLI-00000-000-t1n", "BraTS-GLI-00000-000-t1c", "BraTS-GLI-00000-000-t2w"),
+        "BraTS-GLI-00000-000-seg",
+    )
+    with pytest.raises(ValueError, match="'msd' has no case folders"):
+        case_file_stems("msd", "BRATS_001")
 
 
 def test_label_counts() -> None:
@@ -79,6 +97,14 @@ def test_discover_brats(brats_root: Path) -> None:
     for case in cases:
         assert [p.name for p in case.images] == [f"{case.case_id}_{m}.nii.gz" for m in MODALITIES]
         assert case.label.name == f"{case.case_id}_seg.nii.gz"
+
+
+def test_discover_brats2023(brats2023_root: Path) -> None:
+    cases = discover_cases(brats2023_root, "brats2023")
+    assert [c.case_id for c in cases] == [f"BraTS-GLI-{i:05d}-000" for i in range(3)]
+    for case in cases:  # t2f -> flair, t1n -> t1, t1c -> t1ce, t2w -> t2
+        assert [p.name for p in case.images] == [f"{case.case_id}-{m}.nii.gz" for m in ("t2f", "t1n", "t1c", "t2w")]
+        assert case.label.name == f"{case.case_id}-seg.nii.gz"
 
 
 def test_discover_sorts_msd_cases(tmp_path: Path) -> None:
@@ -114,6 +140,32 @@ def test_discover_brats_missing_modality(brats_root: Path, tmp_path: Path) -> No
     assert "missing" in str(info.value)
 
 
+def test_discover_brats2023_missing_file_names_it(brats2023_root: Path, tmp_path: Path) -> None:
+    root = _copy(brats2023_root, tmp_path)
+    (root / "BraTS-GLI-00001-000" / "BraTS-GLI-00001-000-t1c.nii.gz").unlink()
+    with pytest.raises(DataError, match=r"missing file .*BraTS-GLI-00001-000/BraTS-GLI-00001-000-t1c\.nii\.gz") as info:
+        discover_cases(root, "brats2023")
+    assert "BraTS-GLI-00001-000-t2f.nii.gz" in str(info.value)  # the files a case folder needs
+    (root / "BraTS-GLI-00002-000" / "BraTS-GLI-00002-000-seg.nii.gz").unlink()
+    shutil.rmtree(root / "BraTS-GLI-00001-000")
+    with pytest.raises(DataError, match=r"missing file .*BraTS-GLI-00002-000-seg\.nii\.gz"):
+        discover_cases(root, "brats2023")  # training cases need their label
+
+
+def test_discover_hints_at_the_other_brats_layout(brats_root: Path, brats2023_root: Path) -> None:
+    with pytest.raises(DataError, match=r"BraTS-GLI-00000-000_flair\.nii\.gz.*BraTS 2023 files .*use layout='brats2023'"):
+        discover_cases(brats2023_root, "brats")
+    with pytest.raises(DataError, match=r"BraTS2021_00000-t2f\.nii\.gz.*BraTS 2018-2021 files .*use layout='brats'"):
+        discover_cases(brats_root, "brats2023")
+    with pytest.raises(DataError, match=r"dataset\.json.*sub-folder 'BraTS-GLI-00000-000'.*layout='brats2023'"):
+        discover_cases(brats2023_root, "msd")
+
+
+def test_discover_hints_at_a_case_folder_given_as_the_root(brats2023_root: Path) -> None:
+    with pytest.raises(DataError, match=r"no cases found.*itself a BraTS 2023 case folder: pass the folder that holds"):
+        discover_cases(brats2023_root / "BraTS-GLI-00000-000", "brats2023")
+
+
 def test_discover_no_cases(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="no cases found"):
         discover_cases(tmp_path, "brats")
@@ -127,9 +179,9 @@ def test_discover_no_cases(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- reading generated files
 
 
-@pytest.mark.parametrize("layout", ["msd", "brats"])
-def test_read_generated_cases(layout: str, msd_root: Path, brats_root: Path) -> None:
-    root = msd_root if layout == "msd" else brats_root
+@pytest.mark.parametrize("layout", ["msd", "brats", "brats2023"])
+def test_read_generated_cases(layout: str, msd_root: Path, brats_root: Path, brats2023_root: Path) -> None:
+    root = {"msd": msd_root, "brats": brats_root, "brats2023": brats2023_root}[layout]
     for case in discover_cases(root, layout):
         image, label, spacing = read_case(case, layout)
         assert image.shape == SHAPE + (4,) and image.dtype == np.float32
@@ -167,6 +219,33 @@ def test_read_brats_float_data_and_float_label(tmp_path: Path) -> None:
     for m in range(4):  # channel order follows MODALITIES
         np.testing.assert_array_equal(image[..., m], modalities[m])
     np.testing.assert_array_equal(label, seg.astype(np.int16))
+
+
+def test_read_brats2023_maps_modalities_and_keeps_labels(tmp_path: Path) -> None:
+    shape = (12, 10, 8)
+    modalities = [np.full(shape, 10 * (m + 1), np.int16) for m in range(4)]  # flair 10, t1 20, t1ce 30, t2 40
+    seg = np.zeros(shape, np.uint8)
+    seg[2:9, 2:8, 2:6] = 2  # edema
+    seg[3:8, 3:7, 3:5] = 3  # enhancing
+    seg[4:6, 4:6, 3:5] = 1  # necrotic core
+    affine = np.diag([1.0, 1.2, 2.5, 1.0])
+    _brats2023_case(tmp_path, "BraTS-GLI-00042-001", modalities, seg, affine)
+    (case,) = discover_cases(tmp_path, "brats2023")
+    image, label, spacing = read_case(case, "brats2023")
+    assert image.shape == shape + (4,) and image.dtype == np.float32
+    assert [float(image[0, 0, 0, m]) for m in range(4)] == [10.0, 20.0, 30.0, 40.0]  # t2f, t1n, t1c, t2w
+    np.testing.assert_array_equal(label, seg.astype(np.int16))
+    assert label.dtype == np.int16 and spacing == pytest.approx((1.0, 1.2, 2.5))
+
+
+def test_read_brats2023_rejects_a_brats_2021_label(tmp_path: Path) -> None:
+    seg = np.zeros((4, 4, 4), np.uint8)
+    seg[0, 0, 0] = 4  # BraTS 2018-2021's enhancing value
+    _brats2023_case(tmp_path, "c1", [np.ones((4, 4, 4), np.int16)] * 4, seg)
+    with pytest.raises(DataError) as info:
+        read_case(discover_cases(tmp_path, "brats2023")[0], "brats2023")
+    message = str(info.value)
+    assert "c1-seg.nii.gz" in message and "[4]" in message and "[0, 1, 2, 3]" in message and "'brats2023'" in message
 
 
 def test_read_brats_accepts_trailing_singleton_label_axis(tmp_path: Path) -> None:
@@ -244,8 +323,8 @@ def test_read_nan_image(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- shapes from headers
 
 
-def test_case_spatial_shape_of_both_layouts(msd_root: Path, brats_root: Path) -> None:
-    for root, layout in ((msd_root, "msd"), (brats_root, "brats")):
+def test_case_spatial_shape_of_every_layout(msd_root: Path, brats_root: Path, brats2023_root: Path) -> None:
+    for root, layout in ((msd_root, "msd"), (brats_root, "brats"), (brats2023_root, "brats2023")):
         for case in discover_cases(root, layout):
             assert case_spatial_shape(case) == SHAPE == read_case(case, layout)[0].shape[:3]
 

@@ -124,9 +124,10 @@ def test_resize_same_shape_is_identity() -> None:
 
 MSD_LABEL = np.array([0, 1, 2, 3], dtype=np.int16).reshape(1, 1, 4)
 BRATS_LABEL = np.array([0, 1, 2, 4], dtype=np.int16).reshape(1, 1, 4)
+BRATS2023_LABEL = np.array([0, 1, 2, 3], dtype=np.int16).reshape(1, 1, 4)
 
 
-@pytest.mark.parametrize("layout, label", [("msd", MSD_LABEL), ("brats", BRATS_LABEL)])
+@pytest.mark.parametrize("layout, label", [("msd", MSD_LABEL), ("brats", BRATS_LABEL), ("brats2023", BRATS2023_LABEL)])
 def test_whole_tumour(layout: str, label: np.ndarray) -> None:
     out = labels_to_target(label, layout, "whole-tumour")
     assert out.dtype == np.uint8 and out.shape == (1, 1, 4, 1)
@@ -146,11 +147,28 @@ def test_regions_brats() -> None:
     np.testing.assert_array_equal(out[0, 0], [[0, 0, 0], [1, 1, 0], [1, 0, 0], [1, 1, 1]])
 
 
+def test_regions_brats2023() -> None:
+    out = labels_to_target(BRATS2023_LABEL, Layout.BRATS2023, "regions")
+    assert out.dtype == np.uint8 and out.shape == (1, 1, 4, 3)
+    # rows: background, necrotic core (NCR), edema (ED), enhancing (ET); columns: WT, TC, ET
+    np.testing.assert_array_equal(out[0, 0], [[0, 0, 0], [1, 1, 0], [1, 0, 0], [1, 1, 1]])
+
+
+def test_regions_agree_between_brats_layouts() -> None:
+    """BraTS 2023 relabelled enhancing tumour from 4 to 3; the regions of a case do not change."""
+    label = np.random.default_rng(0).choice(np.array([0, 1, 2, 4], np.int16), size=(5, 4, 3))
+    relabelled = np.where(label == 4, 3, label).astype(np.int16)
+    np.testing.assert_array_equal(labels_to_target(label, "brats", "regions"),
+                                  labels_to_target(relabelled, "brats2023", "regions"))
+
+
 def test_labels_rejects_values_of_the_other_layout() -> None:
     with pytest.raises(ValueError, match=r"\[3\].*brats"):
         labels_to_target(MSD_LABEL, "brats", "regions")
     with pytest.raises(ValueError, match=r"\[4\].*msd"):
         labels_to_target(BRATS_LABEL, "msd", "whole-tumour")
+    with pytest.raises(ValueError, match=r"\[4\].*brats2023"):
+        labels_to_target(BRATS_LABEL, "brats2023", "regions")
     with pytest.raises(ValueError, match="label mode"):
         labels_to_target(MSD_LABEL, "msd", "binary")
 
@@ -168,6 +186,8 @@ def test_config_coerces_and_round_trips() -> None:
     default = PreprocessConfig(layout=Layout.MSD)
     assert default.num_classes == 1 and default.crop is None and default.resize is None
     assert PreprocessConfig.from_dict(default.to_dict()) == default
+    brats2023 = PreprocessConfig(layout="brats2023", labels="regions")
+    assert brats2023.layout is Layout.BRATS2023 and PreprocessConfig.from_dict(brats2023.to_dict()) == brats2023
 
 
 def test_config_errors() -> None:

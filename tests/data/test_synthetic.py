@@ -43,8 +43,45 @@ def test_brats_files(brats_root: Path) -> None:
     assert set(np.unique(seg)) == {0, 1, 2, 4}
 
 
-def test_no_temporary_folders_left(msd_root: Path, brats_root: Path) -> None:
-    for root in (msd_root, brats_root):
+def test_brats2023_files(brats2023_root: Path) -> None:
+    folder = brats2023_root / "BraTS-GLI-00001-000"
+    assert sorted(p.name for p in brats2023_root.iterdir()) == [f"BraTS-GLI-{i:05d}-000" for i in range(3)]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        f"BraTS-GLI-00001-000-{part}.nii.gz" for part in ("t1c", "t1n", "t2f", "t2w", "seg")
+    )
+    for part in ("t2f", "t1n", "t1c", "t2w"):
+        img = nib.load(str(folder / f"BraTS-GLI-00001-000-{part}.nii.gz"))
+        assert img.shape == SHAPE and img.get_data_dtype() == np.int16
+    seg = np.asanyarray(nib.load(str(folder / "BraTS-GLI-00001-000-seg.nii.gz")).dataobj)
+    assert set(np.unique(seg)) == {0, 1, 2, 3}
+
+
+def test_brats2023_is_the_brats_data_relabelled(tmp_path: Path) -> None:
+    """Same seed, same case: the images agree and only the enhancing label differs (4 -> 3)."""
+    synthesize_dataset(tmp_path / "old", "brats", cases=1, shape=(12, 10, 8), seed=5, progress=False)
+    synthesize_dataset(tmp_path / "new", "brats2023", cases=1, shape=(12, 10, 8), seed=5, progress=False)
+    (old,) = discover_cases(tmp_path / "old", "brats")
+    (new,) = discover_cases(tmp_path / "new", "brats2023")
+    old_image, old_label, _ = read_case(old, "brats")
+    new_image, new_label, _ = read_case(new, "brats2023")
+    np.testing.assert_array_equal(old_image, new_image)  # t2f/t1n/t1c/t2w hold flair/t1/t1ce/t2
+    np.testing.assert_array_equal(np.where(old_label == 4, 3, old_label), new_label)
+
+
+@pytest.mark.parametrize("layout", ["msd", "brats", "brats2023"])
+def test_round_trip_through_discover_and_read(layout: str, tmp_path: Path) -> None:
+    ids = synthesize_dataset(tmp_path / layout, layout, cases=2, shape=(12, 10, 8), seed=6, progress=False)
+    cases = discover_cases(tmp_path / layout, layout)
+    assert [c.case_id for c in cases] == ids
+    expected = {"msd": {0, 1, 2, 3}, "brats": {0, 1, 2, 4}, "brats2023": {0, 1, 2, 3}}[layout]
+    for case in cases:
+        image, label, spacing = read_case(case, layout)
+        assert image.shape == (12, 10, 8, 4) and label.shape == (12, 10, 8) and spacing == (1.0, 1.0, 1.0)
+        assert set(np.unique(label)) <= expected and label.any()
+
+
+def test_no_temporary_folders_left(msd_root: Path, brats_root: Path, brats2023_root: Path) -> None:
+    for root in (msd_root, brats_root, brats2023_root):
         assert [p.name for p in root.parent.iterdir()] == [root.name]
 
 

@@ -97,6 +97,21 @@ def test_round_trip_msd_resize(msd_tfr: Path, msd_root: Path) -> None:
     assert seen == 4
 
 
+def test_round_trip_brats2023_regions(brats2023_root: Path, tmp_path: Path) -> None:
+    config = PreprocessConfig(layout="brats2023", labels="regions")
+    cases = discover_cases(brats2023_root, "brats2023")
+    split = {"train": [c.case_id for c in cases], "val": [], "test": []}
+    out = tmp_path / "tfr"
+    manifest = convert_to_tfrecords(cases, split, config, out, workers=1, progress=False)
+    assert manifest["preprocess"]["layout"] == "brats2023" and manifest["num_classes"] == 3
+    expected = _expected(brats2023_root, "brats2023", config)
+    got = list(iter_cases(out, "train"))
+    assert [case_id for case_id, _, _ in got] == split["train"]
+    for case_id, image, target in got:
+        assert np.array_equal(image, expected[case_id][0]) and np.array_equal(target, expected[case_id][1])
+        assert target[..., 2].any() and (target[..., 2] <= target[..., 1]).all()  # ET lies inside TC
+
+
 def test_manifest_contents(brats_tfr) -> None:
     out, manifest, split = brats_tfr
     assert read_manifest(out) == manifest

@@ -63,7 +63,22 @@ def test_bad_enum_names_value_and_allowed(spec_tree):
     spec_tree["dataset"]["layout"] = "nnunet"
     [(path, message)] = problems_of(spec_tree)
     assert path == "dataset.layout"
-    assert "'msd'" in message and "'brats'" in message and "nnunet" in message
+    assert "'msd'" in message and "'brats'" in message and "'brats2023'" in message and "nnunet" in message
+
+
+@pytest.mark.parametrize("layout", ["msd", "brats", "brats2023"])
+def test_every_data_layout_is_a_dataset_layout(spec_tree, layout):
+    spec_tree["dataset"]["layout"] = layout
+    assert validate_spec(spec_tree).dataset.layout == layout
+
+
+def test_dataset_layouts_are_the_data_layouts():
+    from typing import get_args
+
+    from distmis.data.layouts import Layout
+    from distmis.spec.schema import DatasetSpec
+
+    assert get_args(DatasetSpec.model_fields["layout"].annotation) == tuple(m.value for m in Layout)
 
 
 def test_out_of_range_number(spec_tree):
