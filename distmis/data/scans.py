@@ -61,7 +61,7 @@ from distmis.data.layouts import (
 if TYPE_CHECKING:  # pragma: no cover
     import nibabel as nib
 
-__all__ = ["ACCEPTED_INPUTS", "ScanFiles", "discover_scans", "read_scan", "read_scan_label"]
+__all__ = ["ACCEPTED_INPUTS", "ScanFiles", "check_scan", "discover_scans", "read_scan", "read_scan_label"]
 
 #: What :func:`discover_scans` accepts, for messages.
 ACCEPTED_INPUTS = (
@@ -295,3 +295,44 @@ def read_scan_label(scan: ScanFiles, shape: tuple[int, int, int]) -> np.ndarray:
     if len(spatial) != 3:
         raise ValueError(f"shape must be the 3 spatial sizes (H, W, D) of the image, got {tuple(shape)!r}")
     return _read_label(scan.label, spatial, scan.layout, scan.case_id, scan.images[0])
+
+
+def check_scan(scan: ScanFiles) -> tuple[int, int, int]:
+    """Check a scan from its files' headers alone (no voxel data is read) and return its spatial shape.
+
+    What :func:`read_scan` would refuse for its shape is refused here, so that a command over many scans stops
+    before it has done anything: a file that is not a readable NIfTI file, an MSD image that is not
+    ``(H, W, D, 4)``, a modality that is not 3-D or differs in shape from the first, a label of another shape.
+
+    Raises:
+        DataError: naming the file.
+    """
+    from distmis.data.layouts import _load_image
+
+    def shape_of(path: Path) -> tuple[int, ...]:
+        shape = tuple(int(s) for s in _load_image(path).header.get_data_shape())
+        while len(shape) > 3 and shape[-1] == 1:  # some tools write (H, W, D, 1)
+            shape = shape[:-1]
+        return shape
+
+    if scan.layout is Layout.MSD:
+        path = scan.images[0]
+        shape = tuple(int(s) for s in _load_image(path).header.get_data_shape())
+        if len(shape) != 4 or shape[3] != len(MODALITIES):
+            raise DataError(f"image file {str(path)!r} has shape {shape}; an MSD image must be 4-D "
+                            f"(H, W, D, {len(MODALITIES)}) with channels {', '.join(MODALITIES)}")
+        spatial = shape[:3]
+    else:
+        shapes = [shape_of(path) for path in scan.images]
+        for path, shape in zip(scan.images, shapes):
+            if len(shape) != 3:
+                raise DataError(f"image file {str(path)!r} has shape {shape}; a {LAYOUT_NAMES[scan.layout]} "
+                                "modality must be 3-D")
+            if shape != shapes[0]:
+                raise DataError(f"case {scan.case_id!r}: modality file {str(path)!r} has shape {shape} but "
+                                f"{str(scan.images[0])!r} has shape {shapes[0]}; all modalities must match")
+        spatial = shapes[0]
+    if scan.label is not None and shape_of(scan.label) != spatial:
+        raise DataError(f"label file {str(scan.label)!r} has shape {shape_of(scan.label)} but the image of case "
+                        f"{scan.case_id!r} ({str(scan.images[0])!r}) has spatial shape {spatial}")
+    return spatial  # type: ignore[return-value]

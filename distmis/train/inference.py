@@ -119,7 +119,7 @@ def predict_channels_last(
         out = np.asarray(predict(np.ascontiguousarray(windows.cpu().numpy().transpose(0, 2, 3, 4, 1))))
         if out.ndim != 5:
             raise ValueError(f"predict must return (n, h, w, d, K) windows, got shape {out.shape}")
-        return torch.from_numpy(np.ascontiguousarray(np.moveaxis(out, -1, 1), dtype=np.float32))
+        return torch.from_numpy(np.array(np.moveaxis(out, -1, 1), dtype=np.float32, order="C"))  # a writable copy
 
     volume = torch.from_numpy(np.ascontiguousarray(np.moveaxis(image, -1, 0)[None], dtype=np.float32))
     prob = sliding_window(predictor, volume, window, overlap=inference.overlap, mode=inference.mode,

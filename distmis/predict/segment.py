@@ -1,0 +1,144 @@
+"""Segment scans with a model: the scan's own grid and header in, a label map in its data set's convention out.
+
+Per case: read the modalities (:func:`~distmis.data.scans.read_scan`), preprocess them as the model's recipe
+says (z-score over the brain, centre crop / pad, resize), predict by sliding windows
+(:meth:`~distmis.predict.model.SegmentationModel.probabilities`), undo the resize and the crop / pad on the
+probabilities (:func:`~distmis.data.postprocess.restore_geometry`), threshold, recombine the regions into the
+layout's label values (:func:`~distmis.data.postprocess.target_to_labels`) and write ``<case>_seg.nii.gz`` with
+the scan's affine and header. Every file appears whole or not at all (written under a temporary name, then
+renamed). With ``score``, the written labels are scored against the case's own label file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from distmis.data.errors import DataError
+from distmis.data.postprocess import restore_geometry, target_to_labels
+from distmis.data.preprocess import center_crop_or_pad, labels_to_target, resize, zscore_nonzero
+from distmis.predict.model import SegmentationModel
+from distmis.predict.recipe import ModelRecipe
+
+__all__ = ["CaseResult", "output_path", "check_outputs", "preprocess_image", "segment", "write_segmentation",
+           "predict_scans"]
+
+SEG_SUFFIX = "_seg.nii.gz"
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One segmented case: its file, the seconds it took (reading to writing) and, when scored, its metrics
+    (``dice_<region>``, ``hd95_<region>`` in mm at the scan's spacing)."""
+
+    case_id: str
+    output: Path
+    seconds: float
+    scores: dict[str, float] | None = None
+
+
+def output_path(output_dir: str | Path, case_id: str) -> Path:
+    return Path(output_dir) / f"{case_id}{SEG_SUFFIX}"
+
+
+def check_outputs(scans: Sequence[Any], output_dir: str | Path, *, overwrite: bool) -> list[Path]:
+    """The files ``predict_scans`` will write; DataError, before anything is written, when one exists (unless
+    ``overwrite``) or is one of the inputs (never overwritten: a label file in a case folder, for instance)."""
+    outputs = [output_path(output_dir, scan.case_id) for scan in scans]
+    inputs = {Path(p).resolve() for scan in scans for p in (*scan.images, scan.label) if p is not None}
+    clash = [str(p) for p in outputs if p.resolve() in inputs]
+    if clash:
+        raise DataError(f"--output {str(output_dir)!r} would overwrite input file(s) {clash[:3]}: choose another "
+                        "output folder")
+    existing = [str(p) for p in outputs if p.exists()]
+    if existing and not overwrite:
+        more = f" and {len(existing) - 3} more" if len(existing) > 3 else ""
+        raise DataError(f"{', '.join(existing[:3])}{more} already exist(s); pass --overwrite to replace them, or "
+                        "choose another --output folder")
+    return outputs
+
+
+def preprocess_image(image: np.ndarray, recipe: ModelRecipe) -> np.ndarray:
+    """A scan's ``(H, W, D, 4)`` image as the model's training data were made (the image half of
+    :func:`~distmis.data.preprocess.preprocess_case`)."""
+    image = zscore_nonzero(image)
+    if recipe.crop is not None:
+        image = center_crop_or_pad(image, recipe.crop)
+    if recipe.resize is not None:
+        image = resize(image, recipe.resize, order=1).astype(np.float32, copy=False)
+    return np.ascontiguousarray(image, dtype=np.float32)
+
+
+def segment(model: SegmentationModel, image: np.ndarray, layout: str) -> np.ndarray:
+    """The uint8 label map ``(H, W, D)`` of a scan's image ``(H, W, D, 4)``, in ``layout``'s label values."""
+    recipe = model.recipe
+    prob = model.probabilities(preprocess_image(image, recipe))
+    prob = restore_geometry(prob, image.shape[:3], recipe.preprocess_config)
+    return target_to_labels(prob >= recipe.threshold, layout, recipe.labels)
+
+
+def write_segmentation(labels: np.ndarray, reference: Any, path: str | Path) -> Path:
+    """Write ``labels`` as NIfTI at ``path`` with ``reference``'s affine and header (data type uint8, no scaling,
+    the spatial shape of the labels), whole or not at all."""
+    import nibabel as nib
+
+    path = Path(path)
+    if tuple(labels.shape) != tuple(reference.shape[:3]):
+        raise ValueError(f"labels {labels.shape} do not have the scan's spatial shape {reference.shape[:3]}")
+    header = reference.header.copy()
+    header.set_data_dtype(np.uint8)
+    image = nib.Nifti1Image(np.asarray(labels, dtype=np.uint8), reference.affine, header)
+    image.header.set_slope_inter(1, 0)
+    image.header["cal_min"], image.header["cal_max"] = 0, float(labels.max()) if labels.size else 0
+    if isinstance(reference, nib.Nifti1Image):  # keep how the scan states its orientation
+        image.set_qform(reference.affine, int(reference.header["qform_code"]))
+        image.set_sform(reference.affine, int(reference.header["sform_code"]))
+    staging = path.with_name(f".{path.name.removesuffix(SEG_SUFFIX)}.{os.getpid()}.partial.nii.gz")
+    try:
+        nib.save(image, str(staging))
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+    return path
+
+
+def _scores(labels: np.ndarray, scan: Any, reference: Any, recipe: ModelRecipe) -> dict[str, float]:
+    from distmis.data.scans import read_scan_label
+    from distmis.train.evaluation import case_metrics, region_names
+
+    truth = labels_to_target(read_scan_label(scan, labels.shape), scan.layout, recipe.labels)
+    pred = labels_to_target(labels.astype(np.int16), scan.layout, recipe.labels)
+    spacing = tuple(float(z) for z in (tuple(reference.header.get_zooms()) + (1.0, 1.0, 1.0))[:3])
+    names = region_names(recipe.labels, recipe.num_classes)
+    return case_metrics(pred.astype(np.float32), truth, spacing, names)
+
+
+def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: str | Path, *, score: bool = False,
+                  progress: bool = True, overwrite: bool = False) -> list[CaseResult]:
+    """Segment every scan into ``output_dir/<case>_seg.nii.gz``; with ``score``, also score the cases that have a
+    label file. The outputs (:func:`check_outputs`) and every scan's headers
+    (:func:`~distmis.data.scans.check_scan`) are checked before the first case is read."""
+    from tqdm import tqdm
+
+    from distmis.data.scans import check_scan, read_scan
+
+    output_dir = Path(output_dir)
+    outputs = check_outputs(scans, output_dir, overwrite=overwrite)
+    for scan in scans:  # every header before the first case: bad input stops the command before it writes
+        check_scan(scan)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for scan, path in zip(tqdm(scans, desc="predict", unit="case", disable=not progress, file=sys.stderr), outputs):
+        start = time.perf_counter()
+        image, reference = read_scan(scan)
+        labels = segment(model, image, scan.layout)
+        write_segmentation(labels, reference, path)
+        scores = _scores(labels, scan, reference, model.recipe) if score and scan.label is not None else None
+        results.append(CaseResult(scan.case_id, path, time.perf_counter() - start, scores))
+    return results
