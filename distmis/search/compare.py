@@ -164,8 +164,9 @@ def _run_cell(spec: Spec, data: Any, mode: str, workers: int, compare_run: Searc
     cell: dict[str, Any] = {"mode": mode, "workers": workers, "elapsed_s": math.nan, best_key: math.nan,
                             "trials": 0, "failed_trials": 0, "status": "FAILED"}
     try:
+        # a cell's best model is logged on its trial's run; registering each cell's would fill the registry
         outcome = execute_search(search, data, plan, run, output_dir, experiment=experiment, resume=resume,
-                                 progress=progress, trainable=trainable)
+                                 progress=progress, keep_model=False, trainable=trainable)
     except Exception as exc:  # noqa: BLE001 - the comparison goes on and says which cell failed
         logger.error("comparison cell %s x%d failed: %s", mode, workers, exc)
         logger.debug("comparison cell %s x%d", mode, workers, exc_info=True)  # the traceback with --verbose

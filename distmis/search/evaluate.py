@@ -1,4 +1,5 @@
-"""What a search ends with, besides its table: its best models scored on the test split, and a picture.
+"""What a search ends with, besides its table: its best models scored on the test split, the best one as an MLflow
+model (logged, registered, and copied into the output folder), and a picture.
 
 Runs in the driver once the trials are done. Each of the ``search.evaluate_top`` best trials (by the best value of
 the search metric) is rebuilt in this process, on one device (its weights do not depend on the layout it trained
@@ -21,6 +22,7 @@ import pandas as pd
 from distmis.search.prepare import PreparedData, preprocess_config
 from distmis.spec.layout import resolve_trial
 from distmis.spec.schema import Spec
+from distmis.predict.registry import PublishedModel
 
 logger = logging.getLogger(__name__)
 
@@ -124,3 +126,39 @@ def evaluate_on_test(trainer: Any, spec: Spec, data: PreparedData, trial_id: str
         prob = trainer.predict_volume(image)
         rows.append({"case": case_id, **case_metrics(prob, label.astype(np.float32), spacings[case_id], names)})
     return TestEvaluation(trial_id, pd.DataFrame(rows))
+
+
+def publish_model(trainer: Any, model: BestModel, spec: Spec, data: PreparedData, *, tracking_uri: str,
+                  trial_run_id: str | None, search_run_id: str, evaluation: TestEvaluation | None,
+                  folder: Path | None, register: bool) -> PublishedModel:
+    """Make the trial's loaded model usable: an MLflow model folder at ``folder`` (a copy that needs no tracking
+    store), the model logged on the trial's run, and, with ``register``, a new version of the search's registered
+    model with the test metrics as tags (see :mod:`distmis.predict.registry`).
+
+    The local copy is written first, so a tracking store that is away costs the registration, not the model.
+    """
+    from distmis.predict.recipe import ModelRecipe
+    from distmis.predict.registry import PublishedModel, log_model, register_model, save_model
+
+    recipe = ModelRecipe.from_spec(trainer.spec, data.manifest)
+    local = save_model(trainer.model, recipe, folder) if folder is not None else None
+    if trial_run_id is None:
+        return PublishedModel(local, None)
+    model_uri = log_model(trainer.model, recipe, tracking_uri, trial_run_id)
+    if not register:
+        return PublishedModel(local, model_uri)
+    metric, mode = spec.search.metric, spec.search.mode
+    tags: dict[str, Any] = {"distmis.search_run": search_run_id, "distmis.trial": model.trial_id,
+                            f"best_{metric}": f"{model.best_value:.6g}"}
+    score: tuple[str, float, str] = (f"best_{metric}", model.best_value, mode)
+    if evaluation is not None:
+        means = evaluation.means
+        tags.update({key: f"{value:.6g}" for key, value in means.items()})
+        key = "test_dice_mean" if "test_dice_mean" in means else f"test_dice_{evaluation.regions[0]}"
+        score = (key, means[key], "max")
+    description = (f"distmis search {spec.name!r}: trial {model.trial_id} ({metric} {model.best_value:.4f}"
+                   + (f"; test: {evaluation.summary()}" if evaluation is not None else "") + ")")
+    name = spec.registered_model_name
+    version, best = register_model(tracking_uri, model_uri, name, run_id=trial_run_id, tags=tags, score=score,
+                                   description=description)
+    return PublishedModel(local, model_uri, name, version, best)

@@ -23,7 +23,10 @@ import pandas as pd
 import yaml
 from mlflow.tracking import MlflowClient
 
-from distmis.search.evaluate import TestEvaluation, best_models, evaluate_on_test, loaded_trainer, test_spacings
+from distmis.predict.resolve import LOCAL_MODEL_FOLDER
+from distmis.search.evaluate import (
+    TestEvaluation, best_models, evaluate_on_test, loaded_trainer, publish_model, test_spacings,
+)
 from distmis.search.plan import SearchPlan
 from distmis.search.prepare import PreparedData, prepare_data
 from distmis.search.search_space import num_trials, param_space, scheduler, search_algorithm
@@ -32,6 +35,7 @@ from distmis.service.token import prepare_local_token
 from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.figures import learning_curves_figure
+from distmis.predict.registry import PublishedModel
 from distmis.tracking.mlflow_tracking import (
     MLflowTrialCallback, SearchRun, default_tracking_uri, flatten, mark_interrupted,
 )
@@ -55,7 +59,8 @@ class SearchOutcome:
     parent_run_id: str
     data: PreparedData
     test: TestEvaluation | None = None  # the best trial on the test split
-    test_note: str = ""  # why there is no test evaluation, if there is none
+    test_note: str = ""  # why there is no test evaluation (or no model), if there is none
+    model: PublishedModel | None = None  # where the best trial's model went
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -188,7 +193,7 @@ def trial_function(plan: SearchPlan, spec: Spec, data: PreparedData, output_dir:
 
 
 def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run: SearchRun, output_dir: Path, *,
-                   experiment: str, resume: bool = False, progress: bool = True,
+                   experiment: str, resume: bool = False, progress: bool = True, keep_model: bool = True,
                    trainable: Callable[..., None] | None = None) -> SearchOutcome:
     """Run the spec's trials with ``plan`` (Ray must be connected) and record the results on ``search_run``.
 
@@ -262,58 +267,100 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     search_run.log_text(format_results(results, "csv"), "results.csv")
     search_run.log_text(format_results(results, "markdown"), "results.md")
     search_run.log_figure(learning_curves_figure(client, parent, "val_dice"), "val_dice_curves.png")
-    test, test_note = _finish_with_best_models(search_run, grid, callback, spec, data)
+    test, test_note, model = _finish_with_best_models(search_run, grid, callback, spec, data,
+                                                      output_dir / LOCAL_MODEL_FOLDER if keep_model else None)
     search_run.log_metrics({"trials": len(results), "failed_trials": failed, "search_seconds": search_seconds})
     best_column = results.get(f"best_{spec.search.metric}")
     if best_column is not None and best_column.notna().any():
         search_run.log_metrics({f"best_{spec.search.metric}": float(best_column.iloc[0])})
     elapsed = search_run.finish("FINISHED")
     return SearchOutcome(results, failed, elapsed, search_seconds, search_run.tracking_uri, spec.experiment_name,
-                         search_run.run_id, data, test, test_note)
+                         search_run.run_id, data, test, test_note, model)
 
 
 def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowTrialCallback, spec: Spec,
-                             data: PreparedData) -> tuple[TestEvaluation | None, str]:
-    """Score the ``search.evaluate_top`` best trials on the test split (each on its own run; the best also on the
-    search's run) and draw the best one's overlay. Returns the best's scores (None if none) and a note for the user.
+                             data: PreparedData, model_folder: Path | None) -> tuple[TestEvaluation | None, str,
+                                                                                      PublishedModel | None]:
+    """What follows the trials: the ``search.evaluate_top`` best trials scored on the test split (each on its own run;
+    the best also on the search's run), the best one's overlay, and the best one's model published
+    (:func:`~distmis.search.evaluate.publish_model`; ``model_folder`` None: logged on its run, not copied nor
+    registered). Returns the best's scores (None if none), a note for the user, and where the model went.
 
     The trials' records are safe by now: a failure here is logged and tagged on the search run, not raised.
     """
     top = spec.search.evaluate_top
     models = best_models(grid, callback.last_checkpoint, callback.best, spec.search.mode, top=max(top, 1))
     if not models:
-        return None, "no trial has weights to evaluate"
+        return None, "no trial has weights to evaluate", None
     best: TestEvaluation | None = None
-    note = ""
-    try:
-        spacings = test_spacings(spec, data) if top else {}
-        for rank, model in enumerate(models):
+    published: PublishedModel | None = None
+    notes: list[str] = [] if top else ["search.evaluate_top is 0: the test split was not evaluated"]
+    spacings: dict[str, tuple[float, float, float]] = {}
+    evaluate = bool(top and data.split.get("test"))
+    if top and not evaluate:
+        notes.append("the test split is empty: nothing to evaluate")
+        search_run.client.set_tag(search_run.run_id, "distmis.test", notes[-1])
+    for rank, model in enumerate(models if evaluate else models[:1]):
+        try:
             with loaded_trainer(model, spec, data) as trainer:
                 if rank == 0:
                     _log_overlay(search_run, trainer)
-                if not top:
-                    note = "search.evaluate_top is 0: the test split was not evaluated"
-                    continue
-                evaluation = evaluate_on_test(trainer, spec, data, model.trial_id, spacings)
-            if evaluation is None:
-                note = "the test split is empty: nothing to evaluate"
-                search_run.client.set_tag(search_run.run_id, "distmis.test", note)
-                break
-            csv = format_results(evaluation.cases, "csv")
-            run_id = callback.run_ids.get(model.trial_id)
-            if run_id is not None:
-                search_run.client.log_batch(run_id, metrics=_metrics(evaluation.means))
-                search_run.client.log_text(run_id, csv, "test_cases.csv")
-            if rank == 0:
-                best = evaluation
-                search_run.log_metrics(evaluation.means)
-                search_run.log_text(csv, "test_cases.csv")
-                search_run.client.set_tag(search_run.run_id, "distmis.test_trial", model.trial_id)
+                evaluation = None
+                if evaluate:
+                    try:
+                        spacings = spacings or test_spacings(spec, data)
+                        evaluation = evaluate_on_test(trainer, spec, data, model.trial_id, spacings)
+                        _record_test(search_run, callback.run_ids.get(model.trial_id), evaluation, model,
+                                     best=rank == 0)
+                    except Exception as exc:  # noqa: BLE001
+                        logger.warning("could not evaluate trial %s on the test split", model.trial_id, exc_info=True)
+                        notes.append(f"test evaluation failed: {type(exc).__name__}: {exc}")
+                        search_run.client.set_tag(search_run.run_id, "distmis.test_error", notes[-1][:500])
+                if rank == 0:
+                    best = evaluation
+                    published = _publish(trainer, model, spec, data, search_run, callback, evaluation, model_folder,
+                                         notes)
+        except Exception as exc:  # noqa: BLE001  (its weights could not be loaded)
+            logger.warning("could not load trial %s's best weights", model.trial_id, exc_info=True)
+            notes.append(f"trial {model.trial_id}'s weights could not be loaded: {type(exc).__name__}: {exc}")
+            search_run.client.set_tag(search_run.run_id, "distmis.test_error", notes[-1][:500])
+    return best, "; ".join(notes), published
+
+
+def _record_test(search_run: SearchRun, run_id: str | None, evaluation: TestEvaluation, model: Any, *,
+                 best: bool) -> None:
+    csv = format_results(evaluation.cases, "csv")
+    if run_id is not None:
+        search_run.client.log_batch(run_id, metrics=_metrics(evaluation.means))
+        search_run.client.log_text(run_id, csv, "test_cases.csv")
+    if best:
+        search_run.log_metrics(evaluation.means)
+        search_run.log_text(csv, "test_cases.csv")
+        search_run.client.set_tag(search_run.run_id, "distmis.test_trial", model.trial_id)
+
+
+def _publish(trainer: Any, model: Any, spec: Spec, data: PreparedData, search_run: SearchRun,
+             callback: MLflowTrialCallback, evaluation: TestEvaluation | None, folder: Path | None,
+             notes: list[str]) -> PublishedModel | None:
+    """The best trial's model, saved, logged and registered; a failure is a note and a tag, not an error."""
+    try:
+        published = publish_model(trainer, model, spec, data, tracking_uri=search_run.tracking_uri,
+                                  trial_run_id=callback.run_ids.get(model.trial_id), search_run_id=search_run.run_id,
+                                  evaluation=evaluation, folder=folder,
+                                  register=folder is not None and spec.tracking.register_model)
     except Exception as exc:  # noqa: BLE001
-        logger.warning("could not evaluate the best trial(s) on the test split", exc_info=True)
-        note = f"test evaluation failed: {type(exc).__name__}: {exc}"
-        search_run.client.set_tag(search_run.run_id, "distmis.test_error", note[:500])
-    return best, note
+        logger.warning("could not save, log or register the best trial's model", exc_info=True)
+        notes.append(f"the model could not be published: {type(exc).__name__}: {exc}")
+        search_run.client.set_tag(search_run.run_id, "distmis.model_error", notes[-1][:500])
+        return None
+    tags = {"distmis.model_trial": model.trial_id}
+    if published.model_uri:
+        tags["distmis.model"] = published.model_uri
+    if published.registry_uri:
+        tags["distmis.registered_model"] = published.registry_uri
+    for key, value in tags.items():
+        search_run.client.set_tag(search_run.run_id, key, value)
+    return published
 
 
 def _metrics(values: dict[str, float]) -> list[Any]:

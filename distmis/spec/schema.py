@@ -332,6 +332,8 @@ class ParallelismSpec(StrictModel):
 class TrackingSpec(StrictModel):
     uri: str | None = None
     experiment: str | None = None
+    register_model: bool = Field(True, description="register the search's best model in the MLflow model registry")
+    model_name: str | None = Field(None, min_length=1, description="its registered name (default: the search's name)")
 
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -360,3 +362,7 @@ class Spec(StrictModel):
     @property
     def experiment_name(self) -> str:
         return self.tracking.experiment or self.name
+
+    @property
+    def registered_model_name(self) -> str:
+        return self.tracking.model_name or self.name

@@ -68,6 +68,20 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
     ranked = sorted(children, key=lambda c: c.data.metrics["best_val_dice"], reverse=True)
     assert [c.info.run_id for c in scored] == [c.info.run_id for c in ranked[:2]]  # evaluate_top: 2
 
+    # The best trial's model: copied into the output folder, logged on its run, registered with its test metrics.
+    model = outcome.model
+    assert model is not None and model.folder == tmp_path / "out" / "model" and (model.folder / "MLmodel").is_file()
+    assert (model.name, model.version, model.best) == ("tiny", "1", True)
+    version = client.get_model_version("tiny", "1")
+    assert version.run_id == best_run.info.run_id and "best" in version.aliases
+    assert float(version.tags["test_dice_WT"]) == pytest.approx(parent.data.metrics["test_dice_WT"], rel=1e-5)
+    assert parent.data.tags["distmis.registered_model"] == "models:/tiny/1"
+    assert "preprocessing.json" in {a.path for a in client.list_artifacts(best_run.info.run_id)}
+    from distmis.predict.model import SegmentationModel
+
+    loaded = SegmentationModel.load(model.folder)
+    assert loaded.recipe.window == (16, 16, 16) and loaded.recipe.framework == "tensorflow"
+
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"spec.yaml", "split.json", "results.csv", "results.md", "val_dice_curves.png", "best_trial_overlay.png"} <= artifacts
     assert parent.data.metrics["failed_trials"] == 0 and parent.data.metrics["elapsed_seconds"] > 0
@@ -155,7 +169,9 @@ def test_a_trial_whose_values_clash_fails_alone_with_the_reason(ray_local, tmp_p
 
 
 def test_an_empty_test_split_is_stated_not_an_error(ray_local, tmp_path: Path):
+    """On a generated BraTS 2023 data set, three regions (the layout's run path)."""
     tree = small_spec_tree(tmp_path / "data")
+    tree["dataset"].update(layout="brats2023", labels="regions")
     tree["dataset"]["split"] = {"train": 0.67, "val": 0.33, "test": 0, "seed": 0}
     tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3]}}
     outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False)
@@ -164,3 +180,11 @@ def test_an_empty_test_split_is_stated_not_an_error(ray_local, tmp_path: Path):
     parent = MlflowClient(outcome.tracking_uri).get_run(outcome.parent_run_id)
     assert parent.data.tags["distmis.test"] == outcome.test_note
     assert not any(key.startswith("test_") for key in parent.data.metrics)
+    # the model is registered all the same, scored by its validation dice
+    version = MlflowClient(outcome.tracking_uri).get_model_version("tiny", outcome.model.version)
+    assert version.tags["distmis.score_metric"] == "best_val_dice" and "test_dice_WT" not in version.tags
+    assert (tmp_path / "data" / "BraTS-GLI-00000-000" / "BraTS-GLI-00000-000-t2f.nii.gz").is_file()
+    from distmis.predict.model import SegmentationModel
+
+    recipe = SegmentationModel.load(outcome.model.folder).recipe
+    assert (recipe.layout, recipe.labels, recipe.num_classes) == ("brats2023", "regions", 3)
