@@ -11,12 +11,14 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from distmis.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, BadInput
 
 EXIT_TRIALS_FAILED = EXIT_FAILED
+LAYOUT_CHOICES = ["msd", "brats", "brats2023"]
 
 
 def _shape(text: str) -> tuple[int, int, int]:
@@ -111,6 +113,7 @@ def print_comparison(spec: Any, outcome: Any) -> int:
 
 
 def print_search(spec: Any, outcome: Any) -> int:
+    from distmis.predict.registry import BEST_ALIAS
     from distmis.tracking.results import format_results
     from distmis.tracking.uri import redact_uri
 
@@ -123,9 +126,15 @@ def print_search(spec: Any, outcome: Any) -> int:
         print(f"\nBest trial: {best['trial']}  {metric} = {best[f'best_{metric}']:.4f} (epoch {best['best_epoch']})")
     if outcome.test is not None:
         print(f"Test split, best trial: {outcome.test.summary()}")
-    elif outcome.test_note:
-        print(f"Test split: {outcome.test_note}")
+    if outcome.test_note:
+        print(f"Note: {outcome.test_note}")
     uri = redact_uri(outcome.tracking_uri)
+    model = outcome.model
+    if model is not None and model.folder is not None:
+        print(f"\nModel: {model.folder}" + (f", registered as {model.registry_uri}"
+                                            + (f" (alias @{BEST_ALIAS})" if model.best else "") if model.version else ""))
+        source = f"models:/{model.name}@{BEST_ALIAS} --tracking-uri {uri}" if model.best else str(model.folder)
+        print(f"  distmis predict {source} SCANS --output SEGMENTATIONS")
     print(f"\nMLflow: experiment {outcome.experiment!r}, parent run {outcome.parent_run_id}")
     print(f"  tracking URI: {uri}")
     print(f"  distmis results --tracking-uri {uri} --experiment {outcome.experiment}")
@@ -154,6 +163,41 @@ def cmd_results(args: argparse.Namespace) -> int:
         kind = "comparison" if is_comparison else "search"
         print(f"{kind} run {parent.info.run_id} ({parent.info.run_name}, {parent.info.status})")
     print(format_results(frame, args.format))
+    return EXIT_OK
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from distmis.data.scans import check_scan, discover_scans
+    from distmis.predict.model import SegmentationModel
+    from distmis.predict.recipe import RecipeError
+    from distmis.predict.resolve import ModelNotFound, model_folder
+    from distmis.predict.segment import check_outputs, predict_scans
+
+    scans = discover_scans(args.input, args.layout)  # bad input is refused before the model is loaded
+    for scan in scans:
+        check_scan(scan)
+    check_outputs(scans, args.output, overwrite=args.overwrite)
+    start = time.perf_counter()
+    try:
+        with model_folder(args.model, args.tracking_uri) as folder:
+            model = SegmentationModel.load(folder)
+    except (ModelNotFound, RecipeError) as exc:
+        raise BadInput(str(exc)) from None
+    results = predict_scans(model, scans, args.output, score=args.labels, progress=not args.quiet,
+                            overwrite=args.overwrite)
+    seconds = time.perf_counter() - start
+    scored = [r for r in results if r.scores is not None]
+    if scored:
+        import pandas as pd
+
+        frame = pd.DataFrame([{"case": r.case_id, **r.scores, "seconds": round(r.seconds, 2)} for r in scored])
+        print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        dice = [c for c in frame.columns if c.startswith("dice_")]
+        print("mean: " + ", ".join(f"{c} {frame[c].mean():.4f}" for c in dice))
+    if args.labels and len(scored) < len(results):
+        print(f"{len(results) - len(scored)} case(s) have no label file: not scored")
+    print(f"segmented {len(results)} case(s) in {seconds:.1f} s ({model.recipe.model}, {model.recipe.framework}, "
+          f"on {model.device}) -> {args.output}")
     return EXIT_OK
 
 
@@ -247,6 +291,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "csv", "json", "markdown"], default="table")
     p.set_defaults(func=cmd_results)
 
+    p = sub.add_parser("predict", help="segment scans with a search's model: one <case>_seg.nii.gz per case")
+    p.add_argument("model", help="models:/NAME/VERSION, models:/NAME@best, runs:/RUN_ID, an MLflow model folder, "
+                                 "or a search's output folder (its best model)")
+    p.add_argument("input", help="one case (an MSD 4-D image file, a BraTS or BraTS 2023 case folder) or a data set "
+                                 "folder (MSD root or imagesTs-like folder, BraTS root)")
+    p.add_argument("--output", required=True, help="folder for the segmentations")
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                   help="MLflow tracking store of a models:/ or runs:/ MODEL (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--layout", choices=LAYOUT_CHOICES, help="the input's layout (default: detected from its files)")
+    p.add_argument("--labels", action="store_true",
+                   help="score each case that has a label file: dice and HD95 (mm) per region")
+    p.add_argument("--overwrite", action="store_true", help="replace segmentations already in --output")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_predict)
+
     from distmis.cli.service import add_service_commands
 
     add_service_commands(sub, spec_args)
@@ -254,9 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="dataset tools: synth, tfrecord, inspect")
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
 
-    p = dsub.add_parser("synth", help="write a synthetic NIfTI dataset in MSD or BraTS layout")
+    p = dsub.add_parser("synth", help="write a synthetic NIfTI dataset in MSD, BraTS or BraTS 2023 layout")
     p.add_argument("out", help="folder to create")
-    p.add_argument("--layout", choices=["msd", "brats"], default="msd")
+    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="msd")
     p.add_argument("--cases", type=_positive_int, default=10)
     p.add_argument("--shape", type=_synthetic_shape, default=(64, 64, 64), help="H,W,D, each >= 8 (default 64,64,64)")
     p.add_argument("--seed", type=int, default=0)
@@ -266,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = dsub.add_parser("tfrecord", help="convert a NIfTI dataset to sharded TFRecords with a manifest")
     p.add_argument("dataset", help="dataset folder")
     p.add_argument("out", help="TFRecord folder to create")
-    p.add_argument("--layout", choices=["msd", "brats"], default="msd")
+    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="msd")
     p.add_argument("--labels", choices=["whole-tumour", "regions"], default="whole-tumour")
     p.add_argument("--crop", type=_shape, help="centre crop H,W,D (zero-padded where smaller)")
     p.add_argument("--resize", type=_shape, help="resize to H,W,D after cropping")
@@ -280,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = dsub.add_parser("inspect", help="cases, shapes, spacing, dtypes and label counts of a dataset")
     p.add_argument("dataset", help="dataset folder")
-    p.add_argument("--layout", choices=["msd", "brats"], default="msd")
+    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="msd")
     p.set_defaults(func=cmd_data_inspect)
     return parser
 
