@@ -60,6 +60,15 @@ def _counts(text: str) -> list[int]:
     return values
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("distmis")
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        return "unknown (not installed)"
+
+
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args: argparse.Namespace) -> int:
     from distmis.search.search_space import num_trials
@@ -218,13 +227,14 @@ def cmd_data_tfrecord(args: argparse.Namespace) -> int:
     from distmis.data.preprocess import LabelMode, PreprocessConfig
     from distmis.data.split import make_split
 
-    cases = discover_cases(args.dataset, args.layout)
+    layout = _layout_of(args)
+    cases = discover_cases(args.dataset, layout)
     train, val, test = args.split
     try:
         split = make_split([c.case_id for c in cases], train=train, val=val, test=test, seed=args.seed)
     except ValueError as exc:
         raise BadInput(f"--split {train} {val} {test}: {exc}") from None
-    config = PreprocessConfig(layout=Layout(args.layout), labels=LabelMode(args.labels),
+    config = PreprocessConfig(layout=Layout(layout), labels=LabelMode(args.labels),
                               crop=args.crop, resize=args.resize)
     from distmis.data.tfrecord import convert_to_tfrecords
 
@@ -235,10 +245,21 @@ def cmd_data_tfrecord(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _layout_of(args: argparse.Namespace) -> str:
+    """``--layout``, or the layout the data set's file names show."""
+    if args.layout:
+        return args.layout
+    from distmis.data.scans import detect_layout
+
+    layout = detect_layout(args.dataset).value
+    print(f"layout: {layout} (detected; --layout sets it)", file=sys.stderr)
+    return layout
+
+
 def cmd_data_inspect(args: argparse.Namespace) -> int:
     from distmis.data.inspect import format_inspection, inspect_dataset
 
-    frame = inspect_dataset(args.dataset, args.layout)
+    frame = inspect_dataset(args.dataset, _layout_of(args))
     per_case = frame.drop(columns=[c for c in frame.columns if c == "label_counts"])
     print(per_case.to_string(index=False))
     print()
@@ -253,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Hyperparameter search for 3D medical image segmentation on Ray, tracked in MLflow.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"distmis {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def spec_args(p: argparse.ArgumentParser) -> None:
@@ -285,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("results", help="print a search's results table (or a comparison's speedup table) from MLflow")
-    p.add_argument("--tracking-uri", required=True, help="MLflow tracking URI, e.g. sqlite:///runs/quickstart/mlflow.db")
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"), required="MLFLOW_TRACKING_URI" not in os.environ,
+                   help="MLflow tracking URI, e.g. sqlite:///runs/quickstart/mlflow.db (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--experiment", required=True, help="MLflow experiment name (the spec's name by default)")
     p.add_argument("--run-id", help="a specific search (parent) run; default: the newest")
     p.add_argument("--format", choices=["table", "csv", "json", "markdown"], default="table")
@@ -325,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = dsub.add_parser("tfrecord", help="convert a NIfTI dataset to sharded TFRecords with a manifest")
     p.add_argument("dataset", help="dataset folder")
     p.add_argument("out", help="TFRecord folder to create")
-    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="msd")
+    p.add_argument("--layout", choices=LAYOUT_CHOICES, help="the data set's layout (default: detected from its files)")
     p.add_argument("--labels", choices=["whole-tumour", "regions"], default="whole-tumour")
     p.add_argument("--crop", type=_shape, help="centre crop H,W,D (zero-padded where smaller)")
     p.add_argument("--resize", type=_shape, help="resize to H,W,D after cropping")
@@ -339,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = dsub.add_parser("inspect", help="cases, shapes, spacing, dtypes and label counts of a dataset")
     p.add_argument("dataset", help="dataset folder")
-    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="msd")
+    p.add_argument("--layout", choices=LAYOUT_CHOICES, help="the data set's layout (default: detected from its files)")
     p.set_defaults(func=cmd_data_inspect)
     return parser
 

@@ -61,7 +61,8 @@ from distmis.data.layouts import (
 if TYPE_CHECKING:  # pragma: no cover
     import nibabel as nib
 
-__all__ = ["ACCEPTED_INPUTS", "ScanFiles", "check_scan", "discover_scans", "read_scan", "read_scan_label"]
+__all__ = ["ACCEPTED_INPUTS", "ScanFiles", "check_scan", "detect_layout", "discover_scans", "read_scan",
+           "read_scan_label"]
 
 #: What :func:`discover_scans` accepts, for messages.
 ACCEPTED_INPUTS = (
@@ -336,3 +337,16 @@ def check_scan(scan: ScanFiles) -> tuple[int, int, int]:
         raise DataError(f"label file {str(scan.label)!r} has shape {shape_of(scan.label)} but the image of case "
                         f"{scan.case_id!r} ({str(scan.images[0])!r}) has spatial shape {spatial}")
     return spatial  # type: ignore[return-value]
+
+
+def detect_layout(root: str | Path) -> Layout:
+    """The layout of the data set (or case) at ``root``, from its file names alone: ``msd`` for a folder with
+    dataset.json or of MSD image files, ``brats`` or ``brats2023`` for a case folder or a folder of them.
+
+    Raises:
+        DataError: naming ``root``, as :func:`discover_scans` does, when it holds no scan or a mix of layouts.
+    """
+    path = Path(root)
+    if not path.exists():
+        raise DataError(f"{str(path)!r} does not exist; {ACCEPTED_INPUTS}")
+    return (_classify_folder(path) if path.is_dir() else _classify_file(path))[1]

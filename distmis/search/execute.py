@@ -141,9 +141,11 @@ def prepare_output(spec: Spec, output_dir: Path, *, progress: bool) -> PreparedD
 
 
 def tracking_location(spec: Spec, output_dir: Path) -> tuple[str, str | None]:
-    """The tracking URI and, for the default local store, the artifact location beside it."""
-    if spec.tracking.uri:
-        return spec.tracking.uri, None
+    """The tracking URI (``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else a sqlite store in the output folder)
+    and, for that default local store, the artifact location beside it."""
+    uri = spec.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri, None
     return default_tracking_uri(output_dir), (output_dir / "mlartifacts").as_uri()
 
 

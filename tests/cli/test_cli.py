@@ -20,7 +20,8 @@ def write_spec(path: Path, tree: dict) -> Path:
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["run"], ["validate"], ["results"], ["data"], ["data", "synth"], ["data", "tfrecord"], ["data", "inspect"]],
+    [[], ["run"], ["validate"], ["results"], ["predict"], ["data"], ["data", "synth"], ["data", "tfrecord"],
+     ["data", "inspect"]],
 )
 def test_help_on_every_command(argv, capsys):
     with pytest.raises(SystemExit) as info:
@@ -81,6 +82,15 @@ def test_data_commands(tmp_path, capsys):
     # A second conversion into the same folder is refused rather than mixed in.
     assert main(["data", "tfrecord", str(data), str(out), "--layout", "brats", "--quiet"]) == 2
     assert main(["data", "inspect", str(tmp_path / "nothing")]) == 2
+    # without --layout, the layout is read off the file names
+    data2023 = tmp_path / "brats2023"
+    assert main(["data", "synth", str(data2023), "--layout", "brats2023", "--cases", "3", "--shape", "12x12x12",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["data", "inspect", str(data2023)]) == 0
+    captured = capsys.readouterr()
+    assert "layout: brats2023 (detected" in captured.err and "BraTS-GLI-00002-000" in captured.out
+    assert "3 (" in captured.out  # BraTS 2023's enhancing label, 3, was read as allowed
     # --overwrite replaces only what distmis wrote: a manifest beside an unrelated file is not enough.
     (out / "results.xlsx").write_text("a user's file")
     capsys.readouterr()
@@ -137,3 +147,25 @@ def test_cli_run_with_an_oversized_tile_exits_2_and_writes_nothing(tmp_path, cap
     assert "training.tile: [16, 16, 16] is larger than the preprocessed volume [16, 16, 12]" in err
     assert str(data / "imagesTr" / "BRATS_001.nii.gz") in err
     assert not out.exists()
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    from importlib.metadata import version
+
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"distmis {version('distmis')}"
+
+
+def test_the_tracking_store_falls_back_to_mlflow_tracking_uri(tmp_path, monkeypatch):
+    from distmis.search.execute import tracking_location
+    from distmis.spec import validate_spec
+
+    spec = validate_spec(small_spec_tree(tmp_path / "data"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_location(spec, tmp_path / "out") == (f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}",
+                                                          (tmp_path / "out" / "mlartifacts").as_uri())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert tracking_location(spec, tmp_path / "out") == ("http://127.0.0.1:5999", None)
+    explicit = spec.model_copy(update={"tracking": spec.tracking.model_copy(update={"uri": "sqlite:////x/m.db"})})
+    assert tracking_location(explicit, tmp_path / "out")[0] == "sqlite:////x/m.db"  # the spec's wins
