@@ -9,6 +9,7 @@ processes could drop metrics; logging from the driver cannot.
 from __future__ import annotations
 
 import json
+import os
 import math
 import time
 import traceback
@@ -128,6 +129,33 @@ def mark_interrupted(client: MlflowClient, run_id: str) -> list[str]:
     return changed
 
 
+def source_tags(command: str | None = None) -> dict[str, str]:
+    """MLflow's source tags for a run distmis starts: which program (``mlflow.source.name``: ``distmis run``,
+    never its arguments, which may hold a store's password), how (``mlflow.source.type``: ``JOB`` under the Ray
+    Jobs API, else ``LOCAL``), the git commit of the working directory's repository when there is one (the
+    specs and data a researcher keeps under version control), and distmis's own version."""
+    import subprocess
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    if command is None:
+        words = [a for a in sys.argv[1:3] if not a.startswith("-")]
+        command = " ".join(["distmis", *words[:1]])
+    tags = {"mlflow.source.name": command, "mlflow.source.type": "JOB" if os.environ.get("RAY_JOB_ID") else "LOCAL"}
+    try:
+        tags["distmis.version"] = version("distmis")
+    except PackageNotFoundError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):  # no git here
+        return tags
+    if commit.returncode == 0 and len(commit.stdout.strip()) == 40:
+        tags["mlflow.source.git.commit"] = commit.stdout.strip()
+    return tags
+
+
 class SearchRun:
     """The parent MLflow run of one search."""
 
@@ -149,7 +177,9 @@ class SearchRun:
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.experiment_id = get_or_create_experiment(self.client, experiment, artifact_location)
         self.metric, self.mode = metric, mode
-        all_tags = {ROLE_TAG: role, SEARCHED_TAG: json.dumps(searched), METRIC_TAG: metric, MODE_TAG: mode}
+        self.source_tags = source_tags()
+        all_tags = {ROLE_TAG: role, SEARCHED_TAG: json.dumps(searched), METRIC_TAG: metric, MODE_TAG: mode,
+                    **self.source_tags}
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
         all_tags.update(tags or {})
@@ -168,6 +198,7 @@ class SearchRun:
         self.metric = run.data.tags.get(METRIC_TAG, "val_dice")
         self.mode = run.data.tags.get(MODE_TAG, "max")
         resumes = int(run.data.tags.get(RESUMES_TAG, "0")) + 1
+        self.source_tags = {k: v for k, v in run.data.tags.items() if k.startswith("mlflow.source.")}
         self.client.update_run(run_id, status="RUNNING")
         self.client.set_tag(run_id, RESUMES_TAG, str(resumes))
         self._started = time.perf_counter()
@@ -307,7 +338,8 @@ class MLflowTrialCallback(tune.Callback):
             params.update({"trial.workers": layout.world_size, "trial.data_parallel": layout.dp,
                            "training.optimizer.effective_lr": layout.effective_lr})
             invalid = None
-        tags = {PARENT_TAG: self.search.run_id, ROLE_TAG: "trial", TRIAL_ID_TAG: trial_id}
+        tags = {PARENT_TAG: self.search.run_id, ROLE_TAG: "trial", TRIAL_ID_TAG: trial_id,
+                **self.search.source_tags}
         if invalid:
             tags["error"] = invalid[:500]
 

@@ -121,3 +121,27 @@ def test_tune_pickles_a_handle_that_holds_no_tracking_uri(tmp_path: Path):
     assert callback.close() and steps(run.client, callback.run_ids["t_00000"]) == [1]
     TrialCallbackHandle._registry.pop(run.run_id)
     pickle.loads(data).on_trial_result(0, [], t, result(2))  # no callback for it in this process: nothing happens
+
+
+def test_runs_carry_mlflow_source_tags_and_the_working_tree_commit(search, monkeypatch, tmp_path: Path):
+    import subprocess
+
+    spec, _ = search
+    repo = tmp_path / "project"
+    repo.mkdir()
+    for command in (["init", "-q"], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty",
+                                     "-m", "specs"]):
+        subprocess.run(["git", *command], cwd=repo, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    monkeypatch.chdir(repo)
+    monkeypatch.setattr("sys.argv", ["distmis", "run", "spec.yaml", "--set", "tracking.uri=postgresql://u:pw@db/m"])
+    run = SearchRun(f"sqlite:///{tmp_path / 'tags.db'}", "tiny", run_name="tiny", searched=[], metric="val_dice",
+                    mode="max")
+    callback = run.trial_callback(spec)
+    callback.on_trial_start(0, [], trial("t_00000"))
+    assert callback.close()
+    for run_id in (run.run_id, callback.run_ids["t_00000"]):
+        tags = run.client.get_run(run_id).data.tags
+        assert tags["mlflow.source.name"] == "distmis run" and tags["mlflow.source.type"] == "LOCAL"
+        assert tags["mlflow.source.git.commit"] == commit
+        assert not any("pw" in value for value in tags.values())  # the arguments, and the password, are not kept
