@@ -14,6 +14,7 @@ folder on storage every node sees; :func:`check_reachable_storage` says so befor
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -29,6 +30,8 @@ from distmis.service.cluster import ClusterState, alive_nodes, cluster_alive, de
 from distmis.service.token import auth_headers
 from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
+
+logger = logging.getLogger(__name__)
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 LOCAL_STORE_SCHEMES = ("", "file", "sqlite")
@@ -176,8 +179,34 @@ def wait_for_job(client: Any, job_id: str, *, timeout: float | None = None, poll
 
 
 def follow_logs(client: Any, job_id: str, *, poll: float = 1.0) -> Iterator[str]:
-    """The job's log as it grows (new text every ``poll`` seconds), until the job has ended."""
+    """The job's log as it grows, until the job has ended: streamed by the Jobs API's websocket
+    (``JobSubmissionClient.tail_job_logs``, from the log's start), or, where that stream fails (a proxy that drops
+    websockets, say), polled every ``poll`` seconds from where the stream stopped."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    stream = client.tail_job_logs(job_id)
     shown = 0
+    try:
+        while True:
+            try:
+                chunk = loop.run_until_complete(stream.__anext__())
+            except StopAsyncIteration:
+                return
+            except Exception as exc:  # noqa: BLE001  (aiohttp's and the server's errors)
+                logger.debug("log stream of job %s failed (%s); polling instead", job_id, exc)
+                yield from _poll_logs(client, job_id, poll=poll, shown=shown)
+                return
+            shown += len(chunk)
+            yield chunk
+    finally:
+        try:
+            loop.run_until_complete(stream.aclose())
+        finally:
+            loop.close()
+
+
+def _poll_logs(client: Any, job_id: str, *, poll: float, shown: int = 0) -> Iterator[str]:
     while True:
         ended = str(client.get_job_status(job_id).value) in TERMINAL
         text = client.get_job_logs(job_id)

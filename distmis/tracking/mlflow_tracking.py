@@ -141,7 +141,8 @@ def source_tags(command: str | None = None) -> dict[str, str]:
     if command is None:
         words = [a for a in sys.argv[1:3] if not a.startswith("-")]
         command = " ".join(["distmis", *words[:1]])
-    tags = {"mlflow.source.name": command, "mlflow.source.type": "JOB" if os.environ.get("RAY_JOB_ID") else "LOCAL"}
+    in_job = bool(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"))  # what the Ray Jobs API gives a job's driver
+    tags = {"mlflow.source.name": command, "mlflow.source.type": "JOB" if in_job else "LOCAL"}
     try:
         tags["distmis.version"] = version("distmis")
     except PackageNotFoundError:

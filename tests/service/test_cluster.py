@@ -157,6 +157,8 @@ def test_submitted_search_succeeds_and_the_ui_serves_its_runs(head, tmp_path, mo
     assert f"{job_id}: SUCCEEDED" in capsys.readouterr().out
     assert main(["logs", job_id]) == 0
     assert "Best trial" in capsys.readouterr().out
+    assert main(["logs", job_id, "--follow"]) == 0  # the Jobs API's log stream, to the job's end
+    assert "Best trial" in capsys.readouterr().out
     assert main(["status", "no-such-job"]) == 2
 
     with distmis_ui(cwd=tmp_path) as (url, _ui):  # no folder named: the one search under runs/
@@ -171,6 +173,8 @@ def test_submitted_search_succeeds_and_the_ui_serves_its_runs(head, tmp_path, mo
         children = [r for r in runs if any(t["key"] == "mlflow.parentRunId" for t in r["data"].get("tags", []))]
         parents = [r for r in runs if r not in children]
         assert len(parents) == 1 and len(children) == 2
+        source = {t["key"]: t["value"] for t in parents[0]["data"]["tags"]}
+        assert source["mlflow.source.type"] == "JOB" and source["mlflow.source.name"] == "distmis run"
         assert sorted(r["info"]["run_name"] for r in children) == ["00000 lr=0.001", "00001 lr=0.005"]
         for child in children:
             metrics = {m["key"] for m in child["data"]["metrics"]}
