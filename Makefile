@@ -9,10 +9,14 @@ BIN := $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-# pip, not uv/poetry: torch must come from the local CPU wheel pinned in pyproject.toml.
-$(VENV)/.installed: pyproject.toml
+# pip, not uv/poetry: torch must come from the local CPU wheel that constraints.txt pins (torch==2.13.0+cpu).
+# constraints.txt is the exact tested set; pyproject.toml states the compatible ranges.
+CONSTRAINTS ?= constraints.txt
+EXTRAS ?= cpu,test
+
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	touch $@
 
 quickstart: setup

@@ -393,6 +393,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ClusterError, ServerError) as exc:  # a server did not start, or no cluster to stop
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("tensorflow", "keras"):
+            raise
+        print(f"error: {exc.name} is not installed; distmis needs TensorFlow to convert data sets to TFRecords and to "
+              "train the Keras U-Net: pip install 'distmis[cpu]' (CPU builds) or 'distmis[gpu]' (CUDA builds)",
+              file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a search (SearchInterrupted): runs are KILLED
         print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return int(getattr(exc, "exit_code", 130))
