@@ -23,10 +23,12 @@ import logging
 import math
 import os
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from distmis.train.startup import StartupClock
 from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.schema import Spec
 
@@ -39,11 +41,19 @@ def is_better(value: float, best: float | None, mode: str) -> bool:
     return best is None or (value > best if mode == "max" else value < best)
 
 
-def build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path) -> Any:
+def build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None = None) -> Any:
     """The framework's trainer for this process; inside a Ray Train worker group when ``layout.distributed``.
 
     The worker group must be what the layout says: a mismatch raises rather than training silently otherwise.
+    ``clock`` marks the end of the strategy's set-up (TensorFlow) and of the trainer's (model and data).
     """
+    trainer = _build_trainer(spec, layout, tfrecord_dir, clock)
+    if clock is not None:
+        clock.mark("data")
+    return trainer
+
+
+def _build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None) -> Any:
     if spec.model.framework == "tensorflow":
         from distmis.train.tf_unet import UNetTrainer
 
@@ -54,6 +64,8 @@ def build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path) -> 
             tf.get_logger().setLevel("ERROR")
             strategy = tf.distribute.MultiWorkerMirroredStrategy()  # cluster from TF_CONFIG (set by Ray Train)
             _check_world(strategy.num_replicas_in_sync, layout, "MultiWorkerMirroredStrategy replicas (TF_CONFIG?)")
+            if clock is not None:
+                clock.mark("strategy")
         return UNetTrainer(spec, tfrecord_dir, layout=layout, strategy=strategy)
     if spec.model.name == "vit-seg":
         return _vit_trainer(spec, layout, tfrecord_dir)
@@ -79,13 +91,14 @@ def _check_world(actual: int, layout: TrialLayout, what: str) -> None:
 
 
 def train_and_report(trainer: Any, spec: Spec, report: Callable[..., None], checkpoint_type: Any, *,
-                     checkpoints: Sequence[Any] = (), rank: int = 0, primary: bool = True) -> None:
+                     checkpoints: Sequence[Any] = (), rank: int = 0, primary: bool = True,
+                     startup: Mapping[str, float] | None = None) -> None:
     """Run the trial's epochs, reporting each with a resumable checkpoint (:mod:`distmis.train.checkpoint`).
 
     ``checkpoints``: when the trial is restarted (a retry, or a resumed search), its checkpoints, newest first:
     training goes on after the epoch of the first one that loads. ``rank``/``primary``: this process's rank; the
     primary one writes the weights. Every report carries ``attempt``, an id of this process's run of the trial,
-    so the driver can count restarts.
+    so the driver can count restarts; the first one also ``startup`` (:mod:`distmis.train.startup`).
     """
     from distmis.train.checkpoint import HISTORY_KEY, TrainingState, write_checkpoint
 
@@ -95,13 +108,14 @@ def train_and_report(trainer: Any, spec: Spec, report: Callable[..., None], chec
         state = _resume(trainer, checkpoints, best_dir, rank) if checkpoints else TrainingState()
         # After a restart, the first report carries the epochs trained so far: the driver may have missed some.
         replay = {HISTORY_KEY: json.dumps(state.history)} if state.history else {}
+        first = {**replay, **(startup or {})}  # what only this attempt's first report carries
         if state.epoch >= spec.training.epochs and replay:  # it had trained every epoch: only the replay is left
-            report({**state.history[-1], "num_parameters": trainer.num_parameters, "attempt": attempt, **replay})
+            report({**state.history[-1], "num_parameters": trainer.num_parameters, "attempt": attempt, **first})
         for epoch in range(state.epoch + 1, spec.training.epochs + 1):
             epoch_metrics = trainer.run_epoch(epoch).as_dict()
             metrics: dict[str, Any] = {**epoch_metrics, "num_parameters": trainer.num_parameters, "attempt": attempt,
-                                       **replay}
-            replay = {}
+                                       **first}
+            first = {}
             state.epoch = epoch
             state.history.append(epoch_metrics)
             if is_better(metrics[metric], state.best_value, mode):
@@ -183,10 +197,12 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
     from distmis.search.trial_checkpoints import prune_older, resume_candidates, trial_folder
     from distmis.train.threads import pin_threads
 
+    clock = StartupClock()
     _quiet_worker()
     trial, layout = resolve_trial(spec, config)
     pin_threads(layout.cpu, torch=trial.model.framework == "torch")
-    trainer = build_trainer(trial, layout, tfrecord_dir)
+    clock.mark("imports")
+    trainer = build_trainer(trial, layout, tfrecord_dir, clock)
 
     def report(metrics: dict[str, Any], checkpoint: Any | None = None) -> None:
         tune.report(metrics, checkpoint=checkpoint)
@@ -194,30 +210,35 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
             prune_older(tune.get_checkpoint())  # the one just persisted
 
     train_and_report(trainer, trial, report, tune.Checkpoint,
-                     checkpoints=resume_candidates(tune.get_checkpoint(), trial_folder()))
+                     checkpoints=resume_candidates(tune.get_checkpoint(), trial_folder()), startup=clock.seconds())
 
 
 # --------------------------------------------------------------------------- data-parallel
-def worker_trainer(loop_config: Mapping[str, Any]) -> tuple[Spec, TrialLayout, Any]:
+def worker_trainer(loop_config: Mapping[str, Any],
+                   clock: StartupClock | None = None) -> tuple[Spec, TrialLayout, Any]:
     """Set up one Ray Train worker of a trial: pin its threads and build its trainer (and process groups)."""
     from distmis.train.threads import pin_threads
 
     _quiet_worker()
     spec, layout = loop_config["spec"], loop_config["layout"]
     pin_threads(layout.cpu, torch=spec.model.framework == "torch")
-    return spec, layout, build_trainer(spec, layout, loop_config["tfrecord_dir"])
+    if clock is not None:
+        clock.mark("imports")
+    return spec, layout, build_trainer(spec, layout, loop_config["tfrecord_dir"], clock)
 
 
 def data_parallel_worker(loop_config: dict[str, Any]) -> None:
     """One Ray Train worker of a distributed trial (every worker runs this)."""
+    clock = StartupClock(since=loop_config.get("submitted_at"))
+    clock.mark("workers")  # the controller, the placement group, this process and its backend's set-up
     import ray.train
 
-    spec, _layout, trainer = worker_trainer(loop_config)
+    spec, _layout, trainer = worker_trainer(loop_config, clock)
     # Every rank adds its own files to an epoch's checkpoint; rank 0 the weights (the same on every rank).
     rank = ray.train.get_context().get_world_rank()
     checkpoint = ray.train.get_checkpoint()  # Ray Train's latest, after a restart
     train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint, rank=rank, primary=rank == 0,
-                     checkpoints=[checkpoint] if checkpoint is not None else [])
+                     checkpoints=[checkpoint] if checkpoint is not None else [], startup=clock.seconds())
 
 
 def data_parallel_trial(
@@ -254,7 +275,8 @@ def data_parallel_trial(
         failure_config=FailureConfig(max_failures=trial.parallelism.max_failures,
                                      controller_failure_limit=-1 if trial.parallelism.autoscaling else 3),
     )
-    loop_config = {"spec": trial, "layout": layout, "tfrecord_dir": tfrecord_dir}
+    # submitted_at: the workers' start-up clocks count from here (distmis.train.startup)
+    loop_config = {"spec": trial, "layout": layout, "tfrecord_dir": tfrecord_dir, "submitted_at": time.time()}
     if trial.model.framework == "tensorflow":
         from ray.train.tensorflow import TensorflowTrainer
 

@@ -25,6 +25,7 @@ from distmis.spec.load import SpecError, spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.writer import ResilientWriter
 from distmis.train.checkpoint import HISTORY_KEY
+from distmis.train.startup import STARTUP_PREFIX
 
 ROLE_TAG = "distmis.role"
 SEARCHED_TAG = "distmis.searched"
@@ -420,9 +421,10 @@ class MLflowTrialCallback(tune.Callback):
         if epoch <= self.epochs.get(trial_id, 0):
             return  # a restarted trial repeats epochs its run already holds (its checkpoint was older)
         now = int(time.time() * 1000)
+        keys = [*EPOCH_METRICS, *(k for k in result if k.startswith(STARTUP_PREFIX))]  # start-up: first report only
         metrics = [
             Metric(key, float(result[key]), now, epoch)
-            for key in EPOCH_METRICS
+            for key in keys
             if key in result and result[key] is not None and math.isfinite(float(result[key]))
         ]
         self._write(trial, f"epoch {epoch}", lambda run_id: self.client.log_batch(run_id, metrics=metrics))

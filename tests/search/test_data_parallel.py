@@ -38,6 +38,12 @@ def test_data_parallel_trial_with_two_workers(ray_local, tmp_path: Path, framewo
     assert list((tmp_path / "out" / "ray_train").rglob(name))
     assert (Path(child.data.tags["distmis.checkpoint"]) / name).is_file()  # the latest, tagged on the trial's run
     assert 0 <= outcome.best["best_val_dice"] <= 1
+    # Its start-up, part by part, logged once with the first epoch.
+    parts = ["workers", "imports", "data"] + (["strategy"] if framework == "tensorflow" else [])
+    startup = {part: client.get_metric_history(child.info.run_id, f"startup_{part}_s") for part in parts + ["total"]}
+    assert all(len(points) == 1 and points[0].step == 1 and points[0].value >= 0 for points in startup.values())
+    assert startup["workers"][0].value > 0  # a worker group does not start in no time
+    assert sum(startup[p][0].value for p in parts) == pytest.approx(startup["total"][0].value, abs=0.01)
 
 
 def test_hybrid_two_concurrent_trials_of_two_workers(ray_local, tmp_path: Path):

@@ -43,6 +43,8 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
         assert child.info.status == "FINISHED"
         for key in ("train_loss", "val_loss", "val_dice", "epoch_seconds"):
             assert metric_steps(client, child.info.run_id, key) == [1, 2], key
+        for key in ("startup_imports_s", "startup_data_s", "startup_total_s"):  # once, with the first epoch
+            assert metric_steps(client, child.info.run_id, key) == [1], key
         params = child.data.params
         assert int(params["model.num_parameters"]) > 0
         assert params["training.optimizer.lr"] in ("0.001", "0.005")
