@@ -25,7 +25,7 @@ quickstart: setup
 test: setup
 	$(BIN)/python -m pytest
 
-# The fast tier (no Ray clusters, process groups or training runs): about a minute.
+# The fast tier (no Ray clusters, process groups or training runs): about two minutes.
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
 
