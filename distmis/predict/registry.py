@@ -41,13 +41,15 @@ SCORE_TAG, SCORE_KIND_TAG = "distmis.score", "distmis.score_metric"
 @dataclass(frozen=True)
 class PublishedModel:
     """Where a search's model went: ``folder`` (a local copy), ``model_uri`` (the logged model), and its registry
-    ``name`` and ``version`` (None when not registered); ``best``: whether the version holds the alias ``best``."""
+    ``name`` and ``version`` (None when not registered); ``best``: whether the version holds the alias ``best``;
+    ``error``: why it was not logged or registered, when it was not."""
 
     folder: Path | None
     model_uri: str | None
     name: str | None = None
     version: str | None = None
     best: bool = False
+    error: str = ""
 
     @property
     def registry_uri(self) -> str | None:

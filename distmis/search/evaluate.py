@@ -135,18 +135,32 @@ def publish_model(trainer: Any, model: BestModel, spec: Spec, data: PreparedData
     store), the model logged on the trial's run, and, with ``register``, a new version of the search's registered
     model with the test metrics as tags (see :mod:`distmis.predict.registry`).
 
-    The local copy is written first, so a tracking store that is away costs the registration, not the model.
+    The local copy is written first, so a tracking store that is away costs the logging and registration (the
+    returned model's ``error`` says why), not the model.
     """
     from distmis.predict.recipe import ModelRecipe
-    from distmis.predict.registry import PublishedModel, log_model, register_model, save_model
+    from distmis.predict.registry import log_model, save_model
 
     recipe = ModelRecipe.from_spec(trainer.spec, data.manifest)
     local = save_model(trainer.model, recipe, folder) if folder is not None else None
     if trial_run_id is None:
         return PublishedModel(local, None)
-    model_uri = log_model(trainer.model, recipe, tracking_uri, trial_run_id)
-    if not register:
-        return PublishedModel(local, model_uri)
+    model_uri = None
+    try:
+        model_uri = log_model(trainer.model, recipe, tracking_uri, trial_run_id)
+        if not register:
+            return PublishedModel(local, model_uri)
+        return _register(model_uri, model, spec, local, evaluation, tracking_uri, trial_run_id, search_run_id)
+    except Exception as exc:  # noqa: BLE001  (the store's errors, whatever its kind)
+        logger.warning("could not log or register the model of trial %s", model.trial_id, exc_info=True)
+        return PublishedModel(local, model_uri, error=f"{type(exc).__name__}: {exc}")
+
+
+def _register(model_uri: str, model: BestModel, spec: Spec, local: Path | None, evaluation: TestEvaluation | None,
+              tracking_uri: str, trial_run_id: str, search_run_id: str) -> PublishedModel:
+    """A new version of the search's registered model, tagged with the test metrics (or the search metric)."""
+    from distmis.predict.registry import register_model
+
     metric, mode = spec.search.metric, spec.search.mode
     tags: dict[str, Any] = {"distmis.search_run": search_run_id, "distmis.trial": model.trial_id,
                             f"best_{metric}": f"{model.best_value:.6g}"}

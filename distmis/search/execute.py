@@ -355,6 +355,9 @@ def _publish(trainer: Any, model: Any, spec: Spec, data: PreparedData, search_ru
         notes.append(f"the model could not be published: {type(exc).__name__}: {exc}")
         search_run.client.set_tag(search_run.run_id, "distmis.model_error", notes[-1][:500])
         return None
+    if published.error:
+        notes.append(f"the model is in {published.folder}, but could not be logged or registered: {published.error}")
+        search_run.client.set_tag(search_run.run_id, "distmis.model_error", notes[-1][:500])
     tags = {"distmis.model_trial": model.trial_id}
     if published.model_uri:
         tags["distmis.model"] = published.model_uri
