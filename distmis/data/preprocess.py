@@ -35,6 +35,7 @@ __all__ = [
     "labels_to_target",
     "PreprocessConfig",
     "preprocess_case",
+    "preprocess_image",
     "preprocessed_shape",
 ]
 
@@ -291,15 +292,24 @@ def preprocess_case(image: np.ndarray, label: np.ndarray, config: PreprocessConf
         raise ValueError(f"image must be (H, W, D, C), got shape {image.shape}")
     if label.shape != image.shape[:3]:
         raise ValueError(f"label shape {label.shape} does not match image spatial shape {image.shape[:3]}")
+    image = preprocess_image(image, config)
+    if config.crop is not None:
+        label = center_crop_or_pad(label, config.crop)
+    if config.resize is not None:
+        label = resize(label, config.resize, order=0)
+    target = labels_to_target(label, config.layout, config.labels)
+    return image, np.ascontiguousarray(target, dtype=np.uint8)
+
+
+def preprocess_image(image: np.ndarray, config: PreprocessConfig) -> np.ndarray:
+    """The image half of :func:`preprocess_case` (z-score, crop / pad, resize): what a model's input is made of,
+    in training and in ``distmis predict``. Returns float32 ``(h, w, d, C)``."""
     image = zscore_nonzero(image)
     if config.crop is not None:
         image = center_crop_or_pad(image, config.crop)
-        label = center_crop_or_pad(label, config.crop)
     if config.resize is not None:
         image = resize(image, config.resize, order=1).astype(np.float32, copy=False)
-        label = resize(label, config.resize, order=0)
-    target = labels_to_target(label, config.layout, config.labels)
-    return np.ascontiguousarray(image, dtype=np.float32), np.ascontiguousarray(target, dtype=np.uint8)
+    return np.ascontiguousarray(image, dtype=np.float32)
 
 
 def preprocessed_spacing(shape: Sequence[int], spacing: Sequence[float],

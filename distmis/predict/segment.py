@@ -22,12 +22,11 @@ import numpy as np
 
 from distmis.data.errors import DataError
 from distmis.data.postprocess import restore_geometry, target_to_labels
-from distmis.data.preprocess import center_crop_or_pad, labels_to_target, resize, zscore_nonzero
+from distmis.data.preprocess import labels_to_target, preprocess_image
 from distmis.predict.model import SegmentationModel
 from distmis.predict.recipe import ModelRecipe
 
-__all__ = ["CaseResult", "output_path", "check_outputs", "preprocess_image", "segment", "write_segmentation",
-           "predict_scans"]
+__all__ = ["CaseResult", "output_path", "check_outputs", "segment", "write_segmentation", "predict_scans"]
 
 SEG_SUFFIX = "_seg.nii.gz"
 
@@ -64,21 +63,10 @@ def check_outputs(scans: Sequence[Any], output_dir: str | Path, *, overwrite: bo
     return outputs
 
 
-def preprocess_image(image: np.ndarray, recipe: ModelRecipe) -> np.ndarray:
-    """A scan's ``(H, W, D, 4)`` image as the model's training data were made (the image half of
-    :func:`~distmis.data.preprocess.preprocess_case`)."""
-    image = zscore_nonzero(image)
-    if recipe.crop is not None:
-        image = center_crop_or_pad(image, recipe.crop)
-    if recipe.resize is not None:
-        image = resize(image, recipe.resize, order=1).astype(np.float32, copy=False)
-    return np.ascontiguousarray(image, dtype=np.float32)
-
-
 def segment(model: SegmentationModel, image: np.ndarray, layout: str) -> np.ndarray:
     """The uint8 label map ``(H, W, D)`` of a scan's image ``(H, W, D, 4)``, in ``layout``'s label values."""
     recipe = model.recipe
-    prob = model.probabilities(preprocess_image(image, recipe))
+    prob = model.probabilities(preprocess_image(image, recipe.preprocess_config))
     prob = restore_geometry(prob, image.shape[:3], recipe.preprocess_config)
     return target_to_labels(prob >= recipe.threshold, layout, recipe.labels)
 
