@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from distmis.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, BadInput
+from distmis.data.layouts import Layout
 
 EXIT_TRIALS_FAILED = EXIT_FAILED
-LAYOUT_CHOICES = ["msd", "brats", "brats2023"]
+LAYOUT_CHOICES = [layout.value for layout in Layout]  # the layouts distmis.data reads
 
 
 def _shape(text: str) -> tuple[int, int, int]:
