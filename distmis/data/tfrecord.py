@@ -51,6 +51,7 @@ import numpy as np
 from distmis.data.errors import DataError
 from distmis.data.layouts import MODALITIES, CaseFiles, read_case
 from distmis.data.preprocess import PreprocessConfig, preprocess_case
+from distmis.data.records import parse_example, read_records
 from distmis.data.split import SPLIT_NAMES, validate_split
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -542,21 +543,20 @@ def iter_cases(tfrecord_dir: str | Path, split: str) -> Iterator[tuple[str, np.n
 
     ``image`` is float32 ``(h, w, d, 4)`` and ``label`` uint8 ``(h, w, d, C)``,
     bit-identical to what :func:`~distmis.data.preprocess.preprocess_case`
-    produced.  Meant for whole-volume validation and inspection.
+    produced.  Meant for whole-volume validation and inspection, and the torch
+    trainers' input: it reads the files without TensorFlow (:mod:`distmis.data.records`).
     """
     tfrecord_dir = Path(tfrecord_dir)
     manifest = read_manifest(tfrecord_dir)
     paths, _ = _split_shards(tfrecord_dir, manifest, split)
     image_shape = tuple(int(s) for s in manifest["image_shape"])
     label_shape = tuple(int(s) for s in manifest["label_shape"])
-    tf = _tf()
     for path in paths:
-        for record in tf.data.TFRecordDataset(str(path)):
-            example = tf.train.Example.FromString(record.numpy())
-            feature = example.features.feature
-            case_id = feature["case_id"].bytes_list.value[0].decode("utf-8")
-            if tuple(feature["image_shape"].int64_list.value) != image_shape or tuple(feature["label_shape"].int64_list.value) != label_shape:
+        for record in read_records(path):  # no TensorFlow: torch trials read their cases with this
+            feature = parse_example(record)
+            case_id = bytes(feature["case_id"]).decode("utf-8")  # type: ignore[arg-type]
+            if tuple(feature["image_shape"]) != image_shape or tuple(feature["label_shape"]) != label_shape:
                 raise DataError(f"shard {str(path)!r}: case {case_id!r} has shapes that differ from the manifest")
-            image = np.frombuffer(feature["image"].bytes_list.value[0], dtype="<f4").astype(np.float32).reshape(image_shape)
-            label = np.frombuffer(feature["label"].bytes_list.value[0], dtype=np.uint8).copy().reshape(label_shape)
+            image = np.frombuffer(feature["image"], dtype="<f4").astype(np.float32).reshape(image_shape)  # type: ignore[arg-type]
+            label = np.frombuffer(feature["label"], dtype=np.uint8).copy().reshape(label_shape)  # type: ignore[arg-type]
             yield case_id, image, label

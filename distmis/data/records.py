@@ -1,0 +1,146 @@
+"""Reading distmis's TFRecord files without TensorFlow.
+
+A torch trial only needs the bytes of its cases, and importing TensorFlow to get them costs each of its
+processes seconds and hundreds of megabytes (``benchmarks/startup.py``). The two formats involved are small
+and stable, so they are read here with the standard library:
+
+- a TFRecord file is a sequence of records, each ``uint64 length``, ``uint32 masked CRC-32C of the length``,
+  ``length`` bytes of data, ``uint32 masked CRC-32C of the data`` (little-endian);
+- each record of distmis's files is a serialized ``tf.train.Example``: ``Example{features=1}``,
+  ``Features{map<string, Feature> feature=1}``, ``Feature{oneof bytes_list=1, float_list=2, int64_list=3}``,
+  each list a ``repeated value=1`` (int64 lists packed or not; floats are not used by distmis).
+
+The length's checksum is verified (a truncated or misaligned file fails at once, naming the file); the
+data's is not (CRC-32C over megabytes in pure Python is slow): the shards' sha256 sums in the manifest are
+checked when a search prepares its data (:func:`~distmis.data.tfrecord.verify_checksums`).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Iterator
+
+from distmis.data.errors import DataError
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), as TFRecord uses it."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes) -> int:
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def read_records(path: str | Path) -> Iterator[bytes]:
+    """The records of one TFRecord file, in order."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        while True:
+            header = f.read(12)
+            if not header:
+                return
+            if len(header) < 12:
+                raise DataError(f"{path}: the file ends inside a record header (truncated?)")
+            length_bytes, length_crc = header[:8], struct.unpack("<I", header[8:])[0]
+            if masked_crc32c(length_bytes) != length_crc:
+                raise DataError(f"{path}: a record's length fails its checksum (not a TFRecord file, or corrupt)")
+            (length,) = struct.unpack("<Q", length_bytes)
+            data = f.read(length)
+            if len(data) < length or len(f.read(4)) < 4:
+                raise DataError(f"{path}: the file ends inside a record (truncated?)")
+            yield data
+
+
+def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf: memoryview) -> Iterator[tuple[int, int | memoryview]]:
+    """``(field number, value)`` of a protobuf message: ints for varints, views for length-delimited fields."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+            yield number, value
+        elif wire == 2:
+            size, pos = _varint(buf, pos)
+            yield number, buf[pos:pos + size]
+            pos += size
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _feature(buf: memoryview) -> bytes | list[int]:
+    for number, value in _fields(buf):
+        if number == 1:  # BytesList
+            return b"".join(bytes(v) for n, v in _fields(value) if n == 1)  # type: ignore[arg-type]
+        if number == 3:  # Int64List, packed or not
+            ints: list[int] = []
+            for n, v in _fields(value):  # type: ignore[arg-type]
+                if n != 1:
+                    continue
+                if isinstance(v, int):
+                    ints.append(_signed(v))
+                else:
+                    pos = 0
+                    while pos < len(v):
+                        item, pos = _varint(v, pos)
+                        ints.append(_signed(item))
+            return ints
+        if number == 2:
+            raise ValueError("float features are not used by distmis's records")
+    return b""
+
+
+def parse_example(record: bytes) -> dict[str, bytes | list[int]]:
+    """The features of one serialized ``tf.train.Example``: bytes (a one-element bytes list) or int lists."""
+    features: dict[str, bytes | list[int]] = {}
+    for number, example_field in _fields(memoryview(record)):
+        if number != 1 or isinstance(example_field, int):
+            continue
+        for entry_number, entry in _fields(example_field):  # Features.feature map entries
+            if entry_number != 1 or isinstance(entry, int):
+                continue
+            key, value = "", memoryview(b"")
+            for n, v in _fields(entry):
+                if n == 1 and not isinstance(v, int):
+                    key = bytes(v).decode("utf-8")
+                elif n == 2 and not isinstance(v, int):
+                    value = v
+            features[key] = _feature(value)
+    return features
