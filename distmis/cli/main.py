@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from distmis.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, BadInput
 from distmis.data.layouts import Layout
+from distmis.train.threads import tensorflow_env
 
 EXIT_TRIALS_FAILED = EXIT_FAILED
 LAYOUT_CHOICES = [layout.value for layout in Layout]  # the layouts distmis.data reads
@@ -369,8 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    for var, value in tensorflow_env().items():  # before anything imports TensorFlow
+        os.environ.setdefault(var, value)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
