@@ -81,7 +81,19 @@ class UNetTrainer:
         def predict(x):
             return model(x, training=False)
 
+        @tf.function
+        def train_steps(iterator, steps):
+            """``steps`` steps from ``iterator`` in one graph: no Python, eager op or input check between
+            steps, so no worker waits on another's host-side work (the mean loss of the steps)."""
+            total = tf.constant(0.0)
+            for _ in tf.range(steps):
+                x, y = next(iterator)
+                total += train_step(x, y)
+            return total / tf.cast(steps, tf.float32)
+
         self._train_step = train_step
+        self._train_steps = train_steps
+        self._train_iterator: Any = None
         self._predict = predict
 
     def _build(self, keras: Any, build_unet3d: Any, manifest: dict[str, Any]) -> tuple[Any, Any]:
@@ -96,28 +108,43 @@ class UNetTrainer:
         return model, optimizer
 
     def _train_data(self, seed: int) -> Any:
-        """One process: the training split once per epoch. Several replicas: each worker reads its shard,
-        repeated, and every worker takes the same number of steps (collectives would hang otherwise)."""
+        """One process: the training split once per epoch. Several replicas: each worker reads its shard
+        (every ``replicas``-th case) once per epoch, in batches whose last one may be short, as one process does
+        with the whole split; the passes repeat without end, and every worker takes the same number of steps an
+        epoch (collectives would hang otherwise: the largest shard's batches) from one iterator that lives as
+        long as the dataset (see :meth:`train_epoch`)."""
         from distmis.data.tfrecord import make_dataset
 
         training = self.spec.training
+        self._train_iterator = None
         if self.replicas == 1:
             return make_dataset(self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True,
                                 seed=seed, tile=training.tile)
-        self.steps_per_epoch = max(1, math.ceil(self._num_train / (training.batch_size * self.replicas)))
+        largest_shard = math.ceil(self._num_train / self.replicas)
+        self.steps_per_epoch = max(1, math.ceil(largest_shard / training.batch_size))
 
         def worker_dataset(context: Any) -> Any:
             return make_dataset(
                 self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True, seed=seed,
-                tile=training.tile, repeat=True,
-                shard=(context.num_input_pipelines, context.input_pipeline_id),
-            ).take(self.steps_per_epoch)
+                tile=training.tile, shard=(context.num_input_pipelines, context.input_pipeline_id),
+            ).repeat()  # each pass reshuffled and re-tiled
 
         return self.strategy.distribute_datasets_from_function(worker_dataset)
 
     # ------------------------------------------------------------------ training
     def train_epoch(self) -> float:
-        """One pass over the training split; the mean batch loss."""
+        """One pass over the training split; the mean batch loss.
+
+        Several replicas run the epoch's steps inside one ``tf.function`` over a persistent iterator. Stepping
+        from Python over a fresh distributed iterator each epoch (what ``for x, y in dataset`` does) made every
+        ``next`` an eager cross-worker check for the end of the data and a new iterator per epoch, and on CPU
+        two workers spent seconds to a minute waiting on each other at epoch starts
+        (``benchmarks/tf_collectives.py``, benchmarks/README.md).
+        """
+        if self.replicas > 1:
+            if self._train_iterator is None:
+                self._train_iterator = iter(self.train_data)
+            return float(self._train_steps(self._train_iterator, self.steps_per_epoch))
         losses = [float(self._train_step(x, y)) for x, y in self.train_data]
         if not losses:
             raise ValueError(f"{self.tfrecord_dir}: the training split holds no cases")
