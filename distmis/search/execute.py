@@ -41,11 +41,13 @@ from distmis.tracking.mlflow_tracking import (
 )
 from distmis.tracking.results import format_results, results_frame
 from distmis.tracking.uri import redact_uri
+from distmis.train.threads import tensorflow_env
 
 logger = logging.getLogger(__name__)
 
-# Environment every Ray worker process starts with (quiet TensorFlow, Keras on TF).
-TRIAL_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow", "PYTHONUNBUFFERED": "1"}
+# Environment every Ray worker process starts with (distmis.train.threads.tensorflow_env: quiet TensorFlow,
+# Keras on TF, oneDNN's kernels), set before any of them imports TensorFlow.
+TRIAL_ENV = {**tensorflow_env(), "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(frozen=True)
@@ -233,6 +235,9 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
                 search_alg=search_algorithm(spec),
                 scheduler=scheduler(spec),
                 max_concurrent_trials=plan.max_concurrent_trials,
+                # A distributed trial's own process only drives its Ray Train run: one process serves the
+                # search's trials in turn rather than a new one (and its imports) per trial.
+                reuse_actors=plan.distributed,
             ),
             run_config=tune.RunConfig(
                 name=experiment,

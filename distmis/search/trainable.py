@@ -7,7 +7,7 @@ then either
 
 - trains in its own process (:func:`single_process_trial`, experiment-parallel), or
 - drives a Ray Train run of ``layout.world_size`` workers (:func:`data_parallel_trial`): a
-  ``TensorflowTrainer`` (``MultiWorkerMirroredStrategy``) or a ``TorchTrainer`` (DDP, or data x sequence
+  ``DataParallelTrainer`` with ``TF_CONFIG`` (``MultiWorkerMirroredStrategy``) or a ``TorchTrainer`` (DDP, or data x sequence
   parallel groups for vit-seg), each worker running :func:`data_parallel_worker` on the trial's spec and
   layout (typed objects, not re-validated); ``TuneReportCallback`` forwards rank 0's reports to Tune.
 
@@ -163,6 +163,13 @@ def _quiet_worker() -> None:
         pass
 
 
+def _frameworks(spec: Spec) -> dict[str, bool]:
+    """Which frameworks a trial's process pins (and so imports): only the one it trains with. A torch trial
+    reads its cases without TensorFlow (:mod:`distmis.data.records`), which saves each of its processes the
+    seconds of importing it."""
+    return {"tensorflow": spec.model.framework == "tensorflow", "torch": spec.model.framework == "torch"}
+
+
 def _trial_device() -> str:
     """A single-process torch trial's device: a GPU only when Ray reserved one for it (and set
     CUDA_VISIBLE_DEVICES to it), else the CPU."""
@@ -200,7 +207,7 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
     clock = StartupClock()
     _quiet_worker()
     trial, layout = resolve_trial(spec, config)
-    pin_threads(layout.cpu, torch=trial.model.framework == "torch")
+    pin_threads(layout.cpu, **_frameworks(trial))
     clock.mark("imports")
     trainer = build_trainer(trial, layout, tfrecord_dir, clock)
 
@@ -221,7 +228,7 @@ def worker_trainer(loop_config: Mapping[str, Any],
 
     _quiet_worker()
     spec, layout = loop_config["spec"], loop_config["layout"]
-    pin_threads(layout.cpu, torch=spec.model.framework == "torch")
+    pin_threads(layout.cpu, **_frameworks(spec))
     if clock is not None:
         clock.mark("imports")
     return spec, layout, build_trainer(spec, layout, loop_config["tfrecord_dir"], clock)
@@ -278,10 +285,15 @@ def data_parallel_trial(
     # submitted_at: the workers' start-up clocks count from here (distmis.train.startup)
     loop_config = {"spec": trial, "layout": layout, "tfrecord_dir": tfrecord_dir, "submitted_at": time.time()}
     if trial.model.framework == "tensorflow":
-        from ray.train.tensorflow import TensorflowTrainer
+        # Ray's TensorflowTrainer with a backend that does not import TensorFlow in this process or in the Ray
+        # Train controller (distmis.parallel.tensorflow_cluster): only the workers need it.
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-        trainer = TensorflowTrainer(worker_loop, train_loop_config=loop_config,
-                                    scaling_config=scaling, run_config=run_config)
+        from distmis.parallel.tensorflow_cluster import TensorflowClusterConfig
+
+        trainer = DataParallelTrainer(worker_loop, train_loop_config=loop_config,
+                                      backend_config=TensorflowClusterConfig(),
+                                      scaling_config=scaling, run_config=run_config)
     else:
         from ray.train.torch import TorchConfig, TorchTrainer
 

@@ -34,11 +34,19 @@ def optimizer_lr(trainer: Any) -> float:
     return float(trainer.optimizer.learning_rate.numpy())  # Keras
 
 
-def record(out_dir: str, spec: Any, layout: Any, trainer: Any, rank: int = 0) -> dict[str, Any]:
-    """What this process really holds, written to ``out_dir/<world size>-<rank>.json``."""
+def frameworks_imported() -> list[str]:
+    import sys
+
+    return sorted(name for name in ("tensorflow", "torch") if name in sys.modules)
+
+
+def record(out_dir: str, spec: Any, layout: Any, trainer: Any, rank: int = 0,
+           before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What this process really holds, written to ``out_dir/<world size>-<rank>.json``; ``before``: what it
+    held when the worker loop began."""
     import torch.distributed as dist
 
-    found: dict[str, Any] = {"rank": rank,
+    found: dict[str, Any] = {"rank": rank, **(before or {}),
         "layout_world_size": layout.world_size, "layout_dp": layout.dp, "layout_sp": layout.sp,
         "lr": optimizer_lr(trainer), "spec_lr": spec.training.optimizer.lr,
         "degree": spec.parallelism.sequence_parallel.degree,
@@ -59,11 +67,14 @@ def record(out_dir: str, spec: Any, layout: Any, trainer: Any, rank: int = 0) ->
 
 
 def probe_worker(out_dir: str, loop_config: dict[str, Any]) -> None:
+    import os
+
     import ray.train
 
+    before = {"imported_at_start": frameworks_imported(), "tf_config": json.loads(os.environ.get("TF_CONFIG", "null"))}
     spec, layout, trainer = worker_trainer(loop_config)
     rank = ray.train.get_context().get_world_rank()
-    record(out_dir, spec, layout, trainer, rank=rank)
+    record(out_dir, spec, layout, trainer, rank=rank, before=before)
     train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint, rank=rank, primary=rank == 0)
 
 
@@ -80,7 +91,10 @@ def probe_single(out_dir: str, config: dict[str, Any], *, spec: Any, tfrecord_di
 
 def probe_trial(out_dir: str, config: dict[str, Any], **kwargs: Any) -> None:
     if "storage_path" in kwargs:
-        return data_parallel_trial(config, worker_loop=functools.partial(probe_worker, out_dir), **kwargs)
+        data_parallel_trial(config, worker_loop=functools.partial(probe_worker, out_dir), **kwargs)
+        # the trial's own process, which only drove the Ray Train run
+        Path(out_dir, "trial-process.json").write_text(json.dumps({"imported": frameworks_imported()}))
+        return None
     return probe_single(out_dir, config, **kwargs)
 
 
@@ -91,6 +105,10 @@ def run_probed(tree: dict, tmp_path: Path) -> dict[str, dict[str, Any]]:
                          trainable=functools.partial(probe_trial, str(probes)))
     assert outcome.failed == 0, outcome.results.get("error")
     return {p.stem: json.loads(p.read_text()) for p in probes.glob("*.json")}
+
+
+def worker_records(found: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {name: rank for name, rank in found.items() if name != "trial-process"}
 
 
 def one_epoch_tree(data: Path, framework: str = "torch", **parallelism: Any) -> dict:
@@ -110,14 +128,22 @@ def test_single_process_trial_trains_at_the_spec_lr(ray_local, tmp_path: Path):
 def test_data_parallel_workers_train_at_the_effective_lr(ray_local, tmp_path: Path, framework: str):
     tree = one_epoch_tree(tmp_path / "data", framework, mode="data", workers=2, resources_per_worker={"cpu": 1})
     found = run_probed(tree, tmp_path)
+    # Only the workers import the framework, and only the trial's own one (distmis.parallel.tensorflow_cluster)
+    assert "tensorflow" not in found.pop("trial-process")["imported"]
     assert sorted(found) == ["2-0", "2-1"]  # two workers, one record each
     for rank in found.values():
         assert rank["layout_world_size"] == 2 and rank["layout_dp"] == 2
         assert rank["lr"] == pytest.approx(2e-3)  # linear scaling with 2 replicas, in the optimizer itself
+        assert "tensorflow" not in rank["imported_at_start"]
         if framework == "torch":
             assert rank["world_size"] == 2 and rank["train_model"] == "DistributedDataParallel"
+            assert rank["tf_config"] is None
         else:
             assert rank["replicas"] == 2
+            assert rank["tf_config"]["task"] == {"type": "worker", "index": rank["rank"]}
+    if framework == "tensorflow":  # both workers hold the same cluster of two addresses
+        clusters = {json.dumps(rank["tf_config"]["cluster"]) for rank in found.values()}
+        assert len(clusters) == 1 and len(set(found["2-0"]["tf_config"]["cluster"]["worker"])) == 2
 
 
 def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says(ray_local, tmp_path: Path):
@@ -129,7 +155,7 @@ def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says(ray_l
     tree["search"] = {"algorithm": "grid", "space": {"parallelism.sequence_parallel.degree": {"grid": [1, 2]}}}
     tree["parallelism"] = {"workers_per_trial": 2, "resources_per_worker": {"cpu": 0.5},
                            "sequence_parallel": {"attention": "ulysses", "split": "spatial"}}
-    found = run_probed(tree, tmp_path)
+    found = worker_records(run_probed(tree, tmp_path))
     assert sorted(found) == ["2-0", "2-1", "4-0", "4-1", "4-2", "4-3"]
     for name, rank in found.items():
         degree = rank["degree"]

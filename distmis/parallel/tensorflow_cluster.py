@@ -1,0 +1,64 @@
+"""``TF_CONFIG`` for a Ray Train worker group, without importing TensorFlow where it is not used.
+
+A TensorFlow data-parallel trial is a Ray Train run whose workers build a ``MultiWorkerMirroredStrategy`` from
+``TF_CONFIG``: the address of every worker and this worker's index. Ray's own ``TensorflowTrainer`` and
+``TensorflowConfig`` do exactly this, but their package (``ray.train.tensorflow``) imports TensorFlow when it is
+imported, and it is imported in three processes per trial: the Tune trial that starts the run, the Ray Train
+controller that unpickles the backend, and each worker. Only the workers train. On a 2-core machine each
+of the other two imports cost about 6 s a trial (benchmarks/README.md, "start-up").
+
+:class:`TensorflowClusterConfig` is that backend again, in a module that imports no framework: the workers
+get ``TF_CONFIG`` before the training function starts, and import TensorFlow themselves when they build their
+trainer. It runs under Ray Train's ``DataParallelTrainer`` (the base class of ``TensorflowTrainer``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from ray.train.backend import Backend, BackendConfig
+
+
+def worker_address() -> str:
+    """``host:port`` of this worker: the node's IP and a free port for the worker's gRPC server."""
+    import ray
+
+    host = ray.util.get_node_ip_address()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+
+
+def tf_config(addresses: list[str], index: int) -> dict[str, Any]:
+    """The ``TF_CONFIG`` of worker ``index`` in a cluster of ``addresses`` (all workers, in rank order)."""
+    if not 0 <= index < len(addresses):
+        raise ValueError(f"worker index {index} is outside the cluster of {len(addresses)} worker(s)")
+    return {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}}
+
+
+def set_tf_config(addresses: list[str], index: int) -> None:
+    os.environ["TF_CONFIG"] = json.dumps(tf_config(addresses, index))
+
+
+class _TensorflowClusterBackend(Backend):
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        import ray
+
+        addresses = worker_group.execute(worker_address)
+        ray.get([worker_group.execute_single_async(rank, set_tf_config, addresses, rank)
+                 for rank in range(len(addresses))])
+
+
+@dataclass
+class TensorflowClusterConfig(BackendConfig):
+    """Ray Train backend: every worker gets ``TF_CONFIG`` for a ``MultiWorkerMirroredStrategy``."""
+
+    @property
+    def backend_cls(self) -> type[Backend]:
+        return _TensorflowClusterBackend
