@@ -54,9 +54,9 @@ def ray_local():
     """One local Ray for every test that needs it (starting Ray costs seconds)."""
     import ray
 
-    from distmis.search.execute import TRIAL_ENV
+    from distmis.search.execute import local_ray_options
 
-    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", runtime_env={"env_vars": TRIAL_ENV}, logging_level="WARNING")
+    ray.init(**local_ray_options(), num_cpus=2, logging_level="WARNING")
     yield ray
     ray.shutdown()
 

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -109,6 +110,33 @@ def _record_interruption(callback: MLflowTrialCallback, search_run: SearchRun) -
 
 
 # --------------------------------------------------------------------------- set-up shared by every mode
+def _free_local_port(preferred: int) -> int:
+    """``preferred`` if nothing listens on it on 127.0.0.1, else a port the system picks."""
+    for port in (preferred, 0):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise OSError("no free port on 127.0.0.1")
+
+
+def local_ray_options() -> dict[str, Any]:
+    """``ray.init`` arguments of a local Ray started by distmis.
+
+    The dashboard (and Ray's state API, which Ray Train's placement-group cleaner asks every second whether
+    its controller lives) listens on 127.0.0.1 only, and every worker is told where
+    (``RAY_API_SERVER_ADDRESS``). Otherwise a worker finds "the" cluster through Ray's
+    ``/tmp/ray/ray_current_cluster``, which a ``ray start`` cluster that has since gone leaves behind: each
+    Ray Train run then waited about 10 s at its end on a state query to that dead cluster.
+    """
+    port = _free_local_port(8265)
+    env = {**TRIAL_ENV, "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
+    return {"address": "local", "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
+            "runtime_env": {"env_vars": env}}
+
+
 @contextmanager
 def ray_connection(address: str | None = None) -> Iterator[None]:
     """Join ``address`` or start a local Ray, unless one is already up; shut down only what this started.
@@ -123,8 +151,9 @@ def ray_connection(address: str | None = None) -> Iterator[None]:
         return
     if address in (None, "local"):
         prepare_local_token()  # made 0600 before Ray writes one readable by everybody
-    ray.init(address=address or "local", include_dashboard=True, dashboard_host="127.0.0.1", runtime_env={"env_vars": TRIAL_ENV},
-             logging_level=logging.WARNING)
+        ray.init(**local_ray_options(), logging_level=logging.WARNING)
+    else:
+        ray.init(address=address, runtime_env={"env_vars": TRIAL_ENV}, logging_level=logging.WARNING)
     try:
         yield
     finally:
