@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from distmis.search.plan import SearchPlan
 from distmis.search.prepare import PreparedData, prepare_data
 from distmis.search.search_space import num_trials, param_space, scheduler, search_algorithm
 from distmis.search.trainable import data_parallel_trial, single_process_trial
+from distmis.service.net import LOOPBACK, free_port, port_in_use
 from distmis.service.token import prepare_local_token
 from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
@@ -110,18 +110,6 @@ def _record_interruption(callback: MLflowTrialCallback, search_run: SearchRun) -
 
 
 # --------------------------------------------------------------------------- set-up shared by every mode
-def _free_local_port(preferred: int) -> int:
-    """``preferred`` if nothing listens on it on 127.0.0.1, else a port the system picks."""
-    for port in (preferred, 0):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return int(s.getsockname()[1])
-    raise OSError("no free port on 127.0.0.1")
-
-
 def local_ray_options() -> dict[str, Any]:
     """``ray.init`` arguments of a local Ray started by distmis.
 
@@ -131,7 +119,7 @@ def local_ray_options() -> dict[str, Any]:
     ``/tmp/ray/ray_current_cluster``, which a ``ray start`` cluster that has since gone leaves behind: each
     Ray Train run then waited about 10 s at its end on a state query to that dead cluster.
     """
-    port = _free_local_port(8265)
+    port = 8265 if not port_in_use(LOOPBACK, 8265) else free_port(LOOPBACK)  # Ray's usual port when free
     env = {**TRIAL_ENV, "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
     return {"address": "local", "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
             "runtime_env": {"env_vars": env}}
