@@ -163,7 +163,7 @@ def _quiet_worker() -> None:
         pass
 
 
-def _frameworks(spec: Spec) -> dict[str, bool]:
+def trial_frameworks(spec: Spec) -> dict[str, bool]:
     """Which frameworks a trial's process pins (and so imports): only the one it trains with. A torch trial
     reads its cases without TensorFlow (:mod:`distmis.data.records`), which saves each of its processes the
     seconds of importing it."""
@@ -207,7 +207,7 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
     clock = StartupClock()
     _quiet_worker()
     trial, layout = resolve_trial(spec, config)
-    pin_threads(layout.cpu, **_frameworks(trial))
+    pin_threads(layout.cpu, **trial_frameworks(trial))
     clock.mark("imports")
     trainer = build_trainer(trial, layout, tfrecord_dir, clock)
 
@@ -228,7 +228,7 @@ def worker_trainer(loop_config: Mapping[str, Any],
 
     _quiet_worker()
     spec, layout = loop_config["spec"], loop_config["layout"]
-    pin_threads(layout.cpu, **_frameworks(spec))
+    pin_threads(layout.cpu, **trial_frameworks(spec))
     if clock is not None:
         clock.mark("imports")
     return spec, layout, build_trainer(spec, layout, loop_config["tfrecord_dir"], clock)

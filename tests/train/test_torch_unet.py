@@ -254,12 +254,12 @@ def test_a_torch_trial_never_imports_tensorflow(prepared, tmp_path):
     spec_file.write_text(spec_to_yaml(validate_spec(tree)))
     code = (
         "import sys\n"
-        "from distmis.search.trainable import _frameworks\n"
+        "from distmis.search.trainable import trial_frameworks\n"
         "from distmis.spec import load_spec\n"
         "from distmis.train.threads import pin_threads\n"
         "from distmis.train.torch_unet import TorchUNetTrainer\n"
         f"spec = load_spec({str(spec_file)!r})\n"
-        "pin_threads(1, **_frameworks(spec))\n"
+        "pin_threads(1, **trial_frameworks(spec))\n"
         f"trainer = TorchUNetTrainer(spec, {str(data.tfrecord_dir)!r})\n"
         "print(trainer.run_epoch(1).train_loss > 0, 'tensorflow' in sys.modules)\n"
     )
