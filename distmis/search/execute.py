@@ -30,7 +30,8 @@ from distmis.search.evaluate import (
 from distmis.search.plan import SearchPlan
 from distmis.search.prepare import PreparedData, prepare_data
 from distmis.search.search_space import num_trials, param_space, scheduler, search_algorithm
-from distmis.search.trainable import data_parallel_trial, single_process_trial
+from distmis.search.trainable import data_parallel_trial, runs_on_worker_group, single_process_trial
+from distmis.search.worker_group import release_groups
 from distmis.service.net import LOOPBACK, free_port, port_in_use
 from distmis.service.token import prepare_local_token
 from distmis.spec.load import spec_to_dict
@@ -240,8 +241,9 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=param_space(spec.search),
                                    resume_unfinished=True, resume_errored=True)
     else:
-        # Ray Train restarts a data-parallel trial's workers itself (trainable.py); Tune restarts the others.
-        retries = 0 if plan.distributed else spec.parallelism.max_failures
+        # Ray Train restarts a data-parallel trial's workers itself (trainable.py); Tune restarts the others, and
+        # the trials on a search's worker group (which start a new group).
+        retries = 0 if plan.distributed and not runs_on_worker_group(spec) else spec.parallelism.max_failures
         tuner = tune.Tuner(
             function,
             param_space=param_space(spec.search),
@@ -278,6 +280,9 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         callback.close(timeout=30)
         search_run.finish("FAILED")
         raise
+    finally:  # the workers died with the last trial's process; their placement group outlives it
+        if plan.distributed and runs_on_worker_group(spec):
+            release_groups(experiment)
     if callback.unfinished:  # Tune stopped on Ctrl-C or SIGTERM with trials still to run
         _record_interruption(callback, search_run)
         raise SearchInterrupted(received.get("signal", signal.SIGINT))

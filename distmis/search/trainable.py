@@ -18,27 +18,18 @@ Every process pins its thread pools to the CPUs its layout gives it.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 import tempfile
 import time
-import uuid
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
+from distmis.train.loop import quiet_worker, train_and_report
 from distmis.train.startup import StartupClock
 from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.schema import Spec
 
 logger = logging.getLogger(__name__)
-
-
-def is_better(value: float, best: float | None, mode: str) -> bool:
-    if not math.isfinite(value):
-        return False
-    return best is None or (value > best if mode == "max" else value < best)
 
 
 def build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None = None) -> Any:
@@ -90,77 +81,11 @@ def _check_world(actual: int, layout: TrialLayout, what: str) -> None:
                            f"but there are {actual} {what}")
 
 
-def train_and_report(trainer: Any, spec: Spec, report: Callable[..., None], checkpoint_type: Any, *,
-                     checkpoints: Sequence[Any] = (), rank: int = 0, primary: bool = True,
-                     startup: Mapping[str, float] | None = None) -> None:
-    """Run the trial's epochs, reporting each with a resumable checkpoint (:mod:`distmis.train.checkpoint`).
-
-    ``checkpoints``: when the trial is restarted (a retry, or a resumed search), its checkpoints, newest first:
-    training goes on after the epoch of the first one that loads. ``rank``/``primary``: this process's rank; the
-    primary one writes the weights. Every report carries ``attempt``, an id of this process's run of the trial,
-    so the driver can count restarts; the first one also ``startup`` (:mod:`distmis.train.startup`).
-    """
-    from distmis.train.checkpoint import HISTORY_KEY, TrainingState, write_checkpoint
-
-    metric, mode = spec.search.metric, spec.search.mode
-    attempt = uuid.uuid4().hex[:12]
-    with tempfile.TemporaryDirectory(prefix="distmis-best-") as best_dir:
-        state = _resume(trainer, checkpoints, best_dir, rank) if checkpoints else TrainingState()
-        # After a restart, the first report carries the epochs trained so far: the driver may have missed some.
-        replay = {HISTORY_KEY: json.dumps(state.history)} if state.history else {}
-        first = {**replay, **(startup or {})}  # what only this attempt's first report carries
-        if state.epoch >= spec.training.epochs and replay:  # it had trained every epoch: only the replay is left
-            report({**state.history[-1], "num_parameters": trainer.num_parameters, "attempt": attempt, **first})
-        for epoch in range(state.epoch + 1, spec.training.epochs + 1):
-            epoch_metrics = trainer.run_epoch(epoch).as_dict()
-            metrics: dict[str, Any] = {**epoch_metrics, "num_parameters": trainer.num_parameters, "attempt": attempt,
-                                       **first}
-            first = {}
-            state.epoch = epoch
-            state.history.append(epoch_metrics)
-            if is_better(metrics[metric], state.best_value, mode):
-                state.best_value, state.best_epoch = float(metrics[metric]), epoch
-                if primary:
-                    trainer.save(best_dir)
-            with tempfile.TemporaryDirectory() as tmp:
-                if write_checkpoint(trainer, tmp, state, best_dir, rank=rank, primary=primary):
-                    report(metrics, checkpoint=checkpoint_type.from_directory(tmp))
-                else:
-                    report(metrics)
-
-
-def _resume(trainer: Any, checkpoints: Sequence[Any], best_dir: str, rank: int) -> Any:
-    """Load the newest of ``checkpoints`` that loads; an unreadable one (cut short when a process died while it
-    was being saved) is skipped with a warning."""
-    from distmis.train.checkpoint import resume_from
-
-    problems = []
-    for checkpoint in checkpoints:
-        try:
-            with checkpoint.as_directory() as directory:
-                state = resume_from(trainer, directory, best_dir, rank=rank)
-        except Exception as exc:  # noqa: BLE001 - a missing or truncated file, whatever its reader raises
-            logger.warning("cannot resume from %s (%s); trying an older checkpoint", checkpoint.path, exc)
-            problems.append(f"{checkpoint.path}: {exc}")
-            continue
-        logger.info("resuming after epoch %d from %s", state.epoch, checkpoint.path)
-        return state
-    raise RuntimeError("no checkpoint of this trial could be loaded:\n" + "\n".join(problems))
-
-
-def _quiet_worker() -> None:
-    """Keep a trial's log to what a user reads: no TensorFlow C++ chatter, no line per saved checkpoint."""
-    import logging
-
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    for name in ("ray.train._internal.storage", "ray.train.v2._internal.execution.storage"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    try:  # Ray Train 2.60 logs every report of every rank, named by its file path
-        from ray.train.v2._internal.execution import context as train_context
-
-        train_context.logger.setLevel(logging.WARNING)
-    except (ImportError, AttributeError):
-        pass
+def runs_on_worker_group(spec: Spec) -> bool:
+    """Whether a search's distributed trials run on one worker group kept between them
+    (:mod:`distmis.search.worker_group`) rather than a Ray Train run each: TensorFlow trials of a data-mode
+    search, which run one at a time."""
+    return spec.model.framework == "tensorflow" and spec.parallelism.mode == "data"
 
 
 def trial_frameworks(spec: Spec) -> dict[str, bool]:
@@ -205,7 +130,7 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
     from distmis.train.threads import pin_threads
 
     clock = StartupClock()
-    _quiet_worker()
+    quiet_worker()
     trial, layout = resolve_trial(spec, config)
     pin_threads(layout.cpu, **trial_frameworks(trial))
     clock.mark("imports")
@@ -226,7 +151,7 @@ def worker_trainer(loop_config: Mapping[str, Any],
     """Set up one Ray Train worker of a trial: pin its threads and build its trainer (and process groups)."""
     from distmis.train.threads import pin_threads
 
-    _quiet_worker()
+    quiet_worker()
     spec, layout = loop_config["spec"], loop_config["layout"]
     pin_threads(layout.cpu, **trial_frameworks(spec))
     if clock is not None:
@@ -270,6 +195,12 @@ def data_parallel_trial(
     from distmis.search.placement_groups import release_train_placement_groups
 
     trial, layout = resolve_trial(spec, config)
+    if runs_on_worker_group(trial):
+        if worker_loop is not data_parallel_worker:
+            raise ValueError("a data-mode TensorFlow trial runs on the search's worker group, not a worker loop")
+        # The search's own workers, kept between its trials (one at a time): the storage folder is the search's.
+        tensorflow_group_trial(trial, layout, tfrecord_dir, search=Path(storage_path).name)
+        return
     scaling = ScalingConfig(num_workers=layout.world_size, use_gpu=layout.gpu > 0,
                             resources_per_worker=layout.worker_resources)
     run_config = RunConfig(
@@ -304,3 +235,28 @@ def data_parallel_trial(
         trainer.fit()
     finally:  # whatever fit did: a worker group lost while it started keeps its CPUs otherwise
         release_train_placement_groups()
+
+
+def tensorflow_group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, *, search: str) -> None:
+    """One data-parallel TensorFlow trial of a data-mode search on the search's worker group
+    (:mod:`distmis.search.worker_group`): started by the first trial, kept by this reused Tune process for the
+    next ones. Each epoch is reported to Tune with rank 0's checkpoint; a restarted trial hands its checkpoints
+    to the workers and goes on after the last epoch they hold."""
+    from ray import tune
+
+    from distmis.search.worker_group import folder_files, group_for, write_files
+    from distmis.search.trial_checkpoints import prune_older, resume_candidates, trial_folder
+
+    submitted_at = time.time()  # the workers' start-up clocks count from here (distmis.train.startup)
+    group, _seconds = group_for(layout, search)
+    checkpoints = []
+    for checkpoint in resume_candidates(tune.get_checkpoint(), trial_folder()):
+        with checkpoint.as_directory() as folder:
+            checkpoints.append(folder_files(folder))
+    for metrics, files in group.epochs(trial, layout, tfrecord_dir, checkpoints, submitted_at):
+        if files is None:
+            tune.report(metrics)
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(write_files(files, tmp))))
+        prune_older(tune.get_checkpoint())  # the one just persisted

@@ -10,6 +10,7 @@ the validation dice is the one a user would compute on the preprocessed cases.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,16 @@ from distmis.spec.schema import Spec
 from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch
 from distmis.train.inference import predict_channels_last
 
-__all__ = ["EpochMetrics", "NonFiniteLossError", "UNetTrainer"]
+__all__ = ["EpochMetrics", "NonFiniteLossError", "UNetTrainer", "graph_key"]
+
+
+def graph_key(spec: Spec) -> str:
+    """What a trainer's traced graphs depend on: the spec but its learning rate, seed and number of epochs
+    (two trials with equal keys can share one trainer: :meth:`UNetTrainer.restart`)."""
+    training = spec.training.model_dump(mode="json", exclude={"epochs", "seed"})
+    training["optimizer"].pop("lr")
+    return json.dumps({"model": spec.model.model_dump(mode="json"), "dataset": spec.dataset.model_dump(mode="json"),
+                       "training": training}, sort_keys=True)
 
 
 class UNetTrainer:
@@ -52,6 +62,9 @@ class UNetTrainer:
         keras.utils.set_random_seed(training.seed)
         with self.strategy.scope():
             self.model, self.optimizer = self._build(keras, build_unet3d, manifest)
+            # Adam's slots made here, eagerly: made inside the first traced step, they cost a second trace of it
+            # and graph-mode initializers (9.8 s of tracing against 3.1 s for the U-Net of benchmarks/speedup.yaml)
+            self.optimizer.build(self.model.trainable_variables)
         self.num_parameters = count_trainable_parameters(self.model)
         self.loss_fn = make_loss(training.loss.name, smooth=training.loss.smooth)
         self._num_train = int(manifest["splits"]["train"]["num_cases"])
@@ -97,15 +110,46 @@ class UNetTrainer:
         self._predict = predict
 
     def _build(self, keras: Any, build_unet3d: Any, manifest: dict[str, Any]) -> tuple[Any, Any]:
-        params, opt = self.spec.model.params, self.spec.training.optimizer
-        model = build_unet3d(  # the builder takes model.params' fields by name
-            in_channels=int(manifest["image_shape"][-1]), num_classes=self.num_classes, **params.model_dump()
-        )
+        opt = self.spec.training.optimizer
+        model = self._build_model(build_unet3d, manifest)
         optimizer = keras.optimizers.Adam(
             learning_rate=self.layout.effective_lr, beta_1=opt.beta1, beta_2=opt.beta2, epsilon=opt.epsilon,
             amsgrad=opt.amsgrad,
         )
         return model, optimizer
+
+    def _build_model(self, build_unet3d: Any, manifest: dict[str, Any]) -> Any:
+        return build_unet3d(  # the builder takes model.params' fields by name
+            in_channels=int(manifest["image_shape"][-1]), num_classes=self.num_classes,
+            **self.spec.model.params.model_dump(),
+        )
+
+    # ------------------------------------------------------------------ a new trial on the same graphs
+    def restart(self, spec: Spec, layout: TrialLayout) -> None:
+        """Make this trainer the fresh trainer of another trial whose graphs are the same (:func:`graph_key`): the
+        weights a new trainer would start from (the same seeded draw), a zeroed optimizer at the trial's learning
+        rate, the data order of its seed. What is kept is the traced and optimized training and prediction
+        graphs, which a new model would build again (5 to 10 s a trial for the U-Net of benchmarks/speedup.yaml).
+        """
+        import keras
+
+        from distmis.data.tfrecord import read_manifest
+        from distmis.models.unet3d_tf import build_unet3d
+
+        if graph_key(spec) != graph_key(self.spec):
+            raise ValueError("restart needs a trial with the same model and training graphs; this one differs in "
+                             "more than the learning rate, the seed and the number of epochs")
+        if layout.world_size != self.layout.world_size:
+            raise ValueError(f"restart needs the same number of workers ({self.layout.world_size}), "
+                             f"got {layout.world_size}")
+        self.spec, self.layout = spec, layout
+        keras.utils.set_random_seed(spec.training.seed)
+        fresh = self._build_model(build_unet3d, read_manifest(self.tfrecord_dir))  # only its initial weights
+        self.model.set_weights(fresh.get_weights())
+        for variable in self.optimizer.variables:
+            variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
+        self.optimizer.learning_rate = layout.effective_lr
+        self.train_data = self._train_data(spec.training.seed)
 
     def _train_data(self, seed: int) -> Any:
         """One process: the training split once per epoch. Several replicas: each worker reads its shard

@@ -33,13 +33,14 @@ def test_data_parallel_trial_with_two_workers(ray_local, tmp_path: Path, framewo
     assert sorted(m.step for m in client.get_metric_history(child.info.run_id, "val_dice")) == [1, 2]
     assert child.data.params["trial.workers"] == "2"
     assert float(child.data.params["training.optimizer.effective_lr"]) == pytest.approx(2e-3)  # linear scaling
-    # Rank 0 kept a checkpoint of the best epoch in the Ray Train run's storage.
+    # Rank 0 kept a checkpoint of the best epoch: in the Ray Train run's storage, or (TensorFlow, on the search's
+    # worker group) in the Tune trial's.
     name = "model.weights.h5" if framework == "tensorflow" else "model.pt"
-    assert list((tmp_path / "out" / "ray_train").rglob(name))
+    assert list((tmp_path / "out" / ("ray_results" if framework == "tensorflow" else "ray_train")).rglob(name))
     assert (Path(child.data.tags["distmis.checkpoint"]) / name).is_file()  # the latest, tagged on the trial's run
     assert 0 <= outcome.best["best_val_dice"] <= 1
     # Its start-up, part by part, logged once with the first epoch.
-    parts = ["workers", "imports", "data"] + (["strategy"] if framework == "tensorflow" else [])
+    parts = ["workers", "data"] if framework == "tensorflow" else ["workers", "imports", "data"]
     startup = {part: client.get_metric_history(child.info.run_id, f"startup_{part}_s") for part in parts + ["total"]}
     assert all(len(points) == 1 and points[0].step == 1 and points[0].value >= 0 for points in startup.values())
     assert startup["workers"][0].value > 0  # a worker group does not start in no time

@@ -89,7 +89,25 @@ def probe_single(out_dir: str, config: dict[str, Any], *, spec: Any, tfrecord_di
     train_and_report(trainer, trial, tune.report, tune.Checkpoint)
 
 
+def probe_group_worker(worker: Any, out_dir: str) -> None:
+    """Run inside a worker of a data-mode search's TensorFlow worker group (``__ray_call__``), after its trial."""
+    import os
+
+    trainer = worker.trainer
+    before = {"tf_config": json.loads(os.environ.get("TF_CONFIG", "null"))}
+    record(out_dir, trainer.spec, trainer.layout, trainer, rank=worker.rank, before=before)
+
+
 def probe_trial(out_dir: str, config: dict[str, Any], **kwargs: Any) -> None:
+    if "storage_path" in kwargs and kwargs["spec"].model.framework == "tensorflow":
+        import ray
+
+        from distmis.search import worker_group
+
+        data_parallel_trial(config, **kwargs)  # on the search's worker group: no worker loop to replace
+        ray.get([w.__ray_call__.remote(probe_group_worker, out_dir) for w in worker_group._GROUP.workers])
+        Path(out_dir, "trial-process.json").write_text(json.dumps({"imported": frameworks_imported()}))
+        return None
     if "storage_path" in kwargs:
         data_parallel_trial(config, worker_loop=functools.partial(probe_worker, out_dir), **kwargs)
         # the trial's own process, which only drove the Ray Train run
@@ -128,14 +146,15 @@ def test_single_process_trial_trains_at_the_spec_lr(ray_local, tmp_path: Path):
 def test_data_parallel_workers_train_at_the_effective_lr(ray_local, tmp_path: Path, framework: str):
     tree = one_epoch_tree(tmp_path / "data", framework, mode="data", workers=2, resources_per_worker={"cpu": 1})
     found = run_probed(tree, tmp_path)
-    # Only the workers import the framework, and only the trial's own one (distmis.parallel.tensorflow_cluster)
+    # Only the workers import the framework, and only the trial's own one (distmis.parallel.tensorflow_cluster;
+    # TensorFlow's on the search's worker group, distmis.search.worker_group)
     assert "tensorflow" not in found.pop("trial-process")["imported"]
     assert sorted(found) == ["2-0", "2-1"]  # two workers, one record each
     for rank in found.values():
         assert rank["layout_world_size"] == 2 and rank["layout_dp"] == 2
         assert rank["lr"] == pytest.approx(2e-3)  # linear scaling with 2 replicas, in the optimizer itself
-        assert "tensorflow" not in rank["imported_at_start"]
         if framework == "torch":
+            assert "tensorflow" not in rank["imported_at_start"]
             assert rank["world_size"] == 2 and rank["train_model"] == "DistributedDataParallel"
             assert rank["tf_config"] is None
         else:

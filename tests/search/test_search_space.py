@@ -3,7 +3,7 @@ from __future__ import annotations
 from ray import tune
 
 from distmis.search.search_space import num_trials, param_space, scheduler, search_algorithm
-from distmis.search.trainable import is_better
+from distmis.train.loop import is_better
 from distmis.spec import validate_spec
 
 

@@ -68,3 +68,32 @@ def test_nan_loss_raises(prepared):
     kernel.assign(np.full(kernel.shape, np.nan, np.float32))
     with pytest.raises(NonFiniteLossError, match="epoch 3"):
         trainer.run_epoch(3)
+
+
+def test_a_restarted_trainer_is_a_new_trainer_of_the_other_trial(prepared):
+    """restart keeps the traced graphs and nothing else: weights, optimizer state, learning rate and data order
+    are those of a trainer built for the new trial, and its first epoch gives the same numbers."""
+    from distmis.spec.layout import resolve_layout
+    from distmis.train.tf_unet import graph_key
+
+    spec, data = prepared
+    first = with_changes(spec, optimizer={"lr": 1.0e-3}, seed=3)
+    second = with_changes(spec, optimizer={"lr": 5.0e-3}, seed=4, epochs=1)
+    assert graph_key(first) == graph_key(second)
+    assert graph_key(first) != graph_key(with_changes(spec, batch_size=1))
+    kept = UNetTrainer(first, data.tfrecord_dir)
+    kept.run_epoch(1)  # trained: weights and Adam's moments moved, its step counted
+    traced = kept._train_step
+    kept.restart(second, resolve_layout(second))
+    fresh = UNetTrainer(second, data.tfrecord_dir)
+    for a, b in zip(kept.model.get_weights(), fresh.model.get_weights()):  # batch-norm statistics included
+        np.testing.assert_array_equal(a, b)
+    assert float(kept.optimizer.learning_rate.numpy()) == pytest.approx(5.0e-3)
+    for a, b in zip(kept.optimizer.variables, fresh.optimizer.variables):  # step count and moments zero
+        np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
+    assert [y.numpy().sum() for _, y in kept.train_data] == [y.numpy().sum() for _, y in fresh.train_data]
+    a, b = kept.run_epoch(1), fresh.run_epoch(1)
+    assert a.train_loss == pytest.approx(b.train_loss, rel=1e-5) and a.val_dice == pytest.approx(b.val_dice, rel=1e-5)
+    assert kept._train_step is traced  # the same traced function, not a new one
+    with pytest.raises(ValueError, match="same model and training graphs"):
+        kept.restart(with_changes(spec, batch_size=1), resolve_layout(spec))

@@ -1,0 +1,111 @@
+"""The epoch loop every trial runs, in whatever process: train an epoch, report it with a checkpoint.
+
+:func:`epoch_reports` yields the epochs one at a time (the worker group of a data-mode search steps it one call
+per epoch: :mod:`distmis.search.worker_group`); :func:`train_and_report` hands each to a report function (Tune's
+or Ray Train's). Restarted trials go on from their checkpoint (:mod:`distmis.train.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from distmis.spec.schema import Spec
+
+logger = logging.getLogger(__name__)
+
+
+def is_better(value: float, best: float | None, mode: str) -> bool:
+    if not math.isfinite(value):
+        return False
+    return best is None or (value > best if mode == "max" else value < best)
+
+
+def quiet_worker() -> None:
+    """Keep a trial's log to what a user reads: no TensorFlow C++ chatter, no line per saved checkpoint."""
+    import logging
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for name in ("ray.train._internal.storage", "ray.train.v2._internal.execution.storage"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:  # Ray Train 2.60 logs every report of every rank, named by its file path
+        from ray.train.v2._internal.execution import context as train_context
+
+        train_context.logger.setLevel(logging.WARNING)
+    except (ImportError, AttributeError):
+        pass
+
+
+def train_and_report(trainer: Any, spec: Spec, report: Callable[..., None], checkpoint_type: Any, *,
+                     checkpoints: Sequence[Any] = (), rank: int = 0, primary: bool = True,
+                     startup: Mapping[str, float] | None = None) -> None:
+    """Run the trial's epochs, reporting each with a resumable checkpoint (:mod:`distmis.train.checkpoint`):
+    :func:`epoch_reports`, each epoch handed to ``report`` (``checkpoint_type.from_directory`` of its folder)."""
+    for metrics, folder in epoch_reports(trainer, spec, checkpoints=checkpoints, rank=rank, primary=primary,
+                                         startup=startup):
+        if folder is not None:
+            report(metrics, checkpoint=checkpoint_type.from_directory(str(folder)))
+        else:
+            report(metrics)
+
+
+def epoch_reports(trainer: Any, spec: Spec, *, checkpoints: Sequence[Any] = (), rank: int = 0, primary: bool = True,
+                  startup: Mapping[str, float] | None = None) -> Iterator[tuple[dict[str, Any], Path | None]]:
+    """The trial's epochs, one at a time: each epoch's metrics and the folder of its checkpoint (None when this rank
+    adds nothing to it), which lives until the next epoch is asked for.
+
+    ``checkpoints``: when the trial is restarted (a retry, or a resumed search), its checkpoints, newest first:
+    training goes on after the epoch of the first one that loads. ``rank``/``primary``: this process's rank; the
+    primary one writes the weights. Every report carries ``attempt``, an id of this process's run of the trial,
+    so the driver can count restarts; the first one also ``startup`` (:mod:`distmis.train.startup`).
+    """
+    from distmis.train.checkpoint import HISTORY_KEY, TrainingState, write_checkpoint
+
+    metric, mode = spec.search.metric, spec.search.mode
+    attempt = uuid.uuid4().hex[:12]
+    with tempfile.TemporaryDirectory(prefix="distmis-best-") as best_dir:
+        state = _resume(trainer, checkpoints, best_dir, rank) if checkpoints else TrainingState()
+        # After a restart, the first report carries the epochs trained so far: the driver may have missed some.
+        replay = {HISTORY_KEY: json.dumps(state.history)} if state.history else {}
+        first = {**replay, **(startup or {})}  # what only this attempt's first report carries
+        if state.epoch >= spec.training.epochs and replay:  # it had trained every epoch: only the replay is left
+            yield {**state.history[-1], "num_parameters": trainer.num_parameters, "attempt": attempt, **first}, None
+        for epoch in range(state.epoch + 1, spec.training.epochs + 1):
+            epoch_metrics = trainer.run_epoch(epoch).as_dict()
+            metrics: dict[str, Any] = {**epoch_metrics, "num_parameters": trainer.num_parameters, "attempt": attempt,
+                                       **first}
+            first = {}
+            state.epoch = epoch
+            state.history.append(epoch_metrics)
+            if is_better(metrics[metric], state.best_value, mode):
+                state.best_value, state.best_epoch = float(metrics[metric]), epoch
+                if primary:
+                    trainer.save(best_dir)
+            with tempfile.TemporaryDirectory() as tmp:
+                written = write_checkpoint(trainer, tmp, state, best_dir, rank=rank, primary=primary)
+                yield metrics, Path(tmp) if written else None
+
+
+def _resume(trainer: Any, checkpoints: Sequence[Any], best_dir: str, rank: int) -> Any:
+    """Load the newest of ``checkpoints`` that loads; an unreadable one (cut short when a process died while it
+    was being saved) is skipped with a warning."""
+    from distmis.train.checkpoint import resume_from
+
+    problems = []
+    for checkpoint in checkpoints:
+        try:
+            with checkpoint.as_directory() as directory:
+                state = resume_from(trainer, directory, best_dir, rank=rank)
+        except Exception as exc:  # noqa: BLE001 - a missing or truncated file, whatever its reader raises
+            logger.warning("cannot resume from %s (%s); trying an older checkpoint", checkpoint.path, exc)
+            problems.append(f"{checkpoint.path}: {exc}")
+            continue
+        logger.info("resuming after epoch %d from %s", state.epoch, checkpoint.path)
+        return state
+    raise RuntimeError("no checkpoint of this trial could be loaded:\n" + "\n".join(problems))
