@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 GROUP_NAME_PREFIX = "distmis-workers-"
 
+# Trainers a worker keeps, by their graphs: a grid over two architectures alternates between them; more would
+# hold more models' weights (and device memory) for trials that may never come.
+KEPT_TRAINERS = 2
+
 Files = dict[str, bytes]  # a checkpoint folder: relative path -> contents
 
 
@@ -66,7 +70,7 @@ class TensorflowWorker:
         self.rank = rank
         pin_threads(cpus, tensorflow=True, torch=False)
         self.strategy: Any = None
-        self.trainers: dict[str, Any] = {}  # graph_key -> UNetTrainer, its graphs traced
+        self.trainers: dict[str, Any] = {}  # graph_key -> UNetTrainer, its graphs traced; least recently used first
         self.trainer: Any = None  # the current trial's
         self._epochs: Iterator[tuple[dict[str, Any], Path | None]] | None = None
         self._resume_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -100,12 +104,16 @@ class TensorflowWorker:
         clock = StartupClock(since=submitted_at)
         clock.mark("workers")  # the group, new or kept, up to this worker's first line for the trial
         key = graph_key(spec)
-        trainer = self.trainers.get(key)
+        trainer = self.trainers.pop(key, None)
         reused = trainer is not None
         if reused:
             trainer.restart(spec, layout)
         else:
-            trainer = self.trainers[key] = UNetTrainer(spec, tfrecord_dir, layout=layout, strategy=self.strategy)
+            self.trainer = None
+            while len(self.trainers) >= KEPT_TRAINERS:  # the least recently used goes, with its model's memory
+                self.trainers.pop(next(iter(self.trainers)))
+            trainer = UNetTrainer(spec, tfrecord_dir, layout=layout, strategy=self.strategy)
+        self.trainers[key] = trainer  # the most recently used last
         clock.mark("data")
         self.trainer = trainer
         resume = []

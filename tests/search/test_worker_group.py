@@ -67,6 +67,14 @@ def test_one_group_serves_the_trials_of_a_search_in_turn(ray_local, search):
         epochs.close()
         assert all(f["trainers"] == 2 for f in ray.get([w.__ray_call__.remote(probe) for w in group.workers]))
 
+        # A third architecture: the least recently used trainer (batch norm) goes, two are kept.
+        fourth, _ = resolve_trial(spec, {"training.optimizer.lr": 1.0e-3, "model.params.norm": "group",
+                                         "model.params.base_filters": 8})
+        epochs = group.epochs(fourth, layout, tfrecords, [], time.time())
+        assert next(epochs)[0]["startup_graphs_reused"] == 0.0
+        epochs.close()
+        assert all(f["trainers"] == 2 for f in ray.get([w.__ray_call__.remote(probe) for w in group.workers]))
+
         # A restarted trial hands its checkpoint to the workers, which go on after its last epoch.
         longer = first.model_copy(update={"training": first.training.model_copy(update={"epochs": 3})})
         resumed = list(group.epochs(longer, layout, tfrecords, [files], time.time()))
