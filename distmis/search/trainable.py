@@ -6,6 +6,8 @@ paths into the spec, e.g. ``{"training.optimizer.lr": 0.001}``). The trial appli
 then either
 
 - trains in its own process (:func:`single_process_trial`, experiment-parallel), or
+- in a data-mode TensorFlow search, runs on the search's worker group, kept between its trials
+  (:func:`tensorflow_group_trial`, :mod:`distmis.search.worker_group`), or
 - drives a Ray Train run of ``layout.world_size`` workers (:func:`data_parallel_trial`): a
   ``DataParallelTrainer`` with ``TF_CONFIG`` (``MultiWorkerMirroredStrategy``) or a ``TorchTrainer`` (DDP, or data x sequence
   parallel groups for vit-seg), each worker running :func:`data_parallel_worker` on the trial's spec and
@@ -248,7 +250,7 @@ def tensorflow_group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, 
     from distmis.search.trial_checkpoints import prune_older, resume_candidates, trial_folder
 
     submitted_at = time.time()  # the workers' start-up clocks count from here (distmis.train.startup)
-    group, _seconds = group_for(layout, search)
+    group = group_for(layout, search)
     checkpoints = []
     for checkpoint in resume_candidates(tune.get_checkpoint(), trial_folder()):
         with checkpoint.as_directory() as folder:

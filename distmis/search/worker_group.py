@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -220,10 +219,9 @@ class TensorflowWorkerGroup:
 _GROUP: TensorflowWorkerGroup | None = None
 
 
-def group_for(layout: TrialLayout, search: str) -> tuple[TensorflowWorkerGroup, float]:
+def group_for(layout: TrialLayout, search: str) -> TensorflowWorkerGroup:
     """The worker group of this (reused) Tune trial process for ``layout``: the one kept from the search's
-    previous trial, or a new one (a group that does not fit ``layout`` is shut down first); and the seconds it
-    took to start (0 when it was kept).
+    previous trial, or a new one (a group that does not fit ``layout`` is shut down first).
 
     ``search``: a name unique to the search. Groups of the same search that another process left behind (a Tune
     actor that was not reused) are removed first: a data-mode search runs one trial at a time, so they are stale,
@@ -231,14 +229,13 @@ def group_for(layout: TrialLayout, search: str) -> tuple[TensorflowWorkerGroup, 
     """
     global _GROUP
     if _GROUP is not None and _GROUP.workers and _GROUP.fits(layout):
-        return _GROUP, 0.0
+        return _GROUP
     if _GROUP is not None:
         _GROUP.shutdown()
         _GROUP = None
     release_groups(search)
-    start = time.perf_counter()
     _GROUP = TensorflowWorkerGroup(layout, f"{GROUP_NAME_PREFIX}{search}-{uuid.uuid4().hex[:8]}")
-    return _GROUP, time.perf_counter() - start
+    return _GROUP
 
 
 def drop_group() -> None:
