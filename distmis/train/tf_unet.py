@@ -47,6 +47,29 @@ def _worker_of(strategy: Any) -> tuple[int, int] | None:
     return workers, index
 
 
+def seed_everything(seed: int) -> None:
+    """``keras.utils.set_random_seed(seed)``, but TensorFlow's global seed is set only when it changes.
+
+    Setting TensorFlow's seed clears its kernel cache, so every traced function of the process (a kept trainer's
+    training step: :meth:`UNetTrainer.restart`) is instantiated and optimized again at its next call: 1.7 s on one
+    worker for the U-Net of benchmarks/speedup.yaml, about 4 s for its 2-worker ``MultiWorkerMirroredStrategy``
+    step. With the same seed in place the pipelines' seeded shuffles and tiles draw as after a full reset, and
+    Python's and NumPy's seeds (the U-Net's initial weights draw from Python's) are set again. Keras's global
+    ``SeedGenerator``, which only unseeded ``keras.random`` calls use (the U-Net makes none), is not reset then.
+    """
+    import random
+
+    import keras
+    import tensorflow as tf
+
+    global_seed, _ = tf.compat.v1.random.get_seed(0)  # with an op seed given nothing is drawn
+    if global_seed == seed % (2**31 - 1):  # TensorFlow's truncation of seeds
+        random.seed(seed)
+        np.random.seed(seed)
+    else:
+        keras.utils.set_random_seed(seed)
+
+
 def graph_key(spec: Spec) -> str:
     """What a trainer's traced graphs depend on: the spec but its learning rate, seed and number of epochs
     (two trials with equal keys can share one trainer: :meth:`UNetTrainer.restart`)."""
@@ -81,7 +104,7 @@ class UNetTrainer:
         self.strategy = strategy or tf.distribute.get_strategy()
         self.replicas = int(self.strategy.num_replicas_in_sync)
         # Same seed -> same initial weights and data order, whatever hyperparameters differ.
-        keras.utils.set_random_seed(training.seed)
+        seed_everything(training.seed)
         with self.strategy.scope():
             self.model, self.optimizer = self._build(keras, build_unet3d, manifest)
             # Adam's slots made here, eagerly: made inside the first traced step, they cost a second trace of it
@@ -153,8 +176,6 @@ class UNetTrainer:
         rate, the data order of its seed. What is kept is the traced and optimized training and prediction
         graphs, which a new model would build again (5 to 10 s a trial for the U-Net of benchmarks/speedup.yaml).
         """
-        import keras
-
         from distmis.data.tfrecord import read_manifest
         from distmis.models.unet3d_tf import build_unet3d
 
@@ -165,7 +186,7 @@ class UNetTrainer:
             raise ValueError(f"restart needs the same number of workers ({self.layout.world_size}), "
                              f"got {layout.world_size}")
         self.spec, self.layout = spec, layout
-        keras.utils.set_random_seed(spec.training.seed)
+        seed_everything(spec.training.seed)
         fresh = self._build_model(build_unet3d, read_manifest(self.tfrecord_dir))  # only its initial weights
         self.model.set_weights(fresh.get_weights())
         for variable in self.optimizer.variables:
@@ -280,8 +301,6 @@ class UNetTrainer:
         seeded from the seed and ``epoch``, a fresh order rather than the one an uninterrupted run would have
         drawn (the torch trainers continue exactly).
         """
-        import keras
-
         directory = Path(directory)
         self.model.load_weights(directory / "model.weights.h5")
         with self.strategy.scope():
@@ -295,5 +314,5 @@ class UNetTrainer:
         for variable, value in zip(self.optimizer.variables, values):
             variable.assign(value)
         seed = self.spec.training.seed + epoch
-        keras.utils.set_random_seed(seed)
+        seed_everything(seed)
         self.train_data = self._train_data(seed)

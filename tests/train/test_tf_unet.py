@@ -97,3 +97,31 @@ def test_a_restarted_trainer_is_a_new_trainer_of_the_other_trial(prepared):
     assert kept._train_step is traced  # the same traced function, not a new one
     with pytest.raises(ValueError, match="same model and training graphs"):
         kept.restart(with_changes(spec, batch_size=1), resolve_layout(spec))
+
+
+def test_a_restart_on_the_same_seed_keeps_tensorflows_kernel_cache(prepared, monkeypatch):
+    """Setting TensorFlow's seed clears its kernel cache (the kept graphs would be optimized again): a restart on
+    the seed already in place does not set it, and still starts where a trainer built after a full reset does."""
+    import keras
+    import tensorflow as tf
+
+    from distmis.spec.layout import resolve_layout
+
+    spec, data = prepared
+    first = with_changes(spec, optimizer={"lr": 1.0e-3}, seed=5)
+    second = with_changes(spec, optimizer={"lr": 5.0e-3}, seed=5)
+    kept = UNetTrainer(first, data.tfrecord_dir)
+    kept.run_epoch(1)
+    seeded = []
+    real_set_seed = tf.random.set_seed
+    monkeypatch.setattr(tf.random, "set_seed", lambda seed: (seeded.append(seed), real_set_seed(seed)))
+    kept.restart(second, resolve_layout(second))
+    assert seeded == []
+    weights, order = kept.model.get_weights(), [y.numpy().sum() for _, y in kept.train_data]
+
+    keras.utils.set_random_seed(99)  # another seed in place: the next trainer resets every seed
+    fresh = UNetTrainer(second, data.tfrecord_dir)
+    assert seeded == [99, 5]
+    for a, b in zip(weights, fresh.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert order == [y.numpy().sum() for _, y in fresh.train_data]
