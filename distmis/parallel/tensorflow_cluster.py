@@ -46,6 +46,22 @@ def set_tf_config(addresses: list[str], index: int) -> None:
     os.environ["TF_CONFIG"] = json.dumps(tf_config(addresses, index))
 
 
+# Gradients are all-reduced in packs of up to this many bytes (flattened and concatenated), not one collective
+# per variable: the U-Net of benchmarks/speedup.yaml (63 gradients, 1.6 MB) then makes one all-reduce a step,
+# and a 2-worker epoch on CPU went from 2.8-3.1 s to 2.5 s (benchmarks/README.md, "tf_collectives.py"). The size
+# of PyTorch DDP's buckets (25 MiB) in spirit: large enough for the models distmis trains to fit in a few packs.
+GRADIENT_PACK_BYTES = 32 * 1024 * 1024
+
+
+def multi_worker_strategy() -> Any:
+    """This worker's ``MultiWorkerMirroredStrategy`` over the cluster in ``TF_CONFIG``, gradients packed
+    (:data:`GRADIENT_PACK_BYTES`); the implementation (ring or NCCL) left to TensorFlow."""
+    import tensorflow as tf
+
+    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=GRADIENT_PACK_BYTES)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
 class _TensorflowClusterBackend(Backend):
     def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
         import ray

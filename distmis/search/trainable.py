@@ -54,8 +54,10 @@ def _build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, cl
         if layout.distributed:
             import tensorflow as tf
 
+            from distmis.parallel.tensorflow_cluster import multi_worker_strategy
+
             tf.get_logger().setLevel("ERROR")
-            strategy = tf.distribute.MultiWorkerMirroredStrategy()  # cluster from TF_CONFIG (set by Ray Train)
+            strategy = multi_worker_strategy()  # the cluster from TF_CONFIG (set by Ray Train)
             _check_world(strategy.num_replicas_in_sync, layout, "MultiWorkerMirroredStrategy replicas (TF_CONFIG?)")
             if clock is not None:
                 clock.mark("strategy")

@@ -81,13 +81,13 @@ class TensorflowWorker:
 
     def join(self, addresses: list[str]) -> int:
         """Build this rank's ``MultiWorkerMirroredStrategy`` over ``addresses`` (every rank calls it at once)."""
-        from distmis.parallel.tensorflow_cluster import set_tf_config
+        from distmis.parallel.tensorflow_cluster import multi_worker_strategy, set_tf_config
 
         set_tf_config(addresses, self.rank)
         import tensorflow as tf
 
         tf.get_logger().setLevel("ERROR")
-        self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        self.strategy = multi_worker_strategy()
         return int(self.strategy.num_replicas_in_sync)
 
     def start_trial(self, spec: Spec, layout: TrialLayout, tfrecord_dir: str, checkpoints: Sequence[Files],
