@@ -11,9 +11,11 @@ step has finished on this worker). A variant changes one collective setting:
 - `pack`: RING with every gradient packed into one all-reduce (`bytes_per_pack`);
 - `interop2`: two inter-op threads instead of one;
 - `loop`: the trainer's own loop: one persistent iterator, an epoch's steps inside one `tf.function`
-  (timed per epoch: its steps are not separable).
+  (timed per epoch: its steps are not separable);
+- `looppack`: that loop with the gradients packed as distmis's strategy packs them
+  (`distmis.parallel.tensorflow_cluster.multi_worker_strategy`).
 
-    python benchmarks/tf_collectives.py --workers 2 --variants default,ring,pack,interop2,loop --epochs 3
+    python benchmarks/tf_collectives.py --workers 2 --variants default,ring,pack,interop2,loop,looppack --epochs 3
 """
 
 from __future__ import annotations
@@ -70,15 +72,21 @@ def worker(rank: int, ports: list[int], variant: str, overrides: dict[str, Any],
             "default": None,
             "interop2": None,
             "loop": None,
+            "looppack": None,
             "ring": tf.distribute.experimental.CommunicationOptions(implementation=impl.RING),
             "pack": tf.distribute.experimental.CommunicationOptions(implementation=impl.RING,
                                                                    bytes_per_pack=64 * 1024 * 1024),
         }[variant]
-        strategy = (tf.distribute.MultiWorkerMirroredStrategy(communication_options=options) if options
-                    else tf.distribute.MultiWorkerMirroredStrategy())
+        if variant == "looppack":
+            from distmis.parallel.tensorflow_cluster import multi_worker_strategy
+
+            strategy = multi_worker_strategy()
+        else:
+            strategy = (tf.distribute.MultiWorkerMirroredStrategy(communication_options=options) if options
+                        else tf.distribute.MultiWorkerMirroredStrategy())
     trainer = UNetTrainer(spec, tfrecords, layout=resolve_layout(spec), strategy=strategy)
     steps: list[list[float]] = []
-    if variant == "loop":  # one persistent iterator, every step of an epoch inside one tf.function
+    if variant in ("loop", "looppack"):  # one persistent iterator, every step of an epoch inside one tf.function
         for _epoch in range(epochs):
             start = time.perf_counter()
             trainer.train_epoch()

@@ -47,8 +47,8 @@ def set_tf_config(addresses: list[str], index: int) -> None:
 
 
 # Gradients are all-reduced in packs of up to this many bytes (flattened and concatenated), not one collective
-# per variable: the U-Net of benchmarks/speedup.yaml (63 gradients, 1.6 MB) then makes one all-reduce a step,
-# and a 2-worker epoch on CPU went from 2.8-3.1 s to 2.5 s (benchmarks/README.md, "tf_collectives.py"). The size
+# per variable: the U-Net of benchmarks/speedup.yaml (1.6 MB of gradients) then makes one all-reduce a step, and
+# a 2-worker epoch on CPU took 2.5-2.8 s against 2.8-3.1 s (benchmarks/README.md, "tf_collectives.py"). The size
 # of PyTorch DDP's buckets (25 MiB) in spirit: large enough for the models distmis trains to fit in a few packs.
 GRADIENT_PACK_BYTES = 32 * 1024 * 1024
 
