@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import types
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 from ray.train.backend import Backend, BackendConfig
 
@@ -60,6 +62,59 @@ def multi_worker_strategy() -> Any:
 
     options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=GRADIENT_PACK_BYTES)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+@contextmanager
+def variables_without_broadcast(strategy: Any) -> Iterator[None]:
+    """Variables created under ``strategy``'s scope in this block take this worker's own initial values.
+
+    ``MultiWorkerMirroredStrategy`` broadcasts the first worker's initial value of every variable as it is
+    created, one eager collective each: the U-Net of benchmarks/speedup.yaml and its Adam state make 222,
+    and the two 2-worker trainers of issue 12's compare took 2.5 and 1.7 s to build with them, 1.2 and 0.8 s
+    without (one worker: 0.7 and 0.4 s; benchmarks/README.md). Follow the block with
+    :func:`broadcast_from_first_replica`, which sends them all in one collective. Any other
+    strategy is left as it is. (The per-variable broadcast is in ``CollectiveAllReduceExtended``; its parent,
+    ``MirroredExtended``, takes the given initial value on a worker's first replica, as here.)
+    """
+    try:
+        from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceExtended
+        from tensorflow.python.distribute.mirrored_strategy import MirroredExtended
+    except ImportError:  # another TensorFlow layout: its own broadcasts are slower, not wrong
+        yield
+        return
+    extended = strategy.extended
+    if not isinstance(extended, CollectiveAllReduceExtended):
+        yield
+        return
+    extended._get_variable_creator_initial_value = types.MethodType(
+        MirroredExtended._get_variable_creator_initial_value, extended)
+    try:
+        yield
+    finally:
+        del extended._get_variable_creator_initial_value  # the class's own again
+
+
+def broadcast_from_first_replica(strategy: Any, variables: Sequence[Any]) -> None:
+    """Give every replica of ``strategy`` the first replica's values of ``variables`` (floating point), in one
+    all-reduce per dtype to which the other replicas add zeros: equal replicas whatever the initializers drew."""
+    import tensorflow as tf
+
+    if int(strategy.num_replicas_in_sync) == 1:
+        return
+    by_dtype: dict[Any, list[Any]] = {}
+    for variable in variables:
+        dtype = tf.as_dtype(variable.dtype)  # a Keras variable's is a name
+        if not dtype.is_floating:
+            raise ValueError(f"broadcast_from_first_replica takes floating-point variables; {variable.name} "
+                             f"is {dtype.name}")
+        by_dtype.setdefault(dtype, []).append(variable)
+    for group in by_dtype.values():
+        flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in group], axis=0)
+        contributions = strategy.experimental_distribute_values_from_function(
+            lambda context: flat if context.replica_id_in_sync_group == 0 else tf.zeros_like(flat))
+        first = strategy.reduce(tf.distribute.ReduceOp.SUM, contributions, axis=None)
+        for variable, value in zip(group, tf.split(first, [int(tf.size(v)) for v in group])):
+            variable.assign(tf.reshape(value, variable.shape))
 
 
 class _TensorflowClusterBackend(Backend):

@@ -92,6 +92,7 @@ class UNetTrainer:
 
         from distmis.data.tfrecord import iter_cases, read_manifest
         from distmis.models.unet3d_tf import build_unet3d, count_trainable_parameters
+        from distmis.parallel.tensorflow_cluster import broadcast_from_first_replica, variables_without_broadcast
         from distmis.train.losses import make_loss
 
         self.spec = spec
@@ -105,11 +106,13 @@ class UNetTrainer:
         self.replicas = int(self.strategy.num_replicas_in_sync)
         # Same seed -> same initial weights and data order, whatever hyperparameters differ.
         seed_everything(training.seed)
-        with self.strategy.scope():
+        with self.strategy.scope(), variables_without_broadcast(self.strategy):
             self.model, self.optimizer = self._build(keras, build_unet3d, manifest)
             # Adam's slots made here, eagerly: made inside the first traced step, they cost a second trace of it
             # and graph-mode initializers (9.8 s of tracing against 3.1 s for the U-Net of benchmarks/speedup.yaml)
             self.optimizer.build(self.model.trainable_variables)
+        # The first worker's initial weights to all, in one collective (the optimizer's state starts at zero)
+        broadcast_from_first_replica(self.strategy, self.model.weights)
         self.num_parameters = count_trainable_parameters(self.model)
         self.loss_fn = make_loss(training.loss.name, smooth=training.loss.smooth)
         self._num_train = int(manifest["splits"]["train"]["num_cases"])
@@ -122,7 +125,6 @@ class UNetTrainer:
         model, optimizer, loss_fn, strategy = self.model, self.optimizer, self.loss_fn, self.strategy
         replicas = self.replicas
 
-        @tf.function(reduce_retracing=True)
         def train_step(x, y):
             def replica_step(x, y):
                 with tf.GradientTape() as tape:
@@ -141,15 +143,20 @@ class UNetTrainer:
 
         @tf.function
         def train_steps(iterator, steps):
-            """``steps`` steps from ``iterator`` in one graph: no Python, eager op or input check between
-            steps, so no worker waits on another's host-side work (the mean loss of the steps)."""
+            """``steps`` steps from a distributed ``iterator`` in one graph, so that no ``next`` is an eager
+            cross-worker check for the end of the data (the mean loss of the steps)."""
             total = tf.constant(0.0)
             for _ in tf.range(steps):
                 x, y = next(iterator)
                 total += train_step(x, y)
             return total / tf.cast(steps, tf.float32)
 
-        self._train_step = train_step
+        # One trace for every batch size: the training split's last batch may be short (a worker's shard of 3
+        # cases in batches of 2), and a second trace of the step costs as much as the first (3 to 5 s).
+        signature = getattr(self.train_data, "element_spec", None)
+        self._train_step = tf.function(train_step, input_signature=list(signature)) \
+            if isinstance(signature, tuple) and all(isinstance(s, tf.TensorSpec) for s in signature) \
+            else tf.function(train_step, reduce_retracing=True)
         self._train_steps = train_steps
         self._train_iterator: Any = None
         self._predict = predict
@@ -178,6 +185,7 @@ class UNetTrainer:
         """
         from distmis.data.tfrecord import read_manifest
         from distmis.models.unet3d_tf import build_unet3d
+        from distmis.parallel.tensorflow_cluster import broadcast_from_first_replica
 
         if graph_key(spec) != graph_key(self.spec):
             raise ValueError("restart needs a trial with the same model and training graphs; this one differs in "
@@ -189,6 +197,7 @@ class UNetTrainer:
         seed_everything(spec.training.seed)
         fresh = self._build_model(build_unet3d, read_manifest(self.tfrecord_dir))  # only its initial weights
         self.model.set_weights(fresh.get_weights())
+        broadcast_from_first_replica(self.strategy, self.model.weights)
         for variable in self.optimizer.variables:
             variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
         self.optimizer.learning_rate = layout.effective_lr
@@ -234,15 +243,22 @@ class UNetTrainer:
     def train_epoch(self) -> float:
         """One pass over the training split; the mean batch loss.
 
-        Several replicas run the epoch's steps inside one ``tf.function`` over a persistent iterator. Stepping
-        from Python over a fresh distributed iterator each epoch (what ``for x, y in dataset`` does) made every
-        ``next`` an eager cross-worker check for the end of the data and a new iterator per epoch, and on CPU
-        two workers spent seconds to a minute waiting on each other at epoch starts
-        (``benchmarks/tf_collectives.py``, benchmarks/README.md).
+        Several replicas take the same number of steps an epoch from an iterator made once (a new distributed
+        iterator per epoch, with its cross-worker check for the end of the data at every ``next``, kept two
+        workers on CPU waiting on each other for seconds to a minute at epoch starts: benchmarks/README.md). A
+        worker's own pipeline is stepped from Python, one call of the traced step per batch; a distributed
+        dataset (several replicas in one worker) runs the epoch's steps in one ``tf.function`` loop, its ``next``
+        in the graph. Four 3-epoch trials on a kept 2-worker group took 62 to 67 s stepped from Python against
+        72.5 s in the loop, whose first epochs were longer (benchmarks/README.md).
         """
+        import tensorflow as tf
+
         if self.replicas > 1:
             if self._train_iterator is None:
                 self._train_iterator = iter(self.train_data)
+            if isinstance(self.train_data, tf.data.Dataset):
+                losses = [float(self._train_step(*next(self._train_iterator))) for _ in range(self.steps_per_epoch)]
+                return float(np.mean(losses))
             return float(self._train_steps(self._train_iterator, self.steps_per_epoch))
         losses = [float(self._train_step(x, y)) for x, y in self.train_data]
         if not losses:

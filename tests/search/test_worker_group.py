@@ -27,6 +27,40 @@ def probe(worker: Any) -> dict[str, Any]:
             "lr": float(trainer.optimizer.learning_rate.numpy()) if trainer is not None else None}
 
 
+def weights_sum(worker: Any, trainable: bool = False) -> float:
+    import numpy as np
+
+    model = worker.trainer.model
+    weights = model.trainable_weights if trainable else model.weights
+    return float(sum(np.sum(w.numpy(), dtype=np.float64) for w in weights))
+
+
+def perturb_and_broadcast(worker: Any) -> tuple[float, float]:
+    """Give this rank's weights values of its own, then the first replica's to all: (own sum, sum after)."""
+    from distmis.parallel.tensorflow_cluster import broadcast_from_first_replica
+
+    model = worker.trainer.model
+    for variable in model.weights:
+        variable.assign(variable + float(worker.rank + 1))
+    own = weights_sum(worker)
+    broadcast_from_first_replica(worker.strategy, model.weights)
+    return own, weights_sum(worker)
+
+
+def initial_values(worker: Any) -> tuple[float, float]:
+    """A variable made with this rank's number as its initial value, under the strategy's scope as TensorFlow
+    makes it and in :func:`variables_without_broadcast`."""
+    import tensorflow as tf
+
+    from distmis.parallel.tensorflow_cluster import variables_without_broadcast
+
+    with worker.strategy.scope():
+        broadcast = tf.Variable(float(worker.rank))
+        with variables_without_broadcast(worker.strategy):
+            own = tf.Variable(float(worker.rank))
+    return float(broadcast.numpy()), float(own.numpy())
+
+
 @pytest.fixture
 def search(tmp_path: Path):
     tree = small_spec_tree(tmp_path / "data", parallelism={"mode": "data", "workers": 2})
@@ -52,6 +86,14 @@ def test_one_group_serves_the_trials_of_a_search_in_turn(ray_local, search):
         assert [f["tf_config"]["task"]["index"] for f in found] == [0, 1]
         assert found[0]["tf_config"]["cluster"] == found[1]["tf_config"]["cluster"]
         assert all(f["replicas"] == 2 and f["lr"] == pytest.approx(2e-3) for f in found)  # linear scaling
+        # Initial values were not broadcast one by one; the replicas start, and stay, equal all the same (their
+        # batch norms' moving statistics are each worker's own).
+        sums = ray.get([w.__ray_call__.remote(weights_sum, True) for w in group.workers])
+        assert sums[0] == sums[1]
+        (own0, after0), (own1, after1) = ray.get([w.__ray_call__.remote(perturb_and_broadcast)
+                                                  for w in group.workers])
+        assert own0 != own1 and after0 == after1 == own0
+        assert ray.get([w.__ray_call__.remote(initial_values) for w in group.workers]) == [(0.0, 0.0), (0.0, 1.0)]
 
         # Another learning rate: the same graphs, restarted; its own (scaled) rate in both workers' optimizers.
         second, second_layout = resolve_trial(spec, {"training.optimizer.lr": 5.0e-3, "model.params.norm": "batch"})

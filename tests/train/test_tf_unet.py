@@ -37,6 +37,15 @@ def test_epoch_metrics_and_checkpoint(prepared, tmp_path: Path):
     assert path.is_file() and path.stat().st_size > 0
 
 
+def test_one_trace_of_the_training_step_whatever_the_batch_size(prepared):
+    spec, data = prepared
+    trainer = UNetTrainer(spec, data.tfrecord_dir)
+    assert sorted({int(x.shape[0]) for x, _ in trainer.train_data}) == [1, 2]  # 3 cases, batches of 2
+    trainer.train_epoch()
+    trainer.train_epoch()
+    assert trainer._train_step.experimental_get_tracing_count() == 1
+
+
 def test_same_seed_same_start_whatever_the_learning_rate(prepared):
     spec, data = prepared
     a = UNetTrainer(with_changes(spec, optimizer={"lr": 1.0e-3}), data.tfrecord_dir)
