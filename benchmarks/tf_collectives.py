@@ -10,8 +10,8 @@ step has finished on this worker). A variant changes one collective setting:
 - `ring`: `CommunicationImplementation.RING` explicitly;
 - `pack`: RING with every gradient packed into one all-reduce (`bytes_per_pack`);
 - `interop2`: two inter-op threads instead of one;
-- `loop`: the trainer's own loop: one persistent iterator, an epoch's steps inside one `tf.function`
-  (timed per epoch: its steps are not separable);
+- `loop`: the trainer's own loop (`UNetTrainer.train_epoch`): one persistent iterator; since commit 66979d2
+  each step called from Python, before it an epoch's steps inside one `tf.function` (timed per epoch);
 - `looppack`: that loop with the gradients packed as distmis's strategy packs them
   (`distmis.parallel.tensorflow_cluster.multi_worker_strategy`).
 
@@ -86,7 +86,7 @@ def worker(rank: int, ports: list[int], variant: str, overrides: dict[str, Any],
                         else tf.distribute.MultiWorkerMirroredStrategy())
     trainer = UNetTrainer(spec, tfrecords, layout=resolve_layout(spec), strategy=strategy)
     steps: list[list[float]] = []
-    if variant in ("loop", "looppack"):  # one persistent iterator, every step of an epoch inside one tf.function
+    if variant in ("loop", "looppack"):  # the trainer's own epoch over one persistent iterator
         for _epoch in range(epochs):
             start = time.perf_counter()
             trainer.train_epoch()
