@@ -153,10 +153,10 @@ class UNetTrainer:
 
         # One trace for every batch size: the training split's last batch may be short (a worker's shard of 3
         # cases in batches of 2), and a second trace of the step costs as much as the first (3 to 5 s).
-        signature = getattr(self.train_data, "element_spec", None)
-        self._train_step = tf.function(train_step, input_signature=list(signature)) \
-            if isinstance(signature, tuple) and all(isinstance(s, tf.TensorSpec) for s in signature) \
-            else tf.function(train_step, reduce_retracing=True)
+        if isinstance(self.train_data, tf.data.Dataset):
+            self._train_step = tf.function(train_step, input_signature=list(self.train_data.element_spec))
+        else:  # a distributed dataset, stepped inside train_steps
+            self._train_step = tf.function(train_step, reduce_retracing=True)
         self._train_steps = train_steps
         self._train_iterator: Any = None
         self._predict = predict
