@@ -24,6 +24,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue as queue_module
 import socket
 import statistics
 import time
@@ -94,6 +95,9 @@ def worker(rank: int, ports: list[int], variant: str, overrides: dict[str, Any],
         queue.put((rank, steps))
         return
     # distmis before the fix: steps driven from Python over a new distributed iterator each epoch
+    # the step as it was traced then, for whatever the iterator yields (a distributed one yields per-replica
+    # values, which the trainer's own step, typed for its worker's plain pipeline, does not take)
+    step = tf.function(trainer._train_step.python_function, reduce_retracing=True)
     data = trainer.train_data
     if world > 1:
         from distmis.data.tfrecord import make_dataset
@@ -106,7 +110,7 @@ def worker(rank: int, ports: list[int], variant: str, overrides: dict[str, Any],
         times = []
         start = time.perf_counter()
         for x, y in data:
-            float(trainer._train_step(x, y))
+            float(step(x, y))
             now = time.perf_counter()
             times.append(now - start)
             start = now
@@ -122,7 +126,18 @@ def run_variant(variant: str, world: int, overrides: dict[str, Any], tfrecords: 
              for r in range(world)]
     for p in procs:
         p.start()
-    results = dict(queue.get() for _ in procs)
+    results: dict[int, Any] = {}
+    while len(results) < world:  # a worker that dies (its traceback on stderr) must not leave this waiting
+        try:
+            rank, steps = queue.get(timeout=5)
+            results[rank] = steps
+        except queue_module.Empty:
+            dead = [(r, p.exitcode) for r, p in enumerate(procs) if r not in results and p.exitcode is not None]
+            if dead:
+                for p in procs:
+                    p.terminate()
+                raise RuntimeError(f"variant {variant!r}, {world} worker(s): worker(s) {dead} (rank, exit code) "
+                                   "died before reporting; see their traceback above")
     for p in procs:
         p.join()
     first_epoch_s = round(sum(results[0][0]), 2)  # tracing included
