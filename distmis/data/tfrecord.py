@@ -437,6 +437,7 @@ def make_dataset(
     drop_remainder: bool = False,
     shard: tuple[int, int] | None = None,
     repeat: bool = False,
+    tile_sampling: float = 0.0,
 ) -> tf.data.Dataset:
     """tf.data pipeline of ``(image, label)`` batches for one split.
 
@@ -451,6 +452,8 @@ def make_dataset(
         shard: ``(num_shards, index)`` keeps every ``num_shards``-th case
             starting at ``index`` (one data-parallel worker's part).
         repeat: make the dataset endless (take a fixed number of batches per epoch).
+        tile_sampling: the fraction of tiles centred on a foreground voxel (any label channel), drawn at
+            random; the others at a uniform random offset (``training.tile_sampling``).
 
     Returns:
         a dataset of ``image`` float32 ``(B, h, w, d, 4)`` and ``label`` float32
@@ -491,7 +494,8 @@ def make_dataset(
         ds = ds.repeat()
     if tile3 is not None:
         ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)))
-        ds = ds.map(_tiler(tf, tile3, image_shape, label_shape, seed), num_parallel_calls=autotune, deterministic=True)
+        ds = ds.map(_tiler(tf, tile3, image_shape, label_shape, seed, tile_sampling), num_parallel_calls=autotune,
+                    deterministic=True)
     ds = ds.map(lambda image, label: (image, tf.cast(label, tf.float32)), num_parallel_calls=autotune, deterministic=True)
     ds = ds.batch(int(batch_size), drop_remainder=drop_remainder)
     return ds.prefetch(autotune)
@@ -521,15 +525,33 @@ def _parser(tf: Any, image_shape: list[int], label_shape: list[int]) -> Callable
 
 
 def _tiler(
-    tf: Any, tile: tuple[int, int, int], image_shape: list[int], label_shape: list[int], seed: int
+    tf: Any, tile: tuple[int, int, int], image_shape: list[int], label_shape: list[int], seed: int,
+    tile_sampling: float = 0.0,
 ) -> Callable[[Any, Any], tuple[Any, Any]]:
-    """Random crop of ``tile`` at one offset for image and label, from a per-element random int."""
+    """Random crop of ``tile`` at one offset for image and label, from a per-element random int: a uniform
+    offset, or with probability ``tile_sampling`` the tile centred on a random foreground voxel (moved inside
+    the volume where it would stick out; a case without foreground keeps its uniform offset). The foreground
+    draws come from a stream of their own, so the uniform offsets are those of ``tile_sampling`` 0."""
     max_offset = tf.constant([s - t for s, t in zip(image_shape[:3], tile)], tf.float32)
+    half = tf.constant([t // 2 for t in tile], tf.int32)
+    if not 0.0 <= tile_sampling <= 1.0:
+        raise ValueError(f"tile_sampling must lie in [0, 1], got {tile_sampling}")
 
     def crop(pair: Any, draw: Any) -> tuple[Any, Any]:
         image, label = pair
         u = tf.random.stateless_uniform([3], seed=tf.stack([tf.constant(seed, tf.int64), draw]), dtype=tf.float32)
-        offset = tf.cast(tf.minimum(tf.floor(u * (max_offset + 1.0)), max_offset), tf.int32)
+        offset = uniform = tf.cast(tf.minimum(tf.floor(u * (max_offset + 1.0)), max_offset), tf.int32)
+        if tile_sampling > 0:
+            coin, pick = tf.unstack(tf.random.stateless_uniform(
+                [2], seed=tf.stack([tf.constant(seed, tf.int64) + 1, draw]), dtype=tf.float32))
+            foreground = tf.cast(tf.where(tf.reduce_any(label > 0, axis=-1)), tf.int32)  # (N, 3) voxels
+            count = tf.shape(foreground)[0]
+
+            def centred() -> Any:
+                centre = foreground[tf.minimum(tf.cast(pick * tf.cast(count, tf.float32), tf.int32), count - 1)]
+                return tf.clip_by_value(centre - half, 0, tf.cast(max_offset, tf.int32))
+
+            offset = tf.cond(tf.logical_and(coin < tile_sampling, count > 0), centred, lambda: uniform)
         begin = tf.concat([offset, [0]], axis=0)
         image = tf.slice(image, begin, list(tile) + [image_shape[3]])
         label = tf.slice(label, begin, list(tile) + [label_shape[3]])

@@ -319,8 +319,13 @@ def apply_config(spec: Spec, config: Mapping[str, Any], *, source: str = "trial 
                                      for sub, message in problems_from_validation_error(exc)]) from None
         if parent is None:
             trial = rebuilt  # type: ignore[assignment]
-        else:
+            continue
+        try:  # the enclosing section's own rules (training's warm-up within its epochs) run on assignment
             setattr(parent, name, rebuilt)
+        except ValidationError as exc:
+            enclosing = section_path.rpartition(".")[0]
+            raise SpecError(source, [(".".join(p for p in (enclosing, sub) if p), message)
+                                     for sub, message in problems_from_validation_error(exc)]) from None
     return trial
 
 

@@ -187,14 +187,57 @@ class InferenceSpec(StrictModel):
     batch_size: int | None = Field(None, ge=1, description="windows per forward pass (default training.batch_size)")
 
 
+LRScheduleName = Literal["constant", "cosine", "cyclic", "poly"]
+ScheduleInterval = Literal["epoch", "step"]
+
+# The trough of a schedule whose min_factor is not given: cosine anneals to 0 (PyTorch's CosineAnnealingLR);
+# a cyclic schedule swings between a quarter of the peak and the peak (Smith 2017 sets the base 3-4 times lower).
+DEFAULT_TROUGH = {"cosine": 0.0, "cyclic": 0.25}
+
+
+class LRScheduleSpec(StrictModel):
+    """How the learning rate moves during a trial; ``training.optimizer.lr`` (scaled for data parallelism) is
+    its peak. The formulas: :mod:`distmis.train.schedules`."""
+
+    name: LRScheduleName = "constant"
+    interval: ScheduleInterval = Field("epoch", description="change the rate at every epoch's start or every step")
+    warmup_epochs: float = Field(0.0, ge=0, description="linear warm-up first, from warmup_start_factor x peak")
+    warmup_start_factor: float = Field(0.1, gt=0, le=1)
+    min_factor: float | None = Field(None, ge=0, lt=1, description="cosine's end, cyclic's trough, x peak")
+    cycle_epochs: float = Field(4.0, gt=0, description="cyclic: the length of one up-and-down cycle")
+    power: float = Field(0.9, gt=0, description="poly: the exponent (nnU-Net: 0.9)")
+
+    @property
+    def trough_factor(self) -> float:
+        """``min_factor``, or the schedule's own default (:data:`DEFAULT_TROUGH`)."""
+        return self.min_factor if self.min_factor is not None else DEFAULT_TROUGH.get(self.name, 0.0)
+
+
 class TrainingSpec(StrictModel):
     epochs: int = Field(10, ge=1, le=100_000)
     batch_size: int = Field(2, ge=1)
     tile: Shape3 | None = None
+    tile_sampling: float = Field(0.0, ge=0, le=1, description="fraction of training tiles centred on foreground")
     optimizer: OptimizerSpec = OptimizerSpec()
+    lr_schedule: LRScheduleSpec = LRScheduleSpec()
     loss: LossSpec = LossSpec()
     inference: InferenceSpec = InferenceSpec()
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _tile_sampling_needs_tiles(self) -> TrainingSpec:
+        if self.tile_sampling and self.tile is None:
+            raise ValueError(f"tile_sampling ({self.tile_sampling:g}) needs training.tile: without tiles every "
+                             "training input is the whole volume")
+        return self
+
+    @model_validator(mode="after")
+    def _warmup_within_training(self) -> TrainingSpec:
+        warmup = self.lr_schedule.warmup_epochs
+        if warmup and warmup >= self.epochs:
+            raise ValueError(f"lr_schedule.warmup_epochs ({warmup:g}) must be fewer than training.epochs "
+                             f"({self.epochs}): the schedule would never leave its warm-up")
+        return self
 
     @property
     def inference_batch_size(self) -> int:

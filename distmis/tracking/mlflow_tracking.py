@@ -39,7 +39,7 @@ CHECKPOINT_TAG = "distmis.checkpoint"  # a trial's latest checkpoint folder: its
 RESUMES_TAG = "distmis.resumes"  # times a search (or a trial in it) was resumed after an interruption
 
 # What a trial reports each epoch that is logged as an MLflow metric (step = epoch).
-EPOCH_METRICS = ("train_loss", "val_loss", "val_dice", "epoch_seconds")
+EPOCH_METRICS = ("train_loss", "val_loss", "val_dice", "epoch_seconds", "learning_rate")
 
 
 def default_tracking_uri(output_dir: str | Path) -> str:

@@ -19,13 +19,16 @@ class EpochMetrics:
     val_loss: float
     val_dice: float
     epoch_seconds: float
+    learning_rate: float  # at the epoch's first step (training.lr_schedule)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
 
 
-def checked_epoch(epoch: int, train: Callable[[], float], validate: Callable[[], tuple[float, float]]) -> EpochMetrics:
-    """Train one epoch, validate, and time both. Raises NonFiniteLossError if a loss is NaN or infinite."""
+def checked_epoch(epoch: int, train: Callable[[], float], validate: Callable[[], tuple[float, float]], *,
+                  learning_rate: float) -> EpochMetrics:
+    """Train one epoch, validate, and time both. Raises NonFiniteLossError if a loss is NaN or infinite.
+    ``learning_rate``: the rate of the epoch's first step, reported with it."""
     start = time.perf_counter()
     train_loss = train()
     if not math.isfinite(train_loss):
@@ -33,4 +36,4 @@ def checked_epoch(epoch: int, train: Callable[[], float], validate: Callable[[],
     val_loss, val_dice = validate()
     if not math.isfinite(val_loss):
         raise NonFiniteLossError(f"validation loss became {val_loss} at epoch {epoch}")
-    return EpochMetrics(epoch, train_loss, val_loss, val_dice, time.perf_counter() - start)
+    return EpochMetrics(epoch, train_loss, val_loss, val_dice, time.perf_counter() - start, learning_rate)

@@ -22,6 +22,7 @@ from distmis.spec.layout import TrialLayout, resolve_layout
 from distmis.spec.schema import Spec
 from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch
 from distmis.train.inference import predict_channels_last
+from distmis.train.schedules import LearningRateSchedule
 
 __all__ = ["EpochMetrics", "NonFiniteLossError", "UNetTrainer", "graph_key"]
 
@@ -71,9 +72,10 @@ def seed_everything(seed: int) -> None:
 
 
 def graph_key(spec: Spec) -> str:
-    """What a trainer's traced graphs depend on: the spec but its learning rate, seed and number of epochs
-    (two trials with equal keys can share one trainer: :meth:`UNetTrainer.restart`)."""
-    training = spec.training.model_dump(mode="json", exclude={"epochs", "seed"})
+    """What a trainer's traced graphs depend on: the spec but its learning rate and its schedule (a variable the
+    graphs read), seed, number of epochs and tile sampling (the input pipeline's, made again at a restart): two
+    trials with equal keys can share one trainer (:meth:`UNetTrainer.restart`)."""
+    training = spec.training.model_dump(mode="json", exclude={"epochs", "seed", "lr_schedule", "tile_sampling"})
     training["optimizer"].pop("lr")
     return json.dumps({"model": spec.model.model_dump(mode="json"), "dataset": spec.dataset.model_dump(mode="json"),
                        "training": training}, sort_keys=True)
@@ -115,7 +117,12 @@ class UNetTrainer:
         broadcast_from_first_replica(self.strategy, self.model.weights)
         self.num_parameters = count_trainable_parameters(self.model)
         self.loss_fn = make_loss(training.loss.name, smooth=training.loss.smooth)
+        # training.lr_schedule at the layout's (data-parallel scaled) rate, assigned to the optimizer's
+        # learning-rate variable at each epoch's start or step: no graph is traced again for it
+        self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
+        self._epochs_trained = 0
         self._num_train = int(manifest["splits"]["train"]["num_cases"])
+        self.steps_per_epoch = max(1, math.ceil(self._num_train / training.batch_size))  # one process's
         self.train_data = self._train_data(training.seed)
         # Validation cases stay in memory: they are read once and predicted every epoch.
         self.val_cases = [(cid, img, lab.astype(np.float32)) for cid, img, lab in iter_cases(self.tfrecord_dir, "val")]
@@ -142,11 +149,13 @@ class UNetTrainer:
             return model(x, training=False)
 
         @tf.function
-        def train_steps(iterator, steps):
-            """``steps`` steps from a distributed ``iterator`` in one graph, so that no ``next`` is an eager
-            cross-worker check for the end of the data (the mean loss of the steps)."""
+        def train_steps(iterator, learning_rates):
+            """A step per rate of ``learning_rates`` from a distributed ``iterator`` in one graph, so that no
+            ``next`` is an eager cross-worker check for the end of the data (the mean loss of the steps)."""
             total = tf.constant(0.0)
-            for _ in tf.range(steps):
+            steps = tf.shape(learning_rates)[0]
+            for step in tf.range(steps):
+                optimizer.learning_rate = learning_rates[step]
                 x, y = next(iterator)
                 total += train_step(x, y)
             return total / tf.cast(steps, tf.float32)
@@ -201,6 +210,8 @@ class UNetTrainer:
         for variable in self.optimizer.variables:
             variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
         self.optimizer.learning_rate = layout.effective_lr
+        self.learning_rates = LearningRateSchedule.for_training(spec.training, layout.effective_lr)
+        self._epochs_trained = 0
         self.train_data = self._train_data(spec.training.seed)
 
     def _train_data(self, seed: int) -> Any:
@@ -223,14 +234,14 @@ class UNetTrainer:
         self._train_iterator = None
         if self.replicas == 1:
             return make_dataset(self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True,
-                                seed=seed, tile=training.tile)
+                                seed=seed, tile=training.tile, tile_sampling=training.tile_sampling)
         largest_shard = math.ceil(self._num_train / self.replicas)
         self.steps_per_epoch = max(1, math.ceil(largest_shard / training.batch_size))
 
         def worker_dataset(pipelines: int, index: int) -> Any:
             return make_dataset(
                 self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True, seed=seed,
-                tile=training.tile, shard=(pipelines, index),
+                tile=training.tile, tile_sampling=training.tile_sampling, shard=(pipelines, index),
             ).repeat()  # each pass reshuffled and re-tiled
 
         worker = _worker_of(self.strategy)
@@ -240,8 +251,9 @@ class UNetTrainer:
             lambda context: worker_dataset(context.num_input_pipelines, context.input_pipeline_id))
 
     # ------------------------------------------------------------------ training
-    def train_epoch(self) -> float:
-        """One pass over the training split; the mean batch loss.
+    def train_epoch(self, epoch: int | None = None) -> float:
+        """One pass over the training split; the mean batch loss. The learning rate is ``training.lr_schedule``'s
+        for epoch ``epoch`` (counted from 1; by default the one after those this trainer has trained).
 
         Several replicas take the same number of steps an epoch from an iterator made once (a new distributed
         iterator per epoch, with its cross-worker check for the end of the data at every ``next``, kept two
@@ -253,14 +265,25 @@ class UNetTrainer:
         """
         import tensorflow as tf
 
-        if self.replicas > 1:
+        epoch = self._epochs_trained + 1 if epoch is None else epoch
+        self._epochs_trained = epoch
+        steps = self.steps_per_epoch
+        rates = [self.learning_rates.at(epoch, step, steps) for step in range(steps)]
+        if self.replicas > 1 and not isinstance(self.train_data, tf.data.Dataset):  # a distributed dataset
             if self._train_iterator is None:
                 self._train_iterator = iter(self.train_data)
-            if isinstance(self.train_data, tf.data.Dataset):
-                losses = [float(self._train_step(*next(self._train_iterator))) for _ in range(self.steps_per_epoch)]
-                return float(np.mean(losses))
-            return float(self._train_steps(self._train_iterator, self.steps_per_epoch))
-        losses = [float(self._train_step(x, y)) for x, y in self.train_data]
+            return float(self._train_steps(self._train_iterator, tf.constant(rates, tf.float32)))
+        if self.replicas > 1:  # this worker's own pipeline, repeated: the same number of steps on every worker
+            if self._train_iterator is None:
+                self._train_iterator = iter(self.train_data)
+            batches: Any = (next(self._train_iterator) for _ in range(steps))
+        else:
+            batches = iter(self.train_data)
+        losses = []
+        for step, (x, y) in enumerate(batches):
+            if step == 0 or self.learning_rates.per_step:
+                self.optimizer.learning_rate = rates[min(step, steps - 1)]
+            losses.append(float(self._train_step(x, y)))
         if not losses:
             raise ValueError(f"{self.tfrecord_dir}: the training split holds no cases")
         return float(np.mean(losses))
@@ -286,7 +309,8 @@ class UNetTrainer:
 
     def run_epoch(self, epoch: int) -> EpochMetrics:
         """Train one epoch, validate, and time both. Raises NonFiniteLossError if training diverged."""
-        return checked_epoch(epoch, self.train_epoch, self.validate)
+        return checked_epoch(epoch, lambda: self.train_epoch(epoch), self.validate,
+                             learning_rate=self.learning_rates.at(epoch))
 
     weight_files: tuple[str, ...] = ("model.weights.h5",)
 
@@ -332,3 +356,4 @@ class UNetTrainer:
         seed = self.spec.training.seed + epoch
         seed_everything(seed)
         self.train_data = self._train_data(seed)
+        self._epochs_trained = epoch

@@ -28,6 +28,7 @@ from distmis.spec.layout import TrialLayout, resolve_layout
 from distmis.spec.schema import Spec
 from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch
 from distmis.train.inference import predict_channels_last
+from distmis.train.schedules import LearningRateSchedule
 
 __all__ = [
     "LossName",
@@ -186,6 +187,8 @@ class TorchUNetTrainer:
             self.train_model.parameters(), lr=self.layout.effective_lr, betas=(opt.beta1, opt.beta2), eps=opt.epsilon,
             amsgrad=opt.amsgrad,
         )
+        # training.lr_schedule at the layout's (data-parallel scaled) rate: set at each epoch's start or step
+        self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
         self.loss_fn = make_loss(training.loss.name, training.loss.smooth)
 
         train_cases = load_split(self.tfrecord_dir, "train")
@@ -199,6 +202,7 @@ class TorchUNetTrainer:
             raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
 
         self._tile_rng = torch.Generator().manual_seed(training.seed * 1_000 + rank)
+        self._foreground_rng = torch.Generator().manual_seed(training.seed * 1_000 + rank + 500)  # tile_sampling
         self._epochs_trained = 0
 
     def _build_model(self, in_channels: int) -> UNet3D:
@@ -244,28 +248,47 @@ class TorchUNetTrainer:
         for i in indices:
             image, label = self.train_images[i], self.train_labels[i]
             if self.tile is not None:
-                crop = self._random_crop(tuple(image.shape[1:]))
+                crop = self._random_crop(tuple(image.shape[1:]), label)
                 image, label = image[crop], label[crop]
             images.append(image)
             labels.append(label)
         return torch.stack(images).to(self.device), torch.stack(labels).to(self.device)
 
-    def _random_crop(self, volume: tuple[int, ...]) -> tuple[slice, ...]:
-        """Slices (all channels, then a tile at a seeded random offset): the same for image and label."""
+    def _random_crop(self, volume: tuple[int, ...], label: torch.Tensor) -> tuple[slice, ...]:
+        """Slices (all channels, then a tile at a seeded random offset): the same for image and label.
+
+        With probability ``training.tile_sampling`` the tile is centred on a random foreground voxel of
+        ``label`` (C, H, W, D) instead, moved inside the volume where it would stick out (a case without
+        foreground keeps its uniform offset). Those draws come from a generator of their own, so the uniform
+        offsets are those of ``tile_sampling`` 0, as in the TensorFlow pipeline (:func:`~distmis.data.tfrecord
+        .make_dataset`).
+        """
         assert self.tile is not None
         starts = [int(torch.randint(0, v - t + 1, (1,), generator=self._tile_rng)) for v, t in zip(volume, self.tile)]
+        sampling = self.spec.training.tile_sampling
+        if sampling and float(torch.rand(1, generator=self._foreground_rng)) < sampling:
+            pick = float(torch.rand(1, generator=self._foreground_rng))
+            foreground = torch.nonzero(label.any(dim=0))  # (N, 3) voxels
+            if len(foreground):
+                centre = foreground[min(int(pick * len(foreground)), len(foreground) - 1)].tolist()
+                starts = [min(max(c - t // 2, 0), v - t) for c, t, v in zip(centre, self.tile, volume)]
         return (slice(None), *(slice(s, s + t) for s, t in zip(starts, self.tile)))
 
     # ------------------------------------------------------------------ training
     def train_epoch(self, epoch: int | None = None) -> float:
         """Train on this rank's batches of one epoch; the mean batch loss.
 
-        ``epoch`` picks the data order; by default it is the number of epochs this trainer has trained.
+        ``epoch`` picks the data order; by default it is the number of epochs this trainer has trained. The
+        learning rate is ``training.lr_schedule``'s for epoch ``epoch`` (counted from 1; by default the next one).
         """
+        lr_epoch = self._epochs_trained + 1 if epoch is None else max(epoch, 1)  # a data order of 0: the first's
         epoch = self._epochs_trained if epoch is None else epoch
         self.train_model.train()
         losses = []
-        for indices in self.epoch_batches(epoch):
+        batches = self.epoch_batches(epoch)
+        for step, indices in enumerate(batches):
+            if step == 0 or self.learning_rates.per_step:
+                self.set_learning_rate(self.learning_rates.at(lr_epoch, step, len(batches)))
             x, y = self._batch(indices)
             self.optimizer.zero_grad(set_to_none=True)
             loss = self._batch_loss(x, y)
@@ -275,6 +298,10 @@ class TorchUNetTrainer:
             losses.append(float(loss.detach()))
         self._epochs_trained += 1
         return float(np.mean(losses))
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def _batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The training loss of one batch (a subclass may predict only part of it)."""
@@ -333,7 +360,8 @@ class TorchUNetTrainer:
 
         Raises NonFiniteLossError if training diverged.
         """
-        return checked_epoch(epoch, lambda: self.train_epoch(epoch), self.validate)
+        return checked_epoch(epoch, lambda: self.train_epoch(epoch), self.validate,
+                             learning_rate=self.learning_rates.at(epoch))
 
     weight_files: tuple[str, ...] = ("model.pt",)
 
@@ -358,7 +386,8 @@ class TorchUNetTrainer:
         if primary:
             torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
                        directory / "trainer.pt")
-        rng = {"torch": torch.get_rng_state(), "tiles": self._tile_rng.get_state()}
+        rng = {"torch": torch.get_rng_state(), "tiles": self._tile_rng.get_state(),
+               "foreground": self._foreground_rng.get_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         torch.save(rng, directory / f"rng.rank{rank}.pt")
@@ -380,8 +409,11 @@ class TorchUNetTrainer:
             rng = torch.load(rng_file, weights_only=True)
             torch.set_rng_state(rng["torch"])
             self._tile_rng.set_state(rng["tiles"])
+            if "foreground" in rng:  # absent from checkpoints written before training.tile_sampling
+                self._foreground_rng.set_state(rng["foreground"])
             if "cuda" in rng and self.device.type == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
         else:
             self._tile_rng.manual_seed((self.spec.training.seed * 1_000 + rank) * 10_000 + epoch)
+            self._foreground_rng.manual_seed((self.spec.training.seed * 1_000 + rank + 500) * 10_000 + epoch)
         self._epochs_trained = epoch

@@ -212,6 +212,23 @@ def test_make_dataset_tiles_crop_image_and_label_together(brats_tfr) -> None:
     assert len(set(offsets)) > 1  # offsets are random, not always the same corner
 
 
+def test_foreground_tile_sampling_centres_tiles_on_the_label(brats_tfr) -> None:
+    out, _, _ = brats_tfr
+    assert all(label.any() for _, _, label in iter_cases(out, "train"))
+
+    def label_tiles(fraction: float) -> list[np.ndarray]:
+        ds = make_dataset(out, "train", batch_size=1, shuffle=True, seed=2, tile=(2, 2, 2), tile_sampling=fraction)
+        return [y[0] for _ in range(8) for _, y in _batches(ds)]  # 8 epochs of 3 cases
+
+    uniform, centred = label_tiles(0.0), label_tiles(1.0)
+    assert any(not y.any() for y in uniform)  # a uniform offset misses the foreground at times
+    assert all(y.any() for y in centred)  # a centred tile never does
+    # the coin's and the centre's draws come from a stream of their own: a tile not centred is a uniform one
+    half = label_tiles(0.5)
+    assert any(np.array_equal(h, u) for h, u in zip(half, uniform)) and not all(
+        np.array_equal(h, u) for h, u in zip(half, uniform))
+
+
 def test_make_dataset_deterministic_for_a_seed(brats_tfr) -> None:
     out, _, _ = brats_tfr
 

@@ -74,8 +74,10 @@ def probe_worker(out_dir: str, loop_config: dict[str, Any]) -> None:
     before = {"imported_at_start": frameworks_imported(), "tf_config": json.loads(os.environ.get("TF_CONFIG", "null"))}
     spec, layout, trainer = worker_trainer(loop_config)
     rank = ray.train.get_context().get_world_rank()
-    record(out_dir, spec, layout, trainer, rank=rank, before=before)
+    found = record(out_dir, spec, layout, trainer, rank=rank, before=before)
     train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint, rank=rank, primary=rank == 0)
+    found["lr_after"] = optimizer_lr(trainer)  # the rate of the last epoch (training.lr_schedule)
+    Path(out_dir, f"{layout.world_size}-{rank}.json").write_text(json.dumps(found))
 
 
 def probe_single(out_dir: str, config: dict[str, Any], *, spec: Any, tfrecord_dir: str) -> None:
@@ -94,7 +96,7 @@ def probe_group_worker(worker: Any, out_dir: str) -> None:
     import os
 
     trainer = worker.trainer
-    before = {"tf_config": json.loads(os.environ.get("TF_CONFIG", "null"))}
+    before = {"tf_config": json.loads(os.environ.get("TF_CONFIG", "null")), "lr_after": optimizer_lr(trainer)}
     record(out_dir, trainer.spec, trainer.layout, trainer, rank=worker.rank, before=before)
 
 
@@ -163,6 +165,16 @@ def test_data_parallel_workers_train_at_the_effective_lr(ray_local, tmp_path: Pa
     if framework == "tensorflow":  # both workers hold the same cluster of two addresses
         clusters = {json.dumps(rank["tf_config"]["cluster"]) for rank in found.values()}
         assert len(clusters) == 1 and len(set(found["2-0"]["tf_config"]["cluster"]["worker"])) == 2
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_data_parallel_workers_follow_the_schedule_from_the_effective_lr(ray_local, tmp_path: Path, framework: str):
+    tree = one_epoch_tree(tmp_path / "data", framework, mode="data", workers=2, resources_per_worker={"cpu": 1})
+    tree["training"].update(epochs=2, lr_schedule={"name": "poly", "power": 1.0})
+    found = worker_records(run_probed(tree, tmp_path))
+    assert sorted(found) == ["2-0", "2-1"]
+    for rank in found.values():  # epoch 2 of 2 trains at (1 - 1/2) of the scaled peak 2e-3, in each worker
+        assert rank["lr_after"] == pytest.approx(1e-3)
 
 
 def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says(ray_local, tmp_path: Path):

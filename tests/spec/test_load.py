@@ -142,6 +142,15 @@ def test_search_value_validated_before_start(spec_tree):
     assert path == "search.space.model.params.norm" and "'instance'" in message
 
 
+def test_searched_schedules_are_checked_against_the_epochs(spec_tree):
+    spec_tree["training"]["epochs"] = 2
+    spec_tree["search"]["space"] = {"training.lr_schedule.name": {"grid": ["constant", "cosine", "cyclic", "poly"]},
+                                    "training.lr_schedule.warmup_epochs": {"grid": [0, 1, 2]}}
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "search.space.training.lr_schedule.warmup_epochs"
+    assert "value 2" in message and "must be fewer than training.epochs (2)" in message
+
+
 def test_search_range_ends_validated(spec_tree):
     spec_tree["search"] = {"algorithm": "random", "space": {"training.optimizer.beta2": {"uniform": [0.9, 1.2]}}}
     [(path, message)] = problems_of(spec_tree)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,33 @@ def test_one_trace_of_the_training_step_whatever_the_batch_size(prepared):
     assert trainer._train_step.experimental_get_tracing_count() == 1
 
 
+def test_the_schedule_sets_the_optimizers_rate_at_each_epoch_and_step(prepared):
+    spec, data = prepared
+    trainer = UNetTrainer(with_changes(spec, epochs=2, lr_schedule={"name": "poly", "power": 1.0}), data.tfrecord_dir)
+    for epoch, rate in ((1, 1.0e-3), (2, 0.5e-3)):
+        metrics = trainer.run_epoch(epoch)
+        assert metrics.learning_rate == pytest.approx(rate)
+        assert float(trainer.optimizer.learning_rate.numpy()) == pytest.approx(rate)
+    stepped = UNetTrainer(with_changes(spec, epochs=2, lr_schedule={"name": "cosine", "interval": "step"}),
+                          data.tfrecord_dir)
+    stepped.train_epoch(1)  # 3 cases in batches of 2: the second step at a quarter of the 2 epochs
+    assert float(stepped.optimizer.learning_rate.numpy()) == pytest.approx(1.0e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
+    stepped.train_epoch()  # the next epoch, 2
+    assert float(stepped.optimizer.learning_rate.numpy()) == pytest.approx(1.0e-3 * 0.5 * (1 + math.cos(math.pi * 3 / 4)))
+    assert stepped._train_step.experimental_get_tracing_count() == 1  # the rate is a variable: no new trace
+
+
+def test_data_parallel_trainers_schedule_the_scaled_rate(prepared):
+    from distmis.spec.layout import resolve_layout
+
+    spec, data = prepared
+    tree = with_changes(spec, epochs=2, lr_schedule={"name": "poly", "power": 1.0}).model_dump(mode="json")
+    tree["parallelism"] = {"mode": "data", "workers": 2, "lr_scaling": "linear"}
+    two = validate_spec(tree)
+    trainer = UNetTrainer(two, data.tfrecord_dir, layout=resolve_layout(two))
+    assert [trainer.run_epoch(e).learning_rate for e in (1, 2)] == pytest.approx([2.0e-3, 1.0e-3])
+
+
 def test_same_seed_same_start_whatever_the_learning_rate(prepared):
     spec, data = prepared
     a = UNetTrainer(with_changes(spec, optimizer={"lr": 1.0e-3}), data.tfrecord_dir)
@@ -87,7 +115,8 @@ def test_a_restarted_trainer_is_a_new_trainer_of_the_other_trial(prepared):
 
     spec, data = prepared
     first = with_changes(spec, optimizer={"lr": 1.0e-3}, seed=3)
-    second = with_changes(spec, optimizer={"lr": 5.0e-3}, seed=4, epochs=1)
+    second = with_changes(spec, optimizer={"lr": 5.0e-3}, seed=4, epochs=1,
+                          lr_schedule={"name": "cosine", "interval": "step"})
     assert graph_key(first) == graph_key(second)
     assert graph_key(first) != graph_key(with_changes(spec, batch_size=1))
     kept = UNetTrainer(first, data.tfrecord_dir)
@@ -103,6 +132,9 @@ def test_a_restarted_trainer_is_a_new_trainer_of_the_other_trial(prepared):
     assert [y.numpy().sum() for _, y in kept.train_data] == [y.numpy().sum() for _, y in fresh.train_data]
     a, b = kept.run_epoch(1), fresh.run_epoch(1)
     assert a.train_loss == pytest.approx(b.train_loss, rel=1e-5) and a.val_dice == pytest.approx(b.val_dice, rel=1e-5)
+    # the new trial's schedule: its second step at half-way down the cosine of its one epoch
+    assert float(kept.optimizer.learning_rate.numpy()) == pytest.approx(2.5e-3)
+    assert float(fresh.optimizer.learning_rate.numpy()) == pytest.approx(2.5e-3)
     assert kept._train_step is traced  # the same traced function, not a new one
     with pytest.raises(ValueError, match="same model and training graphs"):
         kept.restart(with_changes(spec, batch_size=1), resolve_layout(spec))

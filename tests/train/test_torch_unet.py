@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +142,23 @@ def test_wrap_model_is_trained(prepared):
     assert np.isfinite(trainer.train_epoch())
 
 
+def test_the_schedule_sets_the_optimizers_rate_at_each_epoch_and_step(prepared):
+    spec, data = prepared
+    trainer = TorchUNetTrainer(with_changes(spec, epochs=2, lr_schedule={"name": "poly", "power": 1.0}),
+                               data.tfrecord_dir)
+    for epoch, rate in ((1, 1.0e-3), (2, 0.5e-3)):
+        assert trainer.run_epoch(epoch).learning_rate == pytest.approx(rate)
+        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(rate)
+    stepped = TorchUNetTrainer(with_changes(spec, epochs=2, lr_schedule={"name": "cosine", "interval": "step"}),
+                               data.tfrecord_dir)
+    seen = []
+    step = stepped.optimizer.step
+    stepped.optimizer.step = lambda *a, **k: (seen.append(stepped.optimizer.param_groups[0]["lr"]), step(*a, **k))[1]
+    stepped.train_epoch(1)
+    stepped.train_epoch(2)  # 3 cases in batches of 2: steps at 0, 1/4, 1/2 and 3/4 of the 2 epochs
+    assert seen == pytest.approx([1.0e-3 * 0.5 * (1 + math.cos(math.pi * q / 4)) for q in range(4)])
+
+
 def test_same_seed_same_start_whatever_the_learning_rate(prepared):
     spec, data = prepared
     a = TorchUNetTrainer(with_changes(spec, optimizer={"lr": 1.0e-3}), data.tfrecord_dir)
@@ -167,6 +185,22 @@ def test_tiled_training_and_validation_cover_the_volume(prepared):
         TorchUNetTrainer(with_changes(spec, tile=[32, 8, 8]), data.tfrecord_dir)
 
 
+def test_foreground_tile_sampling_centres_tiles_on_the_label(prepared):
+    spec, data = prepared
+
+    def label_tiles(fraction: float) -> list[torch.Tensor]:
+        trainer = TorchUNetTrainer(with_changes(spec, tile=[4, 4, 4], tile_sampling=fraction), data.tfrecord_dir)
+        return [y for epoch in range(8) for batch in trainer.epoch_batches(epoch) for y in trainer._batch(batch)[1]]
+
+    assert all(label.any() for label in TorchUNetTrainer(spec, data.tfrecord_dir).train_labels)
+    uniform, centred, half = label_tiles(0.0), label_tiles(1.0), label_tiles(0.5)
+    assert any(not y.any() for y in uniform)  # a uniform offset misses the foreground at times
+    assert all(y.any() for y in centred)  # a centred tile never does
+    # the coin's and the centre's draws come from a generator of their own: a tile not centred is a uniform one
+    assert any(torch.equal(h, u) for h, u in zip(half, uniform))
+    assert not all(torch.equal(h, u) for h, u in zip(half, uniform))
+
+
 def test_random_tiles_crop_image_and_label_alike(prepared):
     spec, data = prepared
     tiled = with_changes(spec, tile=[8, 8, 8])
@@ -183,7 +217,7 @@ def test_random_tiles_crop_image_and_label_alike(prepared):
         corners.append(int(x[0, 0, 0, 0, 0]))
     assert len(set(corners)) > 1  # the offsets are random...
     again = TorchUNetTrainer(tiled, data.tfrecord_dir)
-    again_crops = [again._random_crop(tuple(shape[1:])) for _ in range(10)]
+    again_crops = [again._random_crop(tuple(shape[1:]), trainer.train_labels[0]) for _ in range(10)]
     assert [int(numbered[c[1:]][0, 0, 0]) for c in again_crops] == corners  # ...and seeded
 
 
