@@ -28,7 +28,7 @@ __all__ = ["LearningRateSchedule", "lr_factor"]
 
 
 def lr_factor(schedule: LRScheduleSpec, progress: float, epochs: int) -> float:
-    """The factor of the peak learning rate after ``progress`` epochs of ``epochs`` (0 <= progress < epochs)."""
+    """The factor of the peak learning rate after ``progress`` epochs of ``epochs`` (0 <= progress <= epochs)."""
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     if not 0 <= progress <= epochs:
