@@ -57,6 +57,8 @@ from distmis.data.split import SPLIT_NAMES, validate_split
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
+    from distmis.spec.schema import AugmentSpec
+
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
@@ -438,12 +440,13 @@ def make_dataset(
     shard: tuple[int, int] | None = None,
     repeat: bool = False,
     tile_sampling: float = 0.0,
+    augment: AugmentSpec | None = None,
 ) -> tf.data.Dataset:
     """tf.data pipeline of ``(image, label)`` batches for one split.
 
     shards -> interleave(TFRecordDataset) -> parse + reshape -> [shard] ->
     cache -> shuffle (buffer = all cases, reshuffled each epoch) -> [repeat] ->
-    random tile crop (same offset for image and label) -> batch -> prefetch.
+    random tile crop (same offset for image and label) -> [augment] -> batch -> prefetch.
 
     The element order and the tiles are a deterministic function of ``seed``
     (and of the epoch, when the same dataset object is iterated again).
@@ -454,6 +457,8 @@ def make_dataset(
         repeat: make the dataset endless (take a fixed number of batches per epoch).
         tile_sampling: the fraction of tiles centred on a foreground voxel (any label channel), drawn at
             random; the others at a uniform random offset (``training.tile_sampling``).
+        augment: ``training.augment``: random transforms of each element after its tile is cut
+            (:mod:`distmis.data.augment_tf`; training pipelines only), seeded by ``seed`` and the epoch.
 
     Returns:
         a dataset of ``image`` float32 ``(B, h, w, d, 4)`` and ``label`` float32
@@ -492,11 +497,24 @@ def make_dataset(
         ds = ds.shuffle(num_cases, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         ds = ds.repeat()
-    if tile3 is not None:
-        ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)))
-        ds = ds.map(_tiler(tf, tile3, image_shape, label_shape, seed, tile_sampling), num_parallel_calls=autotune,
+    augmenting = augment is not None and augment.active
+    if tile3 is None and not augmenting:
+        ds = ds.map(lambda image, label: (image, tf.cast(label, tf.float32)), num_parallel_calls=autotune,
                     deterministic=True)
-    ds = ds.map(lambda image, label: (image, tf.cast(label, tf.float32)), num_parallel_calls=autotune, deterministic=True)
+    else:  # each element drawn a random integer, re-drawn each epoch: its tile's and its transforms' seed
+        ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)))
+        if tile3 is not None:
+            crop = _tiler(tf, tile3, image_shape, label_shape, seed, tile_sampling)
+            ds = ds.map(lambda pair, draw: (crop(pair, draw), draw), num_parallel_calls=autotune, deterministic=True)
+        ds = ds.map(lambda pair, draw: (pair[0], tf.cast(pair[1], tf.float32), draw), num_parallel_calls=autotune,
+                    deterministic=True)
+        if augmenting:
+            from distmis.data.augment_tf import augmenter
+
+            spatial = tile3 if tile3 is not None else tuple(image_shape[:3])
+            ds = ds.map(augmenter(tf, augment, spatial, seed), num_parallel_calls=autotune, deterministic=True)
+        else:
+            ds = ds.map(lambda image, label, draw: (image, label), num_parallel_calls=autotune, deterministic=True)
     ds = ds.batch(int(batch_size), drop_remainder=drop_remainder)
     return ds.prefetch(autotune)
 

@@ -213,6 +213,55 @@ class LRScheduleSpec(StrictModel):
         return self.min_factor if self.min_factor is not None else DEFAULT_TROUGH.get(self.name, 0.0)
 
 
+Probability = Annotated[float, Field(ge=0, le=1)]
+
+
+class AugmentSpec(StrictModel):
+    """Random transforms of the training inputs (never of validation or test), the same in both frameworks:
+    MONAI's dictionary transforms for torch (:mod:`distmis.data.augment_torch`), graph ops inside the ``tf.data``
+    pipeline for TensorFlow (:mod:`distmis.data.augment_tf`). Applied to each training input after its tile is cut,
+    in the order below; geometric transforms move image and label together (the image interpolated linearly, the
+    label by nearest neighbour, zeros outside), intensity transforms touch the image only. Draws are seeded by
+    ``training.seed`` and the epoch.
+
+    Off unless ``enabled``; the probabilities and ranges below are then the recipe (flips and small rotations
+    and zooms as the seeds use, nnU-Net's intensity probabilities), each searchable by its path.
+    """
+
+    enabled: bool = False
+    flip: Probability = Field(0.5, description="mirror along each spatial axis, drawn per axis")
+    rotate90: Probability = Field(0.0, description="k x 90 degrees (k in 1..3), drawn per plane of equal extents")
+    affine: Probability = Field(0.2, description="a small rotation and zoom")
+    rotate_degrees: float = Field(15.0, ge=0, le=180, description="affine: rotation about each axis in +-this")
+    scale_range: float = Field(0.1, ge=0, lt=1, description="affine: zoom factor in 1 +- this, per axis")
+    elastic: Probability = Field(0.0, description="elastic deformation (smoothed random displacements)")
+    elastic_sigma: tuple[float, float] = Field((5.0, 8.0), description="voxels: the smoothing Gaussian's sigma")
+    elastic_magnitude: tuple[float, float] = Field((100.0, 200.0), description="x the smoothed unit noise, voxels")
+    intensity_scale: Probability = Field(0.15, description="multiply the image by 1 + u, u in +-range")
+    intensity_scale_range: float = Field(0.1, ge=0, lt=1)
+    intensity_shift: Probability = Field(0.15, description="add u in +-range to the image")
+    intensity_shift_range: float = Field(0.1, ge=0)
+    noise: Probability = Field(0.15, description="add Gaussian noise of a std drawn in [0, noise_std]")
+    noise_std: float = Field(0.1, ge=0)
+
+    @field_validator("elastic_sigma", "elastic_magnitude")
+    @classmethod
+    def _ordered_range(cls, value: tuple[float, float], info: ValidationInfo) -> tuple[float, float]:
+        low, high = value
+        if not 0 <= low <= high:
+            raise ValueError(f"{info.field_name} must be [low, high] with 0 <= low <= high, got {list(value)}")
+        if info.field_name == "elastic_sigma" and low <= 0:
+            raise ValueError(f"elastic_sigma must be positive, got {list(value)}")
+        return value
+
+    @property
+    def active(self) -> bool:
+        """Whether any transform can fire."""
+        probabilities = (self.flip, self.rotate90, self.affine, self.elastic, self.intensity_scale,
+                         self.intensity_shift, self.noise)
+        return self.enabled and any(p > 0 for p in probabilities)
+
+
 class TrainingSpec(StrictModel):
     epochs: int = Field(10, ge=1, le=100_000)
     batch_size: int = Field(2, ge=1)
@@ -220,6 +269,7 @@ class TrainingSpec(StrictModel):
     tile_sampling: float = Field(0.0, ge=0, le=1, description="fraction of training tiles centred on foreground")
     optimizer: OptimizerSpec = OptimizerSpec()
     lr_schedule: LRScheduleSpec = LRScheduleSpec()
+    augment: AugmentSpec = AugmentSpec()
     loss: LossSpec = LossSpec()
     inference: InferenceSpec = InferenceSpec()
     seed: int = 0

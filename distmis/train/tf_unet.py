@@ -73,9 +73,11 @@ def seed_everything(seed: int) -> None:
 
 def graph_key(spec: Spec) -> str:
     """What a trainer's traced graphs depend on: the spec but its learning rate and its schedule (a variable the
-    graphs read), seed, number of epochs and tile sampling (the input pipeline's, made again at a restart): two
-    trials with equal keys can share one trainer (:meth:`UNetTrainer.restart`)."""
-    training = spec.training.model_dump(mode="json", exclude={"epochs", "seed", "lr_schedule", "tile_sampling"})
+    graphs read), seed, number of epochs, tile sampling and augmentation (the input pipeline's, made again at a
+    restart; augmentation keeps the inputs' shapes): two trials with equal keys can share one trainer
+    (:meth:`UNetTrainer.restart`)."""
+    training = spec.training.model_dump(mode="json",
+                                        exclude={"epochs", "seed", "lr_schedule", "tile_sampling", "augment"})
     training["optimizer"].pop("lr")
     return json.dumps({"model": spec.model.model_dump(mode="json"), "dataset": spec.dataset.model_dump(mode="json"),
                        "training": training}, sort_keys=True)
@@ -234,14 +236,16 @@ class UNetTrainer:
         self._train_iterator = None
         if self.replicas == 1:
             return make_dataset(self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True,
-                                seed=seed, tile=training.tile, tile_sampling=training.tile_sampling)
+                                seed=seed, tile=training.tile, tile_sampling=training.tile_sampling,
+                                augment=training.augment)
         largest_shard = math.ceil(self._num_train / self.replicas)
         self.steps_per_epoch = max(1, math.ceil(largest_shard / training.batch_size))
 
         def worker_dataset(pipelines: int, index: int) -> Any:
             return make_dataset(
                 self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True, seed=seed,
-                tile=training.tile, tile_sampling=training.tile_sampling, shard=(pipelines, index),
+                tile=training.tile, tile_sampling=training.tile_sampling, augment=training.augment,
+                shard=(pipelines, index),
             ).repeat()  # each pass reshuffled and re-tiled
 
         worker = _worker_of(self.strategy)

@@ -229,6 +229,32 @@ def test_foreground_tile_sampling_centres_tiles_on_the_label(brats_tfr) -> None:
         np.array_equal(h, u) for h, u in zip(half, uniform))
 
 
+def test_make_dataset_augments_training_tiles_deterministically(brats_tfr) -> None:
+    """training.augment in the pipeline: the same seed gives the same augmented batches twice, each epoch draws
+    again, labels stay binary; augmentation off gives the batches of no augmentation."""
+    from distmis.spec.schema import AugmentSpec
+
+    out, _, _ = brats_tfr
+    recipe = AugmentSpec(enabled=True, flip=0.5, rotate90=0.5, affine=1.0, elastic=0.5, elastic_sigma=(1.0, 2.0),
+                         elastic_magnitude=(5.0, 10.0), noise=0.5)
+
+    def epochs(augment) -> list[list[np.ndarray]]:
+        ds = make_dataset(out, "train", batch_size=2, shuffle=True, seed=1, tile=(8, 8, 8), augment=augment)
+        return [[a for x, y in _batches(ds) for a in (x, y)] for _ in range(2)]
+
+    def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+        return all(np.array_equal(p, q) for p, q in zip(a, b))
+
+    plain, first, again = epochs(None), epochs(recipe), epochs(recipe)
+    assert same(first[0], again[0]) and same(first[1], again[1])
+    assert not same(first[0], first[1])  # drawn again each epoch
+    assert not same(first[0], plain[0])
+    assert all(set(np.unique(y)) <= {0.0, 1.0} for epoch in first for y in epoch[1::2])
+    assert all(x.shape[1:4] == (8, 8, 8) for epoch in first for x in epoch[0::2])
+    off = epochs(AugmentSpec(enabled=False, flip=1.0))
+    assert same(off[0], plain[0]) and same(off[1], plain[1])
+
+
 def test_make_dataset_deterministic_for_a_seed(brats_tfr) -> None:
     out, _, _ = brats_tfr
 

@@ -116,7 +116,8 @@ def test_a_restarted_trainer_is_a_new_trainer_of_the_other_trial(prepared):
     spec, data = prepared
     first = with_changes(spec, optimizer={"lr": 1.0e-3}, seed=3)
     second = with_changes(spec, optimizer={"lr": 5.0e-3}, seed=4, epochs=1,
-                          lr_schedule={"name": "cosine", "interval": "step"})
+                          lr_schedule={"name": "cosine", "interval": "step"},
+                          augment={"enabled": True, "flip": 0.5, "affine": 0.5, "noise": 0.5})
     assert graph_key(first) == graph_key(second)
     assert graph_key(first) != graph_key(with_changes(spec, batch_size=1))
     kept = UNetTrainer(first, data.tfrecord_dir)
@@ -129,7 +130,12 @@ def test_a_restarted_trainer_is_a_new_trainer_of_the_other_trial(prepared):
     assert float(kept.optimizer.learning_rate.numpy()) == pytest.approx(5.0e-3)
     for a, b in zip(kept.optimizer.variables, fresh.optimizer.variables):  # step count and moments zero
         np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
-    assert [y.numpy().sum() for _, y in kept.train_data] == [y.numpy().sum() for _, y in fresh.train_data]
+    kept_inputs, fresh_inputs = list(kept.train_data), list(fresh.train_data)  # augmented by the new trial's draws
+    for (x, y), (u, v) in zip(kept_inputs, fresh_inputs):
+        np.testing.assert_array_equal(x.numpy(), u.numpy())
+        np.testing.assert_array_equal(y.numpy(), v.numpy())
+    plain = UNetTrainer(with_changes(second, augment={"enabled": False}), data.tfrecord_dir)
+    assert not all(np.array_equal(x.numpy(), u.numpy()) for (x, _), (u, _) in zip(kept_inputs, plain.train_data))
     a, b = kept.run_epoch(1), fresh.run_epoch(1)
     assert a.train_loss == pytest.approx(b.train_loss, rel=1e-5) and a.val_dice == pytest.approx(b.val_dice, rel=1e-5)
     # the new trial's schedule: its second step at half-way down the cosine of its one epoch
