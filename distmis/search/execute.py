@@ -291,13 +291,13 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     failed = len(grid.errors)
 
     client = search_run.client
-    parent = client.get_run(search_run.run_id)
-    results = results_frame(client, parent)
-    search_run.log_text(format_results(results, "csv"), "results.csv")
-    search_run.log_text(format_results(results, "markdown"), "results.md")
-    search_run.log_figure(learning_curves_figure(client, parent, "val_dice"), "val_dice_curves.png")
+    search_run.log_figure(learning_curves_figure(client, client.get_run(search_run.run_id), "val_dice"),
+                          "val_dice_curves.png")
     test, test_note, model = _finish_with_best_models(search_run, grid, callback, spec, data,
                                                       output_dir / LOCAL_MODEL_FOLDER if keep_model else None)
+    results = results_frame(client, client.get_run(search_run.run_id))  # with the test dice of those scored
+    search_run.log_text(format_results(results, "csv"), "results.csv")
+    search_run.log_text(format_results(results, "markdown"), "results.md")
     search_run.log_metrics({"trials": len(results), "failed_trials": failed, "search_seconds": search_seconds})
     best_column = results.get(f"best_{spec.search.metric}")
     if best_column is not None and best_column.notna().any():

@@ -60,7 +60,8 @@ def short_name(path: str) -> str:
 
 
 def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
-    """One row per trial: status, searched values, best metric and epoch, epochs, seconds, error."""
+    """One row per trial: status, searched values, best metric and epoch, test dice (the trials scored on the test
+    split: ``search.evaluate_top``), epochs, seconds, error."""
     searched: list[str] = json.loads(parent.data.tags.get(SEARCHED_TAG, "[]"))
     metric = parent.data.tags.get(METRIC_TAG, "val_dice")
     mode = parent.data.tags.get(MODE_TAG, "max")
@@ -72,6 +73,7 @@ def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
             row[short_name(path)] = p.get(path)
         row[f"best_{metric}"] = m.get(f"best_{metric}", math.nan)
         row["best_epoch"] = int(m["best_epoch"]) if "best_epoch" in m else None
+        row.update({name: value for name, value in sorted(m.items()) if name.startswith("test_dice_")})
         row["epochs"] = int(m.get("epochs_completed", 0))
         row["elapsed_s"] = round(m.get("elapsed_seconds", math.nan), 1)
         row["num_params"] = p.get("model.num_parameters")

@@ -91,6 +91,8 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
     table = outcome.results
     assert len(table) == 4 and list(table["best_val_dice"]) == sorted(table["best_val_dice"], reverse=True)
     assert set(table.columns) >= {"trial", "status", "lr", "norm", "best_val_dice", "best_epoch", "elapsed_s"}
+    assert table["test_dice_WT"].notna().tolist() == [True, True, False, False]  # the 2 scored: the 2 best
+    assert dict(zip(table["run_id"], table["test_dice_WT"]))[best_run.info.run_id] == best_run.data.metrics["test_dice_WT"]
     # Each trial's newest checkpoint (its last epoch's) holds the best epoch's weights and the state to resume from.
     states = list((tmp_path / "out" / "ray_results").rglob("checkpoint_*/resume/state.json"))
     by_trial: dict[Path, list[Path]] = {}
