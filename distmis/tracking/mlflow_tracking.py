@@ -82,11 +82,22 @@ def get_or_create_experiment(client: MlflowClient, name: str, artifact_location:
                                     tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
 
 
+# Field names that say little without their section: shown with it (``lr_schedule.name``, ``augment.enabled``).
+GENERIC_FIELDS = frozenset({"name", "enabled", "mode", "interval"})
+
+
+def short_name(path: str) -> str:
+    """A searched path as a table column or run name shows it: ``training.optimizer.lr`` -> ``lr``, but
+    ``training.lr_schedule.name`` -> ``lr_schedule.name`` (a bare ``name`` would not say which)."""
+    parts = path.split(".")
+    return ".".join(parts[-2:]) if parts[-1] in GENERIC_FIELDS and len(parts) > 1 else parts[-1]
+
+
 def trial_run_name(trial_id: str, config: Mapping[str, Any]) -> str:
     """A child run's name that says which trial it is: ``"00003 lr=0.005 norm=group"``."""
     index = trial_id.rsplit("_", 1)[-1]
-    values = " ".join(f"{path.rsplit('.', 1)[-1]}={value:g}" if isinstance(value, float)
-                      else f"{path.rsplit('.', 1)[-1]}={value}" for path, value in config.items())
+    values = " ".join(f"{short_name(path)}={value:g}" if isinstance(value, float)
+                      else f"{short_name(path)}={value}" for path, value in config.items())
     return f"{index} {values}".strip()
 
 

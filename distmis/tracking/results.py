@@ -14,7 +14,9 @@ import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from distmis.tracking.mlflow_tracking import METRIC_TAG, MODE_TAG, PARENT_TAG, RESUMES_TAG, ROLE_TAG, SEARCHED_TAG
+from distmis.tracking.mlflow_tracking import (
+    METRIC_TAG, MODE_TAG, PARENT_TAG, RESUMES_TAG, ROLE_TAG, SEARCHED_TAG, short_name,
+)
 
 Format = Literal["table", "csv", "json", "markdown"]
 MODES = ("experiment", "data")  # the two sides of a comparison
@@ -52,11 +54,6 @@ def trial_runs(client: MlflowClient, parent: Run) -> list[Run]:
         filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
         max_results=10_000,
     )
-
-
-def short_name(path: str) -> str:
-    """``training.optimizer.lr`` -> ``lr``; keeps the table narrow."""
-    return path.rsplit(".", 1)[-1]
 
 
 def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:

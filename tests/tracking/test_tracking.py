@@ -29,6 +29,8 @@ def test_error_summary_picks_the_cause():
 
 def test_short_name():
     assert short_name("training.optimizer.lr") == "lr"
+    assert short_name("training.lr_schedule.name") == "lr_schedule.name"
+    assert short_name("training.augment.enabled") == "augment.enabled"
 
 
 def test_formats():
