@@ -45,7 +45,7 @@ def child(cases: int, shape: list[int], tfrecord_dir: str) -> dict:
     trainer = TorchUNetTrainer(spec, tfrecord_dir)
     trainer.run_epoch(1)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return {"cases": cases, "train_cases": len(trainer.train_images), "shape": "x".join(map(str, shape)),
+    return {"cases": cases, "train_cases": len(trainer.train_cases), "shape": "x".join(map(str, shape)),
             "peak_rss_mib": round(peak_mib, 1), "tensorflow_imported": "tensorflow" in sys.modules}
 
 

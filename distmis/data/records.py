@@ -13,13 +13,20 @@ and stable, so they are read here with the standard library:
 The length's checksum is verified (a truncated or misaligned file fails at once, naming the file); the
 data's is not (CRC-32C over megabytes in pure Python is slow): the shards' sha256 sums in the manifest are
 checked when a search prepares its data (:func:`~distmis.data.tfrecord.verify_checksums`).
+
+Besides reading a file front to back (:func:`read_records`), :func:`record_offsets` indexes one by its headers
+alone (12 bytes read per record, the data skipped with a seek) and :func:`read_record_at` reads one record at
+an indexed offset: random access to the cases of a split without a second copy of the data in another format
+(:class:`~distmis.data.cases.SplitCases`), so a trainer can read each case when it needs it instead of holding
+the split in memory.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from distmis.data.errors import DataError
 
@@ -49,24 +56,88 @@ def masked_crc32c(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+#: Bytes before a record's data (``uint64`` length, ``uint32`` masked CRC of the length) and after it (the
+#: data's masked CRC).
+HEADER_BYTES = 12
+FOOTER_BYTES = 4
+
+
+def _read_length(f: BinaryIO, path: Path) -> int | None:
+    """The data length of the record whose header starts at ``f``'s position; None at a clean end of file.
+
+    Raises:
+        DataError: naming ``path`` if the header is cut short or fails its checksum.
+    """
+    header = f.read(HEADER_BYTES)
+    if not header:
+        return None
+    if len(header) < HEADER_BYTES:
+        raise DataError(f"{path}: the file ends inside a record header (truncated?)")
+    length_bytes, length_crc = header[:8], struct.unpack("<I", header[8:])[0]
+    if masked_crc32c(length_bytes) != length_crc:
+        raise DataError(f"{path}: a record's length fails its checksum (not a TFRecord file, or corrupt)")
+    return int(struct.unpack("<Q", length_bytes)[0])
+
+
 def read_records(path: str | Path) -> Iterator[bytes]:
     """The records of one TFRecord file, in order."""
     path = Path(path)
     with open(path, "rb") as f:
         while True:
-            header = f.read(12)
-            if not header:
+            length = _read_length(f, path)
+            if length is None:
                 return
-            if len(header) < 12:
-                raise DataError(f"{path}: the file ends inside a record header (truncated?)")
-            length_bytes, length_crc = header[:8], struct.unpack("<I", header[8:])[0]
-            if masked_crc32c(length_bytes) != length_crc:
-                raise DataError(f"{path}: a record's length fails its checksum (not a TFRecord file, or corrupt)")
-            (length,) = struct.unpack("<Q", length_bytes)
             data = f.read(length)
-            if len(data) < length or len(f.read(4)) < 4:
+            if len(data) < length or len(f.read(FOOTER_BYTES)) < FOOTER_BYTES:
                 raise DataError(f"{path}: the file ends inside a record (truncated?)")
             yield data
+
+
+def record_offsets(path: str | Path) -> list[int]:
+    """The byte offset of every record of one TFRecord file, in order, for :func:`read_record_at`.
+
+    Only the 12-byte headers are read (their length checksums verified); the data is skipped with a seek, so
+    indexing a shard of gigabytes reads kilobytes.
+
+    Raises:
+        DataError: naming the file if it is truncated (a record reaches past its end) or a header is corrupt.
+    """
+    path = Path(path)
+    offsets: list[int] = []
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        while True:
+            offset = f.tell()
+            length = _read_length(f, path)
+            if length is None:
+                return offsets
+            end = offset + HEADER_BYTES + length + FOOTER_BYTES
+            if end > size:
+                raise DataError(f"{path}: the file ends inside a record (truncated?): the record at byte {offset} "
+                                f"needs {end} bytes, the file has {size}")
+            offsets.append(offset)
+            f.seek(end)
+
+
+def read_record_at(path: str | Path, offset: int) -> bytes:
+    """The data of the record whose header starts at byte ``offset`` of ``path`` (from :func:`record_offsets`).
+
+    Opens the file for this one read, so that reads from several threads never share a file position.
+
+    Raises:
+        DataError: naming the file if no record starts there (its length fails its checksum), or the file now
+            ends before the record does (truncated since it was indexed).
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        length = _read_length(f, path)
+        if length is None:
+            raise DataError(f"{path}: no record at byte {offset}: the file ends there (truncated?)")
+        data = f.read(length)
+        if len(data) < length or len(f.read(FOOTER_BYTES)) < FOOTER_BYTES:
+            raise DataError(f"{path}: the file ends inside the record at byte {offset} (truncated?)")
+    return data
 
 
 def _varint(buf: memoryview, pos: int) -> tuple[int, int]:

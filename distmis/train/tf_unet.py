@@ -94,7 +94,8 @@ class UNetTrainer:
         import keras
         import tensorflow as tf
 
-        from distmis.data.tfrecord import iter_cases, read_manifest
+        from distmis.data.cases import SplitCases
+        from distmis.data.tfrecord import read_manifest
         from distmis.models.unet3d_tf import build_unet3d, count_trainable_parameters
         from distmis.parallel.tensorflow_cluster import broadcast_from_first_replica, variables_without_broadcast
         from distmis.train.losses import make_loss
@@ -126,8 +127,8 @@ class UNetTrainer:
         self._num_train = int(manifest["splits"]["train"]["num_cases"])
         self.steps_per_epoch = max(1, math.ceil(self._num_train / training.batch_size))  # one process's
         self.train_data = self._train_data(training.seed)
-        # Validation cases stay in memory: they are read once and predicted every epoch.
-        self.val_cases = [(cid, img, lab.astype(np.float32)) for cid, img, lab in iter_cases(self.tfrecord_dir, "val")]
+        # Validation cases are read one at a time when predicted (each epoch), as in the torch trainers.
+        self.val_cases = SplitCases(self.tfrecord_dir, "val", label_dtype=np.float32, manifest=manifest)
         if not self.val_cases:
             raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
 

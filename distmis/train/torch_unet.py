@@ -1,21 +1,30 @@
 """Train and validate the PyTorch 3D U-Net of one trial: the twin of :mod:`distmis.train.tf_unet`.
 
-The cases are read once from the search's TFRecords into memory and kept channels-first
-((C, H, W, D) per case). Each epoch a seeded permutation orders the training cases identically on
-every rank; rank ``r`` of ``world_size`` takes every ``world_size``-th case of it, and every rank
-runs the same number of steps, so gradient all-reduces (when a wrapper such as DDP adds them) never
-wait on a rank that has finished. The trainer itself holds no distribution logic: the caller passes
-``rank``/``world_size`` and a ``wrap_model`` (Ray Train's ``prepare_model``, DDP, ...).
+The trainer holds no case data: its cases are read from the search's TFRecords when needed
+(:class:`~distmis.data.cases.SplitCases`, without TensorFlow), so its memory does not grow with the data set.
+During an epoch one background thread reads the rank's training cases in the epoch's order, crops each to
+its tile, augments it (``training.augment``: :meth:`TorchUNetTrainer._transform_case`) and stacks the batches, at most
+``PREFETCH_BATCHES`` ahead of the training step (:func:`prefetched`).
 
-Validation is per case on whole volumes (or stitched tiles when ``training.tile`` is set), on every
-rank over every validation case, so all ranks report the same numbers.
+Each epoch a seeded permutation orders the training cases identically on every rank; rank ``r`` of
+``world_size`` takes every ``world_size``-th case of it, and every rank runs the same number of steps, so
+gradient all-reduces (when a wrapper such as DDP adds them) never wait on a rank that has finished. The
+trainer itself holds no distribution logic: the caller passes ``rank``/``world_size`` and a ``wrap_model``
+(Ray Train's ``prepare_model``, DDP, ...).
+
+Validation is per case on whole volumes (or stitched tiles when ``training.tile`` is set), read one at a
+time; in a process group each rank predicts its share and the sums are all-reduced, so all ranks report
+the same numbers.
 """
 
 from __future__ import annotations
 
 import math
+import queue
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -23,6 +32,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from distmis.data.augment_torch import TorchAugmenter
+from distmis.data.cases import SplitCases
 from distmis.models.unet3d_torch import UNet3D, count_trainable_parameters
 from distmis.spec.layout import TrialLayout, resolve_layout
 from distmis.spec.schema import Spec
@@ -37,6 +48,8 @@ __all__ = [
     "dice_bce_loss",
     "dice_bce_with_logits_loss",
     "make_loss",
+    "PREFETCH_BATCHES",
+    "prefetched",
     "TorchUNetTrainer",
 ]
 
@@ -101,14 +114,67 @@ def make_loss(
 
 
 # --------------------------------------------------------------------------- data
-Case = tuple[str, np.ndarray, np.ndarray]
+#: Training batches the reading thread may have ready ahead of the training step. Two keep the step fed
+#: while the next batch is read, and bound the memory: a batch of tiles each, never whole training volumes.
+PREFETCH_BATCHES = 2
+#: How often (seconds) a reading thread blocked on a full queue checks whether its consumer has gone.
+_PUT_POLL_S = 0.1
+
+T = TypeVar("T")
 
 
-def load_split(tfrecord_dir: Path, split: str) -> list[Case]:
-    """Every case of ``split`` as ``(case_id, image (h, w, d, 4) float32, label (h, w, d, C) float32)``."""
-    from distmis.data.tfrecord import iter_cases
+def prefetched(items: Iterable[T], depth: int = PREFETCH_BATCHES, *, name: str = "distmis-prefetch") -> Iterator[T]:
+    """``items``, computed by one background thread at most ``depth`` ahead of the consumer.
 
-    return [(cid, image, label.astype(np.float32)) for cid, image, label in iter_cases(tfrecord_dir, split)]
+    One thread, so the items are made in order (seeded random draws in them happen as without it). An
+    exception in the thread is raised in the consumer as itself, its traceback kept, in place of the item
+    that failed. Closing the iterator early (``close()``, or garbage collection after the consumer raised)
+    stops the thread before it makes another item, and waits for it.
+    """
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    slots: queue.Queue[tuple[bool, object]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(entry: tuple[bool, object]) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(entry, timeout=_PUT_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        iterator = iter(items)
+        try:
+            while not stop.is_set():
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    put((False, done))
+                    return
+                if not put((True, item)):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            put((False, exc))
+
+    thread = threading.Thread(target=produce, name=name, daemon=True)
+    thread.start()
+    try:
+        while True:
+            ok, entry = slots.get()
+            if ok:
+                yield entry  # type: ignore[misc]
+            elif entry is done:
+                return
+            else:
+                assert isinstance(entry, BaseException)
+                raise entry
+    finally:
+        stop.set()
+        thread.join()
 
 
 def channels_first(volume: np.ndarray) -> torch.Tensor:
@@ -134,7 +200,7 @@ def shard_batches(order: list[int], *, rank: int, world_size: int, batch_size: i
 
 # --------------------------------------------------------------------------- trainer
 class TorchUNetTrainer:
-    """Builds the PyTorch U-Net, its optimizer and in-memory data for one trial's spec on one rank.
+    """Builds the PyTorch U-Net, its optimizer and the streaming input of one trial's spec on one rank.
 
     Args:
         spec: the trial's spec (its ``model.params`` and ``training`` sections are used).
@@ -191,18 +257,20 @@ class TorchUNetTrainer:
         self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
         self.loss_fn = make_loss(training.loss.name, training.loss.smooth)
 
-        train_cases = load_split(self.tfrecord_dir, "train")
-        if not train_cases:
+        # Where the cases lie, not the cases: each is read when a batch or the validation needs it.
+        self.train_cases = SplitCases(self.tfrecord_dir, "train", manifest=manifest)
+        if not self.train_cases:
             raise ValueError(f"{self.tfrecord_dir}: the training split holds no cases")
-        self.train_images = [channels_first(image) for _cid, image, _label in train_cases]
-        self.train_labels = [channels_first(label) for _cid, _image, label in train_cases]
-        # Validation cases stay channels-last numpy, as in the TF trainer: predicted whole every epoch.
-        self.val_cases = load_split(self.tfrecord_dir, "val")
+        # Validation cases are channels-last numpy with float32 labels, as in the TF trainer.
+        self.val_cases = SplitCases(self.tfrecord_dir, "val", label_dtype=np.float32, manifest=manifest)
         if not self.val_cases:
             raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
 
         self._tile_rng = torch.Generator().manual_seed(training.seed * 1_000 + rank)
         self._foreground_rng = torch.Generator().manual_seed(training.seed * 1_000 + rank + 500)  # tile_sampling
+        # training.augment: MONAI's transforms of each training input, reseeded at every epoch's start
+        self.augmenter = (TorchAugmenter(training.augment, self.tile or self.volume_shape)
+                          if training.augment.active else None)
         self._epochs_trained = 0
 
     def _build_model(self, in_channels: int) -> UNet3D:
@@ -227,13 +295,13 @@ class TorchUNetTrainer:
     @property
     def steps_per_epoch(self) -> int:
         """Batches every rank trains on per epoch (the same on all ranks)."""
-        n = len(self.train_images)
+        n = len(self.train_cases)
         return max(1, math.ceil(n / (self.spec.training.batch_size * self.world_size)))
 
     def epoch_order(self, epoch: int) -> list[int]:
         """The permutation of training-case indices for ``epoch``: seeded, identical on every rank."""
         generator = torch.Generator().manual_seed(self.spec.training.seed + epoch)
-        return torch.randperm(len(self.train_images), generator=generator).tolist()
+        return torch.randperm(len(self.train_cases), generator=generator).tolist()
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """This rank's batches of training-case indices for ``epoch`` (see :func:`shard_batches`)."""
@@ -242,17 +310,51 @@ class TorchUNetTrainer:
             batch_size=self.spec.training.batch_size,
         )
 
-    def _batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stack cases into (B, C, ...) image and label tensors, each case cropped to a random tile if set."""
+    def _batch(self, indices: list[int], epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_host_batch` on the trainer's device."""
+        images, labels = self._host_batch(indices, epoch)
+        return images.to(self.device), labels.to(self.device)
+
+    def _host_batch(self, indices: list[int], epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stack training cases into (B, C, ...) float32 image and label tensors on the CPU, each case read,
+        cropped to a random tile if set and transformed (:meth:`_training_sample`)."""
         images, labels = [], []
         for i in indices:
-            image, label = self.train_images[i], self.train_labels[i]
-            if self.tile is not None:
-                crop = self._random_crop(tuple(image.shape[1:]), label)
-                image, label = image[crop], label[crop]
+            image, label = self._training_sample(i, epoch)
             images.append(image)
             labels.append(label)
-        return torch.stack(images).to(self.device), torch.stack(labels).to(self.device)
+        return torch.stack(images), torch.stack(labels)
+
+    def _training_sample(self, index: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training case ``index`` read from disk, cropped (tile draws as ever: one crop per case, in batch
+        order) and made channels-first float32, then :meth:`_transform_case`.
+
+        The crop is copied out of the volume, so nothing of the whole volume outlives this call.
+        """
+        _case_id, image_hwdc, label_hwdc = self.train_cases[index]
+        image = torch.from_numpy(image_hwdc).movedim(-1, 0)  # views (C, H, W, D): nothing copied yet
+        label = torch.from_numpy(label_hwdc).movedim(-1, 0)
+        if self.tile is not None:
+            crop = self._random_crop(tuple(image.shape[1:]), label)
+            image, label = image[crop], label[crop]
+        image = image.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+        label = label.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+        return self._transform_case(image, label, epoch)
+
+    def _transform_case(
+        self, image: torch.Tensor, label: torch.Tensor, epoch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every training sample after its crop: ``image`` (C, h, w, d) and ``label`` (K, h, w, d), channels-first
+        float32 tensors of its own, augmented (``training.augment``) or returned as they are.
+
+        It runs in the reading thread (:func:`prefetched`) while the model trains: its random draws come from
+        the augmenter's own generators, which :meth:`train_epoch` seeds from ``(training.seed, epoch, rank)``
+        before the thread starts, never from torch's global one, which the training thread uses. ``epoch`` is the
+        data order's epoch.
+        """
+        if self.augmenter is None:
+            return image, label
+        return self.augmenter(image, label)
 
     def _random_crop(self, volume: tuple[int, ...], label: torch.Tensor) -> tuple[slice, ...]:
         """Slices (all channels, then a tile at a seeded random offset): the same for image and label.
@@ -286,16 +388,22 @@ class TorchUNetTrainer:
         self.train_model.train()
         losses = []
         batches = self.epoch_batches(epoch)
-        for step, indices in enumerate(batches):
-            if step == 0 or self.learning_rates.per_step:
-                self.set_learning_rate(self.learning_rates.at(lr_epoch, step, len(batches)))
-            x, y = self._batch(indices)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = self._batch_loss(x, y)
-            loss.backward()
-            self._synchronize_gradients()
-            self.optimizer.step()
-            losses.append(float(loss.detach()))
+        if self.augmenter is not None:  # the epoch's augmentation draws: the same whenever this epoch is trained
+            self.augmenter.reseed(self.spec.training.seed, epoch, self.rank)
+        stream = prefetched((self._host_batch(indices, epoch) for indices in batches), PREFETCH_BATCHES)
+        try:
+            for step, (x, y) in enumerate(stream):
+                if step == 0 or self.learning_rates.per_step:
+                    self.set_learning_rate(self.learning_rates.at(lr_epoch, step, len(batches)))
+                x, y = x.to(self.device), y.to(self.device)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss = self._batch_loss(x, y)
+                loss.backward()
+                self._synchronize_gradients()
+                self.optimizer.step()
+                losses.append(float(loss.detach()))
+        finally:
+            stream.close()  # a step that raised stops the reading thread before its next batch
         self._epochs_trained += 1
         return float(np.mean(losses))
 

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import math
+import shutil
+import threading
+import time
+import traceback
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from distmis.data.cases import SplitCases
+from distmis.data.errors import DataError
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.train.tf_unet import NonFiniteLossError
 from distmis.train.torch_unet import (
+    PREFETCH_BATCHES,
     TorchUNetTrainer,
     make_loss,
+    prefetched,
     shard_batches,
     soft_dice_loss,
     soft_dice_per_sample,
@@ -33,6 +42,10 @@ def with_changes(spec, **training):
     tree = spec.model_dump(mode="json")
     tree["training"].update(training)
     return validate_spec(tree)
+
+
+def reading_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "distmis-prefetch"]
 
 
 # --------------------------------------------------------------------------- losses
@@ -96,7 +109,7 @@ def test_two_ranks_share_one_permutation_disjointly(prepared):
     spec, data = prepared
     spec = with_changes(spec, batch_size=1)
     ranks = [TorchUNetTrainer(spec, data.tfrecord_dir, rank=r, world_size=2) for r in (0, 1)]
-    n = len(ranks[0].train_images)
+    n = len(ranks[0].train_cases)
     assert n >= 3
     for epoch in (0, 1):
         order = ranks[0].epoch_order(epoch)
@@ -192,7 +205,7 @@ def test_foreground_tile_sampling_centres_tiles_on_the_label(prepared):
         trainer = TorchUNetTrainer(with_changes(spec, tile=[4, 4, 4], tile_sampling=fraction), data.tfrecord_dir)
         return [y for epoch in range(8) for batch in trainer.epoch_batches(epoch) for y in trainer._batch(batch)[1]]
 
-    assert all(label.any() for label in TorchUNetTrainer(spec, data.tfrecord_dir).train_labels)
+    assert all(label.any() for _, _, label in TorchUNetTrainer(spec, data.tfrecord_dir).train_cases)
     uniform, centred, half = label_tiles(0.0), label_tiles(1.0), label_tiles(0.5)
     assert any(not y.any() for y in uniform)  # a uniform offset misses the foreground at times
     assert all(y.any() for y in centred)  # a centred tile never does
@@ -205,11 +218,12 @@ def test_random_tiles_crop_image_and_label_alike(prepared):
     spec, data = prepared
     tiled = with_changes(spec, tile=[8, 8, 8])
     trainer = TorchUNetTrainer(tiled, data.tfrecord_dir)
-    # Number every voxel, in image and label alike, so a crop shows where it was taken.
-    shape = trainer.train_images[0].shape
-    numbered = torch.arange(np.prod(shape[1:]), dtype=torch.float32).reshape(shape[1:])
-    trainer.train_images[0] = numbered.expand(shape).clone()
-    trainer.train_labels[0] = numbered[None].clone()
+    # Number every voxel, in image and label alike, so a crop shows where it was taken: the trainer reads
+    # its cases from train_cases, here a list whose one case is the numbered volume.
+    case_id, image, _ = trainer.train_cases[0]
+    spatial = image.shape[:3]
+    numbered = np.arange(np.prod(spatial), dtype=np.float32).reshape(spatial)
+    trainer.train_cases = [(case_id, np.repeat(numbered[..., None], image.shape[-1], axis=-1), numbered[..., None])]
     corners = []
     for _ in range(10):
         x, y = trainer._batch([0])
@@ -217,7 +231,7 @@ def test_random_tiles_crop_image_and_label_alike(prepared):
         corners.append(int(x[0, 0, 0, 0, 0]))
     assert len(set(corners)) > 1  # the offsets are random...
     again = TorchUNetTrainer(tiled, data.tfrecord_dir)
-    again_crops = [again._random_crop(tuple(shape[1:]), trainer.train_labels[0]) for _ in range(10)]
+    again_crops = [again._random_crop(spatial, torch.from_numpy(numbered)[None]) for _ in range(10)]
     assert [int(numbered[c[1:]][0, 0, 0]) for c in again_crops] == corners  # ...and seeded
 
 
@@ -228,11 +242,191 @@ def test_nan_loss_raises(prepared):
         trainer.model.down[0][0].weight.fill_(float("nan"))
     with pytest.raises(NonFiniteLossError, match="epoch 3"):
         trainer.run_epoch(3)
+    assert not reading_threads()  # the step's error stopped the thread reading the epoch's cases
 
 
 def test_bad_rank():
     with pytest.raises(ValueError, match="rank must lie in \\[0, 2\\), got 2"):
         TorchUNetTrainer(validate_spec(small_spec_tree("/nonexistent")), "/nonexistent", rank=2, world_size=2)
+
+
+# --------------------------------------------------------------------------- streaming input
+def test_prefetched_keeps_order_and_runs_at_most_depth_ahead():
+    made: list[int] = []
+
+    def items():
+        for i in range(12):
+            made.append(i)
+            yield i
+
+    got = []
+    for item in prefetched(items(), depth=2):
+        time.sleep(0.02)  # a slow consumer: the thread fills the queue and waits
+        got.append(item)
+        assert len(made) <= len(got) + 2 + 1  # the queue's 2, and 1 the thread holds while it waits
+    assert got == list(range(12))
+    assert not reading_threads()
+    with pytest.raises(ValueError, match="depth must be >= 1, got 0"):
+        next(prefetched([1], depth=0))
+
+
+def test_prefetched_raises_the_threads_error_as_itself():
+    def broken_read():
+        raise DataError("shard 'x.tfrecord': the file ends inside a record (truncated?)")
+
+    def items():
+        yield 1
+        broken_read()
+
+    stream = prefetched(items())
+    assert next(stream) == 1
+    with pytest.raises(DataError, match="x.tfrecord") as caught:
+        next(stream)
+    assert "broken_read" in "".join(traceback.format_tb(caught.value.__traceback__))  # the thread's frames
+    assert not reading_threads()
+
+
+def test_closing_prefetched_early_stops_the_thread():
+    made = []
+
+    def endless():
+        while True:
+            made.append(1)
+            yield len(made)
+
+    stream = prefetched(endless(), depth=1)
+    assert next(stream) == 1
+    stream.close()
+    assert not reading_threads()
+    count = len(made)
+    time.sleep(0.3)
+    assert len(made) == count  # stopped, not still making items
+
+
+def test_streaming_training_is_deterministic(prepared):
+    """Read in a background thread or not, the epoch is a function of the seed: same losses, same weights."""
+    spec, data = prepared
+    tiled = with_changes(spec, tile=[8, 8, 8], tile_sampling=0.5)
+    a, b = (TorchUNetTrainer(tiled, data.tfrecord_dir) for _ in range(2))
+    assert [a.train_epoch(e) for e in (0, 1)] == [b.train_epoch(e) for e in (0, 1)]
+    for (name, wa), wb in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(wa, wb), name
+    assert torch.equal(a._tile_rng.get_state(), b._tile_rng.get_state())  # no tile drawn beyond the epoch
+    assert a.validate() == b.validate()
+    assert not reading_threads()
+
+
+class CountingCases(SplitCases):
+    """Counts the reads and the volumes still alive (a volume the trainer kept would stay alive)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads, self.alive, self.most_alive = 0, 0, 0
+        self.lock = threading.Lock()
+
+    def __getitem__(self, item):
+        case = super().__getitem__(item)
+        if isinstance(item, int):
+            with self.lock:
+                self.reads += 1
+                self.alive += 1
+                self.most_alive = max(self.most_alive, self.alive)
+            weakref.finalize(case[1], self._freed)
+        return case
+
+    def _freed(self) -> None:
+        with self.lock:
+            self.alive -= 1
+
+
+def test_the_trainer_holds_no_volumes(prepared):
+    spec, data = prepared
+    trainer = TorchUNetTrainer(with_changes(spec, tile=[8, 8, 8], batch_size=1), data.tfrecord_dir)
+    volume = int(np.prod(trainer.volume_shape))
+    kept = [name for name, value in vars(trainer).items()
+            if isinstance(value, (np.ndarray, torch.Tensor)) and value.numel() >= volume]
+    assert not kept
+    counting = trainer.train_cases = CountingCases(data.tfrecord_dir, "train")
+    assert len(counting) >= 3  # a trainer that kept its cases would have 3 alive
+    trainer.train_epoch(0)
+    assert counting.reads == len(counting)  # each case read once an epoch
+    assert counting.most_alive == 1  # one volume at a time, whatever the prefetch depth: only tiles wait
+    assert counting.alive == 0
+
+
+def test_a_shard_cut_short_during_training_raises_its_data_error(prepared, tmp_path):
+    """A read error in the reading thread reaches the training loop as the DataError naming the file."""
+    spec, data = prepared
+    copy = tmp_path / "tfrecords"
+    shutil.copytree(data.tfrecord_dir, copy)
+    trainer = TorchUNetTrainer(spec, copy)
+    shards = sorted(copy.glob("train-*.tfrecord"))
+    for shard in shards:  # cut after the trainer indexed them
+        shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(DataError, match=r"train-0000\d-of-0000\d\.tfrecord.*truncated") as caught:
+        trainer.train_epoch(0)
+    assert "read_record_at" in "".join(traceback.format_tb(caught.value.__traceback__))
+    assert not reading_threads()
+
+
+def test_an_error_in_a_step_stops_the_reading_thread(prepared):
+    spec, data = prepared
+    trainer = TorchUNetTrainer(with_changes(spec, batch_size=1), data.tfrecord_dir)
+    counting = trainer.train_cases = CountingCases(data.tfrecord_dir, "train")
+
+    def failing_loss(x, y):
+        raise RuntimeError("step failed")
+
+    trainer._batch_loss = failing_loss
+    with pytest.raises(RuntimeError, match="step failed"):
+        trainer.train_epoch(0)
+    assert not reading_threads()
+    assert counting.reads <= 1 + PREFETCH_BATCHES + 1  # stopped, not read to the epoch's end
+
+
+def test_transform_case_sees_every_cropped_sample(prepared):
+    """The augmentation hook: channels-first float32 tiles of their own, with the data order's epoch."""
+    spec, data = prepared
+    trainer = TorchUNetTrainer(with_changes(spec, tile=[8, 8, 8]), data.tfrecord_dir)
+    seen = []
+
+    def transform(image, label, epoch):
+        seen.append((tuple(image.shape), tuple(label.shape), image.dtype, label.dtype, epoch,
+                     image.is_contiguous() and label.is_contiguous()))
+        return image + 1, label
+
+    trainer._transform_case = transform
+    x, _ = trainer._batch([0], epoch=4)
+    assert seen == [((4, 8, 8, 8), (trainer.num_classes, 8, 8, 8), torch.float32, torch.float32, 4, True)]
+    trainer.train_epoch(2)
+    assert [s[4] for s in seen[1:]] == [2] * len(trainer.train_cases)
+
+
+def test_augmented_training_inputs_are_a_function_of_seed_epoch_and_rank(prepared):
+    """training.augment in the trainer: the same (seed, epoch) gives the same augmented batches in a new trainer;
+    another epoch or rank draws again; labels stay binary; off by default."""
+    spec, data = prepared
+    recipe = {"enabled": True, "flip": 0.5, "rotate90": 0.5, "affine": 0.5, "noise": 0.5}
+
+    def batches(augment, epoch, *, rank=0):
+        trainer = TorchUNetTrainer(with_changes(spec, tile=[8, 8, 8], augment=augment), data.tfrecord_dir,
+                                   rank=rank, world_size=2)
+        seen = []
+        trainer._batch_loss = lambda x, y: (seen.append((x.clone(), y.clone())),
+                                            TorchUNetTrainer._batch_loss(trainer, x, y))[1]
+        trainer.train_epoch(epoch)
+        return trainer, seen
+
+    def same(a, b) -> bool:
+        return all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
+
+    assert TorchUNetTrainer(spec, data.tfrecord_dir).augmenter is None
+    trainer, first = batches(recipe, 1)
+    assert trainer.augmenter is not None
+    assert same(first, batches(recipe, 1)[1])  # a new trainer of the same seed
+    assert not same(first, batches(recipe, 2)[1]) and not same(first, batches(recipe, 1, rank=1)[1])
+    assert not same(first, batches({"enabled": False}, 1)[1])
+    assert all(set(y.unique().tolist()) <= {0.0, 1.0} and x.shape[2:] == (8, 8, 8) for x, y in first)
 
 
 # --------------------------------------------------------------------------- validation over a process group
