@@ -282,6 +282,16 @@ class TrainingSpec(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _rotations_have_a_plane(self) -> TrainingSpec:
+        augment = self.augment
+        if augment.enabled and augment.rotate90 and self.tile is not None:
+            if not any(self.tile[a] == self.tile[b] for a, b in ((0, 1), (0, 2), (1, 2))):
+                raise ValueError(f"augment.rotate90 ({augment.rotate90:g}) turns only planes whose two extents are "
+                                 f"equal, and the tile {list(self.tile)} has none: set rotate90 to 0 or use a tile "
+                                 "with two equal sides")
+        return self
+
+    @model_validator(mode="after")
     def _warmup_within_training(self) -> TrainingSpec:
         warmup = self.lr_schedule.warmup_epochs
         if warmup and warmup >= self.epochs:

@@ -59,6 +59,9 @@ def test_augment_is_off_by_default_and_validated():
         AugmentSpec(flip=1.5)
     with pytest.raises(ValueError, match="off"):
         TorchAugmenter(AugmentSpec(), (8, 8, 8))
+    with pytest.raises(ValidationError, match=r"tile \[8, 6, 4\] has none"):
+        TrainingSpec(tile=[8, 6, 4], augment={"enabled": True, "rotate90": 0.5})
+    assert TrainingSpec(tile=[8, 8, 4], augment={"enabled": True, "rotate90": 0.5}).augment.rotate90 == 0.5
 
 
 def test_rotations_only_in_planes_of_equal_extents():
