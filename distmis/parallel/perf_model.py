@@ -1,0 +1,169 @@
+"""The performance model of a ViT-seg trial (issue 14), part one: parameters and FLOPs per rank. Pure arithmetic.
+
+The seed (``../shared/seeds/perf-model-3d-vit.txt``, Sastry and Ku) counts, for a 3D ViT with ``s = HWD/p^3``
+tokens of width ``d`` under sequence parallelism of degree ``SP``, the forward multiply-accumulates of one
+transformer block and one sample (its equations 4-20)::
+
+    QKV 3sd^2/SP + Q K^T s^2 d/SP + softmax s^2 + (softmax) V s^2 d/SP + projection sd^2/SP + MLP 8sd^2/SP
+
+and the backward as about twice the forward. This module counts what the real model
+(:class:`~distmis.models.vit_seg.ViTSeg`) runs, per rank, in FLOPs (2 per multiply-accumulate, as
+``torch.utils.flop_counter.FlopCounterMode`` counts them), and adds what the seed leaves out:
+
+- the patch embedding, a ``p^3`` convolution from the input channels to ``d`` (the seed starts at the tokens);
+- an MLP of ``mlp_ratio x d`` hidden features (the seed's 4);
+- the convolutional decoder: ``log2(p)`` stages of a 3x3x3 convolution at the token grid's resolution doubled
+  each stage, then a 1x1x1 head; under ``gather`` every rank decodes the whole tile, under ``no-gather`` its
+  ``1/SP`` sub-volume;
+- the backward exactly: twice the forward for every matmul and convolution (input and weight gradients), but
+  the patch embedding's, whose input needs no gradient (once);
+- how the sequence is shared: a rank computes Q, K, V, the projection and the MLP for its ``s/SP`` tokens, and
+  attention scores of ``s/SP`` queries against all ``s`` keys (``allgather-kv``) or of all ``s`` queries for
+  ``heads/SP`` heads (``ulysses``): the same ``2 s^2 d / SP`` multiply-accumulates either way.
+
+Softmax, norms, activations, residual additions and upsampling are elementwise and not counted in
+:attr:`FlopCount.matmul` (nor by ``FlopCounterMode``); the softmax's ``s^2`` per head is reported apart as
+:attr:`FlopCount.softmax`. On CPU, ``FlopCounterMode`` does not count torch's fused attention kernel
+(``_scaled_dot_product_flash_attention_for_cpu``): its attention matmuls are those of the math kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+__all__ = ["ViTShape", "SequenceLayout", "FlopCount", "vit_flops", "vit_parameters", "seed_block_macs"]
+
+AttentionKind = Literal["allgather-kv", "ulysses"]
+DecoderKind = Literal["gather", "no-gather"]
+
+
+@dataclass(frozen=True)
+class ViTShape:
+    """What the model's arithmetic depends on: a ViT-seg on ``tile`` volumes of ``in_channels`` channels."""
+
+    tile: tuple[int, int, int]
+    patch: int
+    layers: int
+    embed_dim: int
+    heads: int
+    mlp_ratio: float = 4.0
+    decoder_features: int = 128
+    in_channels: int = 4
+    num_classes: int = 3
+
+    def __post_init__(self) -> None:
+        if len(self.tile) != 3 or any(t % self.patch for t in self.tile):
+            raise ValueError(f"tile {list(self.tile)} must be 3 sizes that divide by the patch {self.patch}")
+        if self.patch < 1 or self.patch & (self.patch - 1):
+            raise ValueError(f"patch must be a power of two, got {self.patch}")
+        if self.embed_dim % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide embed_dim ({self.embed_dim})")
+
+    @classmethod
+    def of(cls, params: object, tile: Sequence[int], *, in_channels: int = 4, num_classes: int = 3) -> ViTShape:
+        """From a spec's ``model.params`` (:class:`~distmis.spec.schema.ViTSegParams`) and the trial's tile."""
+        return cls(tile=tuple(int(t) for t in tile), patch=params.patch, layers=params.layers,  # type: ignore[attr-defined]
+                   embed_dim=params.embed_dim, heads=params.heads, mlp_ratio=params.mlp_ratio,  # type: ignore[attr-defined]
+                   decoder_features=params.decoder_features, in_channels=in_channels,  # type: ignore[attr-defined]
+                   num_classes=num_classes)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return tuple(t // self.patch for t in self.tile)  # type: ignore[return-value]
+
+    @property
+    def tokens(self) -> int:
+        """``s = HWD / p^3``."""
+        return math.prod(self.grid)
+
+    @property
+    def hidden(self) -> int:
+        """The MLP's hidden features (as the model rounds them)."""
+        return int(self.embed_dim * self.mlp_ratio)
+
+    @property
+    def decoder_channels(self) -> list[int]:
+        """Channels into each decoder stage, then out of the last: ``[d, f, f/2, ...]``."""
+        steps = self.patch.bit_length() - 1
+        return [self.embed_dim] + [self.decoder_features // 2**i for i in range(steps)]
+
+
+@dataclass(frozen=True)
+class SequenceLayout:
+    """How one trial's ranks share the work that matters here: the SP degree, attention and decoder input."""
+
+    sp: int = 1
+    attention: AttentionKind = "allgather-kv"
+    decoder: DecoderKind = "gather"
+
+    def __post_init__(self) -> None:
+        if self.sp < 1:
+            raise ValueError(f"sp must be >= 1, got {self.sp}")
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """FLOPs (2 per multiply-accumulate) of one training step of one rank, by part."""
+
+    embed_forward: float
+    encoder_forward: float  # the transformer blocks
+    decoder_forward: float
+    softmax: float  # exponentials of the attention scores, forward; not in matmul
+
+    @property
+    def forward(self) -> float:
+        return self.embed_forward + self.encoder_forward + self.decoder_forward
+
+    @property
+    def backward(self) -> float:
+        """Input and weight gradients of every matmul and convolution, the patch embedding's weights only."""
+        return 2.0 * self.forward - self.embed_forward
+
+    @property
+    def matmul(self) -> float:
+        """Forward and backward: what ``FlopCounterMode`` counts (with the math attention kernel)."""
+        return self.forward + self.backward
+
+
+def vit_flops(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), batch: int = 1) -> FlopCount:
+    """Per-rank FLOPs of one training step on ``batch`` tiles per rank (see the module docstring)."""
+    s, d, sp = shape.tokens, shape.embed_dim, layout.sp
+    if s % sp:
+        raise ValueError(f"the {s} tokens of tile {list(shape.tile)} at patch {shape.patch} do not divide by SP={sp}")
+    local = s // sp
+    embed = 2.0 * local * d * shape.in_channels * shape.patch**3
+    projections = 2.0 * local * d * (3 * d + d + 2 * shape.hidden)  # QKV, output projection, MLP
+    attention = 2.0 * 2 * local * s * d  # Q K^T and (softmax) V: s/SP queries (or heads/SP heads) x s keys
+    decoder = _decoder_flops(shape) / (sp if layout.decoder == "no-gather" else 1)
+    return FlopCount(embed_forward=batch * embed, encoder_forward=batch * shape.layers * (projections + attention),
+                     decoder_forward=batch * decoder, softmax=batch * shape.layers * shape.heads * local * s)
+
+
+def _decoder_flops(shape: ViTShape) -> float:
+    voxels = shape.tokens
+    channels = shape.decoder_channels
+    total = 0.0
+    for c_in, c_out in zip(channels[:-1], channels[1:]):
+        total += 2.0 * voxels * 27 * c_in * c_out  # a 3x3x3 convolution at this stage's resolution
+        voxels *= 8  # x2 trilinear upsampling
+    return total + 2.0 * voxels * channels[-1] * shape.num_classes  # the 1x1x1 head
+
+
+def vit_parameters(shape: ViTShape, *, learned_positions: bool = True) -> int:
+    """Trainable parameters of the model (``psi``): the seed's ``12 L d^2`` plus biases, norms, the patch
+    embedding, the position table and the decoder."""
+    d, h = shape.embed_dim, shape.hidden
+    block = (3 * d * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d) + 2 * 2 * d  # QKV, proj, MLP, 2 norms
+    embed = d * shape.in_channels * shape.patch**3 + d + (shape.tokens * d if learned_positions else 0)
+    channels = shape.decoder_channels
+    decoder = sum(27 * a * b + b + 2 * b for a, b in zip(channels[:-1], channels[1:]))  # conv, bias, norm affine
+    decoder += channels[-1] * shape.num_classes + shape.num_classes
+    return shape.layers * block + embed + 2 * d + decoder  # + the final norm
+
+
+def seed_block_macs(tokens: int, embed_dim: int, sp: int = 1) -> float:
+    """The seed's forward count of one block and sample, equation 20: ``(12 s d^2 + 2 s^2 d) / SP``
+    multiply-accumulates (its softmax ``s^2`` left out, as in its equation)."""
+    return (12.0 * tokens * embed_dim**2 + 2.0 * tokens**2 * embed_dim) / sp

@@ -1,0 +1,67 @@
+"""The performance model's counts against the real ViT-seg: parameters exactly, FLOPs against FlopCounterMode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from distmis.models.vit_seg import ViTSeg
+from distmis.parallel.perf_model import SequenceLayout, ViTShape, seed_block_macs, vit_flops, vit_parameters
+
+SHAPES = [  # (tile, patch, layers, embed_dim, heads, mlp_ratio, decoder_features)
+    ((32, 32, 32), 8, 2, 48, 4, 4.0, 16),
+    ((32, 16, 16), 4, 1, 32, 2, 2.0, 8),
+    ((16, 16, 16), 2, 3, 24, 3, 4.0, 4),
+]
+
+
+def build(tile, patch, layers, embed_dim, heads, mlp_ratio, decoder_features) -> tuple[ViTSeg, ViTShape]:
+    torch.manual_seed(0)
+    model = ViTSeg(4, 3, tile, patch=patch, layers=layers, embed_dim=embed_dim, heads=heads, mlp_ratio=mlp_ratio,
+                   decoder_features=decoder_features)
+    return model, ViTShape(tile, patch, layers, embed_dim, heads, mlp_ratio, decoder_features, 4, 3)
+
+
+@pytest.mark.parametrize("config", SHAPES)
+def test_parameters_are_the_models(config):
+    model, shape = build(*config)
+    assert vit_parameters(shape) == sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("config", SHAPES)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_flops_are_what_flop_counter_mode_counts(config, batch):
+    """Forward, and forward plus backward, equal the counter's (the math attention kernel, which it counts)."""
+    model, shape = build(*config)
+    x = torch.randn(batch, 4, *shape.tile)
+    predicted = vit_flops(shape, batch=batch)
+    with sdpa_kernel(SDPBackend.MATH):
+        with FlopCounterMode(display=False) as forward:
+            y = model(x)
+        with FlopCounterMode(display=False) as step:
+            model(x).sum().backward()
+    assert predicted.forward == pytest.approx(forward.get_total_flops(), rel=1e-9)
+    assert predicted.matmul == pytest.approx(step.get_total_flops(), rel=1e-9)
+    assert y.shape == (batch, 3, *shape.tile)
+
+
+def test_sequence_parallel_shares_the_encoder_and_no_gather_the_decoder():
+    shape = ViTShape((32, 32, 32), 4, 2, 48, 4, 4.0, 16)
+    one, two = vit_flops(shape), vit_flops(shape, SequenceLayout(sp=2, attention="ulysses"))
+    assert two.encoder_forward == pytest.approx(one.encoder_forward / 2)
+    assert two.embed_forward == pytest.approx(one.embed_forward / 2)
+    assert two.decoder_forward == one.decoder_forward  # gather: every rank decodes the whole tile
+    split = vit_flops(shape, SequenceLayout(sp=2, decoder="no-gather"))
+    assert split.decoder_forward == pytest.approx(one.decoder_forward / 2)
+    with pytest.raises(ValueError, match="do not divide by SP=3"):
+        vit_flops(shape, SequenceLayout(sp=3))
+
+
+def test_the_seeds_block_count_is_half_the_models_flops_at_mlp_ratio_4():
+    """Equation 20 counts multiply-accumulates; the model's blocks, in FLOPs, are twice that (bias-free)."""
+    shape = ViTShape((96, 96, 96), 16, 1, 768, 12)
+    s, d = shape.tokens, shape.embed_dim
+    for sp in (1, 2, 4):
+        assert vit_flops(shape, SequenceLayout(sp=sp)).encoder_forward == pytest.approx(2 * seed_block_macs(s, d, sp))
