@@ -33,7 +33,10 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-__all__ = ["ViTShape", "SequenceLayout", "FlopCount", "vit_flops", "vit_parameters", "seed_block_macs"]
+__all__ = [
+    "ViTShape", "SequenceLayout", "FlopCount", "CommBytes", "vit_flops", "vit_parameters", "communication_bytes",
+    "seed_block_macs",
+]
 
 AttentionKind = Literal["allgather-kv", "ulysses"]
 DecoderKind = Literal["gather", "no-gather"]
@@ -167,3 +170,57 @@ def seed_block_macs(tokens: int, embed_dim: int, sp: int = 1) -> float:
     """The seed's forward count of one block and sample, equation 20: ``(12 s d^2 + 2 s^2 d) / SP``
     multiply-accumulates (its softmax ``s^2`` left out, as in its equation)."""
     return (12.0 * tokens * embed_dim**2 + 2.0 * tokens**2 * embed_dim) / sp
+
+
+# --------------------------------------------------------------------------- communication
+CollectiveCost = Literal["ring", "gloo"]
+
+
+@dataclass(frozen=True)
+class CommBytes:
+    """Bytes one rank sends in one training step, by collective."""
+
+    attention: float  # allgather-kv: K, V all-gathered, their gradients reduce-scattered; ulysses: 8 all-to-alls
+    decoder_gather: float  # the encoder's output all-gathered for a `gather` decoder
+    sp_gradients: float  # the encoder's partial gradients summed over the SP group (an all-reduce)
+    dp_gradients: float  # the data-parallel gradient all-reduce
+
+    @property
+    def total(self) -> float:
+        return self.attention + self.decoder_gather + self.sp_gradients + self.dp_gradients
+
+
+def communication_bytes(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), *, batch: int = 1, dp: int = 1,
+                        bytes_per_value: int = 4, cost: CollectiveCost = "ring") -> CommBytes:
+    """Per-rank bytes sent in one step, with ``T = s/SP`` tokens per rank of width ``d`` and ``P`` parameters.
+
+    Ring all-gather sends ``(k-1)/k`` of the gathered tensor, reduce-scatter the same, all-reduce twice that,
+    and a pairwise all-to-all ``(k-1)/k`` of its input, over a group of ``k`` (the seed's section 5):
+
+    - ``allgather-kv``, per layer: all-gather of K and V ``(k-1) 2Td`` forward, reduce-scatter of their
+      gradients ``(k-1) 2Td`` backward; ``ulysses``, per layer: 4 all-to-alls of ``Td`` forward (Q, K, V,
+      output) and 4 backward, ``8 (k-1)/k Td`` (the seed's ``8/SP O(b s d)``);
+    - ``gather`` decoder input: ``(k-1) Td``; the SP gradient sum ``2 (k-1)/k P``; DP's all-reduce
+      ``2 (dp-1)/dp P``.
+
+    ``cost="gloo"`` counts gloo's reduce-scatter as what it measurably sends, an all-reduce's volume
+    (``benchmarks/README.md``, section ``sp_scaling.py``): ``allgather-kv``'s backward then sends
+    ``(k-1) 4Td`` per layer.
+    """
+    if cost not in ("ring", "gloo"):
+        raise ValueError(f"cost must be 'ring' or 'gloo', got {cost!r}")
+    if dp < 1:
+        raise ValueError(f"dp must be >= 1, got {dp}")
+    k = layout.sp
+    t = batch * shape.tokens / k  # tokens (times samples) per rank
+    d = shape.embed_dim
+    if layout.attention == "allgather-kv":
+        backward = (2.0 if cost == "gloo" else 1.0) * (k - 1) * 2 * t * d
+        per_layer = (k - 1) * 2 * t * d + backward
+    else:
+        per_layer = 8.0 * (k - 1) / k * t * d
+    params = vit_parameters(shape)
+    gather = (k - 1) * t * d if layout.decoder == "gather" else 0.0
+    return CommBytes(attention=bytes_per_value * shape.layers * per_layer, decoder_gather=bytes_per_value * gather,
+                     sp_gradients=bytes_per_value * 2.0 * (k - 1) / k * params,
+                     dp_gradients=bytes_per_value * 2.0 * (dp - 1) / dp * params)

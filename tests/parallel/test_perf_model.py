@@ -65,3 +65,37 @@ def test_the_seeds_block_count_is_half_the_models_flops_at_mlp_ratio_4():
     s, d = shape.tokens, shape.embed_dim
     for sp in (1, 2, 4):
         assert vit_flops(shape, SequenceLayout(sp=sp)).encoder_forward == pytest.approx(2 * seed_block_macs(s, d, sp))
+
+
+def test_ring_bytes_equal_the_sp_benchmarks_analytic_volume():
+    """benchmarks/sp_scaling.py's own count (whose Ulysses rows its measurement matched to 1%)."""
+    import importlib.util
+    from pathlib import Path
+
+    from distmis.parallel.perf_model import communication_bytes
+
+    path = Path(__file__).parents[2] / "benchmarks" / "sp_scaling.py"
+    module_spec = importlib.util.spec_from_file_location("sp_scaling", path)
+    sp_scaling = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(sp_scaling)
+    for patch in (4, 8, 16):
+        shape = ViTShape((96, 96, 96), patch, 2, 96, 4, 4.0, 16, 4, 1)
+        for sp in (1, 2, 4):
+            for attention in ("allgather-kv", "ulysses"):
+                predicted = communication_bytes(shape, SequenceLayout(sp=sp, attention=attention)).total
+                expected = sp_scaling.analytic_bytes(sp, shape.tokens, 96, 2, vit_parameters(shape), attention)
+                assert predicted == pytest.approx(expected, rel=1e-9)
+
+
+def test_gloo_reduce_scatter_and_data_parallel_bytes():
+    from distmis.parallel.perf_model import communication_bytes
+
+    shape = ViTShape((32, 32, 32), 4, 2, 48, 4)
+    ring = communication_bytes(shape, SequenceLayout(sp=4))
+    gloo = communication_bytes(shape, SequenceLayout(sp=4), cost="gloo")
+    assert gloo.attention == pytest.approx(1.5 * ring.attention)  # the backward's half sends twice as much
+    ulysses = communication_bytes(shape, SequenceLayout(sp=4, attention="ulysses"), cost="gloo")
+    assert ulysses.attention == pytest.approx(ring.attention / 2)  # 8 (k-1)/k against 4 (k-1): SP/2 = 2 times less
+    alone = communication_bytes(shape, dp=4)
+    assert alone.attention == alone.sp_gradients == alone.decoder_gather == 0
+    assert alone.dp_gradients == pytest.approx(4 * 2 * 3 / 4 * vit_parameters(shape))
