@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Literal, Sequence
 
 __all__ = [
-    "ViTShape", "SequenceLayout", "FlopCount", "CommBytes", "vit_flops", "vit_parameters", "communication_bytes",
-    "seed_block_macs",
+    "ViTShape", "SequenceLayout", "FlopCount", "CommBytes", "MemoryEstimate", "vit_flops", "vit_parameters",
+    "communication_bytes", "vit_memory", "seed_block_macs",
 ]
 
 AttentionKind = Literal["allgather-kv", "ulysses"]
@@ -224,3 +224,90 @@ def communication_bytes(shape: ViTShape, layout: SequenceLayout = SequenceLayout
     return CommBytes(attention=bytes_per_value * shape.layers * per_layer, decoder_gather=bytes_per_value * gather,
                      sp_gradients=bytes_per_value * 2.0 * (k - 1) / k * params,
                      dp_gradients=bytes_per_value * 2.0 * (dp - 1) / dp * params)
+
+
+# --------------------------------------------------------------------------- memory
+AttentionKernel = Literal["math", "fused"]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one rank holds at its peak in a training step, by part."""
+
+    parameters: float
+    gradients: float
+    optimizer: float  # Adam's two moments
+    activations: float  # saved for the backward: encoder, decoder and the input, at the forward's end
+    scores: float  # attention probabilities the math kernel saves (every layer's), 0 for a fused kernel
+    transient: float  # what the backward adds at its peak: the score gradients of one layer, or decoder gradients
+
+    @property
+    def peak(self) -> float:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.scores + self.transient
+
+    @property
+    def step(self) -> float:
+        """The peak above what a process holds before its first step (the model's parameters)."""
+        return self.peak - self.parameters
+
+
+def vit_memory(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), *, batch: int = 1,
+               kernel: AttentionKernel = "math", bytes_per_value: int = 4) -> MemoryEstimate:
+    """Per-rank peak memory of one training step, fp32 Adam (``bytes_per_value`` for the activations).
+
+    Parameters, gradients and Adam's moments are ``4 + 4 + 8`` bytes per parameter on every rank (SP and DP
+    replicate them; the seed's ``6 P`` optimizer state is for mixed precision). Activations, per sample, with
+    ``T = s/SP`` local tokens of width ``d`` and ``h`` MLP features, what autograd saves per block: the block's
+    input and its two norms' outputs, Q, K and V, the attention output before and after its reshape, the first
+    residual sum, the MLP's hidden features before and after GELU (``(9 d + 2 h) T``); ``allgather-kv`` adds the
+    gathered K and V (``2 s d``), Ulysses' head-split Q, K and V (``3 T d``) replace nothing; the seed's
+    ``(6 s d + 4 s d)/SP`` is the same count with ``h = 4d`` and fewer saved intermediates. The math kernel
+    saves each layer's attention probabilities, ``heads x T x s`` (the seed's ``s^2`` term), and its backward
+    adds two more such matrices for the layer it differentiates; a fused kernel saves ``heads x T`` statistics.
+    The decoder (whole tile under ``gather``, ``1/SP`` of it under ``no-gather``) saves each stage's input,
+    convolution and normalised outputs, and the head's logits with the loss's intermediates; its backward adds
+    the gradients of its largest feature map twice over.
+
+    Against the peaks ``benchmarks/sp_scaling.py`` measured (2026-11-22, its table in ``benchmarks/README.md``;
+    96^3 tile, L=2, d=96, 4 heads, math kernel), :attr:`MemoryEstimate.step` is within 4% at patch 4 for SP 1,
+    2 and 4 (12.0, 6.2, 3.2 GB: the scores dominate), but 24% under at patch 8 with SP=1 and 45-65% under at
+    patch 16 and at patch 8 with SP 2 and 4, where a step's peak is 100-180 MB above what autograd holds: the
+    CPU allocator's retained and fragmented blocks, thread scratch buffers and gloo's buffers, which are not
+    modelled yet.
+    """
+    if kernel not in ("math", "fused"):
+        raise ValueError(f"kernel must be 'math' or 'fused', got {kernel!r}")
+    k, s, d, h = layout.sp, shape.tokens, shape.embed_dim, shape.hidden
+    if s % k:
+        raise ValueError(f"the {s} tokens of tile {list(shape.tile)} at patch {shape.patch} do not divide by SP={k}")
+    t = s // k
+    params = float(vit_parameters(shape))
+    block = (9 * d + 2 * h) * t
+    if k > 1:
+        block += 2 * s * d if layout.attention == "allgather-kv" else 3 * t * d
+    voxels = math.prod(shape.tile)
+    embed = shape.in_channels * voxels / k + t * d  # the input share and its tokens
+    encoder = shape.layers * block + 2 * t * d  # and the final norm
+    share = k if layout.decoder == "no-gather" else 1
+    decoder, largest = _decoder_activations(shape)
+    decoder_input = (2 * s * d if layout.decoder == "gather" and k > 1 else 0)  # gathered tokens and their grid
+    activations = batch * (embed + encoder + decoder / share + decoder_input)
+    score = batch * shape.heads * t * s if kernel == "math" else 0.0
+    scores = shape.layers * score
+    transient = max(2 * score, 2 * batch * largest / share)
+    b = bytes_per_value
+    return MemoryEstimate(parameters=4 * params, gradients=4 * params, optimizer=8 * params,
+                          activations=b * activations, scores=b * scores, transient=b * transient)
+
+
+def _decoder_activations(shape: ViTShape) -> tuple[float, float]:
+    """Values the decoder saves for one sample, and its largest single feature map."""
+    voxels = shape.tokens
+    channels = shape.decoder_channels
+    saved, largest = 0.0, 0.0
+    for c_in, c_out in zip(channels[:-1], channels[1:]):
+        saved += c_in * voxels + 2 * c_out * voxels  # convolution input; its output and the normalised one
+        voxels *= 8
+        largest = max(largest, c_out * voxels)
+    saved += channels[-1] * voxels + 3 * shape.num_classes * voxels  # the head's input, logits and the loss's
+    return saved, largest

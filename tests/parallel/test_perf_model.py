@@ -99,3 +99,23 @@ def test_gloo_reduce_scatter_and_data_parallel_bytes():
     alone = communication_bytes(shape, dp=4)
     assert alone.attention == alone.sp_gradients == alone.decoder_gather == 0
     assert alone.dp_gradients == pytest.approx(4 * 2 * 3 / 4 * vit_parameters(shape))
+
+
+def test_memory_parts_follow_the_layout():
+    from distmis.parallel.perf_model import vit_memory
+
+    shape = ViTShape((96, 96, 96), 4, 2, 96, 4, 4.0, 16, 4, 1)
+    one = vit_memory(shape)
+    assert one.scores == pytest.approx(2 * 4 * shape.tokens**2 * 4)  # every layer's probabilities, fp32
+    assert one.transient == pytest.approx(2 * 4 * shape.tokens**2 * 4)  # the backward's two more
+    assert one.parameters == one.gradients == one.optimizer / 2 == 4 * vit_parameters(shape)
+    for sp in (2, 4):
+        split = vit_memory(shape, SequenceLayout(sp=sp))
+        assert split.scores == pytest.approx(one.scores / sp) and split.activations < one.activations
+        assert split.parameters == one.parameters  # replicated
+    fused = vit_memory(shape, kernel="fused")
+    assert fused.scores == 0 and fused.peak < one.peak / 10
+    gather = vit_memory(shape, SequenceLayout(sp=4), kernel="fused")
+    local = vit_memory(shape, SequenceLayout(sp=4, decoder="no-gather"), kernel="fused")
+    assert local.activations < gather.activations and local.transient == pytest.approx(gather.transient / 4)
+    assert vit_memory(shape, batch=2).activations == pytest.approx(2 * one.activations)
