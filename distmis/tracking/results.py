@@ -109,7 +109,7 @@ def format_results(frame: pd.DataFrame, fmt: Format = "table") -> str:
         shown = frame.drop(columns=["run_id"], errors="ignore")
         if "error" in shown and not shown["error"].astype(bool).any():
             shown = shown.drop(columns=["error"])
-        return shown.to_string(index=False, float_format=lambda v: f"{v:.4f}")
+        return shown.to_string(index=False, float_format=lambda v: f"{v:.4f}", na_rep="")  # blank: not scored
     raise ValueError(f"format must be table, csv, json or markdown, got {fmt!r}")
 
 

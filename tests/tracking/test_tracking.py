@@ -40,6 +40,7 @@ def test_formats():
     ])
     table = format_results(frame, "table")
     assert "0.8123" in table and "Boom" in table and "run_id" not in table
+    assert "NaN" not in table and "nan" not in table  # a trial without a value shows a blank
     md = format_results(frame, "markdown")
     assert md.splitlines()[0] == "| trial | status | best_val_dice | error | run_id |"
     assert "| a | FINISHED | 0.8123 |  | 1 |" in md
