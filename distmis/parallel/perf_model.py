@@ -35,7 +35,7 @@ from typing import Literal, Sequence
 
 __all__ = [
     "ViTShape", "SequenceLayout", "FlopCount", "CommBytes", "MemoryEstimate", "vit_flops", "vit_parameters",
-    "communication_bytes", "vit_memory", "seed_block_macs",
+    "communication_bytes", "vit_memory", "seed_block_macs", "figure_of_merit", "seed_table2",
 ]
 
 AttentionKind = Literal["allgather-kv", "ulysses"]
@@ -311,3 +311,32 @@ def _decoder_activations(shape: ViTShape) -> tuple[float, float]:
         largest = max(largest, c_out * voxels)
     saved += channels[-1] * voxels + 3 * shape.num_classes * voxels  # the head's input, logits and the loss's
     return saved, largest
+
+
+# --------------------------------------------------------------------------- the seed's summary
+def figure_of_merit(shape: ViTShape, *, batch: int, seconds: float) -> float:
+    """The seed's equation 27: ``FOM = b_s L s^2 d / T`` for a step of ``seconds`` on ``batch`` samples."""
+    if seconds <= 0:
+        raise ValueError(f"seconds must be positive, got {seconds}")
+    return batch * shape.layers * shape.tokens**2 * shape.embed_dim / seconds
+
+
+def seed_table2(shape: ViTShape, *, n: int, batch: int = 1) -> dict[str, dict[str, float]]:
+    """The seed's Table 2 for one transformer block, computed: per strategy over ``n`` devices, the parameter
+    and activation communication volumes (elements) and the optimizer-state and activation memory factors.
+
+    ``SP-Ulysses``: an all-reduce of the ``12 d^2`` block parameters' gradients and 8 all-to-alls of
+    ``8/N b s d``; ``DP``: the all-reduce only; ``ZeRO3``: two all-gathers and a reduce-scatter, ``18 d^2``.
+    Memory: parameters and gradients ``P + G`` (``/N`` for ZeRO3), optimizer state ``6P`` (``/N``), activations
+    ``A/N`` for all three.
+    """
+    d, s = shape.embed_dim, shape.tokens
+    psi = 12.0 * d * d
+    return {
+        "SP-Ulysses": {"param_comm": psi, "activation_comm": 8.0 / n * batch * s * d, "pg_memory": 2 * psi,
+                       "optimizer_memory": 6 * psi, "activation_memory_fraction": 1.0 / n},
+        "DP": {"param_comm": psi, "activation_comm": 0.0, "pg_memory": 2 * psi, "optimizer_memory": 6 * psi,
+               "activation_memory_fraction": 1.0 / n},
+        "ZeRO3": {"param_comm": 1.5 * psi, "activation_comm": 0.0, "pg_memory": 2 * psi / n,
+                  "optimizer_memory": 6 * psi / n, "activation_memory_fraction": 1.0 / n},
+    }

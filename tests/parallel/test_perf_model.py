@@ -119,3 +119,19 @@ def test_memory_parts_follow_the_layout():
     local = vit_memory(shape, SequenceLayout(sp=4, decoder="no-gather"), kernel="fused")
     assert local.activations < gather.activations and local.transient == pytest.approx(gather.transient / 4)
     assert vit_memory(shape, batch=2).activations == pytest.approx(2 * one.activations)
+
+
+def test_the_seeds_table_2_and_figure_of_merit():
+    from distmis.parallel.perf_model import communication_bytes, figure_of_merit, seed_table2
+
+    shape = ViTShape((96, 96, 96), 16, 1, 768, 12)  # the SP-ViT paper's configuration, one block
+    table = seed_table2(shape, n=4)
+    assert table["ZeRO3"]["param_comm"] == pytest.approx(1.5 * table["DP"]["param_comm"])  # "around 1.5x"
+    assert table["SP-Ulysses"]["activation_comm"] == pytest.approx(8 / 4 * shape.tokens * 768)
+    assert table["ZeRO3"]["optimizer_memory"] == pytest.approx(table["DP"]["optimizer_memory"] / 4)
+    # the model's Ulysses traffic of one layer is the seed's 8/N b s d with (N-1)/N of each all-to-all sent
+    ulysses = communication_bytes(shape, SequenceLayout(sp=4, attention="ulysses"), bytes_per_value=1)
+    assert ulysses.attention == pytest.approx(table["SP-Ulysses"]["activation_comm"] * 3 / 4)
+    assert figure_of_merit(shape, batch=2, seconds=0.5) == pytest.approx(2 * 1 * 216**2 * 768 / 0.5)
+    with pytest.raises(ValueError, match="positive"):
+        figure_of_merit(shape, batch=1, seconds=0)
