@@ -152,6 +152,64 @@ def print_search(spec: Any, outcome: Any) -> int:
     return EXIT_TRIALS_FAILED if outcome.failed else EXIT_OK
 
 
+def _bytes(text: str) -> float:
+    """``16GB``, ``6GiB``, ``512MB`` or a plain number of bytes."""
+    units = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
+             "TIB": 2**40}
+    number = text.strip().upper().rstrip("BIKMGT")
+    unit = text.strip().upper()[len(number):]
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give e.g. 16GB, 6GiB, 512MB") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from distmis.parallel.planner import Machine, best_layouts, plan_layouts
+    from distmis.spec import load_spec, parse_set_options
+    from distmis.spec.load import default_output_dir
+    from distmis.tracking.figures import plan_figure
+
+    spec = load_spec(args.spec, parse_set_options(args.set))
+    if spec.model.name != "vit-seg":
+        raise BadInput(f"{args.spec}: distmis plan sizes vit-seg trials; model.name is {spec.model.name!r}")
+    try:
+        machine = Machine(ranks=args.ranks, memory_per_rank=args.memory_per_rank, device_flops=args.device_flops,
+                          bandwidth=args.bandwidth, reserved=args.reserved)
+        rows = plan_layouts(spec, machine, kernel=args.kernel)
+    except ValueError as exc:
+        raise BadInput(f"{args.spec}: {exc}") from None
+    best = best_layouts(rows)
+    print(f"{spec.name}: {args.ranks} rank(s) of {args.memory_per_rank / 2**30:.1f} GiB "
+          f"({machine.reserved / 2**30:.1f} GiB reserved), {args.device_flops:.3g} FLOP/s, "
+          f"{args.bandwidth:.3g} B/s, {args.kernel} attention kernel; batch {spec.training.batch_size}")
+    print("| patch | tokens | SP | DP | attention | peak GiB | fits | step s | sent MB | TFLOP | FOM | |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row.patch} | {row.tokens} | {row.sp} | {row.dp} | {row.attention} | {row.memory.peak / 2**30:.2f} "
+              f"| {'yes' if row.fits else 'no'} | {row.step_seconds:.3g} | {row.comm.total / 1e6:.1f} "
+              f"| {row.flops.matmul / 1e12:.3g} | {row.fom:.3g} | {'best' if best.get(row.patch) is row else ''} |")
+    output = Path(args.output) if args.output else default_output_dir(spec)
+    output.mkdir(parents=True, exist_ok=True)
+    if rows:
+        figure = plan_figure(rows, memory_per_rank=machine.usable, title=f"{spec.name}: predicted per rank")
+        figure.savefig(output / "plan.png", dpi=120)
+        print(f"\nplot: {output / 'plan.png'}")
+    missing = [p for p in sorted({r.patch for r in rows}) if p not in best]
+    if not best:
+        need = min((r.memory.peak for r in rows), default=0.0)
+        print(f"\nnothing fits: the smallest predicted peak is {need / 2**30:.2f} GiB per rank, "
+              f"{machine.usable / 2**30:.2f} GiB usable (tile {list(spec.training.tile or [])}, patches "
+              f"{sorted({r.patch for r in rows})}); use more ranks, a larger patch or the fused kernel")
+        return EXIT_BAD_INPUT
+    if missing:
+        print(f"\npatch {', '.join(map(str, missing))}: no layout fits")
+    return EXIT_OK
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     from mlflow.tracking import MlflowClient
 
@@ -307,6 +365,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_counts, help="worker counts, e.g. 1,2,4 (default: the spec's parallelism.workers; 1 is always included)")
     search_args(p)
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("plan", help="predict memory, step time and bytes of a vit-seg spec's layouts (SP x DP x "
+                                     "attention, per patch size) from the performance model")
+    spec_args(p)
+    p.add_argument("--ranks", type=int, default=4, help="devices (workers) per trial (default 4)")
+    p.add_argument("--memory-per-rank", type=_bytes, default=16e9, help="e.g. 16GB, 6GiB (default 16GB)")
+    p.add_argument("--device-flops", type=float, default=300e12, help="FLOP/s per rank (default 300e12)")
+    p.add_argument("--bandwidth", type=float, default=100e9, help="bytes/s per rank (default 100e9)")
+    p.add_argument("--reserved", type=_bytes, default=512 * 2**20,
+                   help="memory per rank the process holds itself (default 512MiB)")
+    p.add_argument("--kernel", choices=["math", "fused"], default="math",
+                   help="attention kernel: math holds the score matrices, fused does not (default math)")
+    p.add_argument("--output", help="folder for plan.png (default: runs/<spec name>)")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("results", help="print a search's results table (or a comparison's speedup table) from MLflow")
     p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"), required="MLFLOW_TRACKING_URI" not in os.environ,

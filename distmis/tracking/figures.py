@@ -99,3 +99,33 @@ def speedup_figure(table: "pd.DataFrame", *, title: str = ""):
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def plan_figure(rows: list, *, memory_per_rank: float, title: str = ""):
+    """The planner's predictions (:func:`distmis.parallel.planner.plan_layouts`): per-rank peak memory and step
+    time against the SP degree, a line per patch size and attention strategy, the memory per rank as a limit."""
+    plt = _pyplot()
+    fig, (ax_memory, ax_time) = plt.subplots(1, 2, figsize=(10, 4))
+    series: dict[tuple[int, str], list] = {}
+    for row in rows:
+        series.setdefault((row.patch, row.attention), []).append(row)
+    for (patch, attention), points in sorted(series.items()):
+        points = sorted(points, key=lambda r: r.sp)
+        degrees = [r.sp for r in points]
+        style = "-" if attention == "ulysses" else "--"
+        label = f"patch {patch}, {attention}"
+        ax_memory.plot(degrees, [r.memory.peak / 2**30 for r in points], style, marker="o", label=label)
+        ax_time.plot(degrees, [r.step_seconds for r in points], style, marker="o", label=label)
+    ax_memory.axhline(memory_per_rank / 2**30, color="k", lw=1, label="usable memory per rank")
+    ax_memory.set(xlabel="sequence-parallel degree", ylabel="predicted peak GiB per rank", yscale="log",
+                  title="memory")
+    ax_time.set(xlabel="sequence-parallel degree", ylabel="predicted step seconds", yscale="log", title="step time")
+    degrees = sorted({row.sp for row in rows})
+    for ax in (ax_memory, ax_time):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(degrees, [str(d) for d in degrees])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -32,7 +32,7 @@ def test_metric_min_mode_default(spec_tree):
     assert validate_spec(spec_tree).search.mode == "min"
 
 
-@pytest.mark.parametrize("path", ["search_spaces/quickstart.yaml", "search_spaces/distmis_grid.yaml"])
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "search_spaces").glob("*.yaml")))
 def test_shipped_specs_are_valid(path):
     spec = load_spec(ROOT / path)
     assert spec.search.space

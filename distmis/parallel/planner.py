@@ -1,0 +1,147 @@
+"""Choosing a ViT-seg trial's parallel layout from the performance model (:mod:`distmis.parallel.perf_model`).
+
+For ``ranks`` devices of ``memory_per_rank`` bytes, ``device_flops`` FLOP/s and ``bandwidth`` bytes/s between
+ranks, every layout of a spec's model is predicted: each patch size the spec or its search space holds, each
+sequence-parallel degree that divides the ranks (the rest data-parallel), each attention strategy the token grid
+and heads allow (:func:`distmis.spec.partition.check_sequence_parallel`). A layout's step time is its FLOPs over
+the device's rate plus its bytes over the bandwidth (no overlap: an upper bound), its figure of merit the seed's
+``b_s L s^2 d / T`` per rank, and it fits when its predicted peak is within the memory less what the process
+itself reserves (:attr:`Machine.reserved`). Pure arithmetic: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from distmis.parallel.perf_model import (
+    AttentionKernel,
+    CommBytes,
+    FlopCount,
+    MemoryEstimate,
+    SequenceLayout,
+    ViTShape,
+    communication_bytes,
+    figure_of_merit,
+    vit_flops,
+    vit_memory,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from distmis.spec.schema import Spec
+
+__all__ = ["Machine", "PlannedLayout", "plan_layouts", "best_layouts", "patch_sizes", "smallest_fitting_degree"]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the planner sizes layouts for: ``ranks`` devices (one per Ray Train worker of a trial)."""
+
+    ranks: int
+    memory_per_rank: float  # bytes
+    device_flops: float = 300e12  # FLOP/s a rank sustains
+    bandwidth: float = 100e9  # bytes/s a rank sends
+    reserved: float = 512 * 2**20  # the process's own: torch's libraries (about 0.4 GB on CPU), a CUDA context
+
+    def __post_init__(self) -> None:
+        for name in ("ranks", "memory_per_rank", "device_flops", "bandwidth"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.reserved < 0 or self.reserved >= self.memory_per_rank:
+            raise ValueError(f"reserved ({self.reserved:.0f} bytes) must lie in [0, memory_per_rank)")
+
+    @property
+    def usable(self) -> float:
+        """Bytes a training step may use: the memory per rank less :attr:`reserved`."""
+        return self.memory_per_rank - self.reserved
+
+
+@dataclass(frozen=True)
+class PlannedLayout:
+    """One layout's prediction, per rank and training step."""
+
+    patch: int
+    tokens: int
+    sp: int
+    dp: int
+    attention: str
+    flops: FlopCount
+    comm: CommBytes
+    memory: MemoryEstimate
+    step_seconds: float
+    fom: float
+    fits: bool
+
+
+def patch_sizes(spec: Spec) -> list[int]:
+    """The spec's patch size and every one its search space gives ``model.params.patch``, in order."""
+    sizes = [int(spec.model.params.patch)]  # type: ignore[union-attr]
+    domain = spec.search.space.get("model.params.patch")
+    if domain is not None:
+        sizes += [int(v) for v in (domain.values or []) if int(v) not in sizes]
+    return sizes
+
+
+def plan_layouts(spec: Spec, machine: Machine, *, in_channels: int = 4, kernel: AttentionKernel = "math",
+                 ) -> list[PlannedLayout]:
+    """Every layout of ``spec``'s ViT-seg on ``machine`` that its shapes allow, fitting or not (see
+    :attr:`PlannedLayout.fits`); the classes are the spec's label channels (``dataset.labels``)."""
+    from distmis.spec.load import network_input
+    from distmis.spec.partition import check_sequence_parallel
+    from distmis.spec.schema import ViTSegParams
+
+    params = spec.model.params
+    if not isinstance(params, ViTSegParams):
+        raise ValueError(f"the planner sizes vit-seg trials; model.name is {spec.model.name!r}")
+    tile = network_input(spec)
+    if tile is None:
+        raise ValueError("the network input is unknown: set training.tile (or dataset.crop / resize)")
+    sp_spec = spec.parallelism.sequence_parallel
+    batch = spec.training.batch_size
+    rows: list[PlannedLayout] = []
+    for patch in patch_sizes(spec):
+        if any(t % patch for t in tile):
+            continue
+        shape = ViTShape.of(params.model_copy(update={"patch": patch}), tile, in_channels=in_channels,
+                            num_classes=spec.dataset.num_classes)
+        for sp in (d for d in range(1, machine.ranks + 1) if machine.ranks % d == 0):
+            for attention in ("allgather-kv", "ulysses") if sp > 1 else ("allgather-kv",):
+                try:
+                    check_sequence_parallel(shape.grid, params.heads, sp, attention=attention,
+                                            decoder=sp_spec.decoder, split=sp_spec.split)
+                except ValueError:
+                    continue  # tokens, heads or the split do not suit this degree
+                layout = SequenceLayout(sp=sp, attention=attention, decoder=sp_spec.decoder)  # type: ignore[arg-type]
+                dp = machine.ranks // sp
+                flops = vit_flops(shape, layout, batch)
+                comm = communication_bytes(shape, layout, batch=batch, dp=dp)
+                memory = vit_memory(shape, layout, batch=batch, kernel=kernel)
+                seconds = flops.matmul / machine.device_flops + comm.total / machine.bandwidth
+                rows.append(PlannedLayout(patch, shape.tokens, sp, dp, attention, flops, comm, memory, seconds,
+                                          figure_of_merit(shape, batch=batch, seconds=seconds),
+                                          memory.peak <= machine.usable))
+    return rows
+
+
+def best_layouts(rows: list[PlannedLayout]) -> dict[int, PlannedLayout]:
+    """Per patch size (a hyperparameter, not a layout), the fitting layout that trains the most samples a second
+    over all ranks (``dp x batch / step``; the fewer SP ranks on a tie). Patch sizes where nothing fits are absent."""
+    best: dict[int, PlannedLayout] = {}
+    for row in rows:
+        if row.fits and (row.patch not in best or (row.step_seconds / row.dp, row.sp)
+                         < (best[row.patch].step_seconds / best[row.patch].dp, best[row.patch].sp)):
+            best[row.patch] = row
+    return best
+
+
+def smallest_fitting_degree(shape: ViTShape, memory_per_rank: float, degrees: list[int], *,
+                            attention: str = "allgather-kv", decoder: str = "gather", batch: int = 1,
+                            kernel: AttentionKernel = "math") -> int | None:
+    """``degree: auto``: the smallest of ``degrees`` whose predicted per-rank peak fits; None if none does."""
+    for sp in sorted(degrees):
+        if shape.tokens % sp:
+            continue
+        layout = SequenceLayout(sp=sp, attention=attention, decoder=decoder)  # type: ignore[arg-type]
+        if vit_memory(shape, layout, batch=batch, kernel=kernel).peak <= memory_per_rank:
+            return sp
+    return None

@@ -1,0 +1,55 @@
+"""The layout planner and `distmis plan` on the shipped vit-seg spec (search_spaces/vit_sp.yaml)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distmis.cli.main import main
+from distmis.parallel.perf_model import ViTShape
+from distmis.parallel.planner import Machine, best_layouts, plan_layouts, smallest_fitting_degree
+from distmis.spec import load_spec
+
+SPEC = Path(__file__).parents[2] / "search_spaces" / "vit_sp.yaml"
+
+
+def test_patch_4_on_96_cubed_needs_four_ranks_under_6_gb():
+    """The case the SP benchmark measured: SP=1 fails under a 6 GB cap, SP=4 trains."""
+    rows = plan_layouts(load_spec(SPEC), Machine(ranks=4, memory_per_rank=6e9))
+    assert {r.patch for r in rows} == {16, 8, 4}  # the spec's patch and its searched ones
+    patch4 = [r for r in rows if r.patch == 4]
+    assert {(r.sp, r.fits) for r in patch4} == {(1, False), (2, False), (4, True)}
+    best = best_layouts(rows)
+    assert (best[4].sp, best[4].dp, best[4].attention) == (4, 1, "ulysses")  # fewer bytes than allgather-kv
+    assert best[16].sp == 1 and best[16].dp == 4  # small sequences: data parallelism
+    assert all(r.tokens == (96 // r.patch) ** 3 for r in rows)
+
+
+def test_more_memory_moves_the_choice_and_too_little_fits_nothing():
+    spec = load_spec(SPEC)
+    roomy = best_layouts(plan_layouts(spec, Machine(ranks=4, memory_per_rank=64e9)))
+    assert roomy[4].sp == 1  # everything fits: data parallelism is the fastest
+    tight = best_layouts(plan_layouts(spec, Machine(ranks=4, memory_per_rank=1e9)))
+    assert 4 not in tight and 8 in tight
+    with pytest.raises(ValueError, match="reserved"):
+        Machine(ranks=4, memory_per_rank=1e8)
+
+
+def test_degree_auto_is_the_smallest_degree_that_fits():
+    shape = ViTShape((96, 96, 96), 4, 2, 96, 4, 4.0, 16, 4, 1)
+    assert smallest_fitting_degree(shape, 6e9 - 512 * 2**20, [1, 2, 4, 8]) == 4
+    assert smallest_fitting_degree(shape, 64e9, [1, 2, 4]) == 1
+    assert smallest_fitting_degree(shape, 1e9, [1, 2, 4]) is None
+
+
+def test_plan_command_prints_the_table_draws_the_plot_and_exits_2_when_nothing_fits(tmp_path, capsys):
+    assert main(["plan", str(SPEC), "--ranks", "4", "--memory-per-rank", "6GB", "--output", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    best_rows = [line for line in out.splitlines() if line.endswith("| best |")]
+    assert any(line.startswith("| 4 | 13824 | 4 | 1 | ulysses |") for line in best_rows)
+    assert (tmp_path / "plan.png").stat().st_size > 0
+    code = main(["plan", str(SPEC), "--ranks", "1", "--memory-per-rank", "1GB", "--output", str(tmp_path),
+                 "--set", "model.params.patch=4", "--set", "search.space={}"])
+    assert code == 2 and "nothing fits" in capsys.readouterr().out
+    assert main(["plan", str(Path(__file__).parents[2] / "search_spaces" / "quickstart.yaml")]) == 2
