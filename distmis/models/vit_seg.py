@@ -26,7 +26,8 @@ Pieces, so that an encoder can run on a slice of the sequence
 Attention
     Each :class:`MultiHeadSelfAttention` computes Q, K and V for its own tokens and hands them, shaped
     ``(B, heads, n, head_dim)``, to its ``core`` module (:class:`SDPAttention`: torch's
-    ``scaled_dot_product_attention``). Sequence parallelism replaces ``core`` from outside.
+    ``scaled_dot_product_attention``, with a fused kernel or, ``attention_kernel="math"``, the unfused one that
+    holds the score matrices). Sequence parallelism replaces ``core`` from outside.
 
 Decoder (the paper's Figure 2)
     ``log2(P)`` stages, each a 3x3x3 convolution, instance normalization, ReLU and a x2 trilinear upsampling;
@@ -43,11 +44,14 @@ from typing import Literal, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from distmis.spec.partition import token_grid
 
 PositionEmbeddingKind = Literal["learned", "sinusoidal"]
 POSITION_EMBEDDINGS: tuple[str, ...] = ("learned", "sinusoidal")
+AttentionKernel = Literal["fused", "math"]
+ATTENTION_KERNELS: tuple[str, ...] = ("fused", "math")
 
 
 def as_triple(value: int | Sequence[int], name: str) -> tuple[int, int, int]:
@@ -134,28 +138,38 @@ class PositionEmbedding1D(nn.Module):
 class SDPAttention(nn.Module):
     """The attention core: ``softmax(Q K^T / sqrt(d)) V`` on ``(B, heads, n, head_dim)`` tensors, via SDPA.
 
-    Keys and values may hold more tokens than the queries (sequence parallelism gathers them).
+    Keys and values may hold more tokens than the queries (sequence parallelism gathers them). ``kernel``:
+    ``fused`` lets torch pick its fastest kernel (flash or memory-efficient attention, whose memory grows
+    linearly with the tokens); ``math`` forces the unfused one, which materializes and saves the
+    ``(n x n_keys)`` probabilities per head, the setting of the SP-ViT and perf-model papers.
     """
 
-    def __init__(self, dropout: float = 0.0) -> None:
+    def __init__(self, dropout: float = 0.0, kernel: AttentionKernel = "fused") -> None:
         super().__init__()
+        if kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention_kernel must be one of {ATTENTION_KERNELS}, got {kernel!r}")
         self.dropout = dropout
+        self.kernel = kernel
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+        if self.kernel == "math":
+            with sdpa_kernel(SDPBackend.MATH):
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
 
 
 class MultiHeadSelfAttention(nn.Module):
     """Multi-head self-attention over tokens ``(B, n, E)``; the attention itself is the replaceable ``core``."""
 
-    def __init__(self, embed_dim: int, heads: int, dropout: float = 0.0) -> None:
+    def __init__(self, embed_dim: int, heads: int, dropout: float = 0.0, kernel: AttentionKernel = "fused") -> None:
         super().__init__()
         if embed_dim % heads:
             raise ValueError(f"embed_dim {embed_dim} must be divisible by heads {heads}")
         self.heads = heads
         self.head_dim = embed_dim // heads
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim)
-        self.core: nn.Module = SDPAttention(dropout)
+        self.core: nn.Module = SDPAttention(dropout, kernel)
         self.proj = nn.Linear(embed_dim, embed_dim)
         self.proj_drop = nn.Dropout(dropout)
 
@@ -179,10 +193,11 @@ class MLP(nn.Sequential):
 class TransformerBlock(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``. Acts on each token but in attention."""
 
-    def __init__(self, embed_dim: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0) -> None:
+    def __init__(self, embed_dim: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0,
+                 kernel: AttentionKernel = "fused") -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(embed_dim)
-        self.attn = MultiHeadSelfAttention(embed_dim, heads, dropout)
+        self.attn = MultiHeadSelfAttention(embed_dim, heads, dropout, kernel)
         self.norm2 = nn.LayerNorm(embed_dim)
         self.mlp = MLP(embed_dim, int(embed_dim * mlp_ratio), dropout)
 
@@ -251,6 +266,7 @@ class ViTSeg(nn.Module):
         dropout: float = 0.0,
         pos_embedding: PositionEmbeddingKind = "learned",
         decoder_features: int = 128,
+        attention_kernel: AttentionKernel = "fused",
     ) -> None:
         super().__init__()
         for name, value in (("in_channels", in_channels), ("num_classes", num_classes), ("layers", layers),
@@ -273,6 +289,8 @@ class ViTSeg(nn.Module):
             raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
         if pos_embedding not in POSITION_EMBEDDINGS:
             raise ValueError(f"pos_embedding must be one of {POSITION_EMBEDDINGS}, got {pos_embedding!r}")
+        if attention_kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention_kernel must be one of {ATTENTION_KERNELS}, got {attention_kernel!r}")
 
         self.in_channels, self.num_classes = in_channels, num_classes
         self.patch, self.embed_dim, self.heads = patch, embed_dim, heads
@@ -282,7 +300,9 @@ class ViTSeg(nn.Module):
         self.patch_embed = PatchEmbedding3D(in_channels, embed_dim, patch)
         self.pos_embed = PositionEmbedding1D(self.num_tokens, embed_dim, pos_embedding)
         self.pos_drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(TransformerBlock(embed_dim, heads, mlp_ratio, dropout) for _ in range(layers))
+        self.attention_kernel = attention_kernel
+        self.blocks = nn.ModuleList(TransformerBlock(embed_dim, heads, mlp_ratio, dropout, attention_kernel)
+                                    for _ in range(layers))
         self.norm = nn.LayerNorm(embed_dim)
         self.decoder = ConvDecoder(embed_dim, num_classes, patch, decoder_features)
         self.apply(_init_linear)

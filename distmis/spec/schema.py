@@ -105,6 +105,9 @@ class ViTSegParams(StrictModel):
     dropout: float = Field(0.0, ge=0, lt=1)
     pos_embedding: Literal["learned", "sinusoidal"] = "learned"
     decoder_features: int = Field(128, ge=1)
+    attention_kernel: Literal["fused", "math"] = Field(
+        "fused", description="fused: torch's flash / memory-efficient kernels (memory linear in the tokens); math: "
+                             "the unfused kernel, which holds every layer's score matrices (quadratic)")
 
     @model_validator(mode="after")
     def _consistent(self) -> ViTSegParams:

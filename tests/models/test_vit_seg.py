@@ -102,6 +102,7 @@ def test_paper_defaults():
         ({"pos_embedding": "sinusoidal", "embed_dim": 36, "heads": 4, "patch": 4}, None),
         ({"pos_embedding": "sinusoidal", "embed_dim": 33, "heads": 3}, "sinusoidal' needs an even embed_dim"),
         ({"patch": 16, "decoder_features": 4}, "decoder_features 4 must be at least 8"),
+        ({"attention_kernel": "flash"}, r"attention_kernel must be one of \('fused', 'math'\), got 'flash'"),
     ],
 )
 def test_parameter_errors(kwargs, match):
@@ -111,6 +112,35 @@ def test_parameter_errors(kwargs, match):
         return
     with pytest.raises(ValueError, match=match):
         ViTSeg(**args)
+
+
+def saved_bytes(model: ViTSeg, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The output of a training forward and the bytes autograd saves for its backward."""
+    saved: list[int] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = model(x)
+    return out, sum(saved)
+
+
+def test_the_math_kernel_gives_the_same_logits_and_saves_the_score_matrices():
+    """Both kernels compute one function; only the math kernel keeps each layer's (heads, n, n) probabilities."""
+    torch.manual_seed(0)
+    fused = ViTSeg(2, 3, 16, patch=2, layers=2, embed_dim=16, heads=2, decoder_features=4)
+    math_model = ViTSeg(2, 3, 16, patch=2, layers=2, embed_dim=16, heads=2, decoder_features=4,
+                        attention_kernel="math")
+    math_model.load_state_dict(fused.state_dict())
+    assert all(block.attn.core.kernel == "math" for block in math_model.blocks)
+    x = torch.randn(1, 2, 16, 16, 16)
+    out_fused, bytes_fused = saved_bytes(fused, x)
+    out_math, bytes_math = saved_bytes(math_model, x)
+    torch.testing.assert_close(out_math, out_fused, rtol=1e-4, atol=1e-5)
+    scores = 2 * 2 * 512 * 512 * 4  # layers x heads x n x n fp32, n = 8^3 tokens
+    assert bytes_math - bytes_fused >= scores
 
 
 def test_input_shape_error():
