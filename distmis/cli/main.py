@@ -154,17 +154,12 @@ def print_search(spec: Any, outcome: Any) -> int:
 
 def _bytes(text: str) -> float:
     """``16GB``, ``6GiB``, ``512MB`` or a plain number of bytes."""
-    units = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
-             "TIB": 2**40}
-    number = text.strip().upper().rstrip("BIKMGT")
-    unit = text.strip().upper()[len(number):]
+    from distmis.spec.schema import parse_size
+
     try:
-        value = float(number) * units[unit]
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give e.g. 16GB, 6GiB, 512MB") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -180,12 +175,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         machine = Machine(ranks=args.ranks, memory_per_rank=args.memory_per_rank, device_flops=args.device_flops,
                           bandwidth=args.bandwidth, reserved=args.reserved)
         rows = plan_layouts(spec, machine, kernel=args.kernel)
+        kernel = args.kernel or spec.model.params.attention_kernel
     except ValueError as exc:
         raise BadInput(f"{args.spec}: {exc}") from None
     best = best_layouts(rows)
     print(f"{spec.name}: {args.ranks} rank(s) of {args.memory_per_rank / 2**30:.1f} GiB "
           f"({machine.reserved / 2**30:.1f} GiB reserved), {args.device_flops:.3g} FLOP/s, "
-          f"{args.bandwidth:.3g} B/s, {args.kernel} attention kernel; batch {spec.training.batch_size}")
+          f"{args.bandwidth:.3g} B/s, {kernel} attention kernel; batch {spec.training.batch_size}")
     print("| patch | tokens | SP | DP | attention | peak GiB | fits | step s | sent MB | TFLOP | FOM | |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
@@ -375,8 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth", type=float, default=100e9, help="bytes/s per rank (default 100e9)")
     p.add_argument("--reserved", type=_bytes, default=512 * 2**20,
                    help="memory per rank the process holds itself (default 512MiB)")
-    p.add_argument("--kernel", choices=["math", "fused"], default="math",
-                   help="attention kernel: math holds the score matrices, fused does not (default math)")
+    p.add_argument("--kernel", choices=["math", "fused"], default=None,
+                   help="attention kernel: math holds the score matrices, fused does not (default: the spec's "
+                        "model.params.attention_kernel)")
     p.add_argument("--output", help="folder for plan.png (default: runs/<spec name>)")
     p.set_defaults(func=cmd_plan)
 

@@ -59,10 +59,12 @@ class SearchPlan:
 
 
 def trial_layouts(spec: Spec) -> tuple[TrialLayout, ...]:
-    """The layout of every kind of trial the search runs: one per sequence-parallel degree it may use."""
-    if SP_DEGREE_PATH not in spec.search.space:
+    """The layout of every kind of trial the search runs: one per sequence-parallel degree it may use (with
+    ``degree: auto``, every degree the performance model chooses for some combination of searched shapes)."""
+    degrees = searched_sp_degrees(spec)
+    if SP_DEGREE_PATH not in spec.search.space and spec.parallelism.sequence_parallel.degree != "auto":
         return (resolve_layout(spec),)
-    return tuple(resolve_layout(apply_config(spec, {SP_DEGREE_PATH: d})) for d in searched_sp_degrees(spec))
+    return tuple(resolve_layout(apply_config(spec, {SP_DEGREE_PATH: d})) for d in degrees)
 
 
 def plan_search(spec: Spec, *, cluster_slots: int | None = None) -> SearchPlan:

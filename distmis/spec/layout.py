@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from distmis.spec.load import apply_config
+from distmis.spec.load import SpecError, apply_config
 from distmis.spec.schema import ResourcesSpec, Spec
 
 SP_DEGREE_PATH = "parallelism.sequence_parallel.degree"
@@ -64,21 +64,60 @@ class TrialLayout:
         return f"{where}, {self.cpu:g} CPU{gpu} each" if self.distributed else f"1 process, {self.cpu:g} CPU{gpu}"
 
 
+# Search-space paths whose values can change what ``degree: auto`` chooses (the model's shapes and kernel,
+# the tile and batch, the SP settings).
+_MEMORY_PATHS = ("model.params.", "training.tile", "training.batch_size", "parallelism.sequence_parallel.")
+
+
+def sp_degree(spec: Spec) -> int:
+    """The trial's sequence-parallel degree: the spec's, or what ``degree: auto`` chooses for it (ValueError,
+    naming the tile, patch and memory, when no degree fits)."""
+    degree = spec.parallelism.sequence_parallel.degree
+    if degree != "auto":
+        return int(degree)
+    from distmis.parallel.planner import auto_sp_degree
+
+    choice = auto_sp_degree(spec)
+    if choice.degree is None:
+        raise ValueError(f"degree 'auto': {choice.reason()}")
+    return choice.degree
+
+
+def memory_configs(spec: Spec) -> list[dict[str, Any]]:
+    """Every combination of the searched values that can change ``degree: auto``'s choice (a range's two ends:
+    the predicted memory grows with each of these fields), the others left as the spec has them."""
+    import itertools
+
+    paths = [path for path in spec.search.space if path.startswith(_MEMORY_PATHS)]
+    values = [spec.search.space[path].values for path in paths]
+    return [dict(zip(paths, combination)) for combination in itertools.product(*values)]
+
+
 def searched_sp_degrees(spec: Spec) -> list[int]:
-    """The sequence-parallel degrees the search's trials may use: the spec's, or every searched value."""
+    """The sequence-parallel degrees the search's trials may use: the spec's, every searched value, and what
+    ``degree: auto`` chooses for every combination of the searched shapes (combinations where no degree fits
+    are left out: :func:`distmis.spec.load.check_spec` refuses them)."""
     domain = spec.search.space.get(SP_DEGREE_PATH)
-    if domain is None:
-        return [spec.parallelism.sequence_parallel.degree]
-    return sorted({int(v) for v in domain.values})
+    declared = [spec.parallelism.sequence_parallel.degree] if domain is None else list(domain.values)
+    if "auto" not in declared:
+        return sorted({int(v) for v in declared})
+    degrees: set[int] = set()
+    for config in memory_configs(spec):
+        try:
+            degrees.add(sp_degree(apply_config(spec, config)))
+        except ValueError:  # SpecError included: check_spec reports it
+            continue
+    return sorted(degrees) or [1]
 
 
 def resolve_layout(spec: Spec) -> TrialLayout:
     """The layout of a trial of ``spec`` (a trial's spec: the search's with its config applied).
 
     ``experiment`` mode: ``workers_per_trial`` replicas (1: one process per trial; more: hybrid). ``data`` mode:
-    ``workers`` replicas. Either way times the sequence-parallel degree. A search whose trials may hold more than
-    one rank (a searched degree above 1 included) runs every trial as a Ray Train worker group, so that all its
-    trials are laid out, reserved and timed alike.
+    ``workers`` replicas. Either way times the sequence-parallel degree (``auto``: chosen here, by the
+    performance model). A search whose trials may hold more than one rank (a searched or chosen degree above 1
+    included) runs every trial as a Ray Train worker group, so that all its trials are laid out, reserved and
+    timed alike.
     """
     par = spec.parallelism
     if par.mode == "compare":
@@ -88,13 +127,22 @@ def resolve_layout(spec: Spec) -> TrialLayout:
     distributed = par.mode == "data" or dp * max(searched_sp_degrees(spec)) > 1
     resources: ResourcesSpec = par.resources_per_worker if distributed else par.resources_per_trial
     return TrialLayout(
-        dp=dp, sp=par.sequence_parallel.degree, pp=1, distributed=distributed, cpu=resources.cpu, gpu=resources.gpu,
+        dp=dp, sp=sp_degree(spec), pp=1, distributed=distributed, cpu=resources.cpu, gpu=resources.gpu,
         lr=spec.training.optimizer.lr, lr_scaling=par.lr_scaling,
     )
 
 
 def resolve_trial(spec: Spec, config: Mapping[str, Any]) -> tuple[Spec, TrialLayout]:
-    """A trial's spec (the search's with the trial's config applied) and its layout: what a trial process,
-    its workers and the driver's MLflow callback all work from."""
+    """A trial's spec (the search's with the trial's config applied, ``degree: auto`` replaced by the degree
+    chosen) and its layout: what a trial process, its workers and the driver's MLflow callback all work from.
+    SpecError when the trial's values are invalid or no degree fits it."""
     trial = apply_config(spec, config)
-    return trial, resolve_layout(trial)
+    try:
+        layout = resolve_layout(trial)
+    except SpecError:
+        raise
+    except ValueError as exc:  # degree 'auto' found no degree that fits this trial
+        raise SpecError("trial", [(SP_DEGREE_PATH, str(exc))]) from None
+    if trial.parallelism.sequence_parallel.degree == "auto":
+        trial = apply_config(trial, {SP_DEGREE_PATH: layout.sp})
+    return trial, layout

@@ -340,6 +340,8 @@ def check_sequence_parallel(spec: Spec) -> list[tuple[str, str]]:
     where = "parallelism.sequence_parallel"
     if sp.degree == 1:
         return []
+    if sp.degree == "auto":
+        return check_auto_degree(spec)
     if spec.model.name != "vit-seg":
         return [(f"{where}.degree", f"sequence parallelism splits a ViT's tokens: it needs model.name 'vit-seg', "
                                     f"not {spec.model.name!r} (got degree {sp.degree})")]
@@ -358,6 +360,47 @@ def check_sequence_parallel(spec: Spec) -> list[tuple[str, str]]:
     return []
 
 
+def check_auto_degree(spec: Spec) -> list[tuple[str, str]]:
+    """``degree: auto`` needs the ViT in a search of its own layout, and some degree that fits a worker."""
+    where = "parallelism.sequence_parallel.degree"
+    if spec.model.name != "vit-seg":
+        return [(where, f"degree 'auto' sizes a ViT's sequence parallelism: it needs model.name 'vit-seg', "
+                        f"not {spec.model.name!r}")]
+    if spec.parallelism.mode == "compare":
+        return [(where, "mode 'compare' runs trials of one worker; use mode 'experiment' or 'data' with degree 'auto'")]
+    shape = network_input(spec)
+    if shape is None or any(s % spec.model.input_multiple for s in shape):
+        return []  # check_input_shape reports it (or the data decides it)
+    from distmis.parallel.planner import auto_sp_degree
+
+    choice = auto_sp_degree(spec)
+    return [] if choice.degree is not None else [(where, f"'auto': {choice.reason()}")]
+
+
+def check_auto_degree_combinations(spec: Spec) -> list[tuple[str, str]]:
+    """With ``degree: auto`` and several searched shape fields, every combination of their values must leave
+    some degree that fits (each value alone is checked by :func:`check_search_space`)."""
+    from distmis.spec.layout import SP_DEGREE_PATH, memory_configs
+
+    degree = spec.search.space.get(SP_DEGREE_PATH)
+    auto = spec.parallelism.sequence_parallel.degree == "auto" or (degree is not None and "auto" in degree.values)
+    configs = memory_configs(spec)
+    if not auto or not configs or len(configs[0]) < 2:
+        return []
+    problems: list[tuple[str, str]] = []
+    for config in configs:
+        try:
+            trial = apply_config(spec, config)
+        except SpecError:
+            continue  # check_search_space reports the value
+        if trial.parallelism.sequence_parallel.degree != "auto":
+            continue
+        for _, message in check_auto_degree(trial):
+            values = ", ".join(f"{path}={value}" for path, value in config.items())
+            problems.append(("search.space", f"the trial with {values}: degree {message}"))
+    return problems[:5]
+
+
 def trial_problems(spec: Spec) -> list[tuple[str, str]]:
     """The rules every trial's spec must meet (checked for the spec and for every searched value)."""
     return check_input_shape(spec) + check_sequence_parallel(spec)
@@ -365,4 +408,5 @@ def trial_problems(spec: Spec) -> list[tuple[str, str]]:
 
 def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
-    return trial_problems(spec) + check_search_space(spec)
+    problems = trial_problems(spec) + check_search_space(spec)
+    return problems or check_auto_degree_combinations(spec)

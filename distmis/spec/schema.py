@@ -70,6 +70,11 @@ class DatasetSpec(StrictModel):
     def num_classes(self) -> int:
         return 1 if self.labels == "whole-tumour" else 3
 
+    @property
+    def in_channels(self) -> int:
+        """Image channels: every layout is read into the four modalities of :data:`distmis.data.layouts.MODALITIES`."""
+        return 4
+
 
 # --------------------------------------------------------------------------- model
 class UNet3DParams(StrictModel):
@@ -380,14 +385,63 @@ class ResourcesSpec(StrictModel):
     gpu: float = Field(0, ge=0)
 
 
+def parse_size(value: Any) -> float:
+    """Bytes from ``16GB``, ``6GiB``, ``512MB`` or a plain positive number of bytes; ValueError otherwise."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        size = float(value)
+    elif isinstance(value, str):
+        units = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20,
+                 "GIB": 2**30, "TIB": 2**40}
+        text = value.strip().upper()
+        number = text.rstrip("BIKMGT").strip()
+        try:
+            size = float(number) * units[text[len(number):].strip()]
+        except (ValueError, KeyError):
+            raise ValueError(f"{value!r} is not a size: give e.g. 16GB, 6GiB, 512MB or a number of bytes") from None
+    else:
+        raise ValueError(f"{value!r} is not a size: give e.g. 16GB, 6GiB, 512MB or a number of bytes")
+    if not size > 0 or not math.isfinite(size):
+        raise ValueError(f"a size must be positive, got {value!r}")
+    return size
+
+
 class SequenceParallelSpec(StrictModel):
     """Sequence parallelism inside one trial (``model.name: vit-seg`` only): the tokens of a tile are split
-    over ``degree`` Ray Train workers. See docs/spec.md and :mod:`distmis.parallel.sequence`."""
+    over ``degree`` Ray Train workers. See docs/spec.md and :mod:`distmis.parallel.sequence`.
 
-    degree: int = Field(1, ge=1)
+    ``degree: auto`` lets the performance model choose, per trial: the smallest degree (up to ``max_degree``)
+    whose predicted per-rank peak memory fits ``memory_per_worker``
+    (:func:`distmis.parallel.planner.auto_sp_degree`)."""
+
+    degree: int | Literal["auto"] = 1
     attention: Literal["allgather-kv", "ulysses"] = "allgather-kv"
     decoder: Literal["gather", "no-gather"] = "gather"
     split: Literal["ordered", "spatial"] = "ordered"
+    memory_per_worker: float | None = Field(
+        None, description="bytes a worker (a GPU's memory, or a CPU worker's share of its node) may hold; "
+                          "'6GB', '16GiB' or a number. Sizes degree: auto")
+    max_degree: int = Field(8, ge=1, le=1024, description="degree: auto tries 1, 2, ... up to this")
+
+    @field_validator("degree", mode="before")
+    @classmethod
+    def _degree(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (not isinstance(value, int) and value != "auto"):
+            raise ValueError(f"degree must be a positive int or 'auto', got {value!r}")
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"degree must be >= 1 (or 'auto'), got {value}")
+        return value
+
+    @field_validator("memory_per_worker", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return None if value is None else parse_size(value)
+
+    @model_validator(mode="after")
+    def _auto_needs_memory(self) -> SequenceParallelSpec:
+        if self.degree == "auto" and self.memory_per_worker is None:
+            raise ValueError("degree 'auto' chooses the smallest degree whose predicted memory fits a worker: set "
+                             "memory_per_worker (e.g. '16GB', a GPU's memory or a CPU worker's share)")
+        return self
 
 
 class ParallelismSpec(StrictModel):

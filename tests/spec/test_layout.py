@@ -95,3 +95,106 @@ def test_layout_refuses_an_impossible_shape():
         TrialLayout(dp=2, sp=1, pp=1, distributed=False, cpu=1, gpu=0, lr=1e-3, lr_scaling="linear")
     with pytest.raises(ValueError, match="sp must be a positive int"):
         TrialLayout(dp=1, sp=0, pp=1, distributed=True, cpu=1, gpu=0, lr=1e-3, lr_scaling="linear")
+
+
+# --------------------------------------------------------------------------- degree: auto
+def auto_tree(spec_tree, memory, **sp):
+    """A math-kernel ViT on 16^3 tiles whose patch 2 (512 tokens) and 4 (64 tokens) differ in memory."""
+    tree = vit_tree(spec_tree, mode="data", workers=1, resources_per_worker={"cpu": 0.5})
+    tree["model"]["params"].update(embed_dim=32, heads=4, layers=2, patch=2, attention_kernel="math")
+    tree["training"]["tile"] = [16, 16, 16]
+    tree["parallelism"]["sequence_parallel"] = {"degree": "auto", "memory_per_worker": memory, "max_degree": 4, **sp}
+    return tree
+
+
+def peaks_at_patch_2(spec_tree, **params) -> dict[int, float]:
+    """The predicted per-rank peak of every degree the model allows (``params`` changed)."""
+    from distmis.parallel.planner import auto_sp_degree
+
+    tree = auto_tree(spec_tree, "64GB")
+    tree["model"]["params"].update(params)
+    return auto_sp_degree(validate_spec(tree)).peaks
+
+
+def between(low: float, high: float) -> float:
+    """A memory_per_worker that holds a peak of ``low`` bytes but not one of ``high``, after the 512 MiB reserve."""
+    return 512 * 2**20 + (low + high) / 2
+
+
+def test_auto_picks_the_smallest_degree_that_fits_and_the_trial_spec_gets_it(spec_tree):
+    peaks = peaks_at_patch_2(spec_tree)
+    assert peaks[1] > peaks[2] > peaks[4]  # the score matrices shrink with the degree
+    spec = validate_spec(auto_tree(spec_tree, between(peaks[2], peaks[1])))
+    assert spec.parallelism.sequence_parallel.degree == "auto"
+    trial, layout = resolve_trial(spec, {})
+    assert (layout.sp, layout.world_size, layout.distributed) == (2, 2, True)
+    assert trial.parallelism.sequence_parallel.degree == 2  # the workers, the trainer and MLflow read an int
+    roomy = validate_spec(auto_tree(spec_tree, "64GB"))
+    assert resolve_trial(roomy, {})[1].sp == 1
+
+
+def test_auto_is_decided_per_trial_and_lays_out_every_degree_it_can_choose(spec_tree):
+    from distmis.search.plan import plan_search
+
+    peaks = peaks_at_patch_2(spec_tree)
+    tree = auto_tree(spec_tree, between(peaks[4], peaks[2]))
+    tree["search"]["space"] = {"model.params.patch": {"grid": [4, 2]}}
+    spec = validate_spec(tree)
+    eight, four = (resolve_trial(spec, {"model.params.patch": p})[1] for p in (4, 2))
+    assert (eight.sp, four.sp) == (1, 4)
+    assert eight.distributed  # a search where some trial holds 4 ranks runs every trial as a worker group
+    assert sorted(layout.world_size for layout in plan_search(spec).layouts) == [1, 4]
+
+
+def test_auto_as_a_searched_value(spec_tree):
+    peaks = peaks_at_patch_2(spec_tree)
+    tree = auto_tree(spec_tree, between(peaks[2], peaks[1]))
+    tree["search"]["space"] = {"parallelism.sequence_parallel.degree": {"grid": [4, "auto"]}}
+    spec = validate_spec(tree)
+    assert [resolve_trial(spec, {"parallelism.sequence_parallel.degree": d})[1].sp for d in (4, "auto")] == [4, 2]
+
+
+def test_a_spec_where_no_degree_fits_is_refused_naming_tile_patch_and_memory(spec_tree):
+    peaks = peaks_at_patch_2(spec_tree)
+    tree = auto_tree(spec_tree, between(0, peaks[1]), max_degree=1)
+    with pytest.raises(SpecError) as refused:
+        validate_spec(tree)
+    message = str(refused.value)
+    assert "parallelism.sequence_parallel.degree: 'auto': no degree up to 1 fits tile 16x16x16 at patch 2" in message
+    assert f"the smallest predicted peak is {peaks[1] / 2**30:.2f} GiB per worker at SP=1" in message
+    assert f"a worker has {peaks[1] / 2 / 2**30:.2f} GiB" in message  # memory_per_worker less the 512 MiB reserve
+
+
+def test_each_searched_value_and_each_combination_must_leave_a_degree_that_fits(spec_tree):
+    peaks = peaks_at_patch_2(spec_tree)
+    tree = auto_tree(spec_tree, between(peaks[4], peaks[2]), max_degree=2)
+    tree["model"]["params"]["patch"] = 4
+    tree["search"]["space"] = {"model.params.patch": {"grid": [4, 2]}}
+    with pytest.raises(SpecError, match=r"search.space.model.params.patch: value 2 makes "
+                                        r"parallelism.sequence_parallel.degree invalid: 'auto': no degree up to 2"):
+        validate_spec(tree)
+    # Each value alone fits (patch 2 at width 16, width 32 at patch 4); together they do not.
+    narrow, wide = peaks_at_patch_2(spec_tree, embed_dim=16)[2], peaks[2]
+    tree = auto_tree(spec_tree, between(narrow, wide), max_degree=2)
+    tree["model"]["params"].update(patch=4, embed_dim=16)
+    tree["search"]["space"] = {"model.params.patch": {"grid": [4, 2]}, "model.params.embed_dim": {"grid": [16, 32]}}
+    with pytest.raises(SpecError) as refused:
+        validate_spec(tree)
+    assert str(refused.value).count("  - ") == 1
+    assert "search.space: the trial with model.params.patch=2, model.params.embed_dim=32: degree 'auto'" in str(
+        refused.value)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"model": {"name": "unet3d"}}, "needs model.name 'vit-seg'"),
+    ({"sequence_parallel": {"degree": "auto"}}, "set memory_per_worker"),
+    ({"sequence_parallel": {"degree": "auto", "memory_per_worker": "6XB"}}, "'6XB' is not a size"),
+])
+def test_auto_errors(spec_tree, change, match):
+    tree = auto_tree(spec_tree, "8GB")
+    if "model" in change:
+        tree["model"] = {"name": "unet3d", "framework": "torch"}
+    else:
+        tree["parallelism"]["sequence_parallel"] = change["sequence_parallel"]
+    with pytest.raises(SpecError, match=match):
+        validate_spec(tree)
