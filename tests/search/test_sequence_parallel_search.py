@@ -48,3 +48,36 @@ def test_sp1_and_sp2_trials_follow_the_same_loss_curve(ray_local, tmp_path: Path
         assert len(one) == len(two) == 2
         np.testing.assert_allclose(two, one, rtol=1e-4, atol=1e-5, err_msg=metric)
     assert curve(by_degree[1], "train_loss")[1] < curve(by_degree[1], "train_loss")[0]
+
+
+def test_a_degree_auto_search_gives_each_trial_the_degree_its_memory_needs(ray_local, tmp_path: Path, capsys):
+    """Patch 4 fits one worker, patch 2 (8x the tokens, the math kernel's score matrices 64x) needs two."""
+    from distmis.parallel.planner import auto_sp_degree
+    from distmis.spec import apply_config, validate_spec
+
+    tree = small_spec_tree(tmp_path / "data", model={
+        "name": "vit-seg", "framework": "torch",
+        "params": {"layers": 1, "embed_dim": 32, "heads": 4, "patch": 4, "decoder_features": 8,
+                   "attention_kernel": "math"}})
+    tree["name"] = "auto-vit"
+    tree["training"].update(epochs=1, tile=[16, 16, 16])
+    tree["search"] = {"algorithm": "grid", "space": {"model.params.patch": {"grid": [4, 2]}}}
+    tree["parallelism"] = {"mode": "data", "workers": 1, "resources_per_worker": {"cpu": 0.5},
+                           "sequence_parallel": {"degree": "auto", "memory_per_worker": "64GB", "max_degree": 2,
+                                                 "attention": "ulysses"}}
+    roomy = validate_spec(tree)
+    peaks = auto_sp_degree(apply_config(roomy, {"model.params.patch": 2})).peaks
+    tree["parallelism"]["sequence_parallel"]["memory_per_worker"] = 512 * 2**20 + (peaks[1] + peaks[2]) / 2
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(tree))
+
+    assert main(["run", str(tmp_path / "spec.yaml"), "--output", str(tmp_path / "out"), "--quiet"]) == 0
+    assert "2 trial(s), 0 failed" in capsys.readouterr().out
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("auto-vit")
+    runs = client.search_runs([experiment.experiment_id])
+    parent = next(r for r in runs if r.data.tags.get("distmis.role") == "search")
+    assert parent.data.params["parallelism.sequence_parallel.degree"] == "auto"
+    trials = {int(r.data.params["model.params.patch"]): r for r in runs if r.data.tags.get("distmis.role") == "trial"}
+    assert {patch: (r.data.params["parallelism.sequence_parallel.degree"], r.data.params["trial.workers"])
+            for patch, r in trials.items()} == {4: ("1", "1"), 2: ("2", "2")}
+    assert all(r.info.status == "FINISHED" and r.data.metrics["epochs_completed"] == 1 for r in trials.values())
