@@ -55,8 +55,10 @@ def ray_local():
     import ray
 
     from distmis.search.execute import local_ray_options
+    from distmis.service.net import LOOPBACK, free_port
 
-    ray.init(**local_ray_options(), num_cpus=2, logging_level="WARNING")
+    # A free dashboard port, not Ray's usual 8265: a distmis run started beside the tests may be taking it.
+    ray.init(**local_ray_options(free_port(LOOPBACK)), num_cpus=2, logging_level="WARNING")
     yield ray
     ray.shutdown()
 

@@ -111,7 +111,7 @@ def _record_interruption(callback: MLflowTrialCallback, search_run: SearchRun) -
 
 
 # --------------------------------------------------------------------------- set-up shared by every mode
-def local_ray_options() -> dict[str, Any]:
+def local_ray_options(dashboard_port: int | None = None) -> dict[str, Any]:
     """``ray.init`` arguments of a local Ray started by distmis.
 
     The dashboard (and Ray's state API, which Ray Train's placement-group cleaner asks every second whether
@@ -120,7 +120,9 @@ def local_ray_options() -> dict[str, Any]:
     ``/tmp/ray/ray_current_cluster``, which a ``ray start`` cluster that has since gone leaves behind: each
     Ray Train run then waited about 10 s at its end on a state query to that dead cluster.
     """
-    port = 8265 if not port_in_use(LOOPBACK, 8265) else free_port(LOOPBACK)  # Ray's usual port when free
+    port = dashboard_port
+    if port is None:  # Ray's usual port when free
+        port = 8265 if not port_in_use(LOOPBACK, 8265) else free_port(LOOPBACK)
     env = {**TRIAL_ENV, "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
     return {"address": "local", "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
             "runtime_env": {"env_vars": env}}
@@ -140,7 +142,11 @@ def ray_connection(address: str | None = None) -> Iterator[None]:
         return
     if address in (None, "local"):
         prepare_local_token()  # made 0600 before Ray writes one readable by everybody
-        ray.init(**local_ray_options(), logging_level=logging.WARNING)
+        try:
+            ray.init(**local_ray_options(), logging_level=logging.WARNING)
+        except Exception:  # noqa: BLE001 - another local Ray took the dashboard's port between check and bind
+            ray.shutdown()
+            ray.init(**local_ray_options(free_port(LOOPBACK)), logging_level=logging.WARNING)
     else:
         ray.init(address=address, runtime_env={"env_vars": TRIAL_ENV}, logging_level=logging.WARNING)
     try:
