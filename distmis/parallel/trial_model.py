@@ -1,0 +1,83 @@
+"""What the performance model (:mod:`distmis.parallel.perf_model`) predicts for one trial, as MLflow metrics.
+
+The driver's MLflow callback logs :func:`predict_trial`'s numbers on every ViT-seg trial's run (step 0), next to
+what the trial measures per epoch (``step_seconds``, ``peak_memory_mb``, ``fom``: :mod:`distmis.train.torch_unet`),
+so a search shows model against measurement trial by trial. Everything is per rank and per training step, with
+the trial's own layout (``TrialLayout.sp``, ``dp``), SP attention and decoder, batch (``training.batch_size``
+samples per rank and step) and attention kernel (``model.params.attention_kernel``). Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from distmis.parallel.perf_model import SequenceLayout, ViTShape, communication_bytes, vit_flops, vit_memory
+
+if TYPE_CHECKING:  # pragma: no cover
+    from distmis.spec.layout import TrialLayout
+    from distmis.spec.schema import Spec
+
+__all__ = ["IMAGE_CHANNELS", "MIB", "PREDICTED_METRICS", "trial_shape", "predict_trial"]
+
+#: The image channels of every dataset layout distmis reads: the four MSD / BraTS modalities
+#: (:data:`distmis.data.layouts.MODALITIES`, which this package does not import: a test checks they agree).
+IMAGE_CHANNELS = 4
+MIB = float(2**20)
+
+PREDICTED_METRICS = ("predicted_flops_per_step", "predicted_forward_flops", "predicted_peak_memory_mb",
+                     "predicted_step_memory_mb", "predicted_sent_mb")
+
+
+def trial_shape(spec: Spec, *, in_channels: int = IMAGE_CHANNELS,
+                volume: Sequence[int] | None = None) -> ViTShape | None:
+    """The ViT-seg arithmetic shape of a trial's spec: its ``model.params`` on its network input (the tile, or
+    the whole volume: the spec's, else ``volume``); None for another model or when the input is unknown."""
+    from distmis.spec.load import network_input
+    from distmis.spec.schema import ViTSegParams
+
+    params = spec.model.params
+    if not isinstance(params, ViTSegParams):
+        return None
+    tile = network_input(spec)
+    if tile is None and volume is not None:
+        tile = tuple(int(v) for v in volume[:3])  # type: ignore[assignment]
+    if tile is None:
+        return None
+    return ViTShape.of(params, tile, in_channels=in_channels, num_classes=spec.dataset.num_classes)
+
+
+def predict_trial(spec: Spec, layout: TrialLayout, *, in_channels: int = IMAGE_CHANNELS,
+                  volume: Sequence[int] | None = None) -> dict[str, float]:
+    """The performance model's numbers for a trial of ``spec`` (a trial's spec) laid out as ``layout``.
+
+    Per rank and training step of ``training.batch_size`` samples:
+
+    - ``predicted_flops_per_step``: forward and backward matmul and convolution FLOPs (:attr:`FlopCount.matmul`);
+    - ``predicted_forward_flops``: the forward's (:attr:`FlopCount.forward`);
+    - ``predicted_peak_memory_mb``: the peak, parameters included (:attr:`MemoryEstimate.peak`), MiB;
+    - ``predicted_step_memory_mb``: the peak above the parameters (:attr:`MemoryEstimate.step`), MiB: what the
+      measured ``peak_memory_mb`` compares with;
+    - ``predicted_sent_mb``: bytes sent, gloo's reduce-scatter counted as it measurably sends
+      (:func:`communication_bytes` with ``cost="gloo"``), MiB.
+
+    ``{}`` for a model other than ``vit-seg``, or when the network input is unknown (no tile, and a volume that
+    neither the spec nor ``volume`` gives). ValueError when the shapes do not suit the layout (tokens that do
+    not divide by the SP degree).
+    """
+    shape = trial_shape(spec, in_channels=in_channels, volume=volume)
+    if shape is None:
+        return {}
+    sp = spec.parallelism.sequence_parallel
+    sequence = SequenceLayout(sp=layout.sp, attention=sp.attention, decoder=sp.decoder)
+    batch = spec.training.batch_size
+    flops = vit_flops(shape, sequence, batch)
+    kernel = spec.model.params.attention_kernel  # type: ignore[union-attr]
+    memory = vit_memory(shape, sequence, batch=batch, kernel=kernel)
+    sent = communication_bytes(shape, sequence, batch=batch, dp=layout.dp, cost="gloo")
+    return {
+        "predicted_flops_per_step": flops.matmul,
+        "predicted_forward_flops": flops.forward,
+        "predicted_peak_memory_mb": memory.peak / MIB,
+        "predicted_step_memory_mb": memory.step / MIB,
+        "predicted_sent_mb": sent.total / MIB,
+    }
