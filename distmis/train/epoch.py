@@ -20,9 +20,13 @@ class EpochMetrics:
     val_dice: float
     epoch_seconds: float
     learning_rate: float  # at the epoch's first step (training.lr_schedule)
+    # Measured by the PyTorch trainers (None where a trainer does not measure them; left out of as_dict):
+    step_seconds: float | None = None  # mean wall seconds of a training step, the batch's wait excluded
+    peak_memory_mb: float | None = None  # a step's peak memory above what the process held before training, MiB
+    fom: float | None = None  # the seed's figure of merit b L s^2 d / step_seconds (ViT-seg)
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+        return {key: value for key, value in asdict(self).items() if value is not None}
 
 
 def checked_epoch(epoch: int, train: Callable[[], float], validate: Callable[[], tuple[float, float]], *,

@@ -19,9 +19,13 @@ the same numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import queue
+import resource
+import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Callable, Literal, TypeVar
@@ -50,6 +54,7 @@ __all__ = [
     "make_loss",
     "PREFETCH_BATCHES",
     "prefetched",
+    "StepMeter",
     "TorchUNetTrainer",
 ]
 
@@ -198,6 +203,140 @@ def shard_batches(order: list[int], *, rank: int, world_size: int, batch_size: i
     return [chunks[k % len(chunks)] for k in range(steps)]
 
 
+# --------------------------------------------------------------------------- step measurements
+def _proc_status_bytes(field: str) -> int | None:
+    """A ``/proc/self/status`` field (``VmRSS``, ``VmHWM``, given in KiB) in bytes; None where there is none."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing elsewhere), so that the
+    resident set holds what is in use, as in a process that has just started, not what earlier work freed."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(ctypes.c_size_t(0))
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _reset_resident_peak() -> bool:
+    """Set the process's resident-set high-water mark (``VmHWM``) to its current resident set (Linux:
+    ``5`` to ``/proc/self/clear_refs``, which touches nothing else); False where that cannot be done."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return _proc_status_bytes("VmHWM") is not None
+
+
+def _lifetime_resident_peak() -> int:
+    """``getrusage``'s ``ru_maxrss`` in bytes (KiB on Linux, bytes on macOS): the peak since the process began."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+class StepMeter:
+    """One rank's training steps of an epoch: their mean wall time, and how far their peak memory rises above
+    the parameters (what :attr:`~distmis.parallel.perf_model.MemoryEstimate.step` predicts).
+
+    A step is timed from the moment its batch is in hand (the wait for the reading thread is not counted) to
+    its loss read back after the optimizer's step: the batch's copy to the device, forward, loss, backward,
+    gradient synchronization (DDP's all-reduce, or the SP and DP collectives) and the optimizer; on CUDA after a
+    ``synchronize``, so every kernel of the step is in it.
+
+    Memory is the epoch's peak less a baseline taken just before its first step (its batch in hand):
+
+    - CUDA: ``torch.cuda.max_memory_allocated`` (its peak reset at :meth:`start_epoch`) less ``memory_allocated``;
+    - CPU: the resident set's high-water mark ``VmHWM`` (reset at :meth:`start_epoch` through
+      ``/proc/self/clear_refs``; in a process that has not peaked before it is the ``getrusage`` ``ru_maxrss``
+      that ``benchmarks/sp_scaling.py`` reads) less the resident set ``VmRSS``. The C heap's free pages are given
+      back first (glibc's ``malloc_trim``): else the steps reuse what earlier epochs and validation freed, and
+      the resident set does not show them. Where the peak cannot be reset (no ``/proc``) the process's lifetime
+      peak (``ru_maxrss``) is used.
+
+    ``held`` gives the bytes of training state earlier steps left in place (gradients, the optimizer's moments:
+    none before a trainer's first step); they are taken off the baseline, so every epoch counts them as the first
+    does. On CPU the first epoch also counts what first use pages in (library code, kernel caches), and every
+    epoch the allocator's own overhead and the batches the reading thread prepares.
+    """
+
+    def __init__(self, device: torch.device, held: Callable[[], float] | None = None) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.held = held or (lambda: 0.0)
+        self.baseline: float | None = None  # bytes in use before this epoch's first step, less `held`
+        self.seconds = 0.0
+        self.steps = 0
+        self._resettable = False
+        self._started: float | None = None
+
+    def _in_use(self) -> float:
+        if self.cuda:
+            return float(torch.cuda.memory_allocated(self.device))
+        rss = _proc_status_bytes("VmRSS")
+        if rss is None:
+            import psutil
+
+            rss = psutil.Process().memory_info().rss
+        return float(rss)
+
+    def _peak(self) -> float:
+        if self.cuda:
+            return float(torch.cuda.max_memory_allocated(self.device))
+        hwm = _proc_status_bytes("VmHWM") if self._resettable else None
+        return float(hwm if hwm is not None else _lifetime_resident_peak())
+
+    def start_epoch(self) -> None:
+        """Forget the previous epoch's steps and reset the memory peak."""
+        self.seconds, self.steps, self._started, self.baseline = 0.0, 0, None, None
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            _trim_heap()
+            self._resettable = _reset_resident_peak()
+
+    def start_step(self) -> None:
+        """A step begins (its batch is in hand)."""
+        if self.baseline is None:
+            self.baseline = self._in_use() - self.held()
+        self._started = time.perf_counter()
+
+    def end_step(self) -> None:
+        """The step has ended (its loss has been read back)."""
+        if self._started is None:
+            raise RuntimeError("end_step without start_step")
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        self.seconds += time.perf_counter() - self._started
+        self.steps += 1
+        self._started = None
+
+    @property
+    def step_seconds(self) -> float:
+        """Mean seconds of this epoch's steps."""
+        if not self.steps:
+            raise ValueError("no step measured this epoch")
+        return self.seconds / self.steps
+
+    @property
+    def peak_bytes(self) -> float:
+        """This epoch's peak above the baseline (0 if the memory in use fell below it)."""
+        if self.baseline is None:
+            raise ValueError("no step measured this epoch")
+        return max(0.0, self._peak() - self.baseline)
+
+
 # --------------------------------------------------------------------------- trainer
 class TorchUNetTrainer:
     """Builds the PyTorch U-Net, its optimizer and the streaming input of one trial's spec on one rank.
@@ -245,7 +384,8 @@ class TorchUNetTrainer:
         self.reduce_group: object | None = None  # the ranks whose validation shares add up (None: all)
         # Same seed -> same initial weights, whatever hyperparameters differ.
         torch.manual_seed(training.seed)
-        self.model = self._build_model(int(manifest["image_shape"][-1])).to(self.device)
+        self.in_channels = int(manifest["image_shape"][-1])
+        self.model = self._build_model(self.in_channels).to(self.device)
         self.train_model = wrap_model(self.model) if wrap_model is not None else self.model
         self.num_parameters = count_trainable_parameters(self.model)
         opt = training.optimizer
@@ -272,6 +412,14 @@ class TorchUNetTrainer:
         self.augmenter = (TorchAugmenter(training.augment, self.tile or self.volume_shape)
                           if training.augment.active else None)
         self._epochs_trained = 0
+        self.step_meter = StepMeter(self.device, held=self._training_state_bytes)
+        self._measured: tuple[float, float] | None = None  # the last trained epoch's (step seconds, peak bytes)
+
+    def _training_state_bytes(self) -> float:
+        """Bytes of what training keeps between steps: the gradients and the optimizer's state."""
+        tensors = [p.grad for p in self.train_model.parameters() if p.grad is not None]
+        tensors += [t for state in self.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+        return float(sum(t.numel() * t.element_size() for t in tensors))
 
     def _build_model(self, in_channels: int) -> UNet3D:
         params = self.spec.model.params
@@ -390,9 +538,12 @@ class TorchUNetTrainer:
         batches = self.epoch_batches(epoch)
         if self.augmenter is not None:  # the epoch's augmentation draws: the same whenever this epoch is trained
             self.augmenter.reseed(self.spec.training.seed, epoch, self.rank)
+        meter = self.step_meter
+        meter.start_epoch()
         stream = prefetched((self._host_batch(indices, epoch) for indices in batches), PREFETCH_BATCHES)
         try:
             for step, (x, y) in enumerate(stream):
+                meter.start_step()  # the batch is here: what follows is the step (see StepMeter)
                 if step == 0 or self.learning_rates.per_step:
                     self.set_learning_rate(self.learning_rates.at(lr_epoch, step, len(batches)))
                 x, y = x.to(self.device), y.to(self.device)
@@ -402,8 +553,10 @@ class TorchUNetTrainer:
                 self._synchronize_gradients()
                 self.optimizer.step()
                 losses.append(float(loss.detach()))
+                meter.end_step()
         finally:
             stream.close()  # a step that raised stops the reading thread before its next batch
+        self._measured = (meter.step_seconds, meter.peak_bytes)  # read before validation can raise the peak
         self._epochs_trained += 1
         return float(np.mean(losses))
 
@@ -464,12 +617,45 @@ class TorchUNetTrainer:
             dist.broadcast(buffer.data, src=0)
 
     def run_epoch(self, epoch: int) -> EpochMetrics:
-        """Train one epoch (data order from ``epoch``), validate, and time both.
+        """Train one epoch (data order from ``epoch``), validate, and time both; with the steps' measurements
+        (:meth:`step_metrics`).
 
         Raises NonFiniteLossError if training diverged.
         """
-        return checked_epoch(epoch, lambda: self.train_epoch(epoch), self.validate,
-                             learning_rate=self.learning_rates.at(epoch))
+        metrics = checked_epoch(epoch, lambda: self.train_epoch(epoch), self.validate,
+                                learning_rate=self.learning_rates.at(epoch))
+        return dataclasses.replace(metrics, **self.step_metrics())
+
+    def step_metrics(self) -> dict[str, float]:
+        """The last trained epoch's ``step_seconds`` and ``peak_memory_mb`` (MiB) (:class:`StepMeter`), each the
+        largest over the trial's ranks (the slowest rank's mean step, the fullest rank's peak: a collective when
+        the trainer is in a process group, so every rank calls it), and ``fom`` where the model defines one
+        (:meth:`figure_of_merit`)."""
+        if self._measured is None:
+            raise ValueError("no epoch trained yet")
+        values = list(self._measured)
+        groups = self._measurement_groups()
+        if groups:
+            largest = torch.tensor(values, dtype=torch.float64, device=self.device)
+            for group in groups:
+                dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
+            values = largest.cpu().tolist()
+        step_seconds, peak = values
+        metrics = {"step_seconds": step_seconds, "peak_memory_mb": peak / 2**20}
+        fom = self.figure_of_merit(step_seconds)
+        if fom is not None:
+            metrics["fom"] = fom
+        return metrics
+
+    def _measurement_groups(self) -> list[object]:
+        """The process groups whose successive MAX all-reduces span every rank of the trial: the default group
+        in a data-parallel process group; none for a trainer on its own."""
+        distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
+        return [None] if distributed else []
+
+    def figure_of_merit(self, step_seconds: float) -> float | None:
+        """A model's figure of merit for a step of ``step_seconds`` (the U-Net has none)."""
+        return None
 
     weight_files: tuple[str, ...] = ("model.pt",)
 

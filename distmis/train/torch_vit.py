@@ -7,6 +7,11 @@ the same tiles), the model is parallelized from outside with :func:`parallelize_
 backward :func:`sync_gradients` makes the gradients the ones SP=1 would have (``gather``). The data order,
 the tiles and the initial weights depend on the seed and the DP rank only, so SP=1 and SP=k trials of one
 search follow the same loss curve.
+
+Every epoch reports, besides the U-Net trainer's numbers, the steps' ``step_seconds`` and ``peak_memory_mb``
+(:class:`~distmis.train.torch_unet.StepMeter`, the largest over all DP x SP ranks) and ``fom``, the seed's figure
+of merit ``b L s^2 d / step_seconds`` (:func:`~distmis.parallel.perf_model.figure_of_merit`, ``b`` the
+``training.batch_size`` samples a rank trains per step, ``s`` the tile's tokens).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from distmis.models.vit_seg import ViTSeg
+from distmis.parallel import perf_model
 from distmis.parallel.groups import ParallelGroups
 from distmis.parallel.sequence import SequenceParallelViTSeg, parallelize_vit_seg, sync_gradients
 from distmis.spec.layout import TrialLayout
@@ -57,6 +63,23 @@ class TorchViTTrainer(TorchUNetTrainer):
         params = self.spec.model.params
         tile = self.tile or self.volume_shape  # no tile: the whole volume is one input
         return ViTSeg(in_channels, self.num_classes, tile, **params.model_dump())
+
+    @property
+    def shape(self) -> perf_model.ViTShape:
+        """The model's arithmetic shape (:mod:`distmis.parallel.perf_model`): its parameters on its tile."""
+        return perf_model.ViTShape.of(self.spec.model.params, self.model.tile, in_channels=self.in_channels,
+                                      num_classes=self.num_classes)
+
+    def figure_of_merit(self, step_seconds: float) -> float | None:
+        """The seed's ``b L s^2 d / step_seconds``, ``b`` the samples a rank trains per step."""
+        return perf_model.figure_of_merit(self.shape, batch=self.spec.training.batch_size, seconds=step_seconds)
+
+    def _measurement_groups(self) -> list[object]:
+        """Every rank of the DP x SP world: the largest over each SP group, then over the DP groups across them."""
+        if self.groups is None:
+            return super()._measurement_groups()
+        return [group for group, size in ((self.groups.sp_group, self.groups.sp_size),
+                                          (self.groups.dp_group, self.groups.dp_size)) if size > 1]
 
     def _batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = self.train_model(x)
