@@ -9,8 +9,9 @@ processes could drop metrics; logging from the driver cannot.
 from __future__ import annotations
 
 import json
-import os
+import logging
 import math
+import os
 import time
 import traceback
 from pathlib import Path
@@ -20,7 +21,9 @@ from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 from ray import tune
 
-from distmis.spec.layout import resolve_trial
+from distmis.data.layouts import MODALITIES
+from distmis.parallel.trial_model import predict_trial
+from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.load import SpecError, spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.writer import ResilientWriter
@@ -38,8 +41,12 @@ ATTEMPTS_TAG = "distmis.attempts"  # processes (or worker groups) that trained a
 CHECKPOINT_TAG = "distmis.checkpoint"  # a trial's latest checkpoint folder: its best epoch's weights at the root
 RESUMES_TAG = "distmis.resumes"  # times a search (or a trial in it) was resumed after an interruption
 
-# What a trial reports each epoch that is logged as an MLflow metric (step = epoch).
-EPOCH_METRICS = ("train_loss", "val_loss", "val_dice", "epoch_seconds", "learning_rate")
+logger = logging.getLogger(__name__)
+
+# What a trial reports each epoch that is logged as an MLflow metric (step = epoch). The last three come from the
+# PyTorch trainers (distmis.train.torch_unet.StepMeter; fom from the ViT-seg's only).
+EPOCH_METRICS = ("train_loss", "val_loss", "val_dice", "epoch_seconds", "learning_rate", "step_seconds",
+                 "peak_memory_mb", "fom")
 
 
 def default_tracking_uri(output_dir: str | Path) -> str:
@@ -237,8 +244,8 @@ class SearchRun:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
 
-    def trial_callback(self, spec: Spec) -> MLflowTrialCallback:
-        return MLflowTrialCallback(self, spec)
+    def trial_callback(self, spec: Spec, *, volume: tuple[int, ...] | None = None) -> MLflowTrialCallback:
+        return MLflowTrialCallback(self, spec, volume=volume)
 
     def finish(self, status: str = "FINISHED") -> float:
         elapsed = time.perf_counter() - self._started
@@ -259,12 +266,18 @@ class MLflowTrialCallback(tune.Callback):
 
     Tune pickles its callbacks into the experiment folder; this one would carry the tracking URI (credentials
     included) and a live client, so Tune is given a :class:`TrialCallbackHandle` to it instead (:meth:`handle`).
+
+    A ViT-seg trial's run also gets the performance model's predictions for its layout at step 0
+    (:func:`~distmis.parallel.trial_model.predict_trial`: ``predicted_*``); ``volume``, the preprocessed volume's
+    shape, lets it predict trials that train on whole volumes the spec alone does not size.
     """
 
-    def __init__(self, search_run: SearchRun, spec: Spec, writer: ResilientWriter | None = None):
+    def __init__(self, search_run: SearchRun, spec: Spec, writer: ResilientWriter | None = None, *,
+                 volume: tuple[int, ...] | None = None):
         self.search = search_run
         self.client = search_run.client
         self.spec = spec
+        self.volume = volume
         self.writer = writer or ResilientWriter()
         self.last_checkpoint: dict[str, str] = {}  # trial id -> its latest checkpoint (Ray Train trials)
         self.run_ids: dict[str, str] = {}  # filled when the (possibly delayed) create_run has been made
@@ -345,12 +358,13 @@ class MLflowTrialCallback(tune.Callback):
         try:  # the trial's spec and layout as the trial itself resolves them ("1e-3" in YAML is logged as 0.001)
             spec, layout = resolve_trial(self.spec, config)
         except SpecError as exc:  # the trial fails alone, with this reason; the search goes on
-            params, invalid = dict(config), str(exc)
+            params, invalid, predicted = dict(config), str(exc), {}
         else:
             params = {k: v for k, v in flatten(spec_to_dict(spec)).items() if not k.startswith(("search.", "tracking."))}
             params.update({"trial.workers": layout.world_size, "trial.data_parallel": layout.dp,
                            "training.optimizer.effective_lr": layout.effective_lr})
             invalid = None
+            predicted = self._predict(trial_id, spec, layout)
         tags = {PARENT_TAG: self.search.run_id, ROLE_TAG: "trial", TRIAL_ID_TAG: trial_id,
                 **self.search.source_tags}
         if invalid:
@@ -364,6 +378,21 @@ class MLflowTrialCallback(tune.Callback):
 
         self.writer.submit(f"create run ({trial_id})", create)
         self.writer.submit(f"params ({trial_id})", lambda: log_params(self.client, self.run_ids[trial_id], params))
+        if predicted:
+            now = int(time.time() * 1000)
+            metrics = [Metric(key, value, now, 0) for key, value in predicted.items()]
+            self.writer.submit(f"predictions ({trial_id})",
+                               lambda: self.client.log_batch(self.run_ids[trial_id], metrics=metrics))
+
+    def _predict(self, trial_id: str, spec: Spec, layout: TrialLayout) -> dict[str, float]:
+        """The performance model's numbers for a ViT-seg trial (``{}`` for other models, or when they cannot be
+        computed: a warning, never an error, which would stop the search)."""
+        try:
+            predicted = predict_trial(spec, layout, in_channels=len(MODALITIES), volume=self.volume)
+        except Exception as exc:  # noqa: BLE001 - a prediction is a record, never a reason for a trial to fail
+            logger.warning("no performance-model prediction for trial %s: %s", trial_id, exc)
+            return {}
+        return {key: float(value) for key, value in predicted.items() if math.isfinite(value)}
 
     def kill_unfinished(self) -> None:
         """Mark the runs of trials that started and never ended KILLED (the search was interrupted)."""
