@@ -27,10 +27,12 @@ from distmis.parallel.perf_model import (
     vit_memory,
 )
 
+from distmis.spec.sizing import PROCESS_RESERVE
+
 if TYPE_CHECKING:  # pragma: no cover
     from distmis.spec.schema import Spec
 
-__all__ = ["Machine", "PlannedLayout", "plan_layouts", "best_layouts", "patch_sizes", "AutoDegree", "auto_sp_degree"]
+__all__ = ["Machine", "PlannedLayout", "plan_layouts", "best_layouts", "patch_sizes"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Machine:
     memory_per_rank: float  # bytes
     device_flops: float = 300e12  # FLOP/s a rank sustains
     bandwidth: float = 100e9  # bytes/s a rank sends
-    reserved: float = 512 * 2**20  # the process's own: torch's libraries (about 0.4 GB on CPU), a CUDA context
+    reserved: float = PROCESS_RESERVE  # the process's own: torch's libraries (about 0.4 GB on CPU), a CUDA context
 
     def __post_init__(self) -> None:
         for name in ("ranks", "memory_per_rank", "device_flops", "bandwidth"):
@@ -132,61 +134,3 @@ def best_layouts(rows: list[PlannedLayout]) -> dict[int, PlannedLayout]:
                          < (best[row.patch].step_seconds / best[row.patch].dp, best[row.patch].sp)):
             best[row.patch] = row
     return best
-
-
-@dataclass(frozen=True)
-class AutoDegree:
-    """What ``degree: auto`` decided for one trial's spec: the degree, or None when none fits."""
-
-    degree: int | None
-    shape: ViTShape
-    peaks: dict[int, float]  # predicted per-rank peak (bytes) of every degree the tokens and heads allow
-    machine: Machine
-    kernel: str
-
-    def reason(self) -> str:
-        """Why no degree fits: the tile, the patch, the memory needed and what there is."""
-        tile = "x".join(map(str, self.shape.tile))
-        if not self.peaks:
-            return (f"no degree up to {self.machine.ranks} splits the {self.shape.tokens} tokens of tile {tile} at "
-                    f"patch {self.shape.patch} (and the heads, for ulysses)")
-        sp, need = min(self.peaks.items(), key=lambda item: item[1])
-        return (f"no degree up to {self.machine.ranks} fits tile {tile} at patch {self.shape.patch} "
-                f"({self.shape.tokens} tokens, {self.kernel} attention kernel): the smallest predicted peak is "
-                f"{need / 2**30:.2f} GiB per worker at SP={sp}, and a worker has {self.machine.usable / 2**30:.2f} GiB "
-                f"({self.machine.memory_per_rank / 2**30:.2f} GiB memory_per_worker less "
-                f"{self.machine.reserved / 2**30:.2f} GiB for the process); raise memory_per_worker or max_degree, "
-                "use a larger patch or the fused attention kernel")
-
-
-def auto_sp_degree(spec: Spec) -> AutoDegree:
-    """``parallelism.sequence_parallel.degree: auto`` for one trial's spec: the smallest degree from 1 to
-    ``max_degree`` that the token grid and heads allow (:func:`distmis.spec.partition.check_sequence_parallel`)
-    and whose predicted per-rank peak (:func:`~distmis.parallel.perf_model.vit_memory`, the model's attention
-    kernel, the per-worker batch) fits ``memory_per_worker`` less :attr:`Machine.reserved`."""
-    from distmis.spec.load import network_input
-    from distmis.spec.partition import check_sequence_parallel
-    from distmis.spec.schema import ViTSegParams
-
-    params = spec.model.params
-    sp_spec = spec.parallelism.sequence_parallel
-    if not isinstance(params, ViTSegParams):
-        raise ValueError(f"degree 'auto' sizes vit-seg trials; model.name is {spec.model.name!r}")
-    if sp_spec.memory_per_worker is None:
-        raise ValueError("degree 'auto' needs parallelism.sequence_parallel.memory_per_worker")
-    tile = network_input(spec)
-    if tile is None:
-        raise ValueError("degree 'auto' needs the network input: set training.tile (or dataset.crop / resize)")
-    shape = ViTShape.of(params, tile, in_channels=spec.dataset.in_channels, num_classes=spec.dataset.num_classes)
-    machine = Machine(ranks=sp_spec.max_degree, memory_per_rank=sp_spec.memory_per_worker)
-    peaks: dict[int, float] = {}
-    for sp in range(1, sp_spec.max_degree + 1):
-        try:
-            check_sequence_parallel(shape.grid, params.heads, sp, attention=sp_spec.attention,
-                                    decoder=sp_spec.decoder, split=sp_spec.split)
-        except ValueError:
-            continue
-        layout = SequenceLayout(sp=sp, attention=sp_spec.attention, decoder=sp_spec.decoder)
-        peaks[sp] = vit_memory(shape, layout, batch=spec.training.batch_size, kernel=params.attention_kernel).peak
-    degree = next((sp for sp, peak in peaks.items() if peak <= machine.usable), None)
-    return AutoDegree(degree, shape, peaks, machine, params.attention_kernel)

@@ -17,19 +17,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from distmis.spec.layout import TrialLayout
     from distmis.spec.schema import Spec
 
-__all__ = ["IMAGE_CHANNELS", "MIB", "PREDICTED_METRICS", "trial_shape", "predict_trial"]
+__all__ = ["MIB", "PREDICTED_METRICS", "trial_shape", "predict_trial"]
 
-#: The image channels of every dataset layout distmis reads: the four MSD / BraTS modalities
-#: (:data:`distmis.data.layouts.MODALITIES`, which this package does not import: a test checks they agree).
-IMAGE_CHANNELS = 4
 MIB = float(2**20)
 
 PREDICTED_METRICS = ("predicted_flops_per_step", "predicted_forward_flops", "predicted_peak_memory_mb",
                      "predicted_step_memory_mb", "predicted_sent_mb")
 
 
-def trial_shape(spec: Spec, *, in_channels: int = IMAGE_CHANNELS,
-                volume: Sequence[int] | None = None) -> ViTShape | None:
+def trial_shape(spec: Spec, *, volume: Sequence[int] | None = None) -> ViTShape | None:
     """The ViT-seg arithmetic shape of a trial's spec: its ``model.params`` on its network input (the tile, or
     the whole volume: the spec's, else ``volume``); None for another model or when the input is unknown."""
     from distmis.spec.load import network_input
@@ -43,11 +39,10 @@ def trial_shape(spec: Spec, *, in_channels: int = IMAGE_CHANNELS,
         tile = tuple(int(v) for v in volume[:3])  # type: ignore[assignment]
     if tile is None:
         return None
-    return ViTShape.of(params, tile, in_channels=in_channels, num_classes=spec.dataset.num_classes)
+    return ViTShape.of(params, tile, in_channels=spec.dataset.in_channels, num_classes=spec.dataset.num_classes)
 
 
-def predict_trial(spec: Spec, layout: TrialLayout, *, in_channels: int = IMAGE_CHANNELS,
-                  volume: Sequence[int] | None = None) -> dict[str, float]:
+def predict_trial(spec: Spec, layout: TrialLayout, *, volume: Sequence[int] | None = None) -> dict[str, float]:
     """The performance model's numbers for a trial of ``spec`` (a trial's spec) laid out as ``layout``.
 
     Per rank and training step of ``training.batch_size`` samples:
@@ -64,7 +59,7 @@ def predict_trial(spec: Spec, layout: TrialLayout, *, in_channels: int = IMAGE_C
     neither the spec nor ``volume`` gives). ValueError when the shapes do not suit the layout (tokens that do
     not divide by the SP degree).
     """
-    shape = trial_shape(spec, in_channels=in_channels, volume=volume)
+    shape = trial_shape(spec, volume=volume)
     if shape is None:
         return {}
     sp = spec.parallelism.sequence_parallel

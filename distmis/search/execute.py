@@ -233,7 +233,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     from ray import tune
 
     search_run.client.set_tag(search_run.run_id, "distmis.layout", plan.label)
-    callback = search_run.trial_callback(spec)
+    callback = search_run.trial_callback(spec, volume=tuple(int(v) for v in data.manifest["image_shape"][:3]))
     if resume:
         callback.adopt_existing_runs()
     # One checkpoint per epoch makes Tune warn about snapshot frequency; expected here. Tune saves its own state

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from distmis.spec.load import SpecError, apply_config
+from distmis.spec.load import SpecError, apply_config, network_input
 from distmis.spec.schema import ResourcesSpec, Spec
+from distmis.spec.sizing import SP_DEGREE_PATH, auto_sp_degree, memory_configs
 
-SP_DEGREE_PATH = "parallelism.sequence_parallel.degree"
 
 
 @dataclass(frozen=True)
@@ -64,33 +64,19 @@ class TrialLayout:
         return f"{where}, {self.cpu:g} CPU{gpu} each" if self.distributed else f"1 process, {self.cpu:g} CPU{gpu}"
 
 
-# Search-space paths whose values can change what ``degree: auto`` chooses (the model's shapes and kernel,
-# the tile and batch, the SP settings).
-_MEMORY_PATHS = ("model.params.", "training.tile", "training.batch_size", "parallelism.sequence_parallel.")
-
-
 def sp_degree(spec: Spec) -> int:
     """The trial's sequence-parallel degree: the spec's, or what ``degree: auto`` chooses for it (ValueError,
     naming the tile, patch and memory, when no degree fits)."""
     degree = spec.parallelism.sequence_parallel.degree
     if degree != "auto":
         return int(degree)
-    from distmis.parallel.planner import auto_sp_degree
-
-    choice = auto_sp_degree(spec)
+    tile = network_input(spec)
+    if tile is None:
+        raise ValueError("degree 'auto' needs the network input: set training.tile (or dataset.crop / resize)")
+    choice = auto_sp_degree(spec, tile)
     if choice.degree is None:
         raise ValueError(f"degree 'auto': {choice.reason()}")
     return choice.degree
-
-
-def memory_configs(spec: Spec) -> list[dict[str, Any]]:
-    """Every combination of the searched values that can change ``degree: auto``'s choice (a range's two ends:
-    the predicted memory grows with each of these fields), the others left as the spec has them."""
-    import itertools
-
-    paths = [path for path in spec.search.space if path.startswith(_MEMORY_PATHS)]
-    values = [spec.search.space[path].values for path in paths]
-    return [dict(zip(paths, combination)) for combination in itertools.product(*values)]
 
 
 def searched_sp_degrees(spec: Spec) -> list[int]:

@@ -371,16 +371,16 @@ def check_auto_degree(spec: Spec) -> list[tuple[str, str]]:
     shape = network_input(spec)
     if shape is None or any(s % spec.model.input_multiple for s in shape):
         return []  # check_input_shape reports it (or the data decides it)
-    from distmis.parallel.planner import auto_sp_degree
+    from distmis.spec.sizing import auto_sp_degree
 
-    choice = auto_sp_degree(spec)
+    choice = auto_sp_degree(spec, shape)
     return [] if choice.degree is not None else [(where, f"'auto': {choice.reason()}")]
 
 
 def check_auto_degree_combinations(spec: Spec) -> list[tuple[str, str]]:
     """With ``degree: auto`` and several searched shape fields, every combination of their values must leave
     some degree that fits (each value alone is checked by :func:`check_search_space`)."""
-    from distmis.spec.layout import SP_DEGREE_PATH, memory_configs
+    from distmis.spec.sizing import SP_DEGREE_PATH, memory_configs
 
     degree = spec.search.space.get(SP_DEGREE_PATH)
     auto = spec.parallelism.sequence_parallel.degree == "auto" or (degree is not None and "auto" in degree.values)

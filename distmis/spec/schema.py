@@ -411,7 +411,7 @@ class SequenceParallelSpec(StrictModel):
 
     ``degree: auto`` lets the performance model choose, per trial: the smallest degree (up to ``max_degree``)
     whose predicted per-rank peak memory fits ``memory_per_worker``
-    (:func:`distmis.parallel.planner.auto_sp_degree`)."""
+    (:mod:`distmis.spec.sizing`)."""
 
     degree: int | Literal["auto"] = 1
     attention: Literal["allgather-kv", "ulysses"] = "allgather-kv"

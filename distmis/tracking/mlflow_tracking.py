@@ -21,7 +21,6 @@ from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 from ray import tune
 
-from distmis.data.layouts import MODALITIES
 from distmis.parallel.trial_model import predict_trial
 from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.load import SpecError, spec_to_dict
@@ -388,7 +387,7 @@ class MLflowTrialCallback(tune.Callback):
         """The performance model's numbers for a ViT-seg trial (``{}`` for other models, or when they cannot be
         computed: a warning, never an error, which would stop the search)."""
         try:
-            predicted = predict_trial(spec, layout, in_channels=len(MODALITIES), volume=self.volume)
+            predicted = predict_trial(spec, layout, volume=self.volume)
         except Exception as exc:  # noqa: BLE001 - a prediction is a record, never a reason for a trial to fail
             logger.warning("no performance-model prediction for trial %s: %s", trial_id, exc)
             return {}

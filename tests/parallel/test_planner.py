@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from distmis.cli.main import main
-from distmis.parallel.planner import Machine, auto_sp_degree, best_layouts, plan_layouts
+from distmis.parallel.planner import Machine, best_layouts, plan_layouts
 from distmis.spec import load_spec
-from distmis.spec.load import apply_config
 
 SPEC = Path(__file__).parents[2] / "search_spaces" / "vit_sp.yaml"
 
@@ -34,21 +33,6 @@ def test_more_memory_moves_the_choice_and_too_little_fits_nothing():
     assert 4 not in tight and 8 in tight
     with pytest.raises(ValueError, match="reserved"):
         Machine(ranks=4, memory_per_rank=1e8)
-
-
-def test_degree_auto_is_the_smallest_degree_that_fits():
-    spec = load_spec(SPEC)  # degree: auto, memory_per_worker 6GB, max_degree 4, math kernel
-    at = {patch: auto_sp_degree(apply_config(spec, {"model.params.patch": patch})) for patch in (16, 8, 4)}
-    assert {patch: choice.degree for patch, choice in at.items()} == {16: 1, 8: 1, 4: 4}
-    assert set(at[4].peaks) == {1, 2, 4}  # ulysses: 4 heads allow 1, 2 and 4 (not 3)
-    assert at[4].peaks[2] > at[4].machine.usable >= at[4].peaks[4]
-    roomy = apply_config(spec, {"model.params.patch": 4, "parallelism.sequence_parallel.memory_per_worker": 64e9})
-    assert auto_sp_degree(roomy).degree == 1
-    fused = apply_config(spec, {"model.params.patch": 4, "model.params.attention_kernel": "fused"})
-    assert auto_sp_degree(fused).degree == 1  # no score matrices: one worker holds patch 4
-    tight = auto_sp_degree(apply_config(spec, {"model.params.patch": 4, "parallelism.sequence_parallel.max_degree": 2}))
-    assert tight.degree is None
-    assert "no degree up to 2 fits tile 96x96x96 at patch 4 (13824 tokens, math attention kernel)" in tight.reason()
 
 
 def test_plan_command_prints_the_table_draws_the_plot_and_exits_2_when_nothing_fits(tmp_path, capsys):

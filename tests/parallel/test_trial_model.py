@@ -10,7 +10,7 @@ import pytest
 
 from distmis.data.layouts import MODALITIES
 from distmis.parallel.perf_model import SequenceLayout, ViTShape, communication_bytes, vit_flops, vit_memory
-from distmis.parallel.trial_model import IMAGE_CHANNELS, MIB, PREDICTED_METRICS, predict_trial, trial_shape
+from distmis.parallel.trial_model import MIB, PREDICTED_METRICS, predict_trial, trial_shape
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_trial
 from tests.conftest import small_spec_tree
@@ -94,4 +94,5 @@ def test_other_models_and_unknown_inputs_have_no_prediction(tmp_path):
 
 
 def test_the_image_channels_are_the_datasets():
-    assert IMAGE_CHANNELS == len(MODALITIES)
+    """The spec's channel count (the model's input) is what every dataset layout reads."""
+    assert validate_spec(vit_tree(1)).dataset.in_channels == len(MODALITIES)

@@ -52,7 +52,8 @@ def test_sp1_and_sp2_trials_follow_the_same_loss_curve(ray_local, tmp_path: Path
 
 def test_a_degree_auto_search_gives_each_trial_the_degree_its_memory_needs(ray_local, tmp_path: Path, capsys):
     """Patch 4 fits one worker, patch 2 (8x the tokens, the math kernel's score matrices 64x) needs two."""
-    from distmis.parallel.planner import auto_sp_degree
+    from distmis.spec.load import network_input
+    from distmis.spec.sizing import auto_sp_degree
     from distmis.spec import apply_config, validate_spec
 
     tree = small_spec_tree(tmp_path / "data", model={
@@ -66,7 +67,8 @@ def test_a_degree_auto_search_gives_each_trial_the_degree_its_memory_needs(ray_l
                            "sequence_parallel": {"degree": "auto", "memory_per_worker": "64GB", "max_degree": 2,
                                                  "attention": "ulysses"}}
     roomy = validate_spec(tree)
-    peaks = auto_sp_degree(apply_config(roomy, {"model.params.patch": 2})).peaks
+    patch2 = apply_config(roomy, {"model.params.patch": 2})
+    peaks = auto_sp_degree(patch2, network_input(patch2)).peaks
     tree["parallelism"]["sequence_parallel"]["memory_per_worker"] = 512 * 2**20 + (peaks[1] + peaks[2]) / 2
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(tree))
 

@@ -109,11 +109,13 @@ def auto_tree(spec_tree, memory, **sp):
 
 def peaks_at_patch_2(spec_tree, **params) -> dict[int, float]:
     """The predicted per-rank peak of every degree the model allows (``params`` changed)."""
-    from distmis.parallel.planner import auto_sp_degree
+    from distmis.spec.load import network_input
+    from distmis.spec.sizing import auto_sp_degree
 
     tree = auto_tree(spec_tree, "64GB")
     tree["model"]["params"].update(params)
-    return auto_sp_degree(validate_spec(tree)).peaks
+    spec = validate_spec(tree)
+    return auto_sp_degree(spec, network_input(spec)).peaks
 
 
 def between(low: float, high: float) -> float:
