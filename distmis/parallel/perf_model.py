@@ -36,6 +36,7 @@ from typing import Literal, Sequence
 __all__ = [
     "ViTShape", "SequenceLayout", "FlopCount", "CommBytes", "MemoryEstimate", "vit_flops", "vit_parameters",
     "communication_bytes", "vit_memory", "seed_block_macs", "figure_of_merit", "seed_table2",
+    "onednn_convolution", "process_overhead", "PROCESS_OVERHEAD",
 ]
 
 AttentionKind = Literal["allgather-kv", "ulysses"]
@@ -229,21 +230,63 @@ def communication_bytes(shape: ViTShape, layout: SequenceLayout = SequenceLayout
 # --------------------------------------------------------------------------- memory
 AttentionKernel = Literal["math", "fused"]
 
+MIB = 2**20
+#: File-backed pages (torch's, oneDNN's, MKL's and gloo's code) a process first touches in its first training
+#: steps: the growth of ``/proc/self/statm``'s shared pages over two steps, 22-26 MiB in every configuration of
+#: ``benchmarks/perf_model.py`` (torch 2.13, CPU).
+CODE_PAGES = 24 * MIB
+#: Anonymous memory a step adds besides tensors: OpenMP and gloo threads' stacks and buffers, oneDNN and MKL
+#: scratch. Measured as the peak resident set less the tensors' peak (the profiler's) less :data:`CODE_PAGES`
+#: with glibc's mmap threshold fixed at 64 KiB (``MALLOC_MMAP_THRESHOLD_=65536``: every tensor's pages are
+#: returned on free): 7-15 MiB.
+RUNTIME_BUFFERS = 12 * MIB
+#: Freed memory glibc's heap keeps resident, at most (a step whose tensors peak lower keeps at most that peak).
+#: glibc serves a block below its mmap threshold from the heap; the threshold rises to the largest mmapped block
+#: freed so far, up to 32 MiB, so from the first step on every feature map under 32 MiB lives in the heap. Freed
+#: heap memory goes back to the system only from the heap's top, beyond the trim threshold (twice the mmap
+#: threshold: 54 MiB here, whose largest freed blocks are 27 MiB), and not at all below a live block. Measured
+#: as the peak resident set with glibc's defaults less the same with a fixed 64 KiB threshold: 54 MiB at patch
+#: 16, 80-107 MiB at patch 8, 90 MiB at patch 4 with the fused kernel, 216 MiB at patch 4 with the math kernel
+#: (96^3, SP=1); and as the resident peak less the profiler's tensor peak less the two constants above over the
+#: 20 runs of ``benchmarks/perf_model.py`` at patches 8 and 4 (gather decoder): 68-276 MiB, median 100 MiB. At
+#: patch 16 and under ``no-gather`` at SP=4, whose tensors peak at 60-70 MiB, it was 65-85% of that peak.
+HEAP_RETENTION = 100 * MIB
+#: What a CPU process adds to a training step's tensors, at most: :data:`CODE_PAGES` + :data:`RUNTIME_BUFFERS`
+#: + :data:`HEAP_RETENTION` (136 MiB).
+PROCESS_OVERHEAD = CODE_PAGES + RUNTIME_BUFFERS + HEAP_RETENTION
+
+
+def process_overhead(step_tensors: float) -> float:
+    """Bytes a CPU process holds at a step's peak above its tensors, for a step whose tensors (the parameters
+    excepted) peak at ``step_tensors`` bytes: code pages, runtime buffers, and the heap's retention up to
+    :data:`HEAP_RETENTION` but no more than the tensors' peak."""
+    return CODE_PAGES + RUNTIME_BUFFERS + min(HEAP_RETENTION, max(0.0, step_tensors))
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes one rank holds at its peak in a training step, by part."""
+    """Bytes one rank holds at its peak in a training step, by part, and the moment of the peak."""
 
     parameters: float
-    gradients: float
+    gradients: float  # the parameters' gradients that exist at the peak
     optimizer: float  # Adam's two moments
-    activations: float  # saved for the backward: encoder, decoder and the input, at the forward's end
-    scores: float  # attention probabilities the math kernel saves (every layer's), 0 for a fused kernel
-    transient: float  # what the backward adds at its peak: the score gradients of one layer, or decoder gradients
+    activations: float  # tensors saved for the backward (but the scores), alive at the peak
+    scores: float  # attention probabilities the math kernel saves (every layer's until its backward), 0 fused
+    transient: float  # unsaved tensors at the peak: forward temporaries, gradients in flight
+    workspace: float = 0.0  # kernels' own buffers at the peak: convolution columns, oneDNN reorders, gloo's
+    overhead: float = 0.0  # the process's, not a tensor's: code pages, thread buffers, the heap's retention
+    moment: str = ""  # where in the step the peak falls
+    saved: float = 0.0  # what autograd holds at the forward's end: activations and scores (not in the peak)
+
+    @property
+    def tensors(self) -> float:
+        """The tensors' peak: what ``torch.profiler`` (``profile_memory``) sees, the parameters included."""
+        return (self.parameters + self.gradients + self.optimizer + self.activations + self.scores
+                + self.transient + self.workspace)
 
     @property
     def peak(self) -> float:
-        return self.parameters + self.gradients + self.optimizer + self.activations + self.scores + self.transient
+        return self.tensors + self.overhead
 
     @property
     def step(self) -> float:
@@ -252,65 +295,193 @@ class MemoryEstimate:
 
 
 def vit_memory(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), *, batch: int = 1,
-               kernel: AttentionKernel = "math", bytes_per_value: int = 4) -> MemoryEstimate:
-    """Per-rank peak memory of one training step, fp32 Adam (``bytes_per_value`` for the activations).
+               kernel: AttentionKernel = "math", bytes_per_value: int = 4, threads: int = 2,
+               overhead: float | None = None) -> MemoryEstimate:
+    """Per-rank peak memory of one training step (fp32 Adam; ``bytes_per_value`` for the activations), as
+    torch 2.13 runs :class:`~distmis.models.vit_seg.ViTSeg` on a CPU: the largest of the tensors alive at each
+    moment of the step where the live set can peak, plus the process's :data:`PROCESS_OVERHEAD`.
 
-    Parameters, gradients and Adam's moments are ``4 + 4 + 8`` bytes per parameter on every rank (SP and DP
-    replicate them; the seed's ``6 P`` optimizer state is for mixed precision). Activations, per sample, with
-    ``T = s/SP`` local tokens of width ``d`` and ``h`` MLP features, what autograd saves per block: the block's
-    input and its two norms' outputs, Q, K and V, the attention output before and after its reshape, the first
-    residual sum, the MLP's hidden features before and after GELU (``(9 d + 2 h) T``); ``allgather-kv`` adds the
-    gathered K and V (``2 s d``), Ulysses' head-split Q, K and V (``3 T d``) replace nothing; the seed's
-    ``(6 s d + 4 s d)/SP`` is the same count with ``h = 4d`` and fewer saved intermediates. The math kernel
-    saves each layer's attention probabilities, ``heads x T x s`` (the seed's ``s^2`` term), and its backward
-    adds two more such matrices for the layer it differentiates; a fused kernel saves ``heads x T`` statistics.
-    The decoder (whole tile under ``gather``, ``1/SP`` of it under ``no-gather``) saves each stage's input,
-    convolution and normalised outputs, and the head's logits with the loss's intermediates; its backward adds
-    the gradients of its largest feature map twice over.
+    The moments follow a second training step (Adam's moments exist; ``zero_grad(set_to_none=True)`` freed the
+    gradients), in the order autograd runs it, with ``T = s/SP`` local tokens of width ``d``, ``h`` MLP features
+    and ``H`` heads, per sample:
 
-    Against the peaks ``benchmarks/sp_scaling.py`` measured (2026-11-22, its table in ``benchmarks/README.md``;
-    96^3 tile, L=2, d=96, 4 heads, math kernel), :attr:`MemoryEstimate.step` is within 4% at patch 4 for SP 1,
-    2 and 4 (12.0, 6.2, 3.2 GB: the scores dominate), but 24% under at patch 8 with SP=1 and 45-65% under at
-    patch 16 and at patch 8 with SP 2 and 4, where a step's peak is 100-180 MB above what autograd holds: the
-    CPU allocator's retained and fragmented blocks, thread scratch buffers and gloo's buffers, which are not
-    modelled yet.
+    - the forward saves, per block, the two norms' outputs, Q, K and V (one tensor), the residual sums, the MLP's
+      hidden features before and after GELU and the attention output: ``(8 d + 2 h) T`` for the fused kernel
+      (its output is already token-major, and it keeps ``H T`` log-sum-exps). The math kernel keeps the scaled
+      Q and K, the output's token-major copy and the probabilities ``H T s`` (every layer's, until the layer's
+      backward); at its softmax it holds the scores, the probabilities and a one-byte ``-inf`` mask. Under SP,
+      ``allgather-kv`` keeps the gathered K and V (``2 s d``) and, at the gather, gloo's staging copies; Ulysses
+      keeps the head-split Q, K and V and the output's copy, and at an all-to-all holds its input four times;
+    - the decoder (the whole tile on every rank under ``gather``, ``1/SP`` of it under ``no-gather``) keeps
+      each stage's input, convolution and normalised outputs, the head's input and the logits. Each 3x3x3
+      convolution runs oneDNN when ``batch x channels x`` its first two spatial sizes exceed 20,480 (torch's
+      rule), else torch's ``slow_conv3d``, whose forward and backward unfold the input into a
+      ``27 c_in x voxels`` column buffer: the decoder's largest single allocation at patches 8 and 16 (91 MiB
+      at patch 8 on 96^3). oneDNN reorders its input (channels padded to 8) instead. The 1x1x1 head runs
+      oneDNN only with more than one thread (``threads``), then reorders input and output to 8 channels;
+    - the backward frees each node's saved tensors as it runs: the decoder's stages from the head down (at
+      each convolution: the gradient maps and the workspace), then the blocks from the last (the math kernel's
+      backward holds the probabilities' gradient and the softmax's on top of every layer's probabilities).
+      Gradients exist for the decoder's parameters in the decoder's backward, for all of them after.
+
+    ``overhead`` is what the process adds to its tensors; by default :func:`process_overhead`: code pages,
+    thread and library buffers, and the freed memory glibc's heap keeps (36 + up to 100 MiB on a CPU; ``0``
+    counts the tensors only).
+    The seed's ``(6 s d + 4 s d + 2 s^2 d)/SP`` per layer is the same count with fewer saved intermediates.
+
+    Against ``benchmarks/perf_model.py`` (96^3 tile, L=2, d=96, 4 heads, decoder 16 features, gloo on one 2-core
+    machine; its tables in ``benchmarks/README.md``): the tensors (:attr:`MemoryEstimate.tensors` less the
+    parameters) are within 2.1% of the profiler's tensor peak at patches 8 and 4, 4.7% at patch 16, and
+    :attr:`MemoryEstimate.step` within 11% of the measured resident peak at patches 8 and 4 with both kernels
+    (18% at patch 16) in the run that calibrated :data:`HEAP_RETENTION` (2026-11-24).
     """
     if kernel not in ("math", "fused"):
         raise ValueError(f"kernel must be 'math' or 'fused', got {kernel!r}")
-    k, s, d, h = layout.sp, shape.tokens, shape.embed_dim, shape.hidden
+    if batch < 1 or threads < 1:
+        raise ValueError(f"batch and threads must be >= 1, got {batch} and {threads}")
+    k, s = layout.sp, shape.tokens
     if s % k:
         raise ValueError(f"the {s} tokens of tile {list(shape.tile)} at patch {shape.patch} do not divide by SP={k}")
-    t = s // k
     params = float(vit_parameters(shape))
-    block = (9 * d + 2 * h) * t
-    if k > 1:
-        block += 2 * s * d if layout.attention == "allgather-kv" else 3 * t * d
-    voxels = math.prod(shape.tile)
-    embed = shape.in_channels * voxels / k + t * d  # the input share and its tokens
-    encoder = shape.layers * block + 2 * t * d  # and the final norm
-    share = k if layout.decoder == "no-gather" else 1
-    decoder, largest = _decoder_activations(shape)
-    decoder_input = (2 * s * d if layout.decoder == "gather" and k > 1 else 0)  # gathered tokens and their grid
-    activations = batch * (embed + encoder + decoder / share + decoder_input)
-    score = batch * shape.heads * t * s if kernel == "math" else 0.0
-    scores = shape.layers * score
-    transient = max(2 * score, 2 * batch * largest / share)
-    b = bytes_per_value
-    return MemoryEstimate(parameters=4 * params, gradients=4 * params, optimizer=8 * params,
-                          activations=b * activations, scores=b * scores, transient=b * transient)
+    step = _StepMemory(shape, layout, batch, kernel, threads, float(bytes_per_value), params)
+    step.run()
+    extra = process_overhead(step.best) if overhead is None else float(overhead)
+    return MemoryEstimate(parameters=4 * params, overhead=extra, saved=step.peak_saved, **step.peak)
 
 
-def _decoder_activations(shape: ViTShape) -> tuple[float, float]:
-    """Values the decoder saves for one sample, and its largest single feature map."""
-    voxels = shape.tokens
-    channels = shape.decoder_channels
-    saved, largest = 0.0, 0.0
-    for c_in, c_out in zip(channels[:-1], channels[1:]):
-        saved += c_in * voxels + 2 * c_out * voxels  # convolution input; its output and the normalised one
-        voxels *= 8
-        largest = max(largest, c_out * voxels)
-    saved += channels[-1] * voxels + 3 * shape.num_classes * voxels  # the head's input, logits and the loss's
-    return saved, largest
+def _pad8(channels: int) -> int:
+    """Channels as oneDNN's blocked layout stores them on AVX2 (blocks of 8)."""
+    return -(-channels // 8) * 8
+
+
+def onednn_convolution(batch: int, channels: int, first_sizes: int, kernel: int, threads: int) -> bool:
+    """Whether torch 2.13 runs a float CPU convolution with oneDNN (``ConvParams::use_mkldnn``): an unstrided
+    ``kernel^3`` convolution of ``batch x channels`` inputs whose first two spatial sizes multiply to
+    ``first_sizes``; otherwise ``slow_conv3d`` (and its column buffers)."""
+    eligible = kernel != 1 or threads > 1 or batch >= 16  # 1x1x1: oneDNN only when multi-threaded
+    return eligible and (kernel > 3 or batch > 1 or batch * channels * first_sizes > 20480)
+
+
+class _StepMemory:
+    """The live bytes of one rank's training step, moment by moment (see :func:`vit_memory`)."""
+
+    def __init__(self, shape: ViTShape, layout: SequenceLayout, batch: int, kernel: str, threads: int,
+                 value: float, params: float) -> None:
+        self.shape, self.layout, self.b, self.kernel, self.threads, self.v = shape, layout, batch, kernel, threads, value
+        self.params = params
+        self.live = {"gradients": 0.0, "optimizer": 8 * params, "activations": 0.0, "scores": 0.0}
+        self.peak: dict[str, float | str] = {}
+        self.best = -1.0
+        self.peak_saved = 0.0  # activations and scores at the forward's end
+
+    def moment(self, name: str, transient: float = 0.0, workspace: float = 0.0) -> None:
+        """A moment of the step: what is live, plus ``transient`` and ``workspace`` values (not bytes)."""
+        parts = {**self.live, "transient": self.v * transient, "workspace": self.v * workspace}
+        total = sum(parts.values())
+        if total > self.best:
+            self.best, self.peak = total, {**parts, "moment": name}
+
+    def save(self, values: float, part: str = "activations") -> None:
+        self.live[part] += self.v * values
+
+    def run(self) -> None:
+        shape, layout, b, v = self.shape, self.layout, self.b, self.v
+        k, s, d, h, heads = layout.sp, shape.tokens, shape.embed_dim, shape.hidden, shape.heads
+        t = s // k
+        math_kernel = self.kernel == "math"
+        gathered = k > 1 and layout.attention == "allgather-kv"
+        ulysses = k > 1 and layout.attention == "ulysses"
+        td, keys = b * t * d, b * s * d  # a local token tensor; a whole sequence's (the gathered K or V)
+        probs = b * heads * t * s  # one layer's attention probabilities (or scores)
+
+        # ---- forward: the first block's input (tokens plus positions); the patch embedding's output, which the
+        # caller holds until the encoder returns
+        self.save(td)
+        embedded = td
+        for layer in range(shape.layers):
+            self.save(td)  # norm1's output
+            qkv = 3 * td
+            if gathered:  # stack K, V; a contiguous copy; the gathered output; gloo's staging of it
+                self.moment("forward: all-gather of K and V", transient=embedded + qkv + 4 * td + 2 * keys,
+                            workspace=2 * keys)
+                self.save(2 * keys)
+            elif ulysses:  # the stacked Q, K, V, its contiguous chunks, the received chunks, their concatenation
+                self.moment("forward: all-to-all of Q, K, V", transient=embedded + qkv + 12 * td)
+            if ulysses:
+                self.save(3 * td)  # the head-split Q, K, V (the projection's output is freed after the block)
+            elif not (gathered and math_kernel):
+                self.save(qkv)  # Q (or V) is a view of the projection's output, which it keeps
+            extra = embedded + (qkv if ulysses or (gathered and math_kernel) else 0.0)
+            if math_kernel:
+                self.save(td + (keys if gathered else td))  # the scaled Q and K (K gathered under allgather-kv)
+                self.moment(f"forward: softmax of layer {layer + 1}", transient=extra + 2 * probs + probs / v)
+                self.save(probs, "scores")
+                self.save(td)  # the output's token-major copy (the projection's input)
+            else:
+                self.save(td + b * heads * t)  # the output (token-major but under Ulysses) and its log-sum-exps
+                if ulysses:
+                    self.save(td)  # the output back in sequence-split, copied token-major
+            self.save((3 * d + 2 * h) * b * t)  # residual, norm2, MLP hidden before and after GELU, residual
+
+        # ---- forward: decoder; its input is the final norm's output (or the gathered tokens) seen channels
+        # first, which the first convolution copies to make contiguous (its workspace, forward and backward)
+        decoder_in = keys if k > 1 and layout.decoder == "gather" else td
+        channels = shape.decoder_channels
+        share = k if layout.decoder == "no-gather" else 1
+        grid = shape.grid
+        voxels, plane = b * s / share, grid[0] * grid[1] / share  # per stage: voxels; first two sizes (one sample)
+        stages = []
+        self.save(decoder_in)
+        for c_in, c_out in zip(channels[:-1], channels[1:]):
+            onednn = onednn_convolution(b, c_in, int(plane), 3, self.threads)
+            work = (_pad8(c_in) + _pad8(c_out)) * voxels if onednn else 27 * c_in * voxels
+            work += decoder_in if not stages else 0.0
+            self.moment(f"forward: decoder convolution {c_in}->{c_out}", workspace=work)
+            self.save(2 * c_out * voxels + 8 * c_out * voxels)  # convolution and norm outputs; upsampled
+            stages.append((c_in, c_out, voxels, onednn))
+            voxels, plane = voxels * 8, plane * 4
+        c_last, classes = channels[-1], shape.num_classes
+        head_onednn = onednn_convolution(b, c_last, int(plane), 1, self.threads)
+        head_work = (_pad8(c_last) + _pad8(classes)) * voxels if head_onednn else 0.0
+        self.moment("forward: decoder head", workspace=head_work)
+        self.save(classes * voxels)  # the logits (the loss keeps them)
+        self.moment("forward: loss", transient=2 * classes * voxels)
+
+        self.peak_saved = self.live["activations"] + self.live["scores"]
+
+        # ---- backward: decoder, from the head down
+        decoder_params = sum(27 * a * c + 3 * c for a, c in zip(channels[:-1], channels[1:]))
+        decoder_params += c_last * classes + classes
+        self.live["gradients"] = 4.0 * decoder_params
+        grad = classes * voxels  # the logits' gradient
+        head_work = (_pad8(c_last) + _pad8(classes)) * voxels if head_onednn else c_last * voxels
+        self.moment("backward: decoder head", transient=grad + c_last * voxels, workspace=head_work)
+        self.save(-(classes + c_last) * voxels)  # the logits; the head's input (the last upsampled map)
+        grad = c_last * voxels  # the head input's gradient
+        for i, (c_in, c_out, voxels, onednn) in reversed(list(enumerate(stages))):
+            self.moment("backward: decoder upsampling", transient=grad + c_out * voxels)
+            self.save(-2 * c_out * voxels)  # the norm and convolution outputs
+            grad = c_out * voxels  # the convolution output's gradient
+            work = _pad8(c_in) * voxels if onednn else 27 * c_in * voxels
+            work += decoder_in if i == 0 else 0.0
+            self.moment(f"backward: decoder convolution {c_in}->{c_out}", transient=grad + c_in * voxels,
+                        workspace=work)
+            self.save(-c_in * voxels)  # the convolution's input: the previous upsampled map, or the decoder's
+            grad = c_in * voxels
+
+        # ---- backward: blocks, from the last; its MLP part is freed before its attention's backward
+        self.live["gradients"] = 4.0 * self.params
+        self.save(-((3 * d + 2 * h) * b * t))
+        stream = 2 * td  # the gradient flowing back and the one being formed
+        if math_kernel:
+            self.moment(f"backward: softmax of layer {shape.layers}", transient=stream + 2 * probs)
+        elif gathered:
+            self.moment(f"backward: attention of layer {shape.layers}", transient=stream + td + 2 * keys)
+        else:
+            self.moment(f"backward: attention of layer {shape.layers}", transient=stream + 3 * td)
+        if gathered:  # the gradient of the gathered K and V, its contiguous copy, the scattered share
+            self.moment(f"backward: reduce-scatter of layer {shape.layers}", transient=stream + 2 * td,
+                        workspace=4 * keys)
 
 
 # --------------------------------------------------------------------------- the seed's summary
