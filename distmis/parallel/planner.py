@@ -1,4 +1,4 @@
-"""Choosing a ViT-seg trial's parallel layout from the performance model (:mod:`distmis.parallel.perf_model`).
+"""Choosing a ViT-seg trial's parallel layout from the performance model (:mod:`distmis.spec.perf_model`).
 
 For ``ranks`` devices of ``memory_per_rank`` bytes, ``device_flops`` FLOP/s and ``bandwidth`` bytes/s between
 ranks, every layout of a spec's model is predicted: each patch size the spec or its search space holds, each
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from distmis.parallel.perf_model import (
+from distmis.spec.perf_model import (
     AttentionKernel,
     CommBytes,
     FlopCount,

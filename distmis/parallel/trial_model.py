@@ -1,4 +1,4 @@
-"""What the performance model (:mod:`distmis.parallel.perf_model`) predicts for one trial, as MLflow metrics.
+"""What the performance model (:mod:`distmis.spec.perf_model`) predicts for one trial, as MLflow metrics.
 
 The driver's MLflow callback logs :func:`predict_trial`'s numbers on every ViT-seg trial's run (step 0), next to
 what the trial measures per epoch (``step_seconds``, ``peak_memory_mb``, ``fom``: :mod:`distmis.train.torch_unet`),
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from distmis.parallel.perf_model import SequenceLayout, ViTShape, communication_bytes, vit_flops, vit_memory
+from distmis.spec.perf_model import SequenceLayout, ViTShape, communication_bytes, vit_flops, vit_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     from distmis.spec.layout import TrialLayout

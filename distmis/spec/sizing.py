@@ -2,7 +2,7 @@
 
 For one trial's spec, the smallest degree from 1 to ``max_degree`` that the token grid and heads allow
 (:func:`distmis.spec.partition.check_sequence_parallel`) and whose predicted per-rank peak memory
-(:func:`distmis.parallel.perf_model.vit_memory`: the model's attention kernel, the per-worker batch) fits
+(:func:`distmis.spec.perf_model.vit_memory`: the model's attention kernel, the per-worker batch) fits
 ``memory_per_worker`` less :data:`PROCESS_RESERVE`. Pure arithmetic, like the spec package it belongs to: the
 performance model imports nothing but the standard library.
 """
@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from distmis.parallel.perf_model import SequenceLayout, ViTShape, vit_memory
+from distmis.spec.perf_model import SequenceLayout, ViTShape, vit_memory
 from distmis.spec.partition import check_sequence_parallel
 from distmis.spec.schema import Spec, ViTSegParams
 

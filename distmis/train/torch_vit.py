@@ -10,7 +10,7 @@ search follow the same loss curve.
 
 Every epoch reports, besides the U-Net trainer's numbers, the steps' ``step_seconds`` and ``peak_memory_mb``
 (:class:`~distmis.train.torch_unet.StepMeter`, the largest over all DP x SP ranks) and ``fom``, the seed's figure
-of merit ``b L s^2 d / step_seconds`` (:func:`~distmis.parallel.perf_model.figure_of_merit`, ``b`` the
+of merit ``b L s^2 d / step_seconds`` (:func:`~distmis.spec.perf_model.figure_of_merit`, ``b`` the
 ``training.batch_size`` samples a rank trains per step, ``s`` the tile's tokens).
 """
 
@@ -66,7 +66,7 @@ class TorchViTTrainer(TorchUNetTrainer):
 
     @property
     def shape(self) -> perf_model.ViTShape:
-        """The model's arithmetic shape (:mod:`distmis.parallel.perf_model`): its parameters on its tile."""
+        """The model's arithmetic shape (:mod:`distmis.spec.perf_model`): its parameters on its tile."""
         return perf_model.ViTShape.of(self.spec.model.params, self.model.tile, in_channels=self.in_channels,
                                       num_classes=self.num_classes)
 
