@@ -23,8 +23,8 @@ one measured step of forward, backward, gradient sync and Adam. Measured, per ra
 
 Then the seed's Table 2 (seed_table2) for the patch-4 configuration over 4 devices.
 
-    python benchmarks/perf_model.py            # all of it: about 13 minutes on 2 cores
-    python benchmarks/perf_model.py --quick    # patches 16 and 8 only: about 5 minutes
+    python benchmarks/perf_model.py            # all of it: about 12 minutes on 2 cores
+    python benchmarks/perf_model.py --quick    # patches 16 and 8 only: about 4 minutes
 """
 
 from __future__ import annotations

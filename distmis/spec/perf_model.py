@@ -1,4 +1,4 @@
-"""The performance model of a ViT-seg trial (issue 14), part one: parameters and FLOPs per rank. Pure arithmetic.
+"""The performance model of a ViT-seg trial (issue 14): parameters, FLOPs, bytes and memory per rank. Pure arithmetic.
 
 The seed (``../shared/seeds/perf-model-3d-vit.txt``, Sastry and Ku) counts, for a 3D ViT with ``s = HWD/p^3``
 tokens of width ``d`` under sequence parallelism of degree ``SP``, the forward multiply-accumulates of one
@@ -330,10 +330,13 @@ def vit_memory(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), *, ba
     The seed's ``(6 s d + 4 s d + 2 s^2 d)/SP`` per layer is the same count with fewer saved intermediates.
 
     Against ``benchmarks/perf_model.py`` (96^3 tile, L=2, d=96, 4 heads, decoder 16 features, gloo on one 2-core
-    machine; its tables in ``benchmarks/README.md``): the tensors (:attr:`MemoryEstimate.tensors` less the
-    parameters) are within 2.1% of the profiler's tensor peak at patches 8 and 4, 4.7% at patch 16, and
-    :attr:`MemoryEstimate.step` within 11% of the measured resident peak at patches 8 and 4 with both kernels
-    (18% at patch 16) in the run that calibrated :data:`HEAP_RETENTION` (2026-11-24).
+    machine; its tables in ``benchmarks/README.md``, a run after the one that calibrated :data:`HEAP_RETENTION`,
+    2026-11-24): the tensors (:attr:`MemoryEstimate.tensors` less the parameters) are within 2.1% of the
+    profiler's tensor peak at patches 8 and 4 and within 4.7% at patch 16 (under, at SP=4);
+    :attr:`MemoryEstimate.step` is within 15% of the measured resident peak at patches 8 and 4 with both kernels
+    (math: -12.3% to +5.2%; fused: -11.2% to +14.4%), within 18% at patch 16, and -5% to +25% under
+    ``no-gather`` at patch 8. The resident peak itself moves by up to 15% between two runs of a configuration
+    (the heap's retention), which bounds what a model of it can do.
     """
     if kernel not in ("math", "fused"):
         raise ValueError(f"kernel must be 'math' or 'fused', got {kernel!r}")
@@ -367,7 +370,8 @@ class _StepMemory:
 
     def __init__(self, shape: ViTShape, layout: SequenceLayout, batch: int, kernel: str, threads: int,
                  value: float, params: float) -> None:
-        self.shape, self.layout, self.b, self.kernel, self.threads, self.v = shape, layout, batch, kernel, threads, value
+        self.shape, self.layout, self.b, self.kernel, self.threads = shape, layout, batch, kernel, threads
+        self.v = value  # bytes per activation value
         self.params = params
         self.live = {"gradients": 0.0, "optimizer": 8 * params, "activations": 0.0, "scores": 0.0}
         self.peak: dict[str, float | str] = {}
