@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from distmis.models.vit_seg import ViTSeg
-from distmis.parallel import perf_model
+from distmis.spec import perf_model
 from distmis.parallel.groups import ParallelGroups
 from distmis.parallel.sequence import SequenceParallelViTSeg, parallelize_vit_seg, sync_gradients
 from distmis.spec.layout import TrialLayout
