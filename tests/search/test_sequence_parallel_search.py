@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -83,3 +84,9 @@ def test_a_degree_auto_search_gives_each_trial_the_degree_its_memory_needs(ray_l
     assert {patch: (r.data.params["parallelism.sequence_parallel.degree"], r.data.params["trial.workers"])
             for patch, r in trials.items()} == {4: ("1", "1"), 2: ("2", "2")}
     assert all(r.info.status == "FINISHED" and r.data.metrics["epochs_completed"] == 1 for r in trials.values())
+    # Each run holds the model's prediction for the degree it got, and what the trial measured.
+    two, one = trials[2].data.metrics, trials[4].data.metrics
+    assert two["predicted_peak_memory_mb"] * 2**20 == pytest.approx(peaks[2])
+    assert two["predicted_sent_mb"] > 0 == one["predicted_sent_mb"]  # the SP collectives, none at SP=1
+    for metrics in (one, two):
+        assert metrics["step_seconds"] > 0 and metrics["peak_memory_mb"] > 0 and metrics["fom"] > 0
