@@ -23,11 +23,23 @@ Pieces, so that an encoder can run on a slice of the sequence
     pre-norm transformer blocks and a final LayerNorm; ``decode(tokens, grid)`` reshapes tokens back to a
     ``(B, E, gh, gw, gd)`` grid and runs :class:`ConvDecoder`. ``forward(x)`` composes them for one device.
 
-Attention
-    Each :class:`MultiHeadSelfAttention` computes Q, K and V for its own tokens and hands them, shaped
-    ``(B, heads, n, head_dim)``, to its ``core`` module (:class:`SDPAttention`: torch's
+Attention (``attention``)
+    ``full`` (the paper's): each :class:`MultiHeadSelfAttention` computes Q, K and V for its own tokens and
+    hands them, shaped ``(B, heads, n, head_dim)``, to its ``core`` module (:class:`SDPAttention`: torch's
     ``scaled_dot_product_attention``, with a fused kernel or, ``attention_kernel="math"``, the unfused one that
     holds the score matrices). Sequence parallelism replaces ``core`` from outside.
+
+    ``axial`` (axial attention, Ho et al., the DSP seed's multi-dimensional transformer): every
+    :class:`AxialTransformerBlock` has three attention stages, along H, then W, then D, each with its own
+    LayerNorm, QKV and output projection, then the MLP. A stage attends over the lines of the token grid along
+    its axis: a token sees the ``g_axis`` tokens that share its other two coordinates. Receptive field: after the
+    H stage a token has mixed its H line, after W its (H, W) plane, after D the whole grid, so one block
+    already reaches every token of the tile (by a path through other tokens, not by a direct score); the cost
+    of the scores falls from ``s^2`` to ``s (gh + gw + gd)`` per head for ``s`` tokens. The stream between
+    stages is a grid ``(B, gh, gw, gd, E)`` (the tokens of a box of the patch grid, row-major) and each stage's
+    ``core`` (:class:`LineAttention`) takes Q, K and V shaped ``(B, heads, gh, gw, gd, head_dim)``; sequence
+    parallelism replaces the cores, or (dynamic sequence parallelism) switches the stream's split between
+    stages with forward pre-hooks on the stages, from outside.
 
 Decoder (the paper's Figure 2)
     ``log2(P)`` stages, each a 3x3x3 convolution, instance normalization, ReLU and a x2 trilinear upsampling;
@@ -52,6 +64,10 @@ PositionEmbeddingKind = Literal["learned", "sinusoidal"]
 POSITION_EMBEDDINGS: tuple[str, ...] = ("learned", "sinusoidal")
 AttentionKernel = Literal["fused", "math"]
 ATTENTION_KERNELS: tuple[str, ...] = ("fused", "math")
+AttentionMode = Literal["full", "axial"]
+ATTENTION_MODES: tuple[str, ...] = ("full", "axial")
+#: The grid axes an axial block attends along, in order (0 = H, 1 = W, 2 = D); as the spec's partition counts them.
+AXIAL_ORDER: tuple[int, int, int] = (0, 1, 2)
 
 
 def as_triple(value: int | Sequence[int], name: str) -> tuple[int, int, int]:
@@ -206,6 +222,93 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+class LineAttention(nn.Module):
+    """The axial attention core: Q, K, V shaped ``(B, heads, g0, g1, g2, head_dim)`` attend along grid ``axis``.
+
+    Every line of the grid along ``axis`` (the tokens sharing their other two coordinates) is one attention of
+    ``g_axis`` queries against that line's keys, computed by ``local`` (an :class:`SDPAttention`, so the
+    model's kernel choice holds). Keys and values may be longer along ``axis`` than the queries (a rank holding
+    part of each line attends against the whole line); along the other two axes they match the queries.
+    """
+
+    def __init__(self, axis: int, local: nn.Module) -> None:
+        super().__init__()
+        if axis not in (0, 1, 2):
+            raise ValueError(f"axis must be 0, 1 or 2 (H, W, D), got {axis!r}")
+        self.axis = axis
+        self.local = local
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        dim = 2 + self.axis
+        batch, heads = q.shape[:2]
+        moved = q.movedim(dim, -2).shape  # (B, heads, o1, o2, g_axis, head_dim)
+
+        def lines(t: torch.Tensor) -> torch.Tensor:  # -> (B, heads * o1 * o2, g_axis, head_dim)
+            t = t.movedim(dim, -2)
+            return t.reshape(batch, heads * t.shape[2] * t.shape[3], t.shape[4], t.shape[5])
+
+        out = self.local(lines(q), lines(k), lines(v))
+        return out.reshape(moved).movedim(-2, dim)
+
+
+class AxialSelfAttention(nn.Module):
+    """Multi-head self-attention along one ``axis`` of a token grid ``(B, g0, g1, g2, E)``; replaceable ``core``."""
+
+    def __init__(self, embed_dim: int, heads: int, axis: int, dropout: float = 0.0,
+                 kernel: AttentionKernel = "fused") -> None:
+        super().__init__()
+        if embed_dim % heads:
+            raise ValueError(f"embed_dim {embed_dim} must be divisible by heads {heads}")
+        self.heads = heads
+        self.head_dim = embed_dim // heads
+        self.axis = axis
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim)
+        self.core: nn.Module = LineAttention(axis, SDPAttention(dropout, kernel))
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.proj_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        *grid_shape, embed = x.shape  # (B, g0, g1, g2, E)
+        qkv = self.qkv(x).reshape(*grid_shape, 3, self.heads, self.head_dim)
+        q, k, v = qkv.permute(4, 0, 5, 1, 2, 3, 6).unbind(0)  # each (B, heads, g0, g1, g2, head_dim)
+        out = self.core(q, k, v)
+        return self.proj_drop(self.proj(out.permute(0, 2, 3, 4, 1, 5).reshape(*grid_shape, embed)))
+
+
+class PreNormResidual(nn.Module):
+    """``x + fn(norm(x))``: one stage of an axial block (its input is the residual stream)."""
+
+    def __init__(self, embed_dim: int, fn: nn.Module) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(embed_dim)
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fn(self.norm(x))
+
+
+class AxialTransformerBlock(nn.Module):
+    """Pre-norm axial block on a token grid ``(B, g0, g1, g2, E)``: attention along H, then W, then D (each
+    its own norm, QKV and projection, residual around each), then the MLP. Acts on each token but in attention.
+
+    ``axial[i]`` is the stage attending along ``AXIAL_ORDER[i]``; ``ffn`` the MLP's. Sequence parallelism may
+    change the layout of a stage's input with a forward pre-hook (dynamic sequence parallelism).
+    """
+
+    def __init__(self, embed_dim: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0,
+                 kernel: AttentionKernel = "fused") -> None:
+        super().__init__()
+        self.axial = nn.ModuleList(PreNormResidual(embed_dim, AxialSelfAttention(embed_dim, heads, axis, dropout,
+                                                                                 kernel))
+                                   for axis in AXIAL_ORDER)
+        self.ffn = PreNormResidual(embed_dim, MLP(embed_dim, int(embed_dim * mlp_ratio), dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for stage in self.axial:
+            x = stage(x)
+        return self.ffn(x)
+
+
 class DecoderStage(nn.Sequential):
     """3x3x3 convolution -> instance norm -> ReLU -> x2 trilinear upsampling."""
 
@@ -248,7 +351,8 @@ class ViTSeg(nn.Module):
     """ViT encoder + convolutional decoder: ``(B, C, H, W, D)`` tiles -> ``(B, classes, H, W, D)`` logits.
 
     Defaults are the paper's: (layers, embed_dim, heads) = (12, 768, 12), patch 16 (tile 96^3 in the paper).
-    ``tile`` is one int or (H, W, D). The learned position embedding is sized for the tile's ``N`` tokens, so
+    ``attention``: ``full`` (the paper's blocks) or ``axial`` (:class:`AxialTransformerBlock`). ``tile`` is one
+    int or (H, W, D). The learned position embedding is sized for the tile's ``N`` tokens, so
     the model takes tiles of exactly that size (use :func:`distmis.train.inference.sliding_window`
     for larger volumes).
     """
@@ -267,6 +371,7 @@ class ViTSeg(nn.Module):
         pos_embedding: PositionEmbeddingKind = "learned",
         decoder_features: int = 128,
         attention_kernel: AttentionKernel = "fused",
+        attention: AttentionMode = "full",
     ) -> None:
         super().__init__()
         for name, value in (("in_channels", in_channels), ("num_classes", num_classes), ("layers", layers),
@@ -291,6 +396,8 @@ class ViTSeg(nn.Module):
             raise ValueError(f"pos_embedding must be one of {POSITION_EMBEDDINGS}, got {pos_embedding!r}")
         if attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(f"attention_kernel must be one of {ATTENTION_KERNELS}, got {attention_kernel!r}")
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
 
         self.in_channels, self.num_classes = in_channels, num_classes
         self.patch, self.embed_dim, self.heads = patch, embed_dim, heads
@@ -301,7 +408,9 @@ class ViTSeg(nn.Module):
         self.pos_embed = PositionEmbedding1D(self.num_tokens, embed_dim, pos_embedding)
         self.pos_drop = nn.Dropout(dropout)
         self.attention_kernel = attention_kernel
-        self.blocks = nn.ModuleList(TransformerBlock(embed_dim, heads, mlp_ratio, dropout, attention_kernel)
+        self.attention = attention
+        block = AxialTransformerBlock if attention == "axial" else TransformerBlock
+        self.blocks = nn.ModuleList(block(embed_dim, heads, mlp_ratio, dropout, attention_kernel)
                                     for _ in range(layers))
         self.norm = nn.LayerNorm(embed_dim)
         self.decoder = ConvDecoder(embed_dim, num_classes, patch, decoder_features)
@@ -316,18 +425,29 @@ class ViTSeg(nn.Module):
         """The position embeddings ``(len(indices), E)`` of the global token ``indices``."""
         return self.pos_embed(indices)
 
-    def encode(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Add the embeddings of the tokens' global ``positions`` (default ``0..n-1``), run the blocks and norm."""
+    def encode(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+               grid: Sequence[int] | None = None) -> torch.Tensor:
+        """Add the embeddings of the tokens' global ``positions`` (default ``0..n-1``), run the blocks and norm.
+
+        ``grid``: the box of the patch grid that the tokens fill, row-major (default the tile's grid); axial
+        attention needs it, full attention ignores it. Returns tokens ``(B, n, E)`` row-major over the box the
+        last block's output fills: the input's, unless a sequence-parallel layout switches it between stages.
+        """
+        batch, n, embed = tokens.shape
         if positions is None:
-            positions = torch.arange(tokens.shape[1], device=tokens.device)
-        if positions.shape != (tokens.shape[1],):
-            raise ValueError(
-                f"positions must hold one index per token ({tokens.shape[1]}), got shape {tuple(positions.shape)}"
-            )
+            positions = torch.arange(n, device=tokens.device)
+        if positions.shape != (n,):
+            raise ValueError(f"positions must hold one index per token ({n}), got shape {tuple(positions.shape)}")
         x = self.pos_drop(tokens + self.position_embedding(positions).to(tokens.dtype))
+        if self.attention == "axial":
+            grid = tuple(self.grid if grid is None else grid)
+            if len(grid) != 3 or math.prod(grid) != n:
+                raise ValueError(f"axial attention needs the grid box the {n} tokens fill; grid {grid} holds "
+                                 f"{math.prod(grid)}")
+            x = x.reshape(batch, *grid, embed)
         for block in self.blocks:
             x = block(x)
-        return self.norm(x)
+        return self.norm(x).reshape(batch, -1, embed)
 
     def decode(self, tokens: torch.Tensor, grid: Sequence[int] | None = None) -> torch.Tensor:
         """Logits of tokens ``(B, n, E)`` laid out row-major on ``grid`` (default the tile's patch grid)."""

@@ -160,3 +160,124 @@ def test_sliding_window_over_one_tile_is_the_forward_pass():
     model = tiny()
     x = torch.randn(2, 2, 16, 16, 16)
     torch.testing.assert_close(sliding_window(model, x, 16, mode="gaussian"), model(x))
+
+
+# --------------------------------------------------------------------------- axial attention
+AXIAL_TILE = (16, 8, 24)  # patch 4: a (4, 2, 6) grid
+
+
+def axial(**kwargs) -> ViTSeg:
+    return tiny(AXIAL_TILE, attention="axial", **kwargs)
+
+
+def reference_axial_attention(attention, x: torch.Tensor) -> torch.Tensor:
+    """What an axial stage computes, line by line with explicit softmax scores (no SDPA, no reshapes to share)."""
+    heads, head_dim, axis = attention.heads, attention.head_dim, attention.axis
+    q, k, v = attention.qkv(x).chunk(3, dim=-1)
+    out = torch.zeros_like(q)
+    grid = x.shape[1:4]
+    others = [a for a in range(3) if a != axis]
+    for i in range(grid[others[0]]):
+        for j in range(grid[others[1]]):
+            index = [slice(None)] * 3
+            index[others[0]], index[others[1]] = i, j
+            line = (slice(None), *index)  # (B, g_axis, E): the tokens that share the other two coordinates
+            for h in range(heads):
+                part = slice(h * head_dim, (h + 1) * head_dim)
+                scores = q[line][..., part] @ k[line][..., part].transpose(-1, -2) / head_dim**0.5
+                out[line + (part,)] = scores.softmax(-1) @ v[line][..., part]
+    return attention.proj(out)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_an_axial_stage_is_attention_along_the_lines_of_its_axis(axis):
+    from distmis.models.vit_seg import AxialSelfAttention
+
+    torch.manual_seed(axis)
+    attention = AxialSelfAttention(32, 4, axis).eval()
+    x = torch.randn(2, 4, 2, 6, 32)
+    torch.testing.assert_close(attention(x), reference_axial_attention(attention, x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_an_axial_stage_sees_only_its_line(axis):
+    from distmis.models.vit_seg import AxialSelfAttention
+
+    attention = AxialSelfAttention(32, 4, axis)
+    x = torch.randn(1, 4, 2, 6, 32, requires_grad=True)
+    attention(x)[0, 1, 1, 3].sum().backward()
+    reached = (x.grad[0].abs().sum(-1) > 0).nonzero().tolist()
+    line = [[c if a == axis else (1, 1, 3)[a] for a in range(3)] for c in range(x.shape[1 + axis])]
+    assert reached == line
+
+
+def test_one_axial_block_reaches_every_token_of_the_tile():
+    """The receptive field: H, then W, then D: after one block every token has a path from every token."""
+    model = axial(layers=1)
+    tokens = torch.randn(1, model.num_tokens, 32, requires_grad=True)
+    probe = torch.randn(32)  # not a plain sum: the features of a LayerNorm's output sum to zero
+    (model.encode(tokens)[0, 0] * probe).sum().backward()
+    assert (tokens.grad[0].abs().sum(-1) > 0).all()  # a path from every token (no path: exactly zero)
+    # without the D stage, the first token is blind to every other D column
+    model.blocks[0].axial[2].fn.forward = lambda x: torch.zeros_like(x)
+    tokens.grad = None
+    (model.encode(tokens)[0, 0] * probe).sum().backward()
+    reached = (tokens.grad[0].abs().sum(-1) > 0).reshape(model.grid)
+    assert reached[:, :, 0].all() and not reached[:, :, 1:].any()
+
+
+def test_axial_model_shapes_parameters_and_kernels():
+    from distmis.models.vit_seg import AxialTransformerBlock, TransformerBlock
+    from distmis.spec.perf_model import ViTShape, vit_parameters
+
+    model = axial()
+    full = tiny(AXIAL_TILE)
+    assert all(isinstance(b, AxialTransformerBlock) for b in model.blocks)
+    assert all(isinstance(b, TransformerBlock) for b in full.blocks)
+    # three attention stages (QKV 3E^2 + 3E, projection E^2 + E, norm 2E) where full attention has one
+    assert count_parameters(model) - count_parameters(full) == 2 * 2 * (4 * 32 * 32 + 4 * 32 + 2 * 32)
+    shape = ViTShape(AXIAL_TILE, 4, 2, 32, 4, 2.0, 16, 2, 3, "axial")
+    assert count_parameters(model) == vit_parameters(shape)
+    x = torch.randn(2, 2, *AXIAL_TILE)
+    out = model(x)
+    assert out.shape == (2, 3, *AXIAL_TILE)
+    math_kernel = axial(attention_kernel="math")
+    torch.testing.assert_close(math_kernel(x), out, atol=1e-5, rtol=1e-5)
+    # the stream between stages is the token grid; encode returns row-major tokens
+    assert model.encode(model.embed(x)).shape == (2, model.num_tokens, 32)
+
+
+def test_axial_encode_needs_the_grid_of_a_sub_box():
+    model = axial()
+    tokens = model.embed(torch.randn(1, 2, 8, 8, 24))  # the first half along H: a (2, 2, 6) box
+    positions = torch.arange(24)
+    assert model.encode(tokens, positions, (2, 2, 6)).shape == (1, 24, 32)
+    with pytest.raises(ValueError, match=r"axial attention needs the grid box the 24 tokens fill; grid \(4, 2, 6\)"):
+        model.encode(tokens, positions)
+
+
+def test_axial_attention_cores_are_swappable_from_outside():
+    from distmis.models.vit_seg import AxialSelfAttention
+
+    model = axial()
+    calls = []
+
+    class Recording(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, q, k, v):
+            calls.append((self.inner.axis, tuple(q.shape)))
+            return self.inner(q, k, v)
+
+    for module in model.modules():
+        if isinstance(module, AxialSelfAttention):
+            module.core = Recording(module.core)
+    model(torch.randn(1, 2, *AXIAL_TILE))
+    assert calls == [(axis, (1, 4, 4, 2, 6, 8)) for _ in range(2) for axis in (0, 1, 2)]
+
+
+def test_axial_attention_errors():
+    with pytest.raises(ValueError, match=r"attention must be one of \('full', 'axial'\), got 'ring'"):
+        tiny(AXIAL_TILE, attention="ring")
