@@ -93,7 +93,7 @@ def test_embedding_a_cropped_box_equals_the_tile_tokens_at_its_indices():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"attention": "ring"}, r"attention must be one of \('allgather-kv', 'ulysses'\), got 'ring'"),
+        ({"attention": "ring"}, r"attention must be one of \('allgather-kv', 'ulysses', 'dsp'\), got 'ring'"),
         ({"decoder": "scatter"}, r"decoder must be one of \('gather', 'no-gather'\), got 'scatter'"),
         ({"split": "random"}, r"split must be one of \('ordered', 'spatial'\), got 'random'"),
         ({"sp_size": 5},
@@ -127,3 +127,61 @@ def test_parallel_layout():
         parallel_layout(range(6), 4)
     with pytest.raises(ValueError, match="sp_size must be a positive int"):
         parallel_layout(range(4), 0)
+
+
+# --------------------------------------------------------------------------- DSP on axial attention
+def fewest_switches(stages: list[int], allowed: tuple[int, ...]) -> int:
+    """The fewest split changes over ``stages`` (attended axes) with splits from ``allowed``: dynamic programming."""
+    cost = {a: 0 for a in allowed if a != stages[0]}
+    for attended in stages[1:]:
+        cost = {a: min(c + (a != b) for b, c in cost.items()) for a in allowed if a != attended}
+    return min(cost.values())
+
+
+@pytest.mark.parametrize("grid, degree", [((4, 2, 8), 2), ((4, 2, 8), 4), ((8, 8, 8), 4), ((6, 4, 4), 4),
+                                          ((4, 6, 4), 2), ((3, 4, 4), 4)])
+@pytest.mark.parametrize("layers", [1, 2, 3, 5, 12])
+def test_dsp_schedule_splits_away_from_the_attended_axis_with_the_fewest_switches(grid, degree, layers):
+    from distmis.spec.partition import AXIAL_ORDER, dsp_schedule, dsp_splittable_axes
+
+    schedule = dsp_schedule(grid, degree, layers)
+    stages = [AXIAL_ORDER[i % 3] for i in range(3 * layers)]
+    assert len(schedule.splits) == len(stages)
+    allowed = dsp_splittable_axes(grid, degree)
+    for split, attended in zip(schedule.splits, stages):
+        assert split != attended and grid[split] % degree == 0
+    assert schedule.switches == fewest_switches(stages, allowed)
+    assert schedule.switch_stages == tuple(i for i in range(1, len(stages))
+                                           if schedule.splits[i] != schedule.splits[i - 1])
+    if len(allowed) == 3:
+        assert schedule.switches == -(-3 * layers // 2) - 1  # one switch per two stages
+    assert schedule.first == dsp_schedule(grid, degree, 1).first  # what the spec checks with
+    for axis in (schedule.first, schedule.last):
+        slabs = schedule.shares(axis)
+        assert [s.box[axis] for s in slabs] == [(r * grid[axis] // degree, (r + 1) * grid[axis] // degree)
+                                                for r in range(degree)]
+        assert all(s.box[a] == (0, grid[a]) for s in slabs for a in range(3) if a != axis)
+
+
+def test_dsp_configuration_errors():
+    with pytest.raises(ValueError, match="attention 'dsp' needs model.params.attention 'axial'"):
+        check_sequence_parallel((4, 4, 4), 4, 2, attention="dsp")
+    with pytest.raises(ValueError, match=r"at least two of its axes must divide by the sequence-parallel degree 4 "
+                                         r"\(H=6, W=2, D=2\)"):
+        check_sequence_parallel((6, 2, 2), 4, 4, attention="dsp", model_attention="axial")
+    with pytest.raises(ValueError, match="axial attention .* every rank's tokens must form a box.* rank 0"):
+        check_sequence_parallel((6, 2, 2), 4, 4, attention="ulysses", model_attention="axial")
+    with pytest.raises(ValueError, match=r"the model's attention must be one of \('full', 'axial'\)"):
+        check_sequence_parallel((4, 4, 4), 4, 2, model_attention="ring")
+
+
+def test_valid_axial_configurations():
+    # DSP: the slabs of the schedule's first axis (D, the axis attended along last in a block), split ignored
+    slabs = check_sequence_parallel((4, 2, 8), 4, 2, attention="dsp", model_attention="axial", split="spatial")
+    assert [tuple((b.start, b.stop) for b in s.box) for s in slabs] == [((0, 4), (0, 2), (0, 4)),
+                                                                        ((0, 4), (0, 2), (4, 8))]
+    assert len(check_sequence_parallel((4, 2, 8), 4, 4, attention="dsp", model_attention="axial",
+                                       decoder="no-gather")) == 4
+    # the baselines on boxes: an ordered split that cuts whole H planes, or a spatial one
+    assert len(check_sequence_parallel((4, 2, 8), 4, 4, attention="ulysses", model_attention="axial")) == 4
+    assert len(check_sequence_parallel((6, 2, 2), 4, 4, split="spatial", model_attention="axial")) == 4
