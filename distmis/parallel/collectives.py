@@ -13,6 +13,8 @@ input unchanged.
   own slice is that gradient once, as the single-device model computes it.
 - :class:`AllToAll`: scatter one dimension, gather another (Ulysses: sequence-split <-> head-split); the
   backward is the inverse all-to-all.
+- :class:`SwitchSplitForwardSwitchBackBackward`: the dynamic switch of DSP: a tensor split along one dimension
+  comes out split along another (one all-to-all); the backward switches its gradient back (the inverse).
 """
 
 from __future__ import annotations
@@ -110,6 +112,21 @@ class AllToAll(torch.autograd.Function):
         return _all_to_all(grad, ctx.gather_dim, ctx.scatter_dim, ctx.group), None, None, None
 
 
+class SwitchSplitForwardSwitchBackBackward(torch.autograd.Function):
+    """Forward: a tensor whose ranks hold equal chunks along ``from_dim`` (whole along ``to_dim``) comes out whole
+    along ``from_dim`` and chunked along ``to_dim`` (rank ``r`` the ``r``-th chunk), in one all-to-all of
+    ``(SP-1)/SP`` of the local tensor. Backward: the gradient's split goes from ``to_dim`` back to ``from_dim``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, from_dim: int, to_dim: int, group: Any) -> torch.Tensor:
+        ctx.from_dim, ctx.to_dim, ctx.group = from_dim, to_dim, group
+        return _all_to_all(x, to_dim, from_dim, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return _all_to_all(grad, ctx.from_dim, ctx.to_dim, ctx.group), None, None, None
+
+
 def all_gather_reduce_scatter_grad(x: torch.Tensor, dim: int, group: Any = None) -> torch.Tensor:
     """:class:`AllGatherForwardReduceScatterBackward` (identity on a one-rank group)."""
     return x if group_size(group) == 1 else AllGatherForwardReduceScatterBackward.apply(x, dim, group)
@@ -123,6 +140,11 @@ def all_gather_split_grad(x: torch.Tensor, dim: int, group: Any = None) -> torch
 def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: Any = None) -> torch.Tensor:
     """:class:`AllToAll` (identity on a one-rank group)."""
     return x if group_size(group) == 1 else AllToAll.apply(x, scatter_dim, gather_dim, group)
+
+
+def switch_split(x: torch.Tensor, from_dim: int, to_dim: int, group: Any = None) -> torch.Tensor:
+    """:class:`SwitchSplitForwardSwitchBackBackward` (identity on a one-rank group)."""
+    return x if group_size(group) == 1 else SwitchSplitForwardSwitchBackBackward.apply(x, from_dim, to_dim, group)
 
 
 def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], group: Any = None, op: ReduceOp = "sum") -> None:

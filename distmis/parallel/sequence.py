@@ -45,6 +45,25 @@ Decoder input (``decoder``) and gradients
     With data parallelism on top, :func:`sync_gradients` then averages all gradients over the DP group. Do not
     wrap the parallel model in a DDP over all DP x SP ranks: it would average the encoder's partial sums.
 
+Axial models (``model.params.attention: axial``)
+    An axial model's stream is a grid ``(B, b0, b1, b2, E)`` of the rank's box of the patch grid, so every
+    rank's share must be a box (:func:`distmis.spec.partition.check_sequence_parallel` says so). Three ways:
+
+    ``dsp`` (dynamic sequence parallelism, the DSP seed): the tokens are split in slabs along one grid axis, and
+    a stage that attends along another axis attends over whole lines the rank holds, with no communication.
+    Before a stage that attends along the split axis, a forward pre-hook on the stage
+    (:class:`SplitSwitch`: :class:`~distmis.parallel.collectives.SwitchSplitForwardSwitchBackBackward`, one
+    all-to-all of the stream) moves the split to the axis attended along farthest ahead
+    (:func:`~distmis.spec.partition.dsp_schedule`); its backward moves the gradient's split back. The MLP and
+    norms act on each token. The encoder's output is split along the schedule's last axis
+    (:attr:`SequenceParallelViTSeg.output_chunks`), which ``gather`` all-gathers and ``no-gather`` decodes.
+    ``split`` does not apply. Per block of three stages, one forward and one backward all-to-all of the
+    activation per two stages, against Ulysses' four and four per stage.
+
+    ``ulysses`` and ``allgather-kv`` (the seed's baselines): each stage's core is replaced as for full attention,
+    the all-to-all (or the all-gather of K and V) running at every stage; the rank then attends over whole
+    lines of the grid (Ulysses: all of them for ``heads/SP`` heads; allgather-kv: the lines through its box).
+
 Dropout draws different masks than one device would; exactness holds with ``dropout=0``.
 """
 
@@ -56,7 +75,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from distmis.models.vit_seg import MultiHeadSelfAttention, ViTSeg
+from distmis.models.vit_seg import AxialSelfAttention, LineAttention, MultiHeadSelfAttention, ViTSeg
 from distmis.parallel.collectives import (
     all_gather_reduce_scatter_grad,
     all_gather_split_grad,
@@ -64,9 +83,19 @@ from distmis.parallel.collectives import (
     all_to_all,
     group_rank,
     group_size,
+    switch_split,
 )
 from distmis.parallel.groups import ParallelGroups
-from distmis.spec.partition import AttentionKind, DecoderKind, SplitKind, TokenShare
+from distmis.spec.partition import (
+    AXES,
+    AttentionKind,
+    DecoderKind,
+    DSPSchedule,
+    ModelAttention,
+    SplitKind,
+    TokenShare,
+    dsp_schedule,
+)
 from distmis.spec.partition import check_sequence_parallel as check_shares
 
 @dataclass(frozen=True)
@@ -114,10 +143,22 @@ def check_sequence_parallel(
     attention: AttentionKind = "allgather-kv",
     decoder: DecoderKind = "gather",
     split: SplitKind = "ordered",
+    model_attention: ModelAttention = "full",
 ) -> list[TokenChunk]:
     """Validate an SP configuration (:func:`distmis.spec.partition.check_sequence_parallel`); every rank's chunk."""
-    shares = check_shares(grid, heads, sp_size, attention=attention, decoder=decoder, split=split)
+    shares = check_shares(grid, heads, sp_size, attention=attention, decoder=decoder, split=split,
+                          model_attention=model_attention)
     return [token_chunk(share, grid) for share in shares]
+
+
+def rank_order(chunks: Sequence[TokenChunk]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(to_rank, to_token)``: index tensors that reorder a whole sequence from token order to the order of the
+    ranks' chunks concatenated (what a gather or an all-to-all yields), and back; ``(None, None)`` when the two
+    orders are one."""
+    order = torch.cat([c.indices for c in chunks])
+    if torch.equal(order, torch.arange(len(order))):
+        return None, None
+    return order, torch.argsort(order)
 
 
 class AllGatherKVAttention(nn.Module):
@@ -147,17 +188,88 @@ class UlyssesAttention(nn.Module):
         return all_to_all(out, 2, 1, self.group)  # (B, heads, n, head_dim)
 
 
+class _AxialCore(nn.Module):
+    """What both axial baselines share: the model's own :class:`LineAttention` (``local``), the SP group, the
+    whole patch grid, the rank's box, and the reorderings between token order and the ranks' order."""
+
+    def __init__(self, local: LineAttention, group: Any, grid: Sequence[int], chunks: Sequence[TokenChunk],
+                 rank: int) -> None:
+        super().__init__()
+        if chunks[rank].box is None:
+            raise ValueError("axial attention under sequence parallelism needs every rank's tokens to form a box")
+        self.local = local
+        self.group = group
+        self.grid = tuple(grid)
+        self.box = chunks[rank].box
+        to_rank, to_token = rank_order(chunks)
+        self.register_buffer("to_rank", to_rank, persistent=False)
+        self.register_buffer("to_token", to_token, persistent=False)
+
+    def in_token_order(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """A whole sequence along ``dim``, received in the ranks' order, as the grid ``(..., g0, g1, g2, ...)``."""
+        if self.to_token is not None:
+            x = x.index_select(dim, self.to_token)
+        return x.unflatten(dim, self.grid)
+
+
+class UlyssesAxialAttention(_AxialCore):
+    """Ulysses on an axial stage: Q, K, V of the rank's box to ``heads/SP`` heads of the whole grid (one
+    all-to-all), attention along the stage's axis, the output back to the rank's box (one all-to-all)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        box = q.shape[2:5]
+        qkv = all_to_all(torch.stack((q, k, v)).flatten(3, 5), 2, 3, self.group)  # (3, B, heads/SP, N, head_dim)
+        qkv = self.in_token_order(qkv, 3)
+        out = self.local(qkv[0], qkv[1], qkv[2]).flatten(2, 4)  # (B, heads/SP, N, head_dim)
+        if self.to_rank is not None:
+            out = out.index_select(2, self.to_rank)
+        return all_to_all(out, 2, 1, self.group).unflatten(2, box)  # (B, heads, b0, b1, b2, head_dim)
+
+
+class AllGatherKVAxialAttention(_AxialCore):
+    """allgather-kv on an axial stage: K and V of the whole grid all-gathered (one collective, as for full
+    attention); the rank's queries attend along the stage's axis against the lines through its box."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        kv = all_gather_reduce_scatter_grad(torch.stack((k, v)).flatten(3, 5), 3, self.group)  # (2, B, heads, N, hd)
+        kv = self.in_token_order(kv, 3)  # (2, B, heads, g0, g1, g2, head_dim)
+        lines = tuple(slice(None) if a == self.local.axis else self.box[a] for a in range(3))
+        kv = kv[(slice(None),) * 3 + lines]
+        return self.local(q, kv[0], kv[1])
+
+
+class SplitSwitch:
+    """DSP's dynamic switch as a forward pre-hook on an axial stage: the stream ``(B, b0, b1, b2, E)`` entering
+    the stage goes from slabs along grid axis ``from_axis`` to slabs along ``to_axis`` (one all-to-all; its
+    backward switches the gradient back)."""
+
+    def __init__(self, from_axis: int, to_axis: int, group: Any) -> None:
+        self.from_axis, self.to_axis, self.group = from_axis, to_axis, group
+
+    def __call__(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return (switch_split(args[0], 1 + self.from_axis, 1 + self.to_axis, self.group),) + tuple(args[1:])
+
+    def __repr__(self) -> str:
+        return f"SplitSwitch({AXES[self.from_axis]} -> {AXES[self.to_axis]})"
+
+
 class SequenceParallelViTSeg(nn.Module):
     """A :class:`ViTSeg` run on one rank's share of the tokens; made by :func:`parallelize_vit_seg`.
 
     ``forward(tile)`` takes the whole tile ``(B, C, H, W, D)`` (every rank of the group the same one) and
     returns the logits of the whole tile (``gather``) or of the rank's sub-volume (``no-gather``); compute
     the loss against :meth:`local_target` of the labels, then call :func:`sync_sp_gradients`.
+
+    ``chunks`` are every rank's tokens entering the encoder, ``output_chunks`` leaving it (the same but under
+    ``dsp``, whose ``schedule`` may end on another axis); ``switches`` lists DSP's hooks as
+    ``(block, stage, SplitSwitch)``.
     """
 
     def __init__(
         self, model: ViTSeg, sp_group: Any, chunks: list[TokenChunk], *,
         attention: AttentionKind, decoder: DecoderKind, split: SplitKind,
+        output_chunks: list[TokenChunk] | None = None, schedule: DSPSchedule | None = None,
+        switches: Sequence[tuple[int, int, SplitSwitch]] = (),
     ) -> None:
         super().__init__()
         self.model = model
@@ -165,19 +277,22 @@ class SequenceParallelViTSeg(nn.Module):
         self.sp_size = group_size(sp_group)
         self.sp_rank = group_rank(sp_group)
         self.attention, self.decoder, self.split = attention, decoder, split
+        self.schedule = schedule
+        self.switches = list(switches)
         self.chunks = chunks
         self.chunk = chunks[self.sp_rank]
+        self.output_chunks = chunks if output_chunks is None else output_chunks
+        self.output_chunk = self.output_chunks[self.sp_rank]
         device = next(model.parameters()).device
         self.register_buffer("indices", self.chunk.indices.to(device), persistent=False)
-        order = torch.cat([c.indices for c in chunks])
-        restore = None if torch.equal(order, torch.arange(len(order))) else torch.argsort(order).to(device)
-        self.register_buffer("gather_order", restore, persistent=False)
+        _, restore = rank_order(self.output_chunks)
+        self.register_buffer("gather_order", None if restore is None else restore.to(device), persistent=False)
 
     def region(self) -> tuple[slice, slice, slice]:
         """The voxels of the tile this rank's logits cover."""
         if self.decoder == "gather":
             return (slice(None), slice(None), slice(None))
-        return self.chunk.voxel_box(self.model.patch)
+        return self.output_chunk.voxel_box(self.model.patch)
 
     def local_target(self, target: torch.Tensor) -> torch.Tensor:
         """The part of a ``(B, ..., H, W, D)`` label tensor that this rank's logits predict."""
@@ -193,9 +308,9 @@ class SequenceParallelViTSeg(nn.Module):
             tokens = model.embed(x[(Ellipsis,) + self.chunk.voxel_box(model.patch)])
         else:
             tokens = model.patch_embed.forward_at(x, self.indices)
-        tokens = model.encode(tokens, self.indices)
+        tokens = model.encode(tokens, self.indices, self.chunk.grid)  # (B, n, E) of the output chunk
         if self.decoder == "no-gather":
-            return model.decode(tokens, self.chunk.grid)
+            return model.decode(tokens, self.output_chunk.grid)
         tokens = all_gather_split_grad(tokens, 1, self.sp_group)  # (B, N, E) in rank order
         if self.gather_order is not None:
             tokens = tokens.index_select(1, self.gather_order)  # back to token order
@@ -212,22 +327,45 @@ def parallelize_vit_seg(
 ) -> SequenceParallelViTSeg:
     """Apply sequence parallelism over ``sp_group`` to a plain ``model``, in place; return the parallel module.
 
-    Every attention core of ``model`` is replaced (the model alone no longer runs on one device), so
-    parallelize a copy if the plain model is still needed. All ranks of the group must pass models with the
-    same weights (same seed, or a broadcast).
+    Every attention core of ``model`` is replaced, or (``dsp``) its axial stages get the switches' hooks: the
+    model alone no longer runs on one device, so parallelize a copy if the plain model is still needed. All
+    ranks of the group must pass models with the same weights (same seed, or a broadcast).
     """
     if not isinstance(model, ViTSeg):
         raise TypeError(f"parallelize_vit_seg takes a ViTSeg, got {type(model).__name__}")
-    chunks = check_sequence_parallel(
-        model.grid, model.heads, group_size(sp_group), attention=attention, decoder=decoder, split=split
-    )
-    wrapper = {"allgather-kv": AllGatherKVAttention, "ulysses": UlyssesAttention}[attention]
+    if _is_parallelized(model):
+        raise ValueError("the model is already parallelized")
+    size, rank = group_size(sp_group), group_rank(sp_group)
+    chunks = check_sequence_parallel(model.grid, model.heads, size, attention=attention, decoder=decoder,
+                                     split=split, model_attention=model.attention)  # type: ignore[arg-type]
+    if attention == "dsp":
+        schedule = dsp_schedule(model.grid, size, len(model.blocks))
+        output = [token_chunk(share, model.grid) for share in schedule.shares(schedule.last)]
+        switches = []
+        for i in schedule.switch_stages if size > 1 else ():
+            switch = SplitSwitch(schedule.splits[i - 1], schedule.splits[i], sp_group)
+            model.blocks[i // 3].axial[i % 3].register_forward_pre_hook(switch)
+            switches.append((i // 3, i % 3, switch))
+        return SequenceParallelViTSeg(model, sp_group, chunks, attention=attention, decoder=decoder, split=split,
+                                      output_chunks=output, schedule=schedule, switches=switches)
     for module in model.modules():
         if isinstance(module, MultiHeadSelfAttention):
-            if isinstance(module.core, (AllGatherKVAttention, UlyssesAttention)):
-                raise ValueError("the model is already parallelized")
+            wrapper = {"allgather-kv": AllGatherKVAttention, "ulysses": UlyssesAttention}[attention]
             module.core = wrapper(module.core, sp_group)
+        elif isinstance(module, AxialSelfAttention):
+            axial = {"allgather-kv": AllGatherKVAxialAttention, "ulysses": UlyssesAxialAttention}[attention]
+            module.core = axial(module.core, sp_group, model.grid, chunks, rank)
     return SequenceParallelViTSeg(model, sp_group, chunks, attention=attention, decoder=decoder, split=split)
+
+
+_PARALLEL_CORES = (AllGatherKVAttention, UlyssesAttention, AllGatherKVAxialAttention, UlyssesAxialAttention)
+
+
+def _is_parallelized(model: ViTSeg) -> bool:
+    """Whether an attention core was replaced, or a stage holds a DSP switch."""
+    return any(isinstance(getattr(m, "core", None), _PARALLEL_CORES)
+               or any(isinstance(hook, SplitSwitch) for hook in m._forward_pre_hooks.values())
+               for m in model.modules())
 
 
 def sync_sp_gradients(model: SequenceParallelViTSeg) -> None:

@@ -117,6 +117,6 @@ class TorchViTTrainer(TorchUNetTrainer):
         parts = [torch.empty_like(local) for _ in range(model.sp_size)]
         dist.all_gather(parts, local.contiguous(), group=model.sp_group)
         whole = local.new_empty(local.shape[:2] + spatial)
-        for chunk, part in zip(model.chunks, parts):
+        for chunk, part in zip(model.output_chunks, parts):
             whole[(Ellipsis,) + chunk.voxel_box(model.model.patch)] = part
         return whole

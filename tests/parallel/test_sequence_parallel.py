@@ -3,11 +3,16 @@
 One spawn per world size runs every configuration in a loop; each rank checks its own numbers against
 the single-device reference it computes itself (same seeds), and writes what it found to a file the
 tests read. Tiny fp32 models without dropout, so the comparisons are tight.
+
+The axial model (``attention: axial``) runs on its own tile, whose patch grid (4, 2, 8) divides by 2 along every
+axis and by 4 along H and D only: dynamic sequence parallelism (``dsp``) then needs every kind of switch its
+schedule has (three splittable axes at 2 ranks, two at 4).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +35,10 @@ ATTENTIONS = ("allgather-kv", "ulysses")
 SPLITS = ("ordered", "spatial")
 GATHER_CASES = [f"gather/{a}/{s}" for a in ATTENTIONS for s in SPLITS] + ["gather/ulysses/ordered/sinusoidal"]
 NO_GATHER_CASES = [f"no-gather/{a}/spatial" for a in ATTENTIONS]
+
+AXIAL_TILE = (16, 8, 32)  # patch 4: a (4, 2, 8) grid of 64 tokens
+AXIAL_MODEL = {**MODEL, "tile": AXIAL_TILE, "attention": "axial"}
+AXIAL_GATHER_CASES = ["axial/dsp"] + [f"axial/{a}/{s}" for a in ATTENTIONS for s in SPLITS]
 
 
 
@@ -58,9 +67,14 @@ def make_model(**kwargs: Any) -> ViTSeg:
     return ViTSeg(**{**MODEL, **kwargs})
 
 
-def make_batch(seed: int, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(seed: int, batch: int = 2, tile: tuple[int, int, int] = TILE) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, 2, *TILE, generator=g), torch.randint(0, 3, (batch, *TILE), generator=g)
+    return torch.randn(batch, 2, *tile, generator=g), torch.randint(0, 3, (batch, *tile), generator=g)
+
+
+def make_axial_model() -> ViTSeg:
+    torch.manual_seed(0)
+    return ViTSeg(**AXIAL_MODEL)
 
 
 def blob_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,6 +293,151 @@ def non_box_case() -> dict[str, str]:
     raise AssertionError("no-gather with a non-box ordered split did not raise")
 
 
+# --------------------------------------------------------------------------- axial attention
+def stage_inputs(model) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Hooks that record, for every axial stage, (block, stage, shape of its input) as the stage runs (after
+    any DSP switch, whose hook was registered first)."""
+    seen: list[tuple[int, int, tuple[int, ...]]] = []
+    for b, block in enumerate(model.model.blocks):
+        for i, stage in enumerate(block.axial):
+            stage.register_forward_pre_hook(lambda m, args, b=b, i=i: seen.append((b, i, tuple(args[0].shape))))
+    return seen
+
+
+def axial_gather_case(attention: str, split: str = "ordered") -> dict[str, Any]:
+    """An axial model split over the group equals the one-device axial model: loss, gradients, weights."""
+    import torch.distributed as dist
+
+    from distmis.parallel.collectives import group_size
+    from distmis.parallel import collectives
+    from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients
+    from distmis.spec.partition import dsp_schedule
+
+    base = make_axial_model()
+    x, y = make_batch(5, tile=AXIAL_TILE)
+    expected = reference_step(copy.deepcopy(base), x, y)
+    model = parallelize_vit_seg(copy.deepcopy(base), None, attention=attention, decoder="gather", split=split)
+    seen = stage_inputs(model)
+    size = group_size(None)
+    calls = {"all_to_all": 0, "elements": 0}  # the all-to-alls, and the elements of the tensors they split
+    original = collectives._all_to_all
+
+    def counting(x, *args, **kwargs):
+        calls["all_to_all"] += 1
+        calls["elements"] += x.numel()
+        return original(x, *args, **kwargs)
+
+    collectives._all_to_all = counting
+    try:
+        loss = F.cross_entropy(model(x), model.local_target(y))
+        loss.backward()
+    finally:
+        collectives._all_to_all = original
+    sync_sp_gradients(model)
+    torch.testing.assert_close(loss.detach(), expected["loss"], **TOL)
+    grad_error = assert_same(grads_of(model), expected["grads"], "gradient of")
+    sgd_step(model)
+    weight_error = assert_same(weights_of(model), expected["weights"], "weight")
+
+    grid = model.model.grid
+    local = [shape[1:4] for _, _, shape in seen]
+    if attention == "dsp":
+        schedule = dsp_schedule(grid, size, len(model.model.blocks))
+        assert [(b, i) for b, i, _ in model.switches] == [(s // 3, s % 3) for s in schedule.switch_stages]
+        for (block, stage, _), extent, split_axis in zip(seen, local, schedule.splits):
+            # every stage sees a slab cut along the schedule's axis, never along the axis it attends along
+            assert split_axis != stage and list(extent) == [g // size if a == split_axis else g
+                                                            for a, g in enumerate(grid)], (block, stage, extent)
+        assert calls["all_to_all"] == 2 * schedule.switches  # the switches, forward and backward: nothing else
+        assert calls["elements"] == 2 * schedule.switches * x.shape[0] * math.prod(grid) // size * MODEL["embed_dim"]
+    else:
+        assert len(set(local)) == 1 and math.prod(local[0]) * size == math.prod(grid)  # the rank's fixed box
+        stages = 3 * len(model.model.blocks)
+        assert calls["all_to_all"] == (4 * stages if attention == "ulysses" else 0)  # Q, K, V stacked; the output
+    dist.barrier()
+    return {"grad_error": grad_error, "weight_error": weight_error, "all_to_alls": calls["all_to_all"],
+            "elements": calls["elements"]}
+
+
+def axial_no_gather_case() -> dict[str, float]:
+    """DSP with no-gather: each rank decodes the slab its schedule ends on; equal to the one-device emulation."""
+    from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients
+
+    base = make_axial_model()
+    x, y = make_batch(6, tile=AXIAL_TILE)
+    model = parallelize_vit_seg(copy.deepcopy(base), None, attention="dsp", decoder="no-gather")
+    expected = no_gather_reference(copy.deepcopy(base), x, y, model.output_chunks)
+    logits = model(x)
+    target = model.local_target(y)
+    assert logits.shape[2:] == target.shape[1:] and logits.shape[2:] != AXIAL_TILE
+    loss = F.cross_entropy(logits, target)
+    loss.backward()
+    sync_sp_gradients(model)
+    torch.testing.assert_close(all_reduce_mean(loss), expected["loss"], **TOL)
+    grad_error = assert_same(grads_of(model), expected["grads"], "gradient of")
+    sgd_step(model)
+    return {"grad_error": grad_error, "weight_error": assert_same(weights_of(model), expected["weights"], "weight")}
+
+
+def axial_dp_sp_case() -> dict[str, float]:
+    """DP=2 x SP=2 with DSP (4 ranks) against DP=2 x SP=1 (ranks 0 and 1) and one process: the same step."""
+    import torch.distributed as dist
+
+    from distmis.parallel.groups import build_parallel_groups
+    from distmis.parallel.sequence import parallelize_vit_seg, sync_gradients
+
+    dp_sp = build_parallel_groups(2)
+    dp_only = build_parallel_groups(1, ranks=[0, 1])
+    assert dp_sp is not None
+    base = make_axial_model()
+
+    def step(groups, attention: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        model = parallelize_vit_seg(copy.deepcopy(base), groups.sp_group, attention=attention)
+        x, y = make_batch(200 + groups.dp_rank, tile=AXIAL_TILE)
+        loss = F.cross_entropy(model(x), model.local_target(y))
+        loss.backward()
+        sync_gradients(model, groups)
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        sgd_step(model)
+        weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        return all_reduce_mean(loss, groups.dp_group).reshape(1), grads, weights
+
+    loss, grads, weights = step(dp_sp, "dsp")
+    if dp_only is not None:
+        ref = step(dp_only, "allgather-kv")
+    else:
+        ref = (torch.empty_like(loss), torch.empty_like(grads), torch.empty_like(weights))
+    for tensor in ref:
+        dist.broadcast(tensor, src=0)
+    for actual, expected in zip((loss, grads, weights), ref):
+        torch.testing.assert_close(actual, expected, **TOL)
+
+    alone = copy.deepcopy(base)
+    mean_loss = sum(F.cross_entropy(alone(x), y) for x, y in (make_batch(200, tile=AXIAL_TILE),
+                                                              make_batch(201, tile=AXIAL_TILE))) / 2
+    mean_loss.backward()
+    torch.testing.assert_close(loss, mean_loss.detach().reshape(1), **TOL)
+    torch.testing.assert_close(grads, torch.cat([p.grad.reshape(-1) for p in alone.parameters()]), **TOL)
+    sgd_step(alone)
+    torch.testing.assert_close(weights, torch.cat([p.detach().reshape(-1) for p in alone.parameters()]), **TOL)
+    return {"grad_error": (grads - ref[1]).abs().max().item(), "weight_error": (weights - ref[2]).abs().max().item()}
+
+
+@torch.no_grad()
+def axial_sliding_window_case() -> dict[str, float]:
+    """Whole-volume inference through a DSP model: every rank gets the single-device prediction."""
+    from distmis.parallel.sequence import parallelize_vit_seg
+    from distmis.train.inference import sliding_window
+
+    base = make_axial_model().eval()
+    volume = torch.randn(1, 2, 24, 8, 40, generator=torch.Generator().manual_seed(4))
+    expected = sliding_window(base, volume, AXIAL_TILE, overlap=0.5, mode="gaussian")
+    model = parallelize_vit_seg(copy.deepcopy(base), None, attention="dsp").eval()
+    actual = sliding_window(model, volume, AXIAL_TILE, overlap=0.5, mode="gaussian")
+    torch.testing.assert_close(actual, expected, **TOL)
+    return {"error": (actual - expected).abs().max().item()}
+
+
 def run_case(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     try:
         return {"ok": True, **fn()}
@@ -305,9 +464,16 @@ def worker(rank: int, world_size: int, out: str) -> None:
         cases["gather/ulysses/ordered/sinusoidal"] = lambda: gather_case("ulysses", "ordered", "sinusoidal")
         cases["no-gather/train"] = no_gather_training
         cases["sliding-window"] = sliding_window_case
+        cases["axial/dsp"] = lambda: axial_gather_case("dsp")
+        for attention in ATTENTIONS:
+            for split in SPLITS:
+                cases[f"axial/{attention}/{split}"] = lambda a=attention, s=split: axial_gather_case(a, s)
+        cases["axial/dsp/no-gather"] = axial_no_gather_case
+        cases["axial/dsp/sliding-window"] = axial_sliding_window_case
         if world_size == 4:
             cases["dp2xsp2"] = dp_sp_case
             cases["no-gather/non-box"] = non_box_case
+            cases["axial/dp2xsp2"] = axial_dp_sp_case
         for name, fn in cases.items():
             start = time.perf_counter()
             results[name] = run_case(fn)
@@ -379,3 +545,34 @@ def test_no_gather_with_a_non_box_split_raises(spawned):
     # 4 ranks: the ordered chunks of this tile are not boxes (at 2 they are)
     for result in case(spawned[4], "no-gather/non-box"):
         assert "decoder 'no-gather' needs every rank's tokens to form a box" in result["error"]
+
+
+@pytest.mark.parametrize("name", AXIAL_GATHER_CASES)
+def test_axial_model_split_over_ranks_equals_one_device(ranks, name):
+    """DSP, Ulysses and allgather-kv on the axial model: loss, every gradient and the weights after an SGD step
+    equal the one-device axial model's. DSP's stages see slabs cut along an axis they do not attend along, and it
+    runs two all-to-alls of the stream per switch of its schedule (forward and backward) and no other; Ulysses
+    four per stage (Q, K, V stacked and the output, forward and backward); allgather-kv none."""
+    results = case(ranks, name)
+    for result in results:
+        assert result["grad_error"] <= 1e-5 and result["weight_error"] <= 1e-5
+
+
+def test_dsp_moves_at_most_an_eighth_of_ulysses_activations(ranks):
+    """The DSP seed's Table 1: per attention, Ulysses all-to-alls 8 M/N (Q, K, V, output; forward and backward),
+    DSP 2 M/N per switch; the schedule here switches once per two stages, so at most 1/8 of Ulysses' volume."""
+    dsp, ulysses = case(ranks, "axial/dsp")[0], case(ranks, "axial/ulysses/ordered")[0]
+    assert ulysses["elements"] == 8 * 3 * MODEL["layers"] * 2 * 64 // len(ranks) * MODEL["embed_dim"]  # batch 2
+    assert 0 < dsp["elements"] * 8 <= ulysses["elements"]
+
+
+def test_axial_dsp_no_gather_equals_its_single_device_emulation(ranks):
+    case(ranks, "axial/dsp/no-gather")
+
+
+def test_sliding_window_through_a_dsp_model(ranks):
+    case(ranks, "axial/dsp/sliding-window")
+
+
+def test_axial_data_times_dsp_equals_data_parallel(spawned):
+    case(spawned[4], "axial/dp2xsp2")  # 4 ranks: DP=2 x SP=2
