@@ -338,6 +338,14 @@ def check_sequence_parallel(spec: Spec) -> list[tuple[str, str]]:
     """Sequence parallelism needs the ViT, and a token grid, heads and split that suit the degree."""
     sp = spec.parallelism.sequence_parallel
     where = "parallelism.sequence_parallel"
+    if sp.attention == "dsp" and (spec.model.name != "vit-seg" or spec.model.params.attention != "axial"):
+        model = (f"model.params.attention {spec.model.params.attention!r}" if spec.model.name == "vit-seg"
+                 else f"model.name {spec.model.name!r}")
+        return [(f"{where}.attention", "'dsp' (dynamic sequence parallelism) keeps the tokens split along an axis "
+                                       "the current stage does not attend along, so it needs model.name 'vit-seg' "
+                                       f"with model.params.attention 'axial', not {model}: full attention attends "
+                                       "along every axis at once and leaves no axis free of communication; use "
+                                       "'ulysses' or 'allgather-kv', or make the model axial")]
     if sp.degree == 1:
         return []
     if sp.degree == "auto":
@@ -354,7 +362,7 @@ def check_sequence_parallel(spec: Spec) -> list[tuple[str, str]]:
     grid = token_grid(shape, spec.model.input_multiple)
     try:
         check_token_partition(grid, spec.model.params.heads, sp.degree, attention=sp.attention, decoder=sp.decoder,
-                              split=sp.split)
+                              split=sp.split, model_attention=spec.model.params.attention)
     except ValueError as exc:
         return [(where, f"{exc} (tile {list(shape)}, patch {spec.model.input_multiple}: token grid {list(grid)})")]
     return []

@@ -113,6 +113,10 @@ class ViTSegParams(StrictModel):
     attention_kernel: Literal["fused", "math"] = Field(
         "fused", description="fused: torch's flash / memory-efficient kernels (memory linear in the tokens); math: "
                              "the unfused kernel, which holds every layer's score matrices (quadratic)")
+    attention: Literal["full", "axial"] = Field(
+        "full", description="full: every token attends to every token (s^2 scores per head); axial: each block "
+                            "attends along H, then W, then D over the lines of the token grid (s (gh+gw+gd)), "
+                            "which sequence parallelism can split with attention 'dsp'")
 
     @model_validator(mode="after")
     def _consistent(self) -> ViTSegParams:
@@ -414,7 +418,9 @@ class SequenceParallelSpec(StrictModel):
     (:mod:`distmis.spec.sizing`)."""
 
     degree: int | Literal["auto"] = 1
-    attention: Literal["allgather-kv", "ulysses"] = "allgather-kv"
+    attention: Literal["allgather-kv", "ulysses", "dsp"] = Field(
+        "allgather-kv", description="allgather-kv or ulysses (any model), or dsp (dynamic sequence parallelism: "
+                                    "model.params.attention 'axial' only)")
     decoder: Literal["gather", "no-gather"] = "gather"
     split: Literal["ordered", "spatial"] = "ordered"
     memory_per_worker: float | None = Field(

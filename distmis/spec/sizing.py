@@ -71,7 +71,7 @@ def auto_sp_degree(spec: Spec, tile: Sequence[int]) -> AutoDegree:
     for sp in range(1, sp_spec.max_degree + 1):
         try:
             check_sequence_parallel(shape.grid, params.heads, sp, attention=sp_spec.attention,
-                                    decoder=sp_spec.decoder, split=sp_spec.split)
+                                    decoder=sp_spec.decoder, split=sp_spec.split, model_attention=params.attention)
         except ValueError:
             continue  # the tokens, the heads or the split do not suit this degree
         layout = SequenceLayout(sp=sp, attention=sp_spec.attention, decoder=sp_spec.decoder)

@@ -320,3 +320,57 @@ def test_sequence_parallel_degree_is_searchable_and_every_value_checked(spec_tre
     assert path == "search.space.parallelism.sequence_parallel.degree" and "value 3" in message
     tree["search"]["space"] = {"parallelism.workers": {"grid": [1, 2]}}  # the rest of parallelism is not
     assert problems_of(tree)[0][0] == "search.space.parallelism.workers"
+
+
+# --------------------------------------------------------------------------- axial attention and DSP
+def axial_tree(spec_tree, tile=(16, 8, 16), **sequence_parallel):
+    tree = vit_tree(spec_tree, **sequence_parallel)
+    tree["model"]["params"]["attention"] = "axial"
+    tree["training"]["tile"] = list(tile)
+    return tree
+
+
+def test_dsp_on_an_axial_model_and_its_search(spec_tree):
+    spec = validate_spec(axial_tree(spec_tree, degree=4, attention="dsp"))  # grid (4, 2, 4): H and D divide by 4
+    assert spec.model.params.attention == "axial" and spec.parallelism.sequence_parallel.attention == "dsp"
+    tree = axial_tree(spec_tree, degree=2)
+    tree["search"] = {"algorithm": "grid", "space": {
+        "parallelism.sequence_parallel.attention": {"grid": ["ulysses", "dsp", "allgather-kv"]},
+        "parallelism.sequence_parallel.degree": {"grid": [1, 2, 4]}}}
+    validate_spec(tree)
+
+
+def test_dsp_with_full_attention_is_refused_with_the_reason(spec_tree):
+    [(path, message)] = problems_of(vit_tree(spec_tree, degree=2, attention="dsp"))
+    assert path == "parallelism.sequence_parallel.attention"
+    assert "needs model.name 'vit-seg' with model.params.attention 'axial', not model.params.attention 'full'" in message
+    assert "full attention attends along every axis at once" in message
+    # at degree 1 too (a searched degree would meet it), and on a U-Net
+    assert problems_of(vit_tree(spec_tree, attention="dsp"))[0][0] == "parallelism.sequence_parallel.attention"
+    spec_tree["model"] = {"name": "unet3d", "params": {"base_filters": 4, "levels": 3}}
+    spec_tree["parallelism"] = {"sequence_parallel": {"attention": "dsp"}}
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "parallelism.sequence_parallel.attention" and "not model.name 'unet3d'" in message
+    # a searched model attention meets the same rule, value by value
+    tree = axial_tree(spec_tree, degree=2, attention="dsp")
+    tree["search"] = {"algorithm": "grid", "space": {"model.params.attention": {"grid": ["axial", "full"]}}}
+    [(path, message)] = problems_of(tree)
+    assert path == "search.space.model.params.attention" and "value 'full'" in message
+
+
+def test_dsp_needs_two_grid_axes_that_divide_by_the_degree(spec_tree):
+    [(path, message)] = problems_of(axial_tree(spec_tree, tile=(16, 8, 8), degree=4, attention="dsp"))
+    assert path == "parallelism.sequence_parallel"
+    assert ("at least two of its axes must divide by the sequence-parallel degree 4 (H=4, W=2, D=2)" in message
+            and "token grid [4, 2, 2]" in message and "tile [16, 8, 8]" in message)
+    tree = axial_tree(spec_tree, tile=(16, 8, 8), degree=2, attention="dsp")
+    tree["search"] = {"algorithm": "grid", "space": {"parallelism.sequence_parallel.degree": {"grid": [2, 4]}}}
+    [(path, message)] = problems_of(tree)
+    assert path == "search.space.parallelism.sequence_parallel.degree" and "value 4" in message
+
+
+def test_axial_baselines_need_box_chunks(spec_tree):
+    validate_spec(axial_tree(spec_tree, degree=4, attention="ulysses"))  # ordered quarters of (4, 2, 4): H planes
+    [(path, message)] = problems_of(axial_tree(spec_tree, tile=(8, 12, 8), degree=4))  # (2, 3, 2): 3-token chunks
+    assert path == "parallelism.sequence_parallel" and "axial attention attends along the lines" in message
+    validate_spec(axial_tree(spec_tree, tile=(8, 12, 8), degree=2, split="spatial"))
