@@ -61,7 +61,9 @@ def record(out_dir: str, spec: Any, layout: Any, trainer: Any, rank: int = 0,
     model = getattr(trainer, "train_model", None)
     if type(model).__name__ == "SequenceParallelViTSeg":
         found["wrapper_sp_size"] = model.sp_size
-        found["attention_cores"] = sorted({type(block.attn.core).__name__ for block in model.model.blocks})
+        found["attention_cores"] = sorted({type(m.core).__name__ for m in model.model.modules() if hasattr(m, "core")})
+        found["dsp_switches"] = [(block, stage, repr(switch)) for block, stage, switch in model.switches]
+        found["output_boxes"] = [[[s.start, s.stop] for s in c.box] for c in model.output_chunks]
     Path(out_dir, f"{layout.world_size}-{found['rank']}.json").write_text(json.dumps(found))
     return found
 
@@ -200,3 +202,35 @@ def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says(ray_l
             assert rank["attention_cores"] == ["UlyssesAttention"]
             r = rank["rank"]
             assert rank["sp_ranks"] == [r - r % 2, r - r % 2 + 1]  # SP groups of consecutive ranks
+
+
+def test_axial_trials_hold_the_dsp_switches_or_the_ulysses_cores_their_spec_says(ray_local, tmp_path: Path):
+    """attention: [ulysses, dsp] on an axial vit-seg at degree 2: each worker's model has what its trial asked."""
+    from distmis.spec.partition import AXES, dsp_schedule
+
+    tree = small_spec_tree(tmp_path / "data", model={
+        "name": "vit-seg", "framework": "torch",
+        "params": {"layers": 2, "embed_dim": 16, "heads": 4, "patch": 4, "decoder_features": 8, "attention": "axial"}})
+    tree["training"].update(epochs=1, tile=[16, 8, 16], batch_size=1)  # a (4, 2, 4) grid
+    tree["search"] = {"algorithm": "grid",
+                      "space": {"parallelism.sequence_parallel.attention": {"grid": ["ulysses", "dsp"]}}}
+    tree["parallelism"] = {"mode": "data", "workers": 1, "resources_per_worker": {"cpu": 0.5},
+                           "sequence_parallel": {"degree": 2}}
+    found: dict[str, list[dict[str, Any]]] = {}
+    for attention in ("ulysses", "dsp"):  # one search each: the records are named by world size and rank
+        tree["search"]["space"]["parallelism.sequence_parallel.attention"]["grid"] = [attention]
+        (tmp_path / attention).mkdir()
+        records = worker_records(run_probed(tree, tmp_path / attention))
+        found[attention] = [records["2-0"], records["2-1"]]
+    schedule = dsp_schedule((4, 2, 4), 2, 2)
+    expected_switches = [[s // 3, s % 3, f"SplitSwitch({AXES[schedule.splits[s - 1]]} -> {AXES[schedule.splits[s]]})"]
+                         for s in schedule.switch_stages]
+    for rank in found["dsp"]:
+        assert rank["train_model"] == "SequenceParallelViTSeg" and rank["world_size"] == 2
+        assert rank["attention_cores"] == ["LineAttention"]  # DSP leaves every stage's attention local
+        assert rank["dsp_switches"] == expected_switches and len(expected_switches) == schedule.switches > 0
+        last = schedule.last  # the encoder's output: slabs along the schedule's last axis
+        half = (4, 2, 4)[last] // 2
+        assert [box[last] for box in rank["output_boxes"]] == [[0, half], [half, 2 * half]]
+    for rank in found["ulysses"]:
+        assert rank["attention_cores"] == ["UlyssesAxialAttention"] and rank["dsp_switches"] == []

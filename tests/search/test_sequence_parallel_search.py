@@ -51,6 +51,46 @@ def test_sp1_and_sp2_trials_follow_the_same_loss_curve(ray_local, tmp_path: Path
     assert curve(by_degree[1], "train_loss")[1] < curve(by_degree[1], "train_loss")[0]
 
 
+def test_ulysses_and_dsp_trials_of_an_axial_vit_follow_the_same_loss_curve(ray_local, tmp_path: Path, capsys):
+    """attention: [ulysses, dsp] on an axial vit-seg, SP=2, through ``distmis run``: both are exact against one
+    device, so both trials train the same weights and log the same curves."""
+    tree = small_spec_tree(tmp_path / "data", model={
+        "name": "vit-seg", "framework": "torch",
+        "params": {"layers": 2, "embed_dim": 32, "heads": 4, "patch": 4, "decoder_features": 16,
+                   "attention": "axial"}})
+    tree["name"] = "axial-vit"
+    tree["training"].update(epochs=2, tile=[16, 16, 16])
+    tree["search"] = {"algorithm": "grid",
+                      "space": {"parallelism.sequence_parallel.attention": {"grid": ["ulysses", "dsp"]}}}
+    tree["parallelism"] = {"sequence_parallel": {"degree": 2}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(tree))
+
+    assert main(["run", str(tmp_path / "spec.yaml"), "--output", str(tmp_path / "out"), "--quiet"]) == 0
+    assert "2 trial(s), 0 failed" in capsys.readouterr().out
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("axial-vit")
+    runs = client.search_runs([experiment.experiment_id])
+    trials = {r.data.params["parallelism.sequence_parallel.attention"]: r
+              for r in runs if r.data.tags.get("distmis.role") == "trial"}
+    assert sorted(trials) == ["dsp", "ulysses"]
+    for run in trials.values():
+        assert run.info.status == "FINISHED"
+        assert run.data.params["model.params.attention"] == "axial" and run.data.params["trial.workers"] == "2"
+    # the performance model's bytes for each: DSP's switches against Ulysses' all-to-alls at every stage
+    assert 0 < trials["dsp"].data.metrics["predicted_sent_mb"] < trials["ulysses"].data.metrics["predicted_sent_mb"]
+
+    def curve(run, metric):
+        history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
+        return [m.value for m in history]
+
+    for metric in ("train_loss", "val_loss", "val_dice"):
+        ulysses, dsp = curve(trials["ulysses"], metric), curve(trials["dsp"], metric)
+        assert len(ulysses) == len(dsp) == 2
+        np.testing.assert_allclose(dsp, ulysses, rtol=1e-4, atol=1e-5, err_msg=metric)
+    assert curve(trials["dsp"], "train_loss")[1] < curve(trials["dsp"], "train_loss")[0]
+
+
 def test_a_degree_auto_search_gives_each_trial_the_degree_its_memory_needs(ray_local, tmp_path: Path, capsys):
     """Patch 4 fits one worker, patch 2 (8x the tokens, the math kernel's score matrices 64x) needs two."""
     from distmis.spec.load import network_input
