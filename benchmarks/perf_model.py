@@ -23,8 +23,13 @@ one measured step of forward, backward, gradient sync and Adam. Measured, per ra
 
 Then the seed's Table 2 (seed_table2) for the patch-4 configuration over 4 devices.
 
+With ``--axial PATCHES`` the same ViT with axial attention (``attention: axial``: H, then W, then D per block) runs
+at those patches too, with DSP (dynamic sequence parallelism), Ulysses and allgather-kv at every degree; its rows
+read ``axial dsp``, ``axial ulysses``, ``axial allgather-kv`` in the attention column.
+
     python benchmarks/perf_model.py            # all of it: about 12 minutes on 2 cores
     python benchmarks/perf_model.py --quick    # patches 16 and 8 only: about 4 minutes
+    python benchmarks/perf_model.py --patches 8 --axial 8,4 --kernels math    # the axial rows (and patch 8's)
 """
 
 from __future__ import annotations
@@ -96,7 +101,8 @@ def worker(rank: int, sp: int, port: int, config: dict, out: str) -> None:
     torch.manual_seed(0)
     tile = config["tile"]
     model = ViTSeg(4, 1, tile, patch=config["patch"], layers=config["layers"], embed_dim=config["embed_dim"],
-                   heads=config["heads"], decoder_features=config["decoder_features"])
+                   heads=config["heads"], decoder_features=config["decoder_features"],
+                   attention=config["model_attention"])
     params = sum(p.numel() for p in model.parameters())
     net = (parallelize_vit_seg(model, dist.group.WORLD, attention=config["attention"], decoder=config["decoder"])
            if sp > 1 else model)
@@ -160,19 +166,31 @@ def run(config: dict, sp: int) -> list[dict]:
         return [torch.load(Path(out) / f"rank{r}.pt") for r in range(sp)]
 
 
-def configurations(patches: list[int], kernels: list[str], degrees: list[int]) -> list[tuple]:
-    """(patch, kernel, attention, decoder, SP): every patch, kernel and degree, both attentions (one run at
-    SP=1, where they are the same), the gather decoder; and the no-gather decoder at patch 8, math kernel."""
+def configurations(patches: list[int], kernels: list[str], degrees: list[int],
+                   axial: list[int] = ()) -> list[tuple]:
+    """(model attention, patch, kernel, attention, decoder, SP): every patch, kernel and degree, both attentions
+    (one run at SP=1, where they are the same), the gather decoder; the no-gather decoder at patch 8, math
+    kernel; and the axial model at the ``axial`` patches with DSP, Ulysses and allgather-kv."""
     rows = []
     for patch in patches:
         for kernel in kernels:
             for sp in degrees:
                 for attention in ("allgather-kv", "ulysses") if sp > 1 else ("allgather-kv",):
-                    rows.append((patch, kernel, attention, "gather", sp))
+                    rows.append(("full", patch, kernel, attention, "gather", sp))
             if patch == 8 and kernel == "math":
-                rows += [(8, "math", attention, "no-gather", sp) for sp in degrees if sp > 1
+                rows += [("full", 8, "math", attention, "no-gather", sp) for sp in degrees if sp > 1
                          for attention in ("allgather-kv", "ulysses")]
+    for patch in axial:
+        for kernel in kernels:
+            for sp in degrees:
+                for attention in ("dsp", "ulysses", "allgather-kv") if sp > 1 else ("dsp",):
+                    rows.append(("axial", patch, kernel, attention, "gather", sp))
     return rows
+
+
+def label(model_attention: str, attention: str) -> str:
+    """The attention column: the SP strategy, prefixed ``axial`` for the axial model."""
+    return attention if model_attention == "full" else f"axial {attention}"
 
 
 def pct(predicted: float, measured: float) -> str:
@@ -186,11 +204,13 @@ def main() -> None:
     parser.add_argument("--kernels", default="math,flash")
     parser.add_argument("--degrees", default="1,2,4")
     parser.add_argument("--no-tensors", action="store_true", help="skip the profiled step (the tensor peaks)")
+    parser.add_argument("--axial", default="", help="patches of the axial-attention model to run too, e.g. 8,4")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per configuration")
     args = parser.parse_args()
-    patches = [16, 8] if args.quick else [int(p) for p in args.patches.split(",")]
+    patches = [16, 8] if args.quick else [int(p) for p in args.patches.split(",") if p]
     kernels = args.kernels.split(",")
     degrees = [int(d) for d in args.degrees.split(",")]
+    axial = [int(p) for p in args.axial.split(",") if p]
     tile, layers, embed, heads, features = 96, 2, 96, 4, 16
     start = time.perf_counter()
     print(f"tile {tile}^3, ViT L={layers} E={embed} A={heads}, decoder {features} features, batch 1, "
@@ -203,18 +223,18 @@ def main() -> None:
         if abs(error) >= abs(worst.get(key, 0.0)):
             worst[key] = error
 
-    for patch, kernel, attention, decoder, sp in configurations(patches, kernels, degrees):
+    for model_attention, patch, kernel, attention, decoder, sp in configurations(patches, kernels, degrees, axial):
         config = {"tile": tile, "patch": patch, "layers": layers, "embed_dim": embed, "heads": heads,
                   "decoder_features": features, "kernel": kernel, "attention": attention, "decoder": decoder,
-                  "tensors": not args.no_tensors, "flops": kernel == "math" and patch >= 8,
-                  "timeout": args.timeout}
+                  "model_attention": model_attention, "tensors": not args.no_tensors,
+                  "flops": kernel == "math" and (patch >= 8 or model_attention == "axial"), "timeout": args.timeout}
         t0 = time.perf_counter()
-        results[(patch, kernel, attention, decoder, sp)] = run(config, sp)
-        print(f"  ran patch {patch} {kernel} {attention} {decoder} SP={sp} in {time.perf_counter() - t0:.0f} s",
-              file=sys.stderr, flush=True)
+        results[(model_attention, patch, kernel, attention, decoder, sp)] = run(config, sp)
+        print(f"  ran {model_attention} patch {patch} {kernel} {attention} {decoder} SP={sp} in "
+              f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
 
-    def shape_of(patch: int) -> ViTShape:
-        return ViTShape((tile,) * 3, patch, layers, embed, heads, 4.0, features, 4, 1)
+    def shape_of(patch: int, model_attention: str = "full") -> ViTShape:
+        return ViTShape((tile,) * 3, patch, layers, embed, heads, 4.0, features, 4, 1, model_attention)
 
     def layout_of(attention: str, decoder: str, sp: int) -> SequenceLayout:
         return SequenceLayout(sp=sp, attention=attention, decoder=decoder)  # type: ignore[arg-type]
@@ -223,13 +243,13 @@ def main() -> None:
     print("FLOPs per rank and step (FlopCounterMode inside every rank, math kernel) against vit_flops().matmul:\n")
     print("| patch | decoder | attention | SP | measured GFLOP (rank 0) | predicted GFLOP | error, worst rank |")
     print("|---|---|---|---|---|---|---|")
-    for (patch, kernel, attention, decoder, sp), ranks in results.items():
+    for (model_attention, patch, kernel, attention, decoder, sp), ranks in results.items():
         if "flops" not in ranks[0]:
             continue
-        predicted = vit_flops(shape_of(patch), layout_of(attention, decoder, sp)).matmul
+        predicted = vit_flops(shape_of(patch, model_attention), layout_of(attention, decoder, sp)).matmul
         farthest = max((r["flops"] for r in ranks), key=lambda f: abs(f / predicted - 1))
         note("FLOPs", predicted / farthest - 1)
-        print(f"| {patch} | {decoder} | {attention} | {sp} | {ranks[0]['flops'] / 1e9:.3f} | "
+        print(f"| {patch} | {decoder} | {label(model_attention, attention)} | {sp} | {ranks[0]['flops'] / 1e9:.3f} | "
               f"{predicted / 1e9:.3f} | {pct(predicted, farthest)} |")
 
     # ---- bytes
@@ -237,15 +257,16 @@ def main() -> None:
           "communication_bytes(cost=\"gloo\") and the ring cost:\n")
     print("| patch | kernel | decoder | attention | SP | sent MiB | gloo MiB | gloo error | ring MiB | sent / ring |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for (patch, kernel, attention, decoder, sp), ranks in results.items():
+    for (model_attention, patch, kernel, attention, decoder, sp), ranks in results.items():
         if sp == 1:
             continue
         sent = ranks[0]["tx"] / sp
-        shape, layout = shape_of(patch), layout_of(attention, decoder, sp)
+        shape, layout = shape_of(patch, model_attention), layout_of(attention, decoder, sp)
         gloo = communication_bytes(shape, layout, cost="gloo").total
         ring = communication_bytes(shape, layout, cost="ring").total
-        note(f"bytes, {attention} (gloo cost)", gloo / sent - 1)
-        print(f"| {patch} | {kernel} | {decoder} | {attention} | {sp} | {sent / MIB:.2f} | {gloo / MIB:.2f} | "
+        note(f"bytes, {label(model_attention, attention)} (gloo cost)", gloo / sent - 1)
+        print(f"| {patch} | {kernel} | {decoder} | {label(model_attention, attention)} | {sp} | {sent / MIB:.2f} | "
+              f"{gloo / MIB:.2f} | "
               f"{pct(gloo, sent)} | {ring / MIB:.2f} | {sent / ring:.2f} |")
 
     # ---- memory
@@ -255,22 +276,23 @@ def main() -> None:
     print("| patch | kernel | decoder | attention | SP | measured | predicted | error | profiler tensors | "
           "model tensors | error | predicted peak moment |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for (patch, kernel, attention, decoder, sp), ranks in results.items():
-        memory = vit_memory(shape_of(patch), layout_of(attention, decoder, sp),
+    for (model_attention, patch, kernel, attention, decoder, sp), ranks in results.items():
+        memory = vit_memory(shape_of(patch, model_attention), layout_of(attention, decoder, sp),
                             kernel="math" if kernel == "math" else "fused", threads=ranks[0]["threads"])
         measured = max(r["peak"] for r in ranks)
         model_tensors = memory.tensors - memory.parameters
         tensors = ranks[0].get("tensors")
-        note(f"memory, patch {patch}, {kernel}, {decoder}", memory.step / measured - 1)
+        axial_note = "axial, " if model_attention == "axial" else ""
+        note(f"memory, {axial_note}patch {patch}, {kernel}, {decoder}", memory.step / measured - 1)
         if tensors:
-            note(f"tensors, patch {patch}", model_tensors / tensors - 1)
+            note(f"tensors, {axial_note}patch {patch}", model_tensors / tensors - 1)
         profiled = (f"{tensors / MIB:.0f} | {model_tensors / MIB:.0f} | {pct(model_tensors, tensors)}"
                     if tensors else f"- | {model_tensors / MIB:.0f} | -")
-        print(f"| {patch} | {kernel} | {decoder} | {attention} | {sp} | {measured / MIB:.0f} | "
+        print(f"| {patch} | {kernel} | {decoder} | {label(model_attention, attention)} | {sp} | {measured / MIB:.0f} | "
               f"{memory.step / MIB:.0f} | {pct(memory.step, measured)} | {profiled} | {memory.moment} |")
 
     # ---- step time
-    reference = (4, "flash", "allgather-kv", "gather", 1)
+    reference = ("full", 4, "flash", "allgather-kv", "gather", 1)
     if reference in results:
         rate = vit_flops(shape_of(4)).matmul / results[reference][0]["seconds"]
         print(f"\nStep time (rank 0's measured step) against the FLOPs of all SP ranks over one rate, "
@@ -279,10 +301,10 @@ def main() -> None:
         print("| patch | kernel | decoder | attention | SP | GFLOP, all ranks | predicted s | measured s | "
               "predicted / measured |")
         print("|---|---|---|---|---|---|---|---|---|")
-        for (patch, kernel, attention, decoder, sp), ranks in results.items():
-            total = sp * vit_flops(shape_of(patch), layout_of(attention, decoder, sp)).matmul
+        for (model_attention, patch, kernel, attention, decoder, sp), ranks in results.items():
+            total = sp * vit_flops(shape_of(patch, model_attention), layout_of(attention, decoder, sp)).matmul
             seconds = ranks[0]["seconds"]
-            print(f"| {patch} | {kernel} | {decoder} | {attention} | {sp} | {total / 1e9:.1f} | "
+            print(f"| {patch} | {kernel} | {decoder} | {label(model_attention, attention)} | {sp} | {total / 1e9:.1f} | "
                   f"{total / rate:.2f} | {seconds:.2f} | {total / rate / seconds:.2f} |")
         seconds = results[reference][0]["seconds"]
         print(f"\nThe seed's figure of merit (eq. 27) of the reference step: "

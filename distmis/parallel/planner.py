@@ -3,7 +3,7 @@
 For ``ranks`` devices of ``memory_per_rank`` bytes, ``device_flops`` FLOP/s and ``bandwidth`` bytes/s between
 ranks, every layout of a spec's model is predicted: each patch size the spec or its search space holds, each
 sequence-parallel degree that divides the ranks (the rest data-parallel), each attention strategy the token grid
-and heads allow (:func:`distmis.spec.partition.check_sequence_parallel`). A layout's step time is its FLOPs over
+and heads allow (``dsp`` too, for an axial model) (:func:`distmis.spec.partition.check_sequence_parallel`). A layout's step time is its FLOPs over
 the device's rate plus its bytes over the bandwidth (no overlap: an upper bound), its figure of merit the seed's
 ``b_s L s^2 d / T`` per rank, and it fits when its predicted peak is within the memory less what the process
 itself reserves (:attr:`Machine.reserved`). Pure arithmetic: no torch.
@@ -106,11 +106,13 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
             continue
         shape = ViTShape.of(params.model_copy(update={"patch": patch}), tile, in_channels=spec.dataset.in_channels,
                             num_classes=spec.dataset.num_classes)
+        strategies = ("allgather-kv", "ulysses") + (("dsp",) if params.attention == "axial" else ())
         for sp in (d for d in range(1, machine.ranks + 1) if machine.ranks % d == 0):
-            for attention in ("allgather-kv", "ulysses") if sp > 1 else ("allgather-kv",):
+            for attention in strategies if sp > 1 else ("allgather-kv",):
                 try:
                     check_sequence_parallel(shape.grid, params.heads, sp, attention=attention,
-                                            decoder=sp_spec.decoder, split=sp_spec.split)
+                                            decoder=sp_spec.decoder, split=sp_spec.split,
+                                            model_attention=params.attention)
                 except ValueError:
                     continue  # tokens, heads or the split do not suit this degree
                 layout = SequenceLayout(sp=sp, attention=attention, decoder=sp_spec.decoder)  # type: ignore[arg-type]

@@ -21,6 +21,12 @@ and the backward as about twice the forward. This module counts what the real mo
   attention scores of ``s/SP`` queries against all ``s`` keys (``allgather-kv``) or of all ``s`` queries for
   ``heads/SP`` heads (``ulysses``): the same ``2 s^2 d / SP`` multiply-accumulates either way.
 
+Axial attention (``ViTShape.attention == "axial"``, the DSP seed's multi-dimensional transformer): a block has three
+attention stages (H, W, D), each with its own QKV and projection, so ``3 x 4 s d^2`` projection multiply-accumulates
+per block instead of ``4 s d^2``, and each token's scores run over the ``g_axis`` tokens of its line along each axis:
+``2 s (gh + gw + gd) d`` for ``Q K^T`` and ``(softmax) V`` together, against full attention's ``2 s^2 d``. Every
+strategy (``allgather-kv``, ``ulysses``, ``dsp``) computes ``1/SP`` of that per rank.
+
 Softmax, norms, activations, residual additions and upsampling are elementwise and not counted in
 :attr:`FlopCount.matmul` (nor by ``FlopCounterMode``); the softmax's ``s^2`` per head is reported apart as
 :attr:`FlopCount.softmax`. On CPU, ``FlopCounterMode`` does not count torch's fused attention kernel
@@ -33,14 +39,17 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
+from distmis.spec.partition import dsp_schedule, partition_tokens
+
 __all__ = [
     "ViTShape", "SequenceLayout", "FlopCount", "CommBytes", "MemoryEstimate", "vit_flops", "vit_parameters",
     "communication_bytes", "vit_memory", "seed_block_macs", "figure_of_merit", "seed_table2",
     "onednn_convolution", "process_overhead", "PROCESS_OVERHEAD",
 ]
 
-AttentionKind = Literal["allgather-kv", "ulysses"]
+AttentionKind = Literal["allgather-kv", "ulysses", "dsp"]
 DecoderKind = Literal["gather", "no-gather"]
+ModelAttention = Literal["full", "axial"]
 
 
 @dataclass(frozen=True)
@@ -56,8 +65,11 @@ class ViTShape:
     decoder_features: int = 128
     in_channels: int = 4
     num_classes: int = 3
+    attention: ModelAttention = "full"
 
     def __post_init__(self) -> None:
+        if self.attention not in ("full", "axial"):
+            raise ValueError(f"attention must be 'full' or 'axial', got {self.attention!r}")
         if len(self.tile) != 3 or any(t % self.patch for t in self.tile):
             raise ValueError(f"tile {list(self.tile)} must be 3 sizes that divide by the patch {self.patch}")
         if self.patch < 1 or self.patch & (self.patch - 1):
@@ -71,7 +83,7 @@ class ViTShape:
         return cls(tile=tuple(int(t) for t in tile), patch=params.patch, layers=params.layers,  # type: ignore[attr-defined]
                    embed_dim=params.embed_dim, heads=params.heads, mlp_ratio=params.mlp_ratio,  # type: ignore[attr-defined]
                    decoder_features=params.decoder_features, in_channels=in_channels,  # type: ignore[attr-defined]
-                   num_classes=num_classes)
+                   num_classes=num_classes, attention=getattr(params, "attention", "full"))
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -81,6 +93,16 @@ class ViTShape:
     def tokens(self) -> int:
         """``s = HWD / p^3``."""
         return math.prod(self.grid)
+
+    @property
+    def stages(self) -> int:
+        """Attention stages per block: 1 (full) or 3 (axial: H, W, D)."""
+        return 3 if self.attention == "axial" else 1
+
+    @property
+    def keys_per_query(self) -> int:
+        """Keys each query scores in one block: ``s`` (full) or ``gh + gw + gd`` (axial, summed over its stages)."""
+        return sum(self.grid) if self.attention == "axial" else self.tokens
 
     @property
     def hidden(self) -> int:
@@ -105,6 +127,8 @@ class SequenceLayout:
     def __post_init__(self) -> None:
         if self.sp < 1:
             raise ValueError(f"sp must be >= 1, got {self.sp}")
+        if self.attention not in ("allgather-kv", "ulysses", "dsp"):
+            raise ValueError(f"attention must be 'allgather-kv', 'ulysses' or 'dsp', got {self.attention!r}")
 
 
 @dataclass(frozen=True)
@@ -137,12 +161,13 @@ def vit_flops(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), batch:
     if s % sp:
         raise ValueError(f"the {s} tokens of tile {list(shape.tile)} at patch {shape.patch} do not divide by SP={sp}")
     local = s // sp
+    keys = shape.keys_per_query
     embed = 2.0 * local * d * shape.in_channels * shape.patch**3
-    projections = 2.0 * local * d * (3 * d + d + 2 * shape.hidden)  # QKV, output projection, MLP
-    attention = 2.0 * 2 * local * s * d  # Q K^T and (softmax) V: s/SP queries (or heads/SP heads) x s keys
+    projections = 2.0 * local * d * (shape.stages * (3 * d + d) + 2 * shape.hidden)  # QKV, output projection, MLP
+    attention = 2.0 * 2 * local * keys * d  # Q K^T and (softmax) V: s/SP queries (or heads/SP heads) x their keys
     decoder = _decoder_flops(shape) / (sp if layout.decoder == "no-gather" else 1)
     return FlopCount(embed_forward=batch * embed, encoder_forward=batch * shape.layers * (projections + attention),
-                     decoder_forward=batch * decoder, softmax=batch * shape.layers * shape.heads * local * s)
+                     decoder_forward=batch * decoder, softmax=batch * shape.layers * shape.heads * local * keys)
 
 
 def _decoder_flops(shape: ViTShape) -> float:
@@ -159,7 +184,8 @@ def vit_parameters(shape: ViTShape, *, learned_positions: bool = True) -> int:
     """Trainable parameters of the model (``psi``): the seed's ``12 L d^2`` plus biases, norms, the patch
     embedding, the position table and the decoder."""
     d, h = shape.embed_dim, shape.hidden
-    block = (3 * d * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d) + 2 * 2 * d  # QKV, proj, MLP, 2 norms
+    attention = (3 * d * d + 3 * d) + (d * d + d) + 2 * d  # QKV, projection, the stage's norm
+    block = shape.stages * attention + (d * h + h) + (h * d + d) + 2 * d  # MLP and its norm
     embed = d * shape.in_channels * shape.patch**3 + d + (shape.tokens * d if learned_positions else 0)
     channels = shape.decoder_channels
     decoder = sum(27 * a * b + b + 2 * b for a, b in zip(channels[:-1], channels[1:]))  # conv, bias, norm affine
@@ -182,6 +208,7 @@ class CommBytes:
     """Bytes one rank sends in one training step, by collective."""
 
     attention: float  # allgather-kv: K, V all-gathered, their gradients reduce-scattered; ulysses: 8 all-to-alls
+    # per stage; dsp: the switches' all-to-alls of the stream, forward and backward
     decoder_gather: float  # the encoder's output all-gathered for a `gather` decoder
     sp_gradients: float  # the encoder's partial gradients summed over the SP group (an all-reduce)
     dp_gradients: float  # the data-parallel gradient all-reduce
@@ -204,6 +231,13 @@ def communication_bytes(shape: ViTShape, layout: SequenceLayout = SequenceLayout
     - ``gather`` decoder input: ``(k-1) Td``; the SP gradient sum ``2 (k-1)/k P``; DP's all-reduce
       ``2 (dp-1)/dp P``.
 
+    An axial model has three attention stages per block: ``allgather-kv`` and ``ulysses`` pay the above per stage
+    (three times a full block's). ``dsp`` sends nothing inside attention; each switch of its schedule
+    (:func:`~distmis.spec.partition.dsp_schedule`: ``ceil(3L/2) - 1`` switches when all three grid axes divide
+    by ``k``) is one all-to-all of the stream forward and one backward, ``2 (k-1)/k Td`` in all. The DSP seed's
+    Table 1 counts per block of one attention: DSP ``2M/N`` (one switch, forward and backward) against Ulysses'
+    ``8M/N``, with ``M = s d`` the activation and ``N = k``; the schedule here needs one switch per two stages.
+
     ``cost="gloo"`` counts gloo's reduce-scatter as what it measurably sends, an all-reduce's volume
     (``benchmarks/README.md``, section ``sp_scaling.py``): ``allgather-kv``'s backward then sends
     ``(k-1) 4Td`` per layer.
@@ -215,14 +249,19 @@ def communication_bytes(shape: ViTShape, layout: SequenceLayout = SequenceLayout
     k = layout.sp
     t = batch * shape.tokens / k  # tokens (times samples) per rank
     d = shape.embed_dim
-    if layout.attention == "allgather-kv":
+    if layout.attention == "dsp":
+        if shape.attention != "axial":
+            raise ValueError("attention 'dsp' needs an axial model (ViTShape.attention 'axial')")
+        switches = dsp_schedule(shape.grid, k, shape.layers).switches if k > 1 else 0
+        attention = switches * 2.0 * (k - 1) / k * t * d
+    elif layout.attention == "allgather-kv":
         backward = (2.0 if cost == "gloo" else 1.0) * (k - 1) * 2 * t * d
-        per_layer = (k - 1) * 2 * t * d + backward
+        attention = shape.layers * shape.stages * ((k - 1) * 2 * t * d + backward)
     else:
-        per_layer = 8.0 * (k - 1) / k * t * d
+        attention = shape.layers * shape.stages * 8.0 * (k - 1) / k * t * d
     params = vit_parameters(shape)
     gather = (k - 1) * t * d if layout.decoder == "gather" else 0.0
-    return CommBytes(attention=bytes_per_value * shape.layers * per_layer, decoder_gather=bytes_per_value * gather,
+    return CommBytes(attention=bytes_per_value * attention, decoder_gather=bytes_per_value * gather,
                      sp_gradients=bytes_per_value * 2.0 * (k - 1) / k * params,
                      dp_gradients=bytes_per_value * 2.0 * (dp - 1) / dp * params)
 
@@ -337,6 +376,13 @@ def vit_memory(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), *, ba
     (math: -12.3% to +5.2%; fused: -11.2% to +14.4%), within 18% at patch 16, and -5% to +25% under
     ``no-gather`` at patch 8. The resident peak itself moves by up to 15% between two runs of a configuration
     (the heap's retention), which bounds what a model of it can do.
+
+    Axial models (:meth:`_StepMemory.axial_blocks_forward`) against the same benchmark (``--axial 8,4``, 2026-11-24,
+    an AVX-512 machine): the tensors are within 2% of the profiler's at SP=2 and 4 for DSP and allgather-kv, and
+    within 4% for Ulysses but at patch 4, SP=2 (-9%); at SP=1 the profiler sees 46-51 MiB more, the decoder's
+    oneDNN buffers with two threads on AVX-512 (channels padded to 16, not AVX2's 8), which full attention shows
+    there too. The resident peak is within 15% at patch 8 and 17% below to 15% above at patch 4 but Ulysses at
+    SP=2 (-27% and -36%: its all-to-all buffers stay in glibc's heap).
     """
     if kernel not in ("math", "fused"):
         raise ValueError(f"kernel must be 'math' or 'fused', got {kernel!r}")
@@ -389,43 +435,18 @@ class _StepMemory:
         self.live[part] += self.v * values
 
     def run(self) -> None:
-        shape, layout, b, v = self.shape, self.layout, self.b, self.v
-        k, s, d, h, heads = layout.sp, shape.tokens, shape.embed_dim, shape.hidden, shape.heads
+        shape, layout, b = self.shape, self.layout, self.b
+        k, s, d = layout.sp, shape.tokens, shape.embed_dim
         t = s // k
-        math_kernel = self.kernel == "math"
-        gathered = k > 1 and layout.attention == "allgather-kv"
-        ulysses = k > 1 and layout.attention == "ulysses"
-        td, keys = b * t * d, b * s * d  # a local token tensor; a whole sequence's (the gathered K or V)
-        probs = b * heads * t * s  # one layer's attention probabilities (or scores)
+        td, keys = b * t * d, b * s * d  # a local token tensor; a whole sequence's (the gathered tokens)
 
         # ---- forward: the first block's input (tokens plus positions); the patch embedding's output, which the
         # caller holds until the encoder returns
         self.save(td)
-        embedded = td
-        for layer in range(shape.layers):
-            self.save(td)  # norm1's output
-            qkv = 3 * td
-            if gathered:  # stack K, V; a contiguous copy; the gathered output; gloo's staging of it
-                self.moment("forward: all-gather of K and V", transient=embedded + qkv + 4 * td + 2 * keys,
-                            workspace=2 * keys)
-                self.save(2 * keys)
-            elif ulysses:  # the stacked Q, K, V, its contiguous chunks, the received chunks, their concatenation
-                self.moment("forward: all-to-all of Q, K, V", transient=embedded + qkv + 12 * td)
-            if ulysses:
-                self.save(3 * td)  # the head-split Q, K, V (the projection's output is freed after the block)
-            elif not (gathered and math_kernel):
-                self.save(qkv)  # Q (or V) is a view of the projection's output, which it keeps
-            extra = embedded + (qkv if ulysses or (gathered and math_kernel) else 0.0)
-            if math_kernel:
-                self.save(td + (keys if gathered else td))  # the scaled Q and K (K gathered under allgather-kv)
-                self.moment(f"forward: softmax of layer {layer + 1}", transient=extra + 2 * probs + probs / v)
-                self.save(probs, "scores")
-                self.save(td)  # the output's token-major copy (the projection's input)
-            else:
-                self.save(td + b * heads * t)  # the output (token-major but under Ulysses) and its log-sum-exps
-                if ulysses:
-                    self.save(td)  # the output back in sequence-split, copied token-major
-            self.save((3 * d + 2 * h) * b * t)  # residual, norm2, MLP hidden before and after GELU, residual
+        if shape.attention == "axial":
+            self.axial_blocks_forward()
+        else:
+            self.full_blocks_forward()
 
         # ---- forward: decoder; its input is the final norm's output (or the gathered tokens) seen channels
         # first, which the first convolution copies to make contiguous (its workspace, forward and backward)
@@ -473,8 +494,59 @@ class _StepMemory:
             self.save(-c_in * voxels)  # the convolution's input: the previous upsampled map, or the decoder's
             grad = c_in * voxels
 
-        # ---- backward: blocks, from the last; its MLP part is freed before its attention's backward
+        # ---- backward: blocks, from the last
         self.live["gradients"] = 4.0 * self.params
+        if shape.attention == "axial":
+            self.axial_blocks_backward()
+        else:
+            self.full_blocks_backward()
+
+    # ---------------------------------------------------------------- full attention
+    def full_blocks_forward(self) -> None:
+        shape, layout, b, v = self.shape, self.layout, self.b, self.v
+        k, s, d, h, heads = layout.sp, shape.tokens, shape.embed_dim, shape.hidden, shape.heads
+        t = s // k
+        math_kernel = self.kernel == "math"
+        gathered = k > 1 and layout.attention == "allgather-kv"
+        ulysses = k > 1 and layout.attention == "ulysses"
+        td, keys = b * t * d, b * s * d  # a local token tensor; a whole sequence's (the gathered K or V)
+        probs = b * heads * t * s  # one layer's attention probabilities (or scores)
+        embedded = td
+        for layer in range(shape.layers):
+            self.save(td)  # norm1's output
+            qkv = 3 * td
+            if gathered:  # stack K, V; a contiguous copy; the gathered output; gloo's staging of it
+                self.moment("forward: all-gather of K and V", transient=embedded + qkv + 4 * td + 2 * keys,
+                            workspace=2 * keys)
+                self.save(2 * keys)
+            elif ulysses:  # the stacked Q, K, V, its contiguous chunks, the received chunks, their concatenation
+                self.moment("forward: all-to-all of Q, K, V", transient=embedded + qkv + 12 * td)
+            if ulysses:
+                self.save(3 * td)  # the head-split Q, K, V (the projection's output is freed after the block)
+            elif not (gathered and math_kernel):
+                self.save(qkv)  # Q (or V) is a view of the projection's output, which it keeps
+            extra = embedded + (qkv if ulysses or (gathered and math_kernel) else 0.0)
+            if math_kernel:
+                self.save(td + (keys if gathered else td))  # the scaled Q and K (K gathered under allgather-kv)
+                self.moment(f"forward: softmax of layer {layer + 1}", transient=extra + 2 * probs + probs / v)
+                self.save(probs, "scores")
+                self.save(td)  # the output's token-major copy (the projection's input)
+            else:
+                self.save(td + b * heads * t)  # the output (token-major but under Ulysses) and its log-sum-exps
+                if ulysses:
+                    self.save(td)  # the output back in sequence-split, copied token-major
+            self.save((3 * d + 2 * h) * b * t)  # residual, norm2, MLP hidden before and after GELU, residual
+
+
+    def full_blocks_backward(self) -> None:
+        """The last block's backward: its MLP part is freed before its attention's backward."""
+        shape, layout, b = self.shape, self.layout, self.b
+        k, s, d, h, heads = layout.sp, shape.tokens, shape.embed_dim, shape.hidden, shape.heads
+        t = s // k
+        math_kernel = self.kernel == "math"
+        gathered = k > 1 and layout.attention == "allgather-kv"
+        td, keys = b * t * d, b * s * d
+        probs = b * heads * t * s
         self.save(-((3 * d + 2 * h) * b * t))
         stream = 2 * td  # the gradient flowing back and the one being formed
         if math_kernel:
@@ -485,6 +557,84 @@ class _StepMemory:
             self.moment(f"backward: attention of layer {shape.layers}", transient=stream + 3 * td)
         if gathered:  # the gradient of the gathered K and V, its contiguous copy, the scattered share
             self.moment(f"backward: reduce-scatter of layer {shape.layers}", transient=stream + 2 * td,
+                        workspace=4 * keys)
+
+
+    # ---------------------------------------------------------------- axial attention
+    def axial_blocks_forward(self) -> None:
+        """Per block, three stages (H, W, D) then the MLP, on ``T`` local tokens. A stage saves its input (the
+        norm's), the norm's output, Q, K and V in lines (the core's copies: ``movedim`` then ``reshape``) or,
+        with the math kernel, the scaled Q and K, V and the probabilities ``H T g_axis``, the fused kernel's
+        output and log-sum-exps, the projection's input (a token-major copy): ``7 T d`` fused, ``6 T d`` math,
+        plus the next stage's input. ``dsp``: before a switching stage, the stream, its chunks, the received
+        ones and their concatenation; ``ulysses``: the stacked Q, K, V, the all-to-all's buffers and the
+        head-split copy; ``allgather-kv``: the gathered K and V of the whole grid, gloo's staging of them and
+        the keys of the lines through the rank's box."""
+        shape, layout, b = self.shape, self.layout, self.b
+        k, d, h, heads = layout.sp, shape.embed_dim, shape.hidden, shape.heads
+        t = shape.tokens // k
+        math_kernel = self.kernel == "math"
+        td, keys = b * t * d, b * shape.tokens * d
+        switches = set(dsp_schedule(shape.grid, k, shape.layers).switch_stages) if (
+            k > 1 and layout.attention == "dsp") else set()
+        for layer in range(shape.layers):
+            for axis in range(3):
+                stage = 3 * layer + axis
+                name = f"block {layer + 1}, {'HWD'[axis]} stage"
+                line = shape.grid[axis]
+                probs = b * heads * t * line
+                if stage in switches:  # the stream, its chunks, the received chunks, their concatenation
+                    self.moment(f"forward: DSP switch before {name}", transient=4 * td)
+                self.save(td)  # the norm's output (the stage's input is the previous save)
+                lines_kv = 2 * td
+                if k > 1 and layout.attention == "ulysses":
+                    self.moment(f"forward: all-to-all of Q, K, V at {name}", transient=3 * td + 12 * td)
+                elif k > 1 and layout.attention == "allgather-kv":
+                    lines_kv = 2 * td * self.axial_line_share(axis)
+                    self.moment(f"forward: all-gather of K and V at {name}",
+                                transient=3 * td + 2 * td + 2 * keys + lines_kv, workspace=2 * keys)
+                if math_kernel:
+                    self.save(td + lines_kv)  # the scaled Q and K, and V
+                    self.moment(f"forward: softmax at {name}", transient=3 * td + 2 * probs + probs / self.v)
+                    self.save(probs, "scores")
+                else:
+                    self.moment(f"forward: attention at {name}", transient=3 * td + td)
+                    self.save(td + lines_kv + td + b * heads * t)  # Q, K, V lines; the output; log-sum-exps
+                self.save(td)  # the projection's input, token-major
+                self.save(td)  # the residual sum: the next stage's input
+            self.save((d + 2 * h) * b * t + td)  # the MLP's norm output, hidden before and after GELU; residual
+
+    def axial_line_share(self, axis: int) -> float:
+        """allgather-kv on an axial stage: the keys of the lines through a rank's box, in local-token units
+        (the box's extent along ``axis`` is ``1/share`` of the line). The layout does not say the split: the
+        ordered one when its shares are boxes, else the spatial one (what the spec allows an axial model)."""
+        layout, shape = self.layout, self.shape
+        shares = partition_tokens(shape.grid, layout.sp, "ordered")
+        if any(share.box is None for share in shares):
+            shares = partition_tokens(shape.grid, layout.sp, "spatial")
+        box = shares[0].box
+        assert box is not None
+        return shape.grid[axis] / (box[axis][1] - box[axis][0])
+
+    def axial_blocks_backward(self) -> None:
+        """The last block's backward: its MLP part is freed, then its D stage's attention: the gradients of
+        the stream, of Q, K and V in lines and in the projection's layout (and the collectives' buffers)."""
+        shape, layout, b = self.shape, self.layout, self.b
+        k, d, h, heads = layout.sp, shape.embed_dim, shape.hidden, shape.heads
+        t = shape.tokens // k
+        td, keys = b * t * d, b * shape.tokens * d
+        self.save(-((d + 2 * h) * b * t + td))
+        stream = 2 * td
+        name = f"backward: attention at block {shape.layers}, D stage"
+        if self.kernel == "math":
+            probs = b * heads * t * shape.grid[2]
+            self.moment(name, transient=stream + 6 * td + 2 * probs)
+        else:
+            self.moment(name, transient=stream + 6 * td)
+        if k > 1 and layout.attention == "ulysses":
+            self.moment(f"backward: all-to-alls at block {shape.layers}, D stage", transient=stream + 15 * td)
+        elif k > 1 and layout.attention == "allgather-kv":
+            self.moment(f"backward: reduce-scatter at block {shape.layers}, D stage", transient=stream + 2 * td,
                         workspace=4 * keys)
 
 

@@ -45,3 +45,19 @@ def test_plan_command_prints_the_table_draws_the_plot_and_exits_2_when_nothing_f
                  "--set", "model.params.patch=4", "--set", "search.space={}"])
     assert code == 2 and "nothing fits" in capsys.readouterr().out
     assert main(["plan", str(Path(__file__).parents[2] / "search_spaces" / "quickstart.yaml")]) == 2
+
+
+def test_an_axial_model_is_planned_with_dsp_too():
+    """On the axial model, DSP joins the strategies; it computes what Ulysses does and sends far less."""
+    from distmis.spec import apply_config
+
+    spec = apply_config(load_spec(SPEC), {"model.params.attention": "axial"})
+    rows = plan_layouts(spec, Machine(ranks=4, memory_per_rank=6e9))
+    by_layout = {(r.patch, r.sp, r.attention): r for r in rows}
+    assert (4, 4, "dsp") in by_layout and (4, 2, "dsp") in by_layout and (4, 1, "dsp") not in by_layout
+    dsp, ulysses = by_layout[(4, 4, "dsp")], by_layout[(4, 4, "ulysses")]
+    assert dsp.flops.matmul == ulysses.flops.matmul
+    assert dsp.comm.attention * 8 <= ulysses.comm.attention and dsp.step_seconds < ulysses.step_seconds
+    # axial attention's scores are s (gh + gw + gd), not s^2: patch 4 on 96^3 fits one rank
+    assert by_layout[(4, 1, "allgather-kv")].fits
+    assert not any(r.attention == "dsp" for r in plan_layouts(load_spec(SPEC), Machine(4, 6e9)))

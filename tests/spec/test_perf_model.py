@@ -17,24 +17,27 @@ SHAPES = [  # (tile, patch, layers, embed_dim, heads, mlp_ratio, decoder_feature
 ]
 
 
-def build(tile, patch, layers, embed_dim, heads, mlp_ratio, decoder_features) -> tuple[ViTSeg, ViTShape]:
+def build(tile, patch, layers, embed_dim, heads, mlp_ratio, decoder_features,
+          attention: str = "full") -> tuple[ViTSeg, ViTShape]:
     torch.manual_seed(0)
     model = ViTSeg(4, 3, tile, patch=patch, layers=layers, embed_dim=embed_dim, heads=heads, mlp_ratio=mlp_ratio,
-                   decoder_features=decoder_features)
-    return model, ViTShape(tile, patch, layers, embed_dim, heads, mlp_ratio, decoder_features, 4, 3)
+                   decoder_features=decoder_features, attention=attention)
+    return model, ViTShape(tile, patch, layers, embed_dim, heads, mlp_ratio, decoder_features, 4, 3, attention)
 
 
+@pytest.mark.parametrize("attention", ["full", "axial"])
 @pytest.mark.parametrize("config", SHAPES)
-def test_parameters_are_the_models(config):
-    model, shape = build(*config)
+def test_parameters_are_the_models(config, attention):
+    model, shape = build(*config, attention)
     assert vit_parameters(shape) == sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+@pytest.mark.parametrize("attention", ["full", "axial"])
 @pytest.mark.parametrize("config", SHAPES)
 @pytest.mark.parametrize("batch", [1, 2])
-def test_flops_are_what_flop_counter_mode_counts(config, batch):
+def test_flops_are_what_flop_counter_mode_counts(config, batch, attention):
     """Forward, and forward plus backward, equal the counter's (the math attention kernel, which it counts)."""
-    model, shape = build(*config)
+    model, shape = build(*config, attention)
     x = torch.randn(batch, 4, *shape.tile)
     predicted = vit_flops(shape, batch=batch)
     with sdpa_kernel(SDPBackend.MATH):
@@ -185,14 +188,15 @@ def test_slow_conv3d_unfolds_27_input_channels_per_voxel():
     assert max(forward) == max(backward) == 27 * 4 * 16**3 * 4
 
 
+@pytest.mark.parametrize("attention", ["full", "axial"])
 @pytest.mark.parametrize("kernel", ["math", "fused"])
 @pytest.mark.parametrize("config", SHAPES)
-def test_the_saved_activations_are_what_autograd_saves(config, kernel):
+def test_the_saved_activations_are_what_autograd_saves(config, kernel, attention):
     """At the forward's end: every tensor autograd saved (its storages, less the parameters, input and target),
-    and, with the math kernel, every layer's (s x s) attention probabilities exactly."""
+    and, with the math kernel, every layer's (s x s) attention probabilities exactly (full attention)."""
     from distmis.spec.perf_model import vit_memory
 
-    model, shape = build(*config)
+    model, shape = build(*config, attention)
     x, y = torch.randn(1, 4, *shape.tile), torch.rand(1, 3, *shape.tile)
     given = {t.untyped_storage().data_ptr() for t in [x, y, *model.parameters()]}
     storages, probabilities = {}, {}
@@ -210,19 +214,24 @@ def test_the_saved_activations_are_what_autograd_saves(config, kernel):
         torch.nn.functional.binary_cross_entropy_with_logits(model(x), y)
     predicted = vit_memory(shape, kernel=kernel)
     scores = shape.layers * shape.heads * shape.tokens**2 * 4
-    assert sum(probabilities.values()) == (scores if kernel == "math" else 0)
+    if attention == "full":
+        assert sum(probabilities.values()) == (scores if kernel == "math" else 0)
+    else:  # s (gh + gw + gd) per head and block
+        assert predicted.scores == (shape.layers * shape.heads * shape.tokens * sum(shape.grid) * 4
+                                    if kernel == "math" else 0)
     # the norms' means and deviations (two values a token or a channel) are not counted
     assert predicted.saved == pytest.approx(sum(storages.values()), rel=0.02)
 
 
+@pytest.mark.parametrize("attention", ["full", "axial"])
 @pytest.mark.parametrize("kernel", ["math", "fused"])
 @pytest.mark.parametrize("config", SHAPES + [((48, 48, 48), 8, 2, 32, 4, 4.0, 16)])
-def test_the_tensor_peak_of_two_steps_is_the_profilers(config, kernel):
+def test_the_tensor_peak_of_two_steps_is_the_profilers(config, kernel, attention):
     """The largest sum of live tensors over two Adam steps (what the profiler records), one thread: the peak's
     moment (a softmax's backward, a decoder convolution's columns) and its size."""
     from distmis.spec.perf_model import vit_memory
 
-    model, shape = build(*config)
+    model, shape = build(*config, attention)
     optimizer = torch.optim.Adam(model.parameters())
     x, y = torch.randn(1, 4, *shape.tile), torch.rand(1, 3, *shape.tile)
 
