@@ -381,8 +381,9 @@ def vit_memory(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), *, ba
     an AVX-512 machine): the tensors are within 2% of the profiler's at SP=2 and 4 for DSP and allgather-kv, and
     within 4% for Ulysses but at patch 4, SP=2 (-9%); at SP=1 the profiler sees 46-51 MiB more, the decoder's
     oneDNN buffers with two threads on AVX-512 (channels padded to 16, not AVX2's 8), which full attention shows
-    there too. The resident peak is within 15% at patch 8 and 17% below to 15% above at patch 4 but Ulysses at
-    SP=2 (-27% and -36%: its all-to-all buffers stay in glibc's heap).
+    there too. The resident peak is within -6.4% to +5.9% at patch 8; at patch 4 the model is under it by up to
+    28% (and 36% for Ulysses at SP=2, whose all-to-all buffers stay in glibc's heap), over it by up to 15% (DSP,
+    SP=4): more of the freed heap stays resident than :data:`HEAP_RETENTION` allows.
     """
     if kernel not in ("math", "fused"):
         raise ValueError(f"kernel must be 'math' or 'fused', got {kernel!r}")
