@@ -42,3 +42,19 @@ def test_the_combinations_are_the_searched_shape_values():
                                              "training.optimizer.lr": {"grid": [1e-4, 1e-3]}}})
     configs = memory_configs(spec)  # the learning rate does not change the memory
     assert configs == [{"model.params.patch": p, "model.params.layers": n} for p in (16, 8) for n in (1, 2)]
+
+
+def test_degree_auto_on_an_axial_model_with_dsp():
+    """Axial attention holds s (gh + gw + gd) scores, not s^2: patch 4 fits one worker, and patch 2 (110,592
+    tokens, about 3 GB of activations on one worker) is sized like any other; DSP is tried only at degrees
+    that divide two grid axes."""
+    spec = apply_config(load_spec(SPEC), {"model.params.attention": "axial",
+                                          "parallelism.sequence_parallel.attention": "dsp"})
+    assert choose(spec, {"model.params.patch": 4}).degree == 1
+    patch2 = choose(spec, {"model.params.patch": 2, "parallelism.sequence_parallel.memory_per_worker": "2GB"})
+    assert set(patch2.peaks) == {1, 2, 3, 4}  # a 48^3 grid: every degree up to 4 divides its three axes
+    assert patch2.degree is not None and patch2.degree > 1
+    assert patch2.peaks[patch2.degree] <= patch2.usable < patch2.peaks[patch2.degree - 1]
+    odd = choose(spec, {"model.params.patch": 2, "training.tile": [96, 80, 80],
+                        "parallelism.sequence_parallel.memory_per_worker": "64GB"})
+    assert set(odd.peaks) == {1, 2, 4} and odd.degree == 1  # 48 x 40 x 40: degree 3 divides one axis only
