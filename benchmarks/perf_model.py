@@ -304,7 +304,8 @@ def main() -> None:
         for (model_attention, patch, kernel, attention, decoder, sp), ranks in results.items():
             total = sp * vit_flops(shape_of(patch, model_attention), layout_of(attention, decoder, sp)).matmul
             seconds = ranks[0]["seconds"]
-            print(f"| {patch} | {kernel} | {decoder} | {label(model_attention, attention)} | {sp} | {total / 1e9:.1f} | "
+            print(f"| {patch} | {kernel} | {decoder} | {label(model_attention, attention)} | {sp} | "
+                  f"{total / 1e9:.1f} | "
                   f"{total / rate:.2f} | {seconds:.2f} | {total / rate / seconds:.2f} |")
         seconds = results[reference][0]["seconds"]
         print(f"\nThe seed's figure of merit (eq. 27) of the reference step: "
