@@ -112,19 +112,15 @@ class AllToAll(torch.autograd.Function):
         return _all_to_all(grad, ctx.gather_dim, ctx.scatter_dim, ctx.group), None, None, None
 
 
-class SwitchSplitForwardSwitchBackBackward(torch.autograd.Function):
+class SwitchSplitForwardSwitchBackBackward(AllToAll):
     """Forward: a tensor whose ranks hold equal chunks along ``from_dim`` (whole along ``to_dim``) comes out whole
     along ``from_dim`` and chunked along ``to_dim`` (rank ``r`` the ``r``-th chunk), in one all-to-all of
-    ``(SP-1)/SP`` of the local tensor. Backward: the gradient's split goes from ``to_dim`` back to ``from_dim``."""
+    ``(SP-1)/SP`` of the local tensor. Backward: the gradient's split goes from ``to_dim`` back to ``from_dim``
+    (:class:`AllToAll`'s inverse, with ``to_dim`` scattered and ``from_dim`` gathered)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, from_dim: int, to_dim: int, group: Any) -> torch.Tensor:
-        ctx.from_dim, ctx.to_dim, ctx.group = from_dim, to_dim, group
-        return _all_to_all(x, to_dim, from_dim, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        return _all_to_all(grad, ctx.from_dim, ctx.to_dim, ctx.group), None, None, None
+        return AllToAll.forward(ctx, x, to_dim, from_dim, group)
 
 
 def all_gather_reduce_scatter_grad(x: torch.Tensor, dim: int, group: Any = None) -> torch.Tensor:

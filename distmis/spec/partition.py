@@ -253,21 +253,20 @@ def check_sequence_parallel(
         return schedule.shares(schedule.first)
     shares = partition_tokens(grid, degree, split)
     if model_attention == "axial":
-        for rank, share in enumerate(shares):
-            if share.box is None:
-                raise ValueError(
-                    f"axial attention attends along the lines of the patch grid, so every rank's tokens must form "
-                    f"a box, but split {split!r} with degree {degree} gives rank {rank} a chunk of the patch grid "
-                    f"{tuple(grid)} that is not one; use split 'spatial', a degree that divides the grid's first "
-                    f"axis, or attention 'dsp'")
+        _require_boxes(shares, grid, split, "axial attention attends along the lines of the patch grid, so every "
+                       "rank's tokens must form a box", "use split 'spatial', a degree that divides the grid's "
+                       "first axis, or attention 'dsp'")
     if attention == "ulysses" and heads % degree:
         raise ValueError(f"attention 'ulysses' needs heads ({heads}) divisible by the sequence-parallel degree ({degree})")
     if decoder == "no-gather":
-        for rank, share in enumerate(shares):
-            if share.box is None:
-                raise ValueError(
-                    f"decoder 'no-gather' needs every rank's tokens to form a box (a sub-volume to decode), but "
-                    f"split {split!r} with degree {degree} gives rank {rank} a chunk of the patch grid {tuple(grid)} "
-                    f"that is not one; use split 'spatial' or decoder 'gather'"
-                )
+        _require_boxes(shares, grid, split, "decoder 'no-gather' needs every rank's tokens to form a box (a "
+                       "sub-volume to decode)", "use split 'spatial' or decoder 'gather'")
     return shares
+
+
+def _require_boxes(shares: Sequence[TokenShare], grid: Sequence[int], split: str, need: str, fix: str) -> None:
+    """ValueError (``need``, the first rank whose share is not a box, ``fix``) unless every share is a box."""
+    for rank, share in enumerate(shares):
+        if share.box is None:
+            raise ValueError(f"{need}, but split {split!r} with degree {len(shares)} gives rank {rank} a chunk of "
+                             f"the patch grid {tuple(grid)} that is not one; {fix}")
