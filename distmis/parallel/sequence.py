@@ -352,9 +352,9 @@ def parallelize_vit_seg(
         if isinstance(module, MultiHeadSelfAttention):
             wrapper = {"allgather-kv": AllGatherKVAttention, "ulysses": UlyssesAttention}[attention]
             module.core = wrapper(module.core, sp_group)
-        elif isinstance(module, AxialSelfAttention):
+        elif isinstance(module, AxialSelfAttention):  # its token reorderings live where the model does
             axial = {"allgather-kv": AllGatherKVAxialAttention, "ulysses": UlyssesAxialAttention}[attention]
-            module.core = axial(module.core, sp_group, model.grid, chunks, rank)
+            module.core = axial(module.core, sp_group, model.grid, chunks, rank).to(module.qkv.weight.device)
     return SequenceParallelViTSeg(model, sp_group, chunks, attention=attention, decoder=decoder, split=split)
 
 
