@@ -152,16 +152,18 @@ def gather_case(attention: str, split: str, pos_embedding: str = "learned") -> d
             "weight_error": weight_error}
 
 
-def no_gather_case(attention: str) -> dict[str, float]:
+def no_gather_case(attention: str, axial: bool = False) -> dict[str, float]:
+    """No-gather against its one-device emulation; on the axial model with DSP each rank decodes the slab its
+    schedule ends on (``output_chunks``)."""
     from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients
 
-    base = make_model()
-    x, y = make_batch(2)
+    base, tile = (make_axial_model(), AXIAL_TILE) if axial else (make_model(), TILE)
+    x, y = make_batch(2, tile=tile)
     model = parallelize_vit_seg(copy.deepcopy(base), None, attention=attention, decoder="no-gather", split="spatial")
-    expected = no_gather_reference(copy.deepcopy(base), x, y, model.chunks)
+    expected = no_gather_reference(copy.deepcopy(base), x, y, model.output_chunks)
     logits = model(x)
     target = model.local_target(y)
-    assert logits.shape[2:] == target.shape[1:] and logits.shape[2:] != TILE
+    assert logits.shape[2:] == target.shape[1:] and logits.shape[2:] != tile
     loss = F.cross_entropy(logits, target)
     loss.backward()
     sync_sp_gradients(model)
@@ -218,8 +220,9 @@ def collectives_case() -> dict[str, Any]:
     return {}
 
 
-def dp_sp_case() -> dict[str, float]:
-    """DP=2 x SP=2 (4 ranks) against DP=2 x SP=1 (ranks 0 and 1): same losses, gradients and weights."""
+def dp_sp_case(axial: bool = False) -> dict[str, float]:
+    """DP=2 x SP=2 (4 ranks) against DP=2 x SP=1 (ranks 0 and 1): same losses, gradients and weights, and both
+    equal to one process. Full attention: allgather-kv, split spatially; the axial model: DSP."""
     import torch.distributed as dist
 
     from distmis.parallel.groups import build_parallel_groups
@@ -229,11 +232,11 @@ def dp_sp_case() -> dict[str, float]:
     dp_only = build_parallel_groups(1, ranks=[0, 1])
     assert dp_sp is not None and (dp_only is None) == (dist.get_rank() >= 2)
     assert (dp_sp.sp_size, dp_sp.dp_size, dp_sp.sp_ranks) == (2, 2, (0, 1) if dist.get_rank() < 2 else (2, 3))
-    base = make_model()
+    base, tile, seed = (make_axial_model(), AXIAL_TILE, 200) if axial else (make_model(), TILE, 100)
 
-    def step(groups, sp_split: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        model = parallelize_vit_seg(copy.deepcopy(base), groups.sp_group, attention="allgather-kv", split=sp_split)
-        x, y = make_batch(100 + groups.dp_rank)
+    def step(groups, attention: str, sp_split: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        model = parallelize_vit_seg(copy.deepcopy(base), groups.sp_group, attention=attention, split=sp_split)
+        x, y = make_batch(seed + groups.dp_rank, tile=tile)
         if groups.sp_rank > 0:  # only the SP leader reads the tile; the others get it by broadcast
             x.zero_()
         broadcast_in_sp_group(x, groups)
@@ -245,9 +248,9 @@ def dp_sp_case() -> dict[str, float]:
         weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         return all_reduce_mean(loss, groups.dp_group).reshape(1), grads, weights
 
-    loss, grads, weights = step(dp_sp, "spatial")
+    loss, grads, weights = step(dp_sp, "dsp" if axial else "allgather-kv", "spatial")
     if dp_only is not None:
-        ref_loss, ref_grads, ref_weights = step(dp_only, "ordered")
+        ref_loss, ref_grads, ref_weights = step(dp_only, "allgather-kv", "ordered")
     else:
         ref_loss, ref_grads, ref_weights = torch.empty_like(loss), torch.empty_like(grads), torch.empty_like(weights)
     for tensor in (ref_loss, ref_grads, ref_weights):
@@ -258,7 +261,8 @@ def dp_sp_case() -> dict[str, float]:
 
     # and both equal one process that averages the two samples' losses (no collective at all)
     alone = copy.deepcopy(base)
-    mean_loss = sum(F.cross_entropy(alone(x), y) for x, y in (make_batch(100), make_batch(101))) / 2
+    mean_loss = sum(F.cross_entropy(alone(x), y) for x, y in (make_batch(seed, tile=tile),
+                                                              make_batch(seed + 1, tile=tile))) / 2
     mean_loss.backward()
     torch.testing.assert_close(loss, mean_loss.detach().reshape(1), **TOL)
     torch.testing.assert_close(grads, torch.cat([p.grad.reshape(-1) for p in alone.parameters()]), **TOL)
@@ -359,70 +363,6 @@ def axial_gather_case(attention: str, split: str = "ordered") -> dict[str, Any]:
             "elements": calls["elements"]}
 
 
-def axial_no_gather_case() -> dict[str, float]:
-    """DSP with no-gather: each rank decodes the slab its schedule ends on; equal to the one-device emulation."""
-    from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients
-
-    base = make_axial_model()
-    x, y = make_batch(6, tile=AXIAL_TILE)
-    model = parallelize_vit_seg(copy.deepcopy(base), None, attention="dsp", decoder="no-gather")
-    expected = no_gather_reference(copy.deepcopy(base), x, y, model.output_chunks)
-    logits = model(x)
-    target = model.local_target(y)
-    assert logits.shape[2:] == target.shape[1:] and logits.shape[2:] != AXIAL_TILE
-    loss = F.cross_entropy(logits, target)
-    loss.backward()
-    sync_sp_gradients(model)
-    torch.testing.assert_close(all_reduce_mean(loss), expected["loss"], **TOL)
-    grad_error = assert_same(grads_of(model), expected["grads"], "gradient of")
-    sgd_step(model)
-    return {"grad_error": grad_error, "weight_error": assert_same(weights_of(model), expected["weights"], "weight")}
-
-
-def axial_dp_sp_case() -> dict[str, float]:
-    """DP=2 x SP=2 with DSP (4 ranks) against DP=2 x SP=1 (ranks 0 and 1) and one process: the same step."""
-    import torch.distributed as dist
-
-    from distmis.parallel.groups import build_parallel_groups
-    from distmis.parallel.sequence import parallelize_vit_seg, sync_gradients
-
-    dp_sp = build_parallel_groups(2)
-    dp_only = build_parallel_groups(1, ranks=[0, 1])
-    assert dp_sp is not None
-    base = make_axial_model()
-
-    def step(groups, attention: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        model = parallelize_vit_seg(copy.deepcopy(base), groups.sp_group, attention=attention)
-        x, y = make_batch(200 + groups.dp_rank, tile=AXIAL_TILE)
-        loss = F.cross_entropy(model(x), model.local_target(y))
-        loss.backward()
-        sync_gradients(model, groups)
-        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-        sgd_step(model)
-        weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        return all_reduce_mean(loss, groups.dp_group).reshape(1), grads, weights
-
-    loss, grads, weights = step(dp_sp, "dsp")
-    if dp_only is not None:
-        ref = step(dp_only, "allgather-kv")
-    else:
-        ref = (torch.empty_like(loss), torch.empty_like(grads), torch.empty_like(weights))
-    for tensor in ref:
-        dist.broadcast(tensor, src=0)
-    for actual, expected in zip((loss, grads, weights), ref):
-        torch.testing.assert_close(actual, expected, **TOL)
-
-    alone = copy.deepcopy(base)
-    mean_loss = sum(F.cross_entropy(alone(x), y) for x, y in (make_batch(200, tile=AXIAL_TILE),
-                                                              make_batch(201, tile=AXIAL_TILE))) / 2
-    mean_loss.backward()
-    torch.testing.assert_close(loss, mean_loss.detach().reshape(1), **TOL)
-    torch.testing.assert_close(grads, torch.cat([p.grad.reshape(-1) for p in alone.parameters()]), **TOL)
-    sgd_step(alone)
-    torch.testing.assert_close(weights, torch.cat([p.detach().reshape(-1) for p in alone.parameters()]), **TOL)
-    return {"grad_error": (grads - ref[1]).abs().max().item(), "weight_error": (weights - ref[2]).abs().max().item()}
-
-
 @torch.no_grad()
 def axial_sliding_window_case() -> dict[str, float]:
     """Whole-volume inference through a DSP model: every rank gets the single-device prediction."""
@@ -468,12 +408,12 @@ def worker(rank: int, world_size: int, out: str) -> None:
         for attention in ATTENTIONS:
             for split in SPLITS:
                 cases[f"axial/{attention}/{split}"] = lambda a=attention, s=split: axial_gather_case(a, s)
-        cases["axial/dsp/no-gather"] = axial_no_gather_case
+        cases["axial/dsp/no-gather"] = lambda: no_gather_case("dsp", axial=True)
         cases["axial/dsp/sliding-window"] = axial_sliding_window_case
         if world_size == 4:
             cases["dp2xsp2"] = dp_sp_case
             cases["no-gather/non-box"] = non_box_case
-            cases["axial/dp2xsp2"] = axial_dp_sp_case
+            cases["axial/dp2xsp2"] = lambda: dp_sp_case(axial=True)
         for name, fn in cases.items():
             start = time.perf_counter()
             results[name] = run_case(fn)
