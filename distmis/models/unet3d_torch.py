@@ -135,6 +135,7 @@ class UNet3D(nn.Module):
             norm=norm, norm_groups=norm_groups, batch_norm_momentum=batch_norm_momentum,
         )
         self.levels = levels
+        self.in_channels = in_channels
         block = dict(norm=norm, groups=norm_groups, batch_norm_momentum=batch_norm_momentum)
         filters = [base_filters * 2**s for s in range(levels)]  # last one is the bottleneck
 

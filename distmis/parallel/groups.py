@@ -1,4 +1,4 @@
-"""Process groups of a DP x SP world: sequence-parallel groups of consecutive ranks, data-parallel groups across.
+"""Process groups of a DP x SP (or DP x PP) world: groups of consecutive ranks, data-parallel groups across.
 
 A trial with ``DP * SP`` workers (global ranks ``r_0 .. r_{DP*SP-1}``, in order) is cut into ``DP``
 sequence-parallel groups of ``SP`` consecutive ranks; all ranks of one SP group see the same tile and
@@ -9,6 +9,9 @@ split its tokens between them. The ``SP`` data-parallel groups run across them: 
 
 ``torch.distributed.new_group`` must be called by every process of the default group, in the same order,
 for every group, member or not: :func:`build_parallel_groups` does exactly that, so every process calls it.
+
+A pipeline-parallel trial (:mod:`distmis.parallel.pipeline`) is laid out alike: :func:`build_pipeline_groups`
+makes pipelines of ``PP`` consecutive ranks (one per stage) and DP groups of the same stage across them.
 """
 
 from __future__ import annotations
@@ -48,30 +51,69 @@ def parallel_layout(ranks: Sequence[int], sp_size: int) -> tuple[list[tuple[int,
     return sp_groups, dp_groups
 
 
+def _build_groups(inner_size: int, ranks: Sequence[int] | None) -> tuple[tuple[Any, tuple[int, ...]], ...] | None:
+    """``((inner_group, inner_ranks), (dp_group, dp_ranks))`` of the calling process for groups of ``inner_size``
+    consecutive ranks (and the DP groups across them) over ``ranks``; None on a process outside them."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("process groups need torch.distributed initialized (init_process_group) first")
+    world = dist.get_world_size()
+    ranks = list(range(world)) if ranks is None else list(ranks)
+    if any(not 0 <= r < world for r in ranks):
+        raise ValueError(f"ranks must lie in [0, {world}), got {ranks}")
+    inner_layout, dp_layout = parallel_layout(ranks, inner_size)
+    me = dist.get_rank()
+    mine: dict[str, tuple[Any, tuple[int, ...]]] = {}
+    for kind, layout in (("inner", inner_layout), ("dp", dp_layout)):
+        for members in layout:
+            group = dist.new_group(list(members))
+            if me in members:
+                mine[kind] = (group, members)
+    return (mine["inner"], mine["dp"]) if mine else None
+
+
 def build_parallel_groups(sp_size: int, ranks: Sequence[int] | None = None) -> ParallelGroups | None:
     """Create the SP and DP groups over ``ranks`` (default: the whole world); ``None`` on a process outside them.
 
     Collective: every process of the default group must call it with the same arguments.
     """
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("build_parallel_groups needs torch.distributed initialized (init_process_group) first")
-    world = dist.get_world_size()
-    ranks = list(range(world)) if ranks is None else list(ranks)
-    if any(not 0 <= r < world for r in ranks):
-        raise ValueError(f"ranks must lie in [0, {world}), got {ranks}")
-    sp_layout, dp_layout = parallel_layout(ranks, sp_size)
-    me = dist.get_rank()
-    mine: dict[str, tuple[Any, tuple[int, ...]]] = {}
-    for kind, layout in (("sp", sp_layout), ("dp", dp_layout)):
-        for members in layout:
-            group = dist.new_group(list(members))
-            if me in members:
-                mine[kind] = (group, members)
-    if not mine:
+    built = _build_groups(sp_size, ranks)
+    if built is None:
         return None
-    (sp_group, sp_ranks), (dp_group, dp_ranks) = mine["sp"], mine["dp"]
+    (sp_group, sp_ranks), (dp_group, dp_ranks) = built
+    me = dist.get_rank()
     return ParallelGroups(
         sp_group=sp_group, sp_rank=sp_ranks.index(me), sp_size=len(sp_ranks),
         dp_group=dp_group, dp_rank=dp_ranks.index(me), dp_size=len(dp_ranks),
         sp_ranks=sp_ranks, dp_ranks=dp_ranks,
+    )
+
+
+@dataclass(frozen=True)
+class PipelineGroups:
+    """The calling process's place in a DP x PP world: its pipeline (``pp_ranks``, one rank per stage, in stage
+    order: ``pp_rank`` is its stage) and its DP group (the same stage of every pipeline)."""
+
+    pp_group: Any
+    pp_rank: int
+    pp_size: int
+    dp_group: Any
+    dp_rank: int
+    dp_size: int
+    pp_ranks: tuple[int, ...]
+    dp_ranks: tuple[int, ...]
+
+
+def build_pipeline_groups(pp_size: int, ranks: Sequence[int] | None = None) -> PipelineGroups | None:
+    """Create the pipeline groups (``pp_size`` consecutive ranks: stages ``0 .. pp_size - 1``) and the DP groups
+    across them over ``ranks`` (default: the whole world), laid out as :func:`parallel_layout` lays out SP groups;
+    ``None`` on a process outside them. Collective, as :func:`build_parallel_groups`."""
+    built = _build_groups(pp_size, ranks)
+    if built is None:
+        return None
+    (pp_group, pp_ranks), (dp_group, dp_ranks) = built
+    me = dist.get_rank()
+    return PipelineGroups(
+        pp_group=pp_group, pp_rank=pp_ranks.index(me), pp_size=len(pp_ranks),
+        dp_group=dp_group, dp_rank=dp_ranks.index(me), dp_size=len(dp_ranks),
+        pp_ranks=pp_ranks, dp_ranks=dp_ranks,
     )

@@ -1,0 +1,368 @@
+"""Pipeline parallelism for the torch 3D U-Net (LAMP), applied from outside the model.
+
+LAMP (its eq. 3) trains a U-Net too large for one device by GPipe: the network cut into ``K`` stages on ``K``
+ranks, every batch cut into ``M`` micro-batches that flow through the stages one after the other. GPipe needs a
+*sequence* of layers, and a U-Net is not one: the output of encoder level ``i`` is used again by decoder level
+``i``. LAMP breaks that dependency by duplicating each encoder output: one copy goes down the encoder, the other
+travels forward with the activation, stage to stage, until its decoder level takes it.
+
+This module builds that sequence from a :class:`~distmis.models.unet3d_torch.UNet3D` without touching it:
+
+- :func:`unet_cells`: the U-Net as ``2 * levels - 1`` cells, each ``cell(x, *skips) -> (x', *skips')``: an encoder
+  level (its block, the skip pushed, the pooling), the bottleneck, a decoder level (the last skip popped and
+  concatenated); the head (and its sigmoid) ends the last decoder cell. Cells hold the model's own modules, so a
+  stage's parameters *are* the model's parameters, under the model's names.
+- :func:`cell_macs` and :func:`balanced_partition`: the forward multiply-accumulates of every cell at the tile, and
+  the cut of the cells into ``K`` contiguous stages whose largest cost is smallest (the pipeline runs at the pace
+  of its slowest stage).
+- :func:`pipeline_unet`: one rank's :class:`UNetPipeline`: its stage of cells as a
+  ``torch.distributed.pipelining.PipelineStage`` and a GPipe or 1F1B schedule over ``M`` micro-batches, the
+  stages' ranks given by a process group (:func:`distmis.parallel.groups.build_pipeline_groups`).
+- :meth:`UNetPipeline.gather_weights`: every stage's weights broadcast to every rank of the pipeline, so each
+  holds the whole trained model (validation, checkpoints, the registered model).
+
+Micro-batches and normalization: the schedule averages the micro-batches' gradients (``scale_grads``), so a loss
+that is a mean over samples gives the gradients of the whole batch. That holds exactly for group normalization,
+which normalizes each sample on its own; batch normalization normalizes each *micro-batch* by its own
+statistics, so with ``M > 1`` a pipelined batch-norm U-Net is a different (noisier) function than on one
+device, as GPipe's paper notes, and its running statistics see ``M`` small batches per step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distmis.models.unet3d_torch import ConvBlock, UNet3D, UpBlock
+
+__all__ = [
+    "PipelineSchedule",
+    "PIPELINE_SCHEDULES",
+    "EncoderCell",
+    "BottleneckCell",
+    "DecoderCell",
+    "unet_cells",
+    "max_pipeline_stages",
+    "cell_macs",
+    "balanced_partition",
+    "IdentityForwardContiguousBackward",
+    "StageCells",
+    "stage_examples",
+    "UNetPipeline",
+    "pipeline_unet",
+]
+
+PipelineSchedule = Literal["gpipe", "1f1b"]
+PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
+
+
+# --------------------------------------------------------------------------- the U-Net as a sequence
+class EncoderCell(nn.Module):
+    """Encoder level: ``(x, *skips) -> (pool(block(x)), *skips, block(x))``: the level's output is pushed as a skip."""
+
+    def __init__(self, block: ConvBlock, pool: nn.Module) -> None:
+        super().__init__()
+        self.block, self.pool = block, pool
+
+    def forward(self, x: torch.Tensor, *skips: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.block(x)
+        return (self.pool(y), *skips, y)
+
+
+class BottleneckCell(nn.Module):
+    """The bottleneck: ``(x, *skips) -> (block(x), *skips)``."""
+
+    def __init__(self, block: ConvBlock) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor, *skips: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (self.block(x), *skips)
+
+
+class DecoderCell(nn.Module):
+    """Decoder level: pops the deepest skip, ``(x, *skips, s) -> (up(x, s), *skips)``; with ``head`` (the last
+    level) it returns ``sigmoid(head(up(x, s)))``, the model's probabilities."""
+
+    def __init__(self, up: UpBlock, head: nn.Module | None = None) -> None:
+        super().__init__()
+        self.up, self.head = up, head
+
+    def forward(self, x: torch.Tensor, *skips: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if not skips:
+            raise ValueError("a decoder cell needs the skip tensor of its level; none came with the activation")
+        x = self.up(x, skips[-1])
+        if self.head is not None:
+            return torch.sigmoid(self.head(x))
+        return (x, *skips[:-1])
+
+
+def unet_cells(model: UNet3D) -> list[nn.Module]:
+    """The U-Net as LAMP's sequence: ``levels - 1`` encoder cells, the bottleneck, ``levels - 1`` decoder cells
+    (the last with the head). Running them in turn, each on the previous one's outputs, is ``model(x)``."""
+    if not isinstance(model, UNet3D):
+        raise ValueError(f"pipeline parallelism splits the torch UNet3D, got {type(model).__name__}")
+    cells: list[nn.Module] = [EncoderCell(block, model.pool) for block in model.down]
+    cells.append(BottleneckCell(model.bottleneck))
+    last = len(model.up) - 1
+    cells += [DecoderCell(up, model.head if i == last else None) for i, up in enumerate(model.up)]
+    return cells
+
+
+def max_pipeline_stages(levels: int) -> int:
+    """The most stages a U-Net of ``levels`` resolution levels can be cut into: one cell each."""
+    return 2 * levels - 1
+
+
+def _conv_macs(module: nn.Module, out_voxels: int) -> int:
+    """Forward multiply-accumulates of a Conv3d (per output voxel) or ConvTranspose3d (per input voxel)."""
+    kernel = math.prod(module.kernel_size)
+    per_voxel = kernel * module.in_channels * module.out_channels // module.groups
+    if isinstance(module, nn.ConvTranspose3d):
+        return per_voxel * out_voxels // math.prod(module.stride)
+    return per_voxel * out_voxels
+
+
+def cell_macs(model: UNet3D, tile: Sequence[int]) -> list[int]:
+    """Forward convolution multiply-accumulates of every cell of :func:`unet_cells` for one sample of ``tile``."""
+    voxels = math.prod(int(t) for t in tile)
+    costs = []
+    for level, cell in enumerate(unet_cells(model)):
+        # encoder cell i works at level i; the bottleneck at levels - 1; decoder cell j produces level levels-2-j
+        depth = level if level < model.levels else 2 * (model.levels - 1) - level
+        out_voxels = voxels // 8**depth
+        total = 0
+        for module in cell.modules():
+            if isinstance(module, nn.ConvTranspose3d):
+                total += _conv_macs(module, out_voxels)
+            elif isinstance(module, nn.Conv3d):
+                total += _conv_macs(module, out_voxels)
+        costs.append(total)
+    return costs
+
+
+def balanced_partition(costs: Sequence[float], stages: int) -> list[tuple[int, int]]:
+    """Cut ``costs`` (one per cell, in order) into ``stages`` contiguous, non-empty ranges ``(start, stop)`` whose
+    largest sum is as small as it can be (the classic linear partition, by dynamic programming); ties keep
+    earlier stages lighter."""
+    n = len(costs)
+    if not isinstance(stages, int) or not 1 <= stages <= n:
+        raise ValueError(f"stages must be an int from 1 to the {n} cells, got {stages!r}")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+    inf = float("inf")
+    # best[k][i]: the smallest largest-stage cost of cells[:i] cut into k stages; cut[k][i]: where the last starts
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i] or (value == best[k][i] and j > cut[k][i]):
+                    best[k][i], cut[k][i] = value, j
+    bounds, stop = [], n
+    for k in range(stages, 0, -1):
+        start = cut[k][stop]
+        bounds.append((start, stop))
+        stop = start
+    return bounds[::-1]
+
+
+# --------------------------------------------------------------------------- one rank's stage
+class IdentityForwardContiguousBackward(torch.autograd.Function):
+    """Forward: ``x`` itself (a view). Backward: the gradient made contiguous.
+
+    The gradient a stage sends back for a skip it received is a slice of its concatenation's gradient, a strided
+    view; gloo sends and receives contiguous memory only, and the previous stage sizes its receiving buffer from
+    the first gradient's strides.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+class StageCells(nn.Module):
+    """The cells of one stage, run in turn: ``forward(*tensors)`` gives the next stage's inputs (a tuple), or the
+    probabilities on the last stage."""
+
+    def __init__(self, cells: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.cells = nn.ModuleList(cells)
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        out: Any = tuple(IdentityForwardContiguousBackward.apply(t) if t.requires_grad else t for t in tensors)
+        for cell in self.cells:
+            out = cell(*out)
+        # What crosses to the next stage must be contiguous: the receiving (and gradient) buffers are made like
+        # it, and gloo sends only contiguous memory (a convolution may leave a channels-last layout).
+        if isinstance(out, tuple):
+            return tuple(t.contiguous() for t in out)
+        return out
+
+
+@dataclass
+class UNetPipeline:
+    """One rank's part of a pipelined U-Net: the whole ``model`` (every rank builds it, same seed: only its own
+    stage's weights are trained here), its ``stage_module`` of cells, the ``PipelineStage`` and the schedule."""
+
+    model: UNet3D
+    stage_module: StageCells
+    stage: Any  # torch.distributed.pipelining.PipelineStage
+    schedule: Any  # ScheduleGPipe | Schedule1F1B
+    bounds: list[tuple[int, int]]  # every stage's cells, (start, stop)
+    stage_index: int
+    group: Any  # the pipeline's process group (None: the default group)
+    group_ranks: tuple[int, ...]  # global ranks of the stages, in stage order
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.bounds)
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This stage's parameters: what its optimizer updates."""
+        return list(self.stage_module.parameters())
+
+    def train_step(self, x: torch.Tensor | None, target: torch.Tensor | None) -> torch.Tensor:
+        """One training step's forward and backward through the pipeline, the micro-batches' gradients averaged
+        into this stage's ``.grad``; the batch's mean loss (a scalar tensor), the same on every stage.
+
+        ``x`` is read on the first stage and ``target`` on the last (others may pass None).
+        """
+        losses: list[torch.Tensor] = []
+        args = (x,) if self.is_first else ()
+        if self.is_first and x is None:
+            raise ValueError("the first stage needs the batch's input")
+        if self.is_last and target is None:
+            raise ValueError("the last stage needs the batch's target")
+        self.schedule.step(*args, target=target if self.is_last else None,
+                           losses=losses if self.is_last else None, return_outputs=False)
+        return self._shared_loss(losses)
+
+    def _shared_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        """The mean of the last stage's micro-batch losses, broadcast to every stage."""
+        device = self.stage.device
+        loss = (torch.stack([l.detach() for l in losses]).mean() if self.is_last
+                else torch.zeros((), device=device))
+        loss = loss.to(device=device, dtype=torch.float32)
+        if self.num_stages > 1:
+            dist.broadcast(loss, src=self.group_ranks[-1], group=self.group)
+        return loss
+
+    @torch.no_grad()
+    def gather_weights(self) -> None:
+        """Give every rank of the pipeline every stage's current parameters and buffers (batch norm's running
+        statistics included): each stage broadcasts its own, flattened, to the others."""
+        if self.num_stages == 1:
+            return
+        cells = unet_cells(self.model)
+        for index, (start, stop) in enumerate(self.bounds):
+            tensors = [t for cell in cells[start:stop]
+                       for t in (*cell.parameters(), *cell.buffers()) if t.is_floating_point()]
+            counters = [t for cell in cells[start:stop] for t in cell.buffers() if not t.is_floating_point()]
+            for group_of_tensors in (tensors, counters):
+                if not group_of_tensors:
+                    continue
+                flat = torch.cat([t.detach().reshape(-1) for t in group_of_tensors])
+                dist.broadcast(flat, src=self.group_ranks[index], group=self.group)
+                offset = 0
+                for t in group_of_tensors:
+                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+
+def stage_examples(model: UNet3D, bounds: Sequence[tuple[int, int]], micro_batch: Sequence[int]
+                   ) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
+    """Every stage's inputs and outputs for a micro-batch of shape ``micro_batch`` ``(b, C, *tile)``, as
+    contiguous tensors on the meta device (shapes only: nothing is computed, no memory is taken).
+
+    Given to ``PipelineStage`` they spare it the forward it would otherwise run on the first micro-batch to learn
+    them, a forward that batch normalization would count in its running statistics.
+    """
+    meta_model = copy.deepcopy(model).to("meta")
+    cells = unet_cells(meta_model)
+
+    def like(tensors: Sequence[torch.Tensor], requires_grad: bool) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.empty(t.shape, dtype=t.dtype, device="meta", requires_grad=requires_grad) for t in tensors)
+
+    examples = []
+    tensors: tuple[torch.Tensor, ...] = (torch.empty(tuple(micro_batch), device="meta"),)
+    for index, (start, stop) in enumerate(bounds):
+        inputs = like(tensors, requires_grad=index > 0)
+        out: Any = tensors
+        for cell in cells[start:stop]:
+            out = cell(*out)
+        tensors = out if isinstance(out, tuple) else (out,)
+        examples.append((inputs, like(tensors, requires_grad=True)))
+    return examples
+
+
+def pipeline_unet(
+    model: UNet3D,
+    *,
+    tile: Sequence[int],
+    microbatches: int,
+    batch_size: int,
+    schedule: PipelineSchedule = "gpipe",
+    loss_fn: Any,
+    group: Any = None,
+    device: torch.device | str = "cpu",
+) -> UNetPipeline:
+    """This rank's stage of ``model`` cut into as many stages as ``group`` (default: the world) has ranks, with a
+    ``schedule`` over ``microbatches`` micro-batches and ``loss_fn(prediction, target)`` (a mean over samples)
+    on the last stage. Collective: every rank of ``group`` calls it with the same arguments.
+
+    Every step takes batches of ``batch_size`` samples of ``tile`` (the shapes the stages send each other are
+    fixed here: :func:`stage_examples`); another tile or batch needs another pipeline. The cut balances
+    :func:`cell_macs` at ``tile``; the stage's modules move to ``device``.
+    """
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("pipeline_unet needs torch.distributed initialized (init_process_group) first")
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ValueError(f"schedule must be one of {PIPELINE_SCHEDULES}, got {schedule!r}")
+    if not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"microbatches must be a positive int, got {microbatches!r}")
+    stages = dist.get_world_size(group)
+    if stages > max_pipeline_stages(model.levels):
+        raise ValueError(f"a U-Net of {model.levels} levels has {max_pipeline_stages(model.levels)} cells: "
+                         f"it cannot be cut into {stages} stages")
+    if schedule == "1f1b" and microbatches < stages:
+        raise ValueError(f"the 1f1b schedule needs at least as many micro-batches as stages, "
+                         f"got {microbatches} for {stages} stages")
+    index = dist.get_rank(group)
+    ranks = tuple(dist.get_global_rank(group, r) if group is not None else r for r in range(stages))
+    if not isinstance(batch_size, int) or batch_size < 1 or batch_size % microbatches:
+        raise ValueError(f"the batch of {batch_size} samples must divide into {microbatches} micro-batches")
+    bounds = balanced_partition(cell_macs(model, tile), stages)
+    start, stop = bounds[index]
+    stage_module = StageCells(unet_cells(model)[start:stop]).to(device)
+    micro_batch = (batch_size // microbatches, model.in_channels, *(int(t) for t in tile))
+    inputs, outputs = stage_examples(model, bounds, micro_batch)[index]
+    stage = PipelineStage(stage_module, index, stages, torch.device(device), input_args=inputs,
+                          output_args=outputs, group=group)
+    schedule_class = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+    runner = schedule_class(stage, microbatches, loss_fn=loss_fn, scale_grads=True)
+    return UNetPipeline(model=model, stage_module=stage_module, stage=stage, schedule=runner, bounds=bounds,
+                        stage_index=index, group=group, group_ranks=ranks)

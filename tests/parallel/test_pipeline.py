@@ -1,0 +1,103 @@
+"""The U-Net as LAMP's sequence of cells, the cost of each and their cut into stages: on one process.
+
+The pipeline itself, over real gloo groups, is in ``test_pipeline_parallel.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from distmis.models.unet3d_torch import UNet3D
+from distmis.models.vit_seg import ViTSeg
+from distmis.parallel.pipeline import (
+    StageCells,
+    balanced_partition,
+    cell_macs,
+    max_pipeline_stages,
+    unet_cells,
+)
+
+
+def small_unet(levels: int = 3, norm: str = "group") -> UNet3D:
+    torch.manual_seed(0)
+    return UNet3D(in_channels=2, num_classes=3, base_filters=4, levels=levels, norm=norm, norm_groups=2)
+
+
+@pytest.mark.parametrize("levels", [2, 3, 4])
+def test_the_cells_in_turn_are_the_model(levels):
+    model = small_unet(levels).eval()
+    cells = unet_cells(model)
+    assert len(cells) == max_pipeline_stages(levels) == 2 * levels - 1
+    x = torch.randn(2, 2, 16, 16, 8)
+    out = (x,)
+    for cell in cells:
+        out = cell(*out)
+    torch.testing.assert_close(out, model(x), atol=0, rtol=0)
+
+
+def test_the_cells_hold_the_models_own_parameters():
+    model = small_unet()
+    in_cells = {id(p) for cell in unet_cells(model) for p in cell.parameters()}
+    assert in_cells == {id(p) for p in model.parameters()}
+
+
+@pytest.mark.parametrize("cut", [[(0, 2), (2, 5)], [(0, 1), (1, 2), (2, 4), (4, 5)]])
+def test_stages_of_cells_carry_the_skips_to_their_decoder_levels(cut):
+    model = small_unet().eval()
+    cells = unet_cells(model)
+    x = torch.randn(1, 2, 16, 16, 16)
+    out = (x,)
+    for start, stop in cut:
+        out = StageCells(cells[start:stop])(*out)
+        if stop < len(cells):  # between stages: the activation and every skip not yet used, all contiguous
+            assert isinstance(out, tuple) and all(t.is_contiguous() for t in out)
+    torch.testing.assert_close(out, model(x), atol=0, rtol=0)
+
+
+def test_a_decoder_cell_without_its_skip_says_so():
+    cells = unet_cells(small_unet())
+    with pytest.raises(ValueError, match="skip"):
+        cells[-1](torch.randn(1, 8, 8, 8, 8))
+
+
+@pytest.mark.parametrize("levels,tile", [(3, (16, 16, 16)), (4, (32, 16, 24))])
+def test_cell_costs_add_up_to_the_models_convolution_flops(levels, tile):
+    model = small_unet(levels)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(torch.randn(1, 2, *tile))
+    assert 2 * sum(cell_macs(model, tile)) == counter.get_total_flops()
+
+
+def brute_force(costs, stages):
+    """The smallest largest stage over every cut of ``costs`` into ``stages`` non-empty ranges."""
+    n = len(costs)
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        edges = (0, *cuts, n)
+        best = min(best, max(sum(costs[a:b]) for a, b in zip(edges, edges[1:])))
+    return best
+
+
+@pytest.mark.parametrize("costs", [[5, 1, 1, 1, 5], [96, 48, 24, 12, 52, 104, 216], [1] * 7, [9, 2, 7, 3, 3, 8]])
+def test_balanced_partition_finds_the_smallest_largest_stage(costs):
+    for stages in range(1, len(costs) + 1):
+        bounds = balanced_partition(costs, stages)
+        assert len(bounds) == stages and bounds[0][0] == 0 and bounds[-1][1] == len(costs)
+        assert all(a < b for a, b in bounds) and all(b == c for (_, b), (c, _) in zip(bounds, bounds[1:]))
+        assert max(sum(costs[a:b]) for a, b in bounds) == brute_force(costs, stages)
+
+
+def test_balanced_partition_refuses_more_stages_than_cells():
+    with pytest.raises(ValueError, match="stages must be an int from 1 to the 5 cells, got 6"):
+        balanced_partition([1] * 5, 6)
+
+
+def test_only_the_unet_is_cut_into_cells():
+    vit = ViTSeg(in_channels=1, num_classes=1, tile=(8, 8, 8), patch=4, layers=1, embed_dim=8, heads=2)
+    with pytest.raises(ValueError, match="splits the torch UNet3D, got ViTSeg"):
+        unet_cells(vit)  # type: ignore[arg-type]
