@@ -137,13 +137,8 @@ def cell_macs(model: UNet3D, tile: Sequence[int]) -> list[int]:
         # encoder cell i works at level i; the bottleneck at levels - 1; decoder cell j produces level levels-2-j
         depth = level if level < model.levels else 2 * (model.levels - 1) - level
         out_voxels = voxels // 8**depth
-        total = 0
-        for module in cell.modules():
-            if isinstance(module, nn.ConvTranspose3d):
-                total += _conv_macs(module, out_voxels)
-            elif isinstance(module, nn.Conv3d):
-                total += _conv_macs(module, out_voxels)
-        costs.append(total)
+        convolutions = (m for m in cell.modules() if isinstance(m, (nn.Conv3d, nn.ConvTranspose3d)))
+        costs.append(sum(_conv_macs(m, out_voxels) for m in convolutions))
     return costs
 
 
