@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distmis.spec.layout import SP_DEGREE_PATH, TrialLayout, resolve_layout, searched_sp_degrees
+from distmis.spec.layout import (
+    PP_STAGES_PATH,
+    SP_DEGREE_PATH,
+    TrialLayout,
+    resolve_layout,
+    searched_pp_stages,
+    searched_sp_degrees,
+)
 from distmis.spec.load import SpecError, apply_config
 from distmis.spec.schema import Spec
 
@@ -27,7 +34,7 @@ class SearchPlan:
     """What Ray Tune needs to lay the search's trials out."""
 
     mode: str  # "experiment" or "data"
-    layouts: tuple[TrialLayout, ...]  # every layout a trial of the search can take (one per searched SP degree)
+    layouts: tuple[TrialLayout, ...]  # every layout a trial of the search can take (per searched SP degree or stages)
     max_concurrent_trials: int | None
 
     @property
@@ -60,7 +67,10 @@ class SearchPlan:
 
 def trial_layouts(spec: Spec) -> tuple[TrialLayout, ...]:
     """The layout of every kind of trial the search runs: one per sequence-parallel degree it may use (with
-    ``degree: auto``, every degree the performance model chooses for some combination of searched shapes)."""
+    ``degree: auto``, every degree the performance model chooses for some combination of searched shapes), or
+    one per searched pipeline stage count."""
+    if PP_STAGES_PATH in spec.search.space:
+        return tuple(resolve_layout(apply_config(spec, {PP_STAGES_PATH: k})) for k in searched_pp_stages(spec))
     degrees = searched_sp_degrees(spec)
     if SP_DEGREE_PATH not in spec.search.space and spec.parallelism.sequence_parallel.degree != "auto":
         return (resolve_layout(spec),)

@@ -9,8 +9,8 @@ then either
 - in a data-mode TensorFlow search, runs on the search's worker group, kept between its trials
   (:func:`tensorflow_group_trial`, :mod:`distmis.search.worker_group`), or
 - drives a Ray Train run of ``layout.world_size`` workers (:func:`data_parallel_trial`): a
-  ``DataParallelTrainer`` with ``TF_CONFIG`` (``MultiWorkerMirroredStrategy``) or a ``TorchTrainer`` (DDP, or data x sequence
-  parallel groups for vit-seg), each worker running :func:`data_parallel_worker` on the trial's spec and
+  ``DataParallelTrainer`` with ``TF_CONFIG`` (``MultiWorkerMirroredStrategy``) or a ``TorchTrainer`` (DDP, data x sequence
+  parallel groups for vit-seg, or data x pipeline groups for a pipelined U-Net), each worker running :func:`data_parallel_worker` on the trial's spec and
   layout (typed objects, not re-validated); ``TuneReportCallback`` forwards rank 0's reports to Tune.
 
 Either way every epoch is reported with the same metrics and a checkpoint to resume from (the last epoch's
@@ -73,6 +73,8 @@ def _build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, cl
 
     context = ray.train.get_context()
     _check_world(context.get_world_size(), layout, "Ray Train workers")
+    if layout.pp > 1:
+        return _pipeline_trainer(spec, layout, tfrecord_dir)
     return TorchUNetTrainer(
         spec, tfrecord_dir, layout=layout, rank=context.get_world_rank(), world_size=layout.dp,
         wrap_model=ray.train.torch.prepare_model, device=str(ray.train.torch.get_device()),
@@ -123,6 +125,19 @@ def _vit_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path) -> A
     _check_world(ray.train.get_context().get_world_size(), layout, "Ray Train workers")
     groups = build_parallel_groups(layout.sp)  # every rank calls it
     return TorchViTTrainer(spec, tfrecord_dir, layout=layout, groups=groups, device=str(ray.train.torch.get_device()))
+
+
+def _pipeline_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path) -> Any:
+    """The pipelined U-Net's trainer, with this rank's pipeline and data-parallel groups."""
+    import ray.train.torch
+
+    from distmis.parallel.groups import build_pipeline_groups
+    from distmis.train.torch_pipeline import TorchPipelineUNetTrainer
+
+    groups = build_pipeline_groups(layout.pp)  # every rank calls it
+    assert groups is not None  # the groups span the whole world
+    return TorchPipelineUNetTrainer(spec, tfrecord_dir, layout=layout, groups=groups,
+                                    device=str(ray.train.torch.get_device()))
 
 
 # --------------------------------------------------------------------------- experiment-parallel

@@ -5,9 +5,9 @@ does it train with" is answered here, by :func:`resolve_layout`, and nowhere els
 trainables, the Ray Train workers, the trainers, the MLflow callback and the comparison all read the
 :class:`TrialLayout` they are given. Pure arithmetic: no torch, no Ray.
 
-A trial of ``dp`` data-parallel replicas, each split over ``sp`` sequence-parallel ranks (and, once pipelines
-exist, ``pp`` stages), holds ``dp * sp * pp`` Ray Train workers. The learning rate scales with the replicas
-that each see their own samples (``dp``), not with ranks that share one sample.
+A trial of ``dp`` data-parallel replicas, each split over ``sp`` sequence-parallel ranks (the ViT) or ``pp``
+pipeline stages (the torch U-Net), holds ``dp * sp * pp`` Ray Train workers. The learning rate scales with the
+replicas that each see their own samples (``dp``), not with ranks that share one sample.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class TrialLayout:
 
     dp: int  # data-parallel replicas: each trains on its own share of the batches
     sp: int  # sequence-parallel degree: ranks that split the tokens of one sample
-    pp: int  # pipeline stages (1 until pipeline parallelism exists)
+    pp: int  # pipeline stages: ranks that each hold a part of the model and pass one sample's activations on
     distributed: bool  # a Ray Train worker group (even of one worker), else one process in Tune's actor
     cpu: float  # CPUs of each worker (of the trial's one process when not distributed)
     gpu: float  # GPUs of each worker (likewise)
@@ -38,6 +38,9 @@ class TrialLayout:
         for name in ("dp", "sp", "pp"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.sp > 1 and self.pp > 1:
+            raise ValueError(f"a trial is sequence-parallel (the ViT) or pipelined (the U-Net), not both: "
+                             f"sp={self.sp}, pp={self.pp}")
         if not self.distributed and self.world_size != 1:
             raise ValueError(f"a trial of {self.world_size} ranks (dp={self.dp}, sp={self.sp}, pp={self.pp}) "
                              "must run as a Ray Train worker group (distributed=True)")
@@ -96,24 +99,34 @@ def searched_sp_degrees(spec: Spec) -> list[int]:
     return sorted(degrees) or [1]
 
 
+PP_STAGES_PATH = "parallelism.pipeline.stages"
+
+
+def searched_pp_stages(spec: Spec) -> list[int]:
+    """The pipeline stage counts the search's trials may use: the spec's, or every searched value."""
+    domain = spec.search.space.get(PP_STAGES_PATH)
+    declared = [spec.parallelism.pipeline.stages] if domain is None else domain.values
+    return sorted({int(v) for v in declared})
+
+
 def resolve_layout(spec: Spec) -> TrialLayout:
     """The layout of a trial of ``spec`` (a trial's spec: the search's with its config applied).
 
     ``experiment`` mode: ``workers_per_trial`` replicas (1: one process per trial; more: hybrid). ``data`` mode:
     ``workers`` replicas. Either way times the sequence-parallel degree (``auto``: chosen here, by the
-    performance model). A search whose trials may hold more than one rank (a searched or chosen degree above 1
-    included) runs every trial as a Ray Train worker group, so that all its trials are laid out, reserved and
-    timed alike.
+    performance model) and the pipeline's stages. A search whose trials may hold more than one rank (a searched or
+    chosen degree, or a searched stage count, above 1 included) runs every trial as a Ray Train worker group, so
+    that all its trials are laid out, reserved and timed alike.
     """
     par = spec.parallelism
     if par.mode == "compare":
         raise ValueError("a comparison has no single trial layout: each of its cells is a search of its own "
                          "(distmis.search.compare.cell_spec)")
     dp = par.worker_counts[0] if par.mode == "data" else par.workers_per_trial
-    distributed = par.mode == "data" or dp * max(searched_sp_degrees(spec)) > 1
+    distributed = par.mode == "data" or dp * max(searched_sp_degrees(spec)) * max(searched_pp_stages(spec)) > 1
     resources: ResourcesSpec = par.resources_per_worker if distributed else par.resources_per_trial
     return TrialLayout(
-        dp=dp, sp=sp_degree(spec), pp=1, distributed=distributed, cpu=resources.cpu, gpu=resources.gpu,
+        dp=dp, sp=sp_degree(spec), pp=par.pipeline.stages, distributed=distributed, cpu=resources.cpu, gpu=resources.gpu,
         lr=spec.training.optimizer.lr, lr_scaling=par.lr_scaling,
     )
 

@@ -20,7 +20,7 @@ from distmis.spec.schema import Spec
 
 # Sections whose values may be searched. The dataset is converted once per search, so its
 # fields are fixed; parallelism and tracking describe the search itself, not a trial.
-SEARCHABLE_SECTIONS = ("model", "training", "parallelism.sequence_parallel")
+SEARCHABLE_SECTIONS = ("model", "training", "parallelism.sequence_parallel", "parallelism.pipeline")
 
 
 def is_searchable(path: str) -> bool:
@@ -409,12 +409,73 @@ def check_auto_degree_combinations(spec: Spec) -> list[tuple[str, str]]:
     return problems[:5]
 
 
+def check_pipeline(spec: Spec) -> list[tuple[str, str]]:
+    """A pipeline (``stages > 1``) needs the torch U-Net, enough cells to cut, micro-batches that divide the
+    batch and, for 1F1B, at least one micro-batch per stage."""
+    pipe = spec.parallelism.pipeline
+    where = "parallelism.pipeline"
+    if pipe.stages == 1:
+        return []
+    if spec.model.name != "unet3d" or spec.model.framework != "torch":
+        return [(f"{where}.stages", f"a pipeline cuts the torch U-Net into stages: it needs model.name 'unet3d' with "
+                                    f"model.framework 'torch', not {spec.model.name!r} ({spec.model.framework}); "
+                                    f"got stages {pipe.stages}")]
+    if spec.parallelism.mode == "compare":
+        return [(f"{where}.stages", f"mode 'compare' runs trials of one worker; use mode 'experiment' or 'data' with "
+                                    f"stages {pipe.stages}")]
+    problems = []
+    levels = spec.model.params.levels
+    if pipe.stages > 2 * levels - 1:
+        problems.append((f"{where}.stages", f"a U-Net of {levels} levels (model.params.levels) is a sequence of "
+                                            f"{2 * levels - 1} cells (encoder levels, bottleneck, decoder levels): "
+                                            f"it cannot be cut into {pipe.stages} stages"))
+    batch = spec.training.batch_size
+    if batch % pipe.microbatches:
+        problems.append((f"{where}.microbatches", f"training.batch_size {batch} must divide into {pipe.microbatches} "
+                                                  "equal micro-batches"))
+    if pipe.schedule == "1f1b" and pipe.microbatches < pipe.stages:
+        problems.append((f"{where}.microbatches", f"the 1f1b schedule needs at least one micro-batch per stage: "
+                                                  f"{pipe.microbatches} for {pipe.stages} stages; use gpipe or more "
+                                                  "micro-batches"))
+    return problems
+
+
+#: Fields whose values decide together whether a pipeline is valid: every searched combination is checked.
+PIPELINE_PATHS = ("parallelism.pipeline.stages", "parallelism.pipeline.microbatches",
+                  "parallelism.pipeline.schedule", "training.batch_size", "model.params.levels")
+MAX_CHECKED_COMBINATIONS = 512
+
+
+def check_pipeline_combinations(spec: Spec) -> list[tuple[str, str]]:
+    """With several of :data:`PIPELINE_PATHS` searched, every combination of their values must make a valid
+    pipeline (each value alone is checked by :func:`check_search_space`)."""
+    import itertools
+
+    searched = {path: _values_to_check(spec.search.space[path]) for path in PIPELINE_PATHS
+                if path in spec.search.space and spec.search.space[path].kind in ("grid", "choice", "randint")}
+    if len(searched) < 2:
+        return []
+    problems: list[tuple[str, str]] = []
+    for count, values in enumerate(itertools.product(*searched.values())):
+        if count == MAX_CHECKED_COMBINATIONS:
+            break
+        config = dict(zip(searched, values))
+        try:
+            trial = apply_config(spec, config)
+        except SpecError:
+            continue  # check_search_space reports the value
+        for path, message in check_pipeline(trial):
+            where = ", ".join(f"{p}={v}" for p, v in config.items())
+            problems.append(("search.space", f"the trial with {where}: {path}: {message}"))
+    return problems[:5]
+
+
 def trial_problems(spec: Spec) -> list[tuple[str, str]]:
     """The rules every trial's spec must meet (checked for the spec and for every searched value)."""
-    return check_input_shape(spec) + check_sequence_parallel(spec)
+    return check_input_shape(spec) + check_sequence_parallel(spec) + check_pipeline(spec)
 
 
 def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
     problems = trial_problems(spec) + check_search_space(spec)
-    return problems or check_auto_degree_combinations(spec)
+    return problems or check_auto_degree_combinations(spec) or check_pipeline_combinations(spec)

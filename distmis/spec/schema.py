@@ -450,6 +450,18 @@ class SequenceParallelSpec(StrictModel):
         return self
 
 
+class PipelineSpec(StrictModel):
+    """Pipeline parallelism inside one trial (the torch ``unet3d`` only; LAMP): the U-Net cut into ``stages``
+    stages on as many Ray Train workers, every batch into ``microbatches`` micro-batches that flow through them
+    (``schedule``: GPipe, all forwards then all backwards, or 1F1B, which interleaves them and holds fewer
+    micro-batches' activations). See docs/spec.md and :mod:`distmis.parallel.pipeline`. ``stages: 1`` (the
+    default) is no pipeline, and ``microbatches`` is then unused."""
+
+    stages: int = Field(1, ge=1, description="pipeline stages (workers) per data-parallel replica; 1: none")
+    microbatches: int = Field(1, ge=1, description="micro-batches per batch: must divide training.batch_size")
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
+
+
 class ParallelismSpec(StrictModel):
     """How trials use the cluster.
 
@@ -469,6 +481,7 @@ class ParallelismSpec(StrictModel):
     lr_scaling: Literal["linear", "none"] = "linear"
     max_concurrent_trials: int | None = Field(None, ge=1)
     sequence_parallel: SequenceParallelSpec = SequenceParallelSpec()
+    pipeline: PipelineSpec = PipelineSpec()
     autoscaling: bool = Field(False, description="the cluster adds nodes on demand: do not refuse a trial that "
                                                  "does not fit the nodes there are now")
     max_failures: int = Field(0, ge=0, description="times a trial whose process or worker died is restarted from "

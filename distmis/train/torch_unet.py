@@ -548,11 +548,10 @@ class TorchUNetTrainer:
                     self.set_learning_rate(self.learning_rates.at(lr_epoch, step, len(batches)))
                 x, y = x.to(self.device), y.to(self.device)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss = self._batch_loss(x, y)
-                loss.backward()
+                loss = self._forward_backward(x, y)
                 self._synchronize_gradients()
                 self.optimizer.step()
-                losses.append(float(loss.detach()))
+                losses.append(float(loss))
                 meter.end_step()
         finally:
             stream.close()  # a step that raised stops the reading thread before its next batch
@@ -563,6 +562,12 @@ class TorchUNetTrainer:
     def set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One step's forward and backward: the gradients in place, the batch's loss returned (detached)."""
+        loss = self._batch_loss(x, y)
+        loss.backward()
+        return loss.detach()
 
     def _batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The training loss of one batch (a subclass may predict only part of it)."""
@@ -595,10 +600,11 @@ class TorchUNetTrainer:
         """
         from distmis.train.metrics import dice_score
 
-        distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
+        rank, size = self._validation_share()
+        distributed = size > 1 and dist.is_available() and dist.is_initialized()
         if distributed:
             self._sync_buffers_from_rank0()
-        cases = self.val_cases[self.rank::self.world_size] if distributed else self.val_cases
+        cases = self.val_cases[rank::size] if distributed else self.val_cases
         loss_sum, dice_sum = 0.0, 0.0
         with torch.no_grad():
             for _case_id, image, label in cases:
@@ -610,6 +616,11 @@ class TorchUNetTrainer:
             dist.all_reduce(totals, group=self.reduce_group)  # sum over ranks (on the model's device, for nccl)
         loss_total, dice_total, count = totals.cpu().tolist()
         return loss_total / count, dice_total / count
+
+    def _validation_share(self) -> tuple[int, int]:
+        """``(r, n)``: this rank validates every ``n``-th case from the ``r``-th; the sums add up over
+        :attr:`reduce_group`. Here the data-parallel rank and size."""
+        return self.rank, self.world_size
 
     def _sync_buffers_from_rank0(self) -> None:
         """Give every rank rank 0's buffers (batch-norm running statistics drift apart per rank)."""
@@ -686,6 +697,10 @@ class TorchUNetTrainer:
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         torch.save(rng, directory / f"rng.rank{rank}.pt")
 
+    def _saved_optimizer_state(self, directory: Path, state: dict) -> dict:
+        """This rank's optimizer state in a :meth:`save_state` folder whose ``trainer.pt`` holds ``state``."""
+        return state["optimizer"]
+
     def load_state(self, directory: str | Path, *, rank: int = 0, epoch: int) -> None:
         """Continue after ``epoch`` epochs from :meth:`save_state`'s folder.
 
@@ -697,7 +712,7 @@ class TorchUNetTrainer:
         directory = Path(directory)
         state = torch.load(directory / "trainer.pt", map_location=self.device, weights_only=True)
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(self._saved_optimizer_state(directory, state))
         rng_file = directory / f"rng.rank{rank}.pt"
         if rng_file.is_file():
             rng = torch.load(rng_file, weights_only=True)

@@ -56,8 +56,17 @@ def record(out_dir: str, spec: Any, layout: Any, trainer: Any, rank: int = 0,
     if hasattr(trainer, "strategy"):  # TensorFlow
         found["replicas"] = int(trainer.strategy.num_replicas_in_sync)
     groups = getattr(trainer, "groups", None)
-    if groups is not None:
+    if groups is not None and hasattr(groups, "sp_size"):
         found.update(sp_size=groups.sp_size, dp_size=groups.dp_size, sp_ranks=list(groups.sp_ranks))
+    if groups is not None and hasattr(groups, "pp_size"):
+        found.update(pp_size=groups.pp_size, dp_size=groups.dp_size, pp_ranks=list(groups.pp_ranks))
+    pipeline = getattr(trainer, "pipeline", None)
+    if pipeline is not None:  # this rank's stage: its cells, and the parameters its optimizer updates
+        found["stage_index"] = pipeline.stage_index
+        found["stage_cells"] = [type(c).__name__ for c in pipeline.stage_module.cells]
+        found["optimizer_parameters"] = sum(p.numel() for g in trainer.optimizer.param_groups for p in g["params"])
+        found["stage_parameters"] = sum(p.numel() for p in pipeline.stage_module.parameters())
+        found["model_parameters"] = trainer.num_parameters
     model = getattr(trainer, "train_model", None)
     if type(model).__name__ == "SequenceParallelViTSeg":
         found["wrapper_sp_size"] = model.sp_size
@@ -202,6 +211,33 @@ def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says(ray_l
             assert rank["attention_cores"] == ["UlyssesAttention"]
             r = rank["rank"]
             assert rank["sp_ranks"] == [r - r % 2, r - r % 2 + 1]  # SP groups of consecutive ranks
+
+
+def test_pipelined_trials_hold_their_stage_and_groups(ray_local, tmp_path: Path):
+    """stages [1, 2] with two data-parallel replicas: 2 and 4 ranks; each rank of a pipelined trial holds one
+    stage (its optimizer only that stage's parameters), pipelines of consecutive ranks, the lr scaled by DP only."""
+    tree = small_spec_tree(tmp_path / "data", model={
+        "name": "unet3d", "framework": "torch", "params": {"base_filters": 4, "levels": 3, "norm": "group",
+                                                           "norm_groups": 2}})
+    tree["training"].update(epochs=1, batch_size=2)
+    tree["search"] = {"algorithm": "grid", "space": {"parallelism.pipeline.stages": {"grid": [1, 2]}}}
+    tree["parallelism"] = {"workers_per_trial": 2, "resources_per_worker": {"cpu": 0.5},
+                           "pipeline": {"microbatches": 2}}
+    found = worker_records(run_probed(tree, tmp_path))
+    assert sorted(found) == ["2-0", "2-1", "4-0", "4-1", "4-2", "4-3"]
+    for name in ("2-0", "2-1"):  # stages 1: plain data parallelism
+        assert found[name]["train_model"] == "DistributedDataParallel" and "pp_size" not in found[name]
+    stages = [found[f"4-{r}"] for r in range(4)]
+    for r, rank in enumerate(stages):
+        assert rank["world_size"] == rank["layout_world_size"] == 4
+        assert rank["lr"] == pytest.approx(2e-3)  # dp=2: the two stages of a pipeline share one sample
+        assert (rank["pp_size"], rank["dp_size"]) == (2, 2)
+        assert rank["pp_ranks"] == [r - r % 2, r - r % 2 + 1] and rank["stage_index"] == r % 2
+        assert rank["train_model"] == "StageCells"
+        assert 0 < rank["optimizer_parameters"] == rank["stage_parameters"] < rank["model_parameters"]
+    assert stages[0]["stage_cells"][0] == "EncoderCell" and stages[1]["stage_cells"][-1] == "DecoderCell"
+    # the two stages of a pipeline hold the whole model between them, each parameter once
+    assert stages[0]["stage_parameters"] + stages[1]["stage_parameters"] == stages[0]["model_parameters"]
 
 
 def test_axial_trials_hold_the_dsp_switches_or_the_ulysses_cores_their_spec_says(ray_local, tmp_path: Path):

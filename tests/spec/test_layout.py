@@ -200,3 +200,37 @@ def test_auto_errors(spec_tree, change, match):
         tree["parallelism"]["sequence_parallel"] = change["sequence_parallel"]
     with pytest.raises(SpecError, match=match):
         validate_spec(tree)
+
+
+# --------------------------------------------------------------------------- pipeline stages
+def pipeline_tree(spec_tree, stages=2, **parallelism):
+    spec_tree["model"] = {"name": "unet3d", "framework": "torch",
+                          "params": {"base_filters": 4, "levels": 3, "norm": "group", "norm_groups": 2}}
+    spec_tree["parallelism"] = {"pipeline": {"stages": stages, "microbatches": 2}, **parallelism}
+    return spec_tree
+
+
+def test_a_pipelined_trial_holds_a_worker_per_stage_and_replica(spec_tree):
+    layout = resolve_layout(validate_spec(pipeline_tree(spec_tree, workers_per_trial=2,
+                                                        resources_per_worker={"cpu": 0.5})))
+    assert (layout.dp, layout.sp, layout.pp, layout.world_size, layout.distributed) == (2, 1, 2, 4, True)
+    assert layout.effective_lr == pytest.approx(2e-3)  # scaled by the replicas, not the stages
+    assert layout.describe() == "4 worker(s): dp=2 x sp=1 x pp=2, 0.5 CPU each"
+
+
+def test_searched_stages_make_every_trial_a_worker_group(spec_tree):
+    from distmis.search.plan import trial_layouts
+
+    tree = pipeline_tree(spec_tree, stages=1)
+    tree["search"] = {"algorithm": "grid", "space": {"parallelism.pipeline.stages": {"grid": [1, 2, 4]}}}
+    tree["training"]["batch_size"] = 4
+    spec = validate_spec(tree)
+    assert resolve_layout(spec).distributed  # even the 1-stage trials: all laid out and timed alike
+    assert [(layout.pp, layout.world_size) for layout in trial_layouts(spec)] == [(1, 1), (2, 2), (4, 4)]
+    _, layout = resolve_trial(spec, {"parallelism.pipeline.stages": 4})
+    assert (layout.pp, layout.world_size) == (4, 4)
+
+
+def test_a_layout_is_sequence_parallel_or_pipelined():
+    with pytest.raises(ValueError, match="sequence-parallel \\(the ViT\\) or pipelined \\(the U-Net\\), not both"):
+        TrialLayout(dp=1, sp=2, pp=2, distributed=True, cpu=1, gpu=0, lr=1e-3, lr_scaling="linear")

@@ -374,3 +374,72 @@ def test_axial_baselines_need_box_chunks(spec_tree):
     [(path, message)] = problems_of(axial_tree(spec_tree, tile=(8, 12, 8), degree=4))  # (2, 3, 2): 3-token chunks
     assert path == "parallelism.sequence_parallel" and "axial attention attends along the lines" in message
     validate_spec(axial_tree(spec_tree, tile=(8, 12, 8), degree=2, split="spatial"))
+
+
+# --------------------------------------------------------------------------- pipeline parallelism (LAMP)
+def pipeline_tree(spec_tree, *, levels: int = 3, batch_size: int = 4, **pipeline) -> dict:
+    tree = copy.deepcopy(spec_tree)
+    tree["model"] = {"name": "unet3d", "framework": "torch",
+                     "params": {"base_filters": 4, "levels": levels, "norm": "group", "norm_groups": 2}}
+    tree["training"]["batch_size"] = batch_size
+    tree["parallelism"] = {"pipeline": {"stages": 2, "microbatches": 2, **pipeline}}
+    return tree
+
+
+def test_a_pipeline_spec_and_its_search(spec_tree):
+    spec = validate_spec(pipeline_tree(spec_tree, stages=5, schedule="1f1b", microbatches=8, batch_size=8))
+    assert (spec.parallelism.pipeline.stages, spec.parallelism.pipeline.schedule) == (5, "1f1b")
+    assert validate_spec(spec_tree).parallelism.pipeline.stages == 1  # the default: no pipeline
+    tree = pipeline_tree(spec_tree)
+    tree["search"] = {"algorithm": "grid", "space": {"parallelism.pipeline.stages": {"grid": [1, 2, 4]},
+                                                     "parallelism.pipeline.microbatches": {"grid": [1, 2, 4]},
+                                                     "model.params.base_filters": {"grid": [4, 8]}}}
+    validate_spec(tree)
+
+
+def test_a_pipeline_needs_the_torch_unet(spec_tree):
+    tree = pipeline_tree(spec_tree)
+    tree["model"]["framework"] = "tensorflow"
+    [(path, message)] = problems_of(tree)
+    assert path == "parallelism.pipeline.stages"
+    assert "needs model.name 'unet3d' with model.framework 'torch', not 'unet3d' (tensorflow)" in message
+    tree["model"] = {"name": "vit-seg", "framework": "torch", "params": {"patch": 4, "heads": 2, "embed_dim": 16}}
+    [(path, message)] = problems_of(tree)
+    assert path == "parallelism.pipeline.stages" and "not 'vit-seg' (torch)" in message
+
+
+def test_a_pipeline_has_no_more_stages_than_cells(spec_tree):
+    [(path, message)] = problems_of(pipeline_tree(spec_tree, levels=2, stages=4, microbatches=4))
+    assert path == "parallelism.pipeline.stages"
+    assert "a U-Net of 2 levels (model.params.levels) is a sequence of 3 cells" in message
+    assert "cannot be cut into 4 stages" in message
+
+
+def test_micro_batches_divide_the_batch_and_1f1b_needs_one_per_stage(spec_tree):
+    [(path, message)] = problems_of(pipeline_tree(spec_tree, microbatches=3))
+    assert path == "parallelism.pipeline.microbatches" and "batch_size 4 must divide into 3 equal" in message
+    [(path, message)] = problems_of(pipeline_tree(spec_tree, stages=4, microbatches=2, schedule="1f1b"))
+    assert path == "parallelism.pipeline.microbatches" and "2 for 4 stages" in message
+    validate_spec(pipeline_tree(spec_tree, stages=1, microbatches=3))  # no pipeline: micro-batches unused
+
+
+def test_searched_pipeline_values_are_checked_alone_and_together(spec_tree):
+    tree = pipeline_tree(spec_tree)
+    tree["search"] = {"algorithm": "grid", "space": {"parallelism.pipeline.microbatches": {"grid": [2, 3]}}}
+    [(path, message)] = problems_of(tree)
+    assert path == "search.space.parallelism.pipeline.microbatches" and "value 3" in message
+    # each value alone is valid with the spec's stages (1) and batch (4); 4 stages with 2 micro-batches is not
+    tree = pipeline_tree(spec_tree, stages=1, microbatches=4, schedule="1f1b")
+    tree["search"] = {"algorithm": "grid", "space": {"parallelism.pipeline.stages": {"grid": [1, 4]},
+                                                     "parallelism.pipeline.microbatches": {"grid": [2, 4]}}}
+    [(path, message)] = problems_of(tree)
+    assert path == "search.space"
+    assert ("the trial with parallelism.pipeline.stages=4, parallelism.pipeline.microbatches=2" in message
+            and "needs at least one micro-batch per stage" in message)
+
+
+def test_a_pipeline_is_not_compared(spec_tree):
+    tree = pipeline_tree(spec_tree)
+    tree["parallelism"].update(mode="compare", workers=[2])
+    [(path, message)] = problems_of(tree)
+    assert path == "parallelism.pipeline.stages" and "mode 'compare' runs trials of one worker" in message

@@ -1,0 +1,130 @@
+"""The pipelined U-Net trainer in a real gloo group of 2 ranks (one stage each), on real TFRecords.
+
+Each rank writes what it found; the tests compare the ranks with each other, a resumed run with one trained
+straight on, and the saved model (the whole U-Net, loadable without a pipeline) with the ranks' weights. That a
+pipelined trial trains as an unpipelined one does is ``tests/search/test_pipeline_search.py``'s.
+"""
+
+from __future__ import annotations
+
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from distmis.search.prepare import prepare_data
+from distmis.spec import validate_spec
+from distmis.train.torch_unet import TorchUNetTrainer
+from tests.conftest import small_spec_tree
+
+pytestmark = pytest.mark.slow  # a real gloo group of 2 processes
+
+
+def pipeline_tree(data: Path) -> dict[str, Any]:
+    tree = small_spec_tree(data, model={"name": "unet3d", "framework": "torch",
+                                        "params": {"base_filters": 4, "levels": 3, "norm": "group", "norm_groups": 2}})
+    tree["dataset"]["synthetic"]["cases"] = 10  # 5 training cases: the last batch of 2 is short
+    tree["training"].update(batch_size=2, epochs=2)
+    tree["parallelism"] = {"mode": "data", "workers": 1, "pipeline": {"stages": 2, "microbatches": 2}}
+    return tree
+
+
+def _on_rank(rank: int, spec_tree: dict, tfrecord_dir: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from distmis.parallel.groups import build_pipeline_groups
+    from distmis.train.torch_pipeline import TorchPipelineUNetTrainer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    found: dict[str, Any] = {}
+    try:
+        spec = validate_spec(spec_tree)
+        groups = build_pipeline_groups(2)
+
+        def trainer() -> TorchPipelineUNetTrainer:
+            return TorchPipelineUNetTrainer(spec, tfrecord_dir, groups=groups)
+
+        straight = trainer()
+        found["batches"] = [straight.epoch_batches(e) for e in (1, 2)]
+        found["epochs"] = [straight.run_epoch(e).as_dict() for e in (1, 2)]
+        found["weights"] = {k: v.clone() for k, v in straight.model.state_dict().items()}
+        if rank == 0:
+            straight.save(Path(out) / "model")
+
+        first = trainer()
+        first.run_epoch(1)
+        first.save_state(Path(out) / "state", rank=rank, primary=rank == 0)
+        dist.barrier()  # every stage's files written before any loads
+        resumed = trainer()
+        resumed.load_state(Path(out) / "state", rank=rank, epoch=1)
+        found["resumed_epoch"] = resumed.run_epoch(2).as_dict()
+        found["resumed_weights"] = {k: v.clone() for k, v in resumed.model.state_dict().items()}
+        found["ok"] = True
+    except Exception:  # noqa: BLE001 - reported to the test, which fails with it
+        found = {"ok": False, "error": traceback.format_exc()}
+    finally:
+        torch.save(found, f"{out}/rank{rank}.pt")
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> tuple[Any, Any, list[dict[str, Any]], Path]:
+    import torch.multiprocessing as mp
+
+    tmp = tmp_path_factory.mktemp("pipeline_trainer")
+    spec = validate_spec(pipeline_tree(tmp / "data"))
+    data = prepare_data(spec, tmp / "out", progress=False)
+    mp.spawn(_on_rank, args=(spec.model_dump(mode="json"), str(data.tfrecord_dir), str(tmp)), nprocs=2, join=True)
+    results = [torch.load(tmp / f"rank{r}.pt") for r in (0, 1)]
+    failures = [r["error"] for r in results if not r["ok"]]
+    assert not failures, "\n".join(failures)
+    return spec, data, results, tmp
+
+
+def test_every_batch_of_a_pipelined_trial_is_full(ran):
+    spec, _, results, _ = ran
+    for batches in results[0]["batches"]:
+        assert len(batches) == 3 and all(len(b) == spec.training.batch_size for b in batches)
+        assert sorted({i for b in batches for i in b}) == list(range(5))  # every case, the first one twice
+    assert results[0]["batches"] == results[1]["batches"]  # both stages read the same batches
+
+
+def test_the_pipelined_trainer_trains_and_validates_the_whole_model(ran):
+    spec, data, results, _ = ran
+    for result in results:  # every rank reports the same numbers, and holds every stage's weights
+        for mine, first in zip(result["epochs"], results[0]["epochs"]):
+            assert [mine[k] for k in ("train_loss", "val_loss", "val_dice")] == [
+                first[k] for k in ("train_loss", "val_loss", "val_dice")]
+        for name, value in result["weights"].items():
+            torch.testing.assert_close(value, results[0]["weights"][name], atol=0, rtol=0)
+    epochs = results[0]["epochs"]
+    assert epochs[1]["train_loss"] < epochs[0]["train_loss"]
+    assert all(e["step_seconds"] > 0 and e["peak_memory_mb"] >= 0 for e in epochs)
+
+
+def test_a_pipelined_trial_resumes_as_if_never_stopped(ran):
+    _, _, results, _ = ran
+    for result in results:
+        resumed, straight = result["resumed_epoch"], result["epochs"][1]
+        for key in ("train_loss", "val_loss", "val_dice"):
+            assert resumed[key] == pytest.approx(straight[key], rel=1e-6, abs=1e-7), key
+        for name, value in result["resumed_weights"].items():
+            torch.testing.assert_close(value, result["weights"][name], atol=1e-6, rtol=1e-6)
+
+
+def test_the_saved_model_is_the_whole_unet(ran):
+    spec, data, results, tmp = ran
+    plain = TorchUNetTrainer(spec, data.tfrecord_dir)  # no pipeline, no process group
+    plain.load(tmp / "model")
+    for name, value in plain.model.state_dict().items():
+        torch.testing.assert_close(value, results[0]["weights"][name], atol=0, rtol=0)
+    val_loss, val_dice = plain.validate()
+    np.testing.assert_allclose([val_loss, val_dice],
+                               [results[0]["epochs"][1]["val_loss"], results[0]["epochs"][1]["val_dice"]], rtol=1e-6)
