@@ -50,9 +50,10 @@ def parallel_layout(ranks: Sequence[int], sp_size: int) -> tuple[list[tuple[int,
     return sp_groups, dp_groups
 
 
-def _build_groups(inner_size: int, ranks: Sequence[int] | None) -> tuple[tuple[Any, tuple[int, ...]], ...] | None:
-    """``((inner_group, inner_ranks), (dp_group, dp_ranks))`` of the calling process for groups of ``inner_size``
-    consecutive ranks (and the DP groups across them) over ``ranks``; None on a process outside them."""
+def _build_groups(inner: str, inner_size: int, ranks: Sequence[int] | None) -> dict[str, Any] | None:
+    """The calling process's groups of ``inner_size`` consecutive ranks over ``ranks`` and the DP groups across
+    them, as the fields ``<inner>_group, <inner>_rank, <inner>_size, <inner>_ranks`` and ``dp_...`` of
+    :class:`ParallelGroups` (``inner="sp"``) or :class:`PipelineGroups` (``"pp"``); None on a process outside."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("process groups need torch.distributed initialized (init_process_group) first")
     world = dist.get_world_size()
@@ -61,13 +62,14 @@ def _build_groups(inner_size: int, ranks: Sequence[int] | None) -> tuple[tuple[A
         raise ValueError(f"ranks must lie in [0, {world}), got {ranks}")
     inner_layout, dp_layout = parallel_layout(ranks, inner_size)
     me = dist.get_rank()
-    mine: dict[str, tuple[Any, tuple[int, ...]]] = {}
-    for kind, layout in (("inner", inner_layout), ("dp", dp_layout)):
+    fields: dict[str, Any] = {}
+    for kind, layout in ((inner, inner_layout), ("dp", dp_layout)):
         for members in layout:
             group = dist.new_group(list(members))
             if me in members:
-                mine[kind] = (group, members)
-    return (mine["inner"], mine["dp"]) if mine else None
+                fields.update({f"{kind}_group": group, f"{kind}_rank": members.index(me),
+                               f"{kind}_size": len(members), f"{kind}_ranks": members})
+    return fields or None
 
 
 def build_parallel_groups(sp_size: int, ranks: Sequence[int] | None = None) -> ParallelGroups | None:
@@ -75,16 +77,8 @@ def build_parallel_groups(sp_size: int, ranks: Sequence[int] | None = None) -> P
 
     Collective: every process of the default group must call it with the same arguments.
     """
-    built = _build_groups(sp_size, ranks)
-    if built is None:
-        return None
-    (sp_group, sp_ranks), (dp_group, dp_ranks) = built
-    me = dist.get_rank()
-    return ParallelGroups(
-        sp_group=sp_group, sp_rank=sp_ranks.index(me), sp_size=len(sp_ranks),
-        dp_group=dp_group, dp_rank=dp_ranks.index(me), dp_size=len(dp_ranks),
-        sp_ranks=sp_ranks, dp_ranks=dp_ranks,
-    )
+    fields = _build_groups("sp", sp_size, ranks)
+    return None if fields is None else ParallelGroups(**fields)
 
 
 @dataclass(frozen=True)
@@ -106,13 +100,5 @@ def build_pipeline_groups(pp_size: int, ranks: Sequence[int] | None = None) -> P
     """Create the pipeline groups (``pp_size`` consecutive ranks: stages ``0 .. pp_size - 1``) and the DP groups
     across them over ``ranks`` (default: the whole world), laid out as :func:`parallel_layout` lays out SP groups;
     ``None`` on a process outside them. Collective, as :func:`build_parallel_groups`."""
-    built = _build_groups(pp_size, ranks)
-    if built is None:
-        return None
-    (pp_group, pp_ranks), (dp_group, dp_ranks) = built
-    me = dist.get_rank()
-    return PipelineGroups(
-        pp_group=pp_group, pp_rank=pp_ranks.index(me), pp_size=len(pp_ranks),
-        dp_group=dp_group, dp_rank=dp_ranks.index(me), dp_size=len(dp_ranks),
-        pp_ranks=pp_ranks, dp_ranks=dp_ranks,
-    )
+    fields = _build_groups("pp", pp_size, ranks)
+    return None if fields is None else PipelineGroups(**fields)

@@ -13,9 +13,6 @@ is exact with one micro-batch, and another function with more.
 from __future__ import annotations
 
 import copy
-import traceback
-from datetime import timedelta
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -23,6 +20,7 @@ import torch
 
 from distmis.models.unet3d_torch import UNet3D
 from distmis.train.torch_unet import make_loss
+from tests.parallel.gloo_cases import Cases, case, spawn_cases
 
 pytestmark = pytest.mark.slow  # real gloo process groups of 2 and 4 ranks
 
@@ -169,61 +167,29 @@ def errors_case() -> dict[str, Any]:
     return {}
 
 
-def run_case(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    try:
-        return {"ok": True, **fn()}
-    except AssertionError:  # raised after the collectives of the case, so the other ranks do not hang
-        return {"ok": False, "error": traceback.format_exc()}
-
-
-def worker(rank: int, world_size: int, out: str) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))
-    results: dict[str, Any] = {}
-    try:
-        cases: dict[str, Callable[[], dict[str, Any]]] = {}
-        for microbatches in (1, 2, 4):
-            cases[f"gpipe/{microbatches}"] = lambda m=microbatches: pipeline_case("gpipe", m)
-        cases[f"1f1b/{world_size}"] = lambda: pipeline_case("1f1b", world_size)
-        cases["batch-norm/1"] = lambda: pipeline_case("gpipe", 1, norm="batch")
-        cases["batch-norm/2"] = batch_norm_micro_batches_case
-        cases["errors"] = errors_case
-        if world_size == 4:
-            cases["dp2xpp2"] = dp_pp_case
-        for name, fn in cases.items():
-            results[name] = run_case(fn)
-    finally:
-        torch.save(results, Path(out) / f"rank{rank}.pt")
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def spawn(world_size: int, out: Path) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp
-
-    mp.spawn(worker, args=(world_size, str(out)), nprocs=world_size, join=True)
-    return [torch.load(out / f"rank{r}.pt") for r in range(world_size)]
+def make_cases(world_size: int) -> Cases:
+    """Every configuration this world size runs, by name."""
+    cases: dict[str, Callable[[], dict[str, Any]]] = {}
+    for microbatches in (1, 2, 4):
+        cases[f"gpipe/{microbatches}"] = lambda m=microbatches: pipeline_case("gpipe", m)
+    cases[f"1f1b/{world_size}"] = lambda: pipeline_case("1f1b", world_size)
+    cases["batch-norm/1"] = lambda: pipeline_case("gpipe", 1, norm="batch")
+    cases["batch-norm/2"] = batch_norm_micro_batches_case
+    cases["errors"] = errors_case
+    if world_size == 4:
+        cases["dp2xpp2"] = dp_pp_case
+    return cases
 
 
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
     """Every configuration run once in a real gloo group of 2 ranks and once in one of 4."""
-    return {n: spawn(n, tmp_path_factory.mktemp(f"pp{n}")) for n in (2, 4)}
+    return {n: spawn_cases(make_cases, n, tmp_path_factory.mktemp(f"pp{n}")) for n in (2, 4)}
 
 
 @pytest.fixture(params=[2, 4], ids=lambda n: f"{n}stages")
 def ranks(request, spawned) -> list[dict[str, Any]]:
     return spawned[request.param]
-
-
-def case(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    results = [r[name] for r in ranks]
-    failures = [f"rank {i}:\n{r['error']}" for i, r in enumerate(results) if not r["ok"]]
-    assert not failures, "\n".join(failures)
-    return results
 
 
 @pytest.mark.parametrize("name", ["gpipe/1", "gpipe/2", "gpipe/4"])

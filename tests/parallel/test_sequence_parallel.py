@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import copy
 import math
-import traceback
-from datetime import timedelta
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -23,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from distmis.models.vit_seg import ViTSeg
+from tests.parallel.gloo_cases import Cases, case, spawn_cases
 
 pytestmark = pytest.mark.slow  # real gloo process groups of 2 and 4 ranks
 
@@ -378,77 +376,38 @@ def axial_sliding_window_case() -> dict[str, float]:
     return {"error": (actual - expected).abs().max().item()}
 
 
-def run_case(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    try:
-        return {"ok": True, **fn()}
-    except AssertionError:  # raised after the collectives of the case, so the other ranks do not hang
-        return {"ok": False, "error": traceback.format_exc()}
-
-
-def worker(rank: int, world_size: int, out: str) -> None:
-    import time
-
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    # A file store, not a TCP store hosted by rank 0: no rank depends on rank 0's process to rendezvous or leave.
-    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))
-    results: dict[str, Any] = {}
-    try:
-        cases: dict[str, Callable[[], dict[str, Any]]] = {"collectives": collectives_case}
-        for attention in ATTENTIONS:
-            for split in SPLITS:
-                cases[f"gather/{attention}/{split}"] = lambda a=attention, s=split: gather_case(a, s)
-            cases[f"no-gather/{attention}/spatial"] = lambda a=attention: no_gather_case(a)
-        cases["gather/ulysses/ordered/sinusoidal"] = lambda: gather_case("ulysses", "ordered", "sinusoidal")
-        cases["no-gather/train"] = no_gather_training
-        cases["sliding-window"] = sliding_window_case
-        cases["axial/dsp"] = lambda: axial_gather_case("dsp")
-        for attention in ATTENTIONS:
-            for split in SPLITS:
-                cases[f"axial/{attention}/{split}"] = lambda a=attention, s=split: axial_gather_case(a, s)
-        cases["axial/dsp/no-gather"] = lambda: no_gather_case("dsp", axial=True)
-        cases["axial/dsp/sliding-window"] = axial_sliding_window_case
-        if world_size == 4:
-            cases["dp2xsp2"] = dp_sp_case
-            cases["no-gather/non-box"] = non_box_case
-            cases["axial/dp2xsp2"] = lambda: dp_sp_case(axial=True)
-        for name, fn in cases.items():
-            start = time.perf_counter()
-            results[name] = run_case(fn)
-            results[name]["seconds"] = time.perf_counter() - start
-    finally:
-        torch.save(results, Path(out) / f"rank{rank}.pt")
-        # Every rank done before any tears gloo down: a rank that exits while a peer still talks to it
-        # aborts ("terminate called without an active exception"), seen under load.
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def spawn(world_size: int, out: Path) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp
-
-    mp.spawn(worker, args=(world_size, str(out)), nprocs=world_size, join=True)
-    return [torch.load(out / f"rank{r}.pt") for r in range(world_size)]
+def make_cases(world_size: int) -> Cases:
+    """Every configuration this world size runs, by name."""
+    cases: dict[str, Callable[[], dict[str, Any]]] = {"collectives": collectives_case}
+    for attention in ATTENTIONS:
+        for split in SPLITS:
+            cases[f"gather/{attention}/{split}"] = lambda a=attention, s=split: gather_case(a, s)
+        cases[f"no-gather/{attention}/spatial"] = lambda a=attention: no_gather_case(a)
+    cases["gather/ulysses/ordered/sinusoidal"] = lambda: gather_case("ulysses", "ordered", "sinusoidal")
+    cases["no-gather/train"] = no_gather_training
+    cases["sliding-window"] = sliding_window_case
+    cases["axial/dsp"] = lambda: axial_gather_case("dsp")
+    for attention in ATTENTIONS:
+        for split in SPLITS:
+            cases[f"axial/{attention}/{split}"] = lambda a=attention, s=split: axial_gather_case(a, s)
+    cases["axial/dsp/no-gather"] = lambda: no_gather_case("dsp", axial=True)
+    cases["axial/dsp/sliding-window"] = axial_sliding_window_case
+    if world_size == 4:
+        cases["dp2xsp2"] = dp_sp_case
+        cases["no-gather/non-box"] = non_box_case
+        cases["axial/dp2xsp2"] = lambda: dp_sp_case(axial=True)
+    return cases
 
 
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
     """Every configuration run once in a real gloo group of 2 ranks and once in one of 4."""
-    return {n: spawn(n, tmp_path_factory.mktemp(f"sp{n}")) for n in (2, 4)}
+    return {n: spawn_cases(make_cases, n, tmp_path_factory.mktemp(f"sp{n}")) for n in (2, 4)}
 
 
 @pytest.fixture(params=[2, 4], ids=lambda n: f"{n}ranks")
 def ranks(request, spawned) -> list[dict[str, Any]]:
     return spawned[request.param]
-
-
-def case(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    results = [r[name] for r in ranks]
-    failures = [f"rank {i}:\n{r['error']}" for i, r in enumerate(results) if not r["ok"]]
-    assert not failures, "\n".join(failures)
-    return results
 
 
 def test_collectives_and_their_backwards(ranks):
