@@ -106,6 +106,8 @@ class ModelRecipe:
     @classmethod
     def from_spec(cls, spec: Any, manifest: dict[str, Any]) -> ModelRecipe:
         """The recipe of a model trained by ``spec`` (a trial's, resolved) on the data of ``manifest``."""
+        from distmis.spec.curriculum import inference_window
+
         training, made = spec.training, manifest["preprocess"]
         volume = tuple(int(v) for v in manifest["image_shape"][:3])
         return cls(
@@ -113,7 +115,7 @@ class ModelRecipe:
             num_classes=int(manifest["num_classes"]),
             crop=tuple(made["crop"]) if made.get("crop") else None,
             resize=tuple(made["resize"]) if made.get("resize") else None,
-            window=tuple(training.tile) if training.tile else volume,  # type: ignore[arg-type]
+            window=inference_window(training) or volume,  # the (last curriculum stage's) training input
             output="logits" if spec.model.name == "vit-seg" else "probabilities",
             inference=InferenceSettings(overlap=training.inference.overlap, mode=training.inference.mode,
                                         sigma_scale=training.inference.sigma_scale,

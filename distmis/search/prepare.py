@@ -61,8 +61,9 @@ class Volume:
 
 
 def tiles_to_check(spec: Spec) -> list[tuple[str, Any, tuple[int, int, int]]]:
-    """Every tile a trial may train on: ``(field, searched value or None, tile)`` for ``training.tile`` and for
-    each value of a search over it (``search.space.training.tile``, or over the whole ``training`` section).
+    """Every tile a trial may train on: ``(field, searched value or None, tile)`` for ``training.tile``, each stage
+    of ``training.curriculum`` and each value of a search over it (``search.space.training.tile``, or over the
+    whole ``training`` section).
 
     Values that give no tile (null: the whole volume) or no valid spec (reported by the spec's own checks)
     are left out.
@@ -70,6 +71,9 @@ def tiles_to_check(spec: Spec) -> list[tuple[str, Any, tuple[int, int, int]]]:
     tiles = []
     if spec.training.tile is not None:
         tiles.append(("training.tile", None, tuple(spec.training.tile)))
+    for number, stage in enumerate(spec.training.curriculum or []):
+        if stage.tile is not None:
+            tiles.append((f"training.curriculum[{number}].tile", None, tuple(stage.tile)))
     for path, domain in spec.search.space.items():
         if path not in ("training", "training.tile"):
             continue

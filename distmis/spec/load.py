@@ -9,11 +9,12 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from distmis.spec.curriculum import TrainingStage, training_stages
 from distmis.spec.partition import check_sequence_parallel as check_token_partition
 from distmis.spec.partition import token_grid
 from distmis.spec.schema import Spec
@@ -188,6 +189,8 @@ def volume_shape(spec: Spec) -> tuple[int, int, int] | None:
 def check_input_shape(spec: Spec, shape: tuple[int, int, int] | None = None) -> list[tuple[str, str]]:
     """The network input (tile, or whole volume) must fit the volume and divide by the pooling factor
     (U-Net) or the patch size (ViT)."""
+    if spec.training.curriculum:
+        return _per_stage(spec, lambda stage: check_input_shape(stage, shape))
     problems: list[tuple[str, str]] = []
     volume = shape or volume_shape(spec)
     factor = spec.model.input_multiple
@@ -209,6 +212,43 @@ def check_input_shape(spec: Spec, shape: tuple[int, int, int] | None = None) -> 
              f"dimension must divide by {factor}; crop/resize to such a shape or set training.tile")
         )
     return problems
+
+
+def stage_spec(spec: Spec, stage: TrainingStage) -> Spec:
+    """``spec`` as one stage of its ``training.curriculum`` trains: ``training.tile``, ``batch_size`` and
+    ``tile_sampling`` the stage's, no curriculum (``training.epochs`` stays the whole run's: the learning-rate
+    schedule spans every stage). A spec without a curriculum is returned as it is. SpecError when the stage's
+    values do not make a valid spec (a rotation that needs two equal sides of the tile, ...)."""
+    if not spec.training.curriculum:
+        return spec
+    return apply_config(spec, {"training.curriculum": None, "training.tile": stage.tile,
+                               "training.batch_size": stage.batch_size, "training.tile_sampling": stage.tile_sampling},
+                        source=f"training.curriculum stage {stage.number}")
+
+
+def _per_stage(spec: Spec, check: Callable[[Spec], list[tuple[str, str]]]) -> list[tuple[str, str]]:
+    """``check``'s problems with each stage of ``training.curriculum`` as a spec of its own (:func:`stage_spec`),
+    each under ``training.curriculum[i]``."""
+    problems: list[tuple[str, str]] = []
+    for stage in training_stages(spec.training):
+        where = f"training.curriculum[{stage.number - 1}]"
+        try:
+            trial = stage_spec(spec, stage)
+        except SpecError as exc:
+            problems += [(where, f"{path}: {message}") for path, message in exc.problems]
+            continue
+        problems += [(where, f"{path}: {message}") for path, message in check(trial)]
+    return problems
+
+
+def check_curriculum(spec: Spec) -> list[tuple[str, str]]:
+    """A curriculum changes the input's size from stage to stage: the ViT's position embedding and token split
+    are made for one tile, so only the U-Nets take one."""
+    if spec.training.curriculum and spec.model.name == "vit-seg":
+        return [("training.curriculum", "vit-seg's position embedding and token partition are sized to one tile, so "
+                                        "its input cannot grow from stage to stage: a curriculum needs model.name "
+                                        "'unet3d' (set training.tile for vit-seg instead)")]
+    return []
 
 
 def check_search_space(spec: Spec) -> list[tuple[str, str]]:
@@ -429,10 +469,13 @@ def check_pipeline(spec: Spec) -> list[tuple[str, str]]:
         problems.append((f"{where}.stages", f"a U-Net of {levels} levels (model.params.levels) is a sequence of "
                                             f"{2 * levels - 1} cells (encoder levels, bottleneck, decoder levels): "
                                             f"it cannot be cut into {pipe.stages} stages"))
-    batch = spec.training.batch_size
-    if batch % pipe.microbatches:
-        problems.append((f"{where}.microbatches", f"training.batch_size {batch} must divide into {pipe.microbatches} "
-                                                  "equal micro-batches"))
+    for stage in training_stages(spec.training):  # one, or every stage of the curriculum
+        batch = stage.batch_size
+        if batch % pipe.microbatches:
+            source = (f"training.curriculum[{stage.number - 1}].batch_size" if spec.training.curriculum
+                      else "training.batch_size")
+            problems.append((f"{where}.microbatches", f"{source} {batch} must divide into {pipe.microbatches} "
+                                                      "equal micro-batches"))
     if pipe.schedule == "1f1b" and pipe.microbatches < pipe.stages:
         problems.append((f"{where}.microbatches", f"the 1f1b schedule needs at least one micro-batch per stage: "
                                                   f"{pipe.microbatches} for {pipe.stages} stages; use gpipe or more "
@@ -472,7 +515,8 @@ def check_pipeline_combinations(spec: Spec) -> list[tuple[str, str]]:
 
 def trial_problems(spec: Spec) -> list[tuple[str, str]]:
     """The rules every trial's spec must meet (checked for the spec and for every searched value)."""
-    return check_input_shape(spec) + check_sequence_parallel(spec) + check_pipeline(spec)
+    problems = check_curriculum(spec) or check_input_shape(spec)
+    return list(dict.fromkeys(problems + check_sequence_parallel(spec) + check_pipeline(spec)))
 
 
 def check_spec(spec: Spec) -> list[tuple[str, str]]:

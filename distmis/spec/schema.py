@@ -274,6 +274,26 @@ class AugmentSpec(StrictModel):
         return self.enabled and any(p > 0 for p in probabilities)
 
 
+class CurriculumStageSpec(StrictModel):
+    """One stage of ``training.curriculum``: ``epochs`` epochs on ``tile`` (null: the whole volume) in batches of
+    ``batch_size`` (default ``training.batch_size``), ``tile_sampling`` of the tiles centred on foreground
+    (default ``training.tile_sampling``)."""
+
+    tile: Shape3 | None
+    epochs: int = Field(ge=1, le=100_000)
+    batch_size: int | None = Field(None, ge=1)
+    tile_sampling: float | None = Field(None, ge=0, le=1)
+
+    _tile = field_validator("tile")(_check_positive_shape)
+
+    @model_validator(mode="after")
+    def _sampling_needs_a_tile(self) -> CurriculumStageSpec:
+        if self.tile_sampling and self.tile is None:
+            raise ValueError(f"tile_sampling ({self.tile_sampling:g}) needs a tile: a stage with tile null trains on "
+                             "whole volumes")
+        return self
+
+
 class TrainingSpec(StrictModel):
     epochs: int = Field(10, ge=1, le=100_000)
     batch_size: int = Field(2, ge=1)
@@ -285,10 +305,40 @@ class TrainingSpec(StrictModel):
     loss: LossSpec = LossSpec()
     inference: InferenceSpec = InferenceSpec()
     seed: int = 0
+    curriculum: list[CurriculumStageSpec] | None = Field(
+        None, description="stages of training on growing inputs (LAMP): each {tile, epochs, batch_size, "
+                          "tile_sampling}; the epochs add up to training.epochs, and the last stage's input is the "
+                          "one validated, tested and predicted with")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _epochs_of_the_curriculum(cls, data: Any) -> Any:
+        """With a curriculum, ``epochs`` defaults to the sum of its stages' epochs."""
+        if isinstance(data, dict) and data.get("curriculum") and "epochs" not in data:
+            stages = data["curriculum"]
+            if isinstance(stages, list) and all(isinstance(s, dict) and isinstance(s.get("epochs"), int)
+                                                for s in stages):
+                data = {**data, "epochs": sum(s["epochs"] for s in stages)}
+        return data
+
+    @model_validator(mode="after")
+    def _curriculum_gives_the_tiles_and_epochs(self) -> TrainingSpec:
+        if self.curriculum is None:
+            return self
+        if not self.curriculum:
+            raise ValueError("curriculum needs at least one stage (or leave it out)")
+        if self.tile is not None:
+            raise ValueError(f"training.tile ({list(self.tile)}) and training.curriculum both set the training input: "
+                             "with a curriculum each stage gives its tile; leave training.tile out")
+        total = sum(stage.epochs for stage in self.curriculum)
+        if total != self.epochs:
+            raise ValueError(f"the curriculum's stages train {total} epochs, but training.epochs is {self.epochs}: "
+                             "make them agree (or leave training.epochs out)")
+        return self
 
     @model_validator(mode="after")
     def _tile_sampling_needs_tiles(self) -> TrainingSpec:
-        if self.tile_sampling and self.tile is None:
+        if self.tile_sampling and self.tile is None and self.curriculum is None:
             raise ValueError(f"tile_sampling ({self.tile_sampling:g}) needs training.tile: without tiles every "
                              "training input is the whole volume")
         return self

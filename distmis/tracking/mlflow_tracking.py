@@ -42,10 +42,11 @@ RESUMES_TAG = "distmis.resumes"  # times a search (or a trial in it) was resumed
 
 logger = logging.getLogger(__name__)
 
-# What a trial reports each epoch that is logged as an MLflow metric (step = epoch). The last three come from the
-# PyTorch trainers (distmis.train.torch_unet.StepMeter; fom from the ViT-seg's only).
+# What a trial reports each epoch that is logged as an MLflow metric (step = epoch). step_seconds, peak_memory_mb
+# and fom come from the PyTorch trainers (distmis.train.torch_unet.StepMeter; fom from the ViT-seg's only); the
+# curriculum's stage and tile from trials with a training.curriculum.
 EPOCH_METRICS = ("train_loss", "val_loss", "val_dice", "epoch_seconds", "learning_rate", "step_seconds",
-                 "peak_memory_mb", "fom")
+                 "peak_memory_mb", "fom", "curriculum_stage", "tile_h", "tile_w", "tile_d")
 
 
 def default_tracking_uri(output_dir: str | Path) -> str:

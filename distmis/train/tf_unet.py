@@ -10,6 +10,7 @@ the validation dice is the one a user would compute on the preprocessed cases.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -20,7 +21,8 @@ import numpy as np
 
 from distmis.spec.layout import TrialLayout, resolve_layout
 from distmis.spec.schema import Spec
-from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch
+from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
+from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch, curriculum_metrics
 from distmis.train.inference import predict_channels_last
 from distmis.train.schedules import LearningRateSchedule
 
@@ -125,7 +127,11 @@ class UNetTrainer:
         self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
         self._epochs_trained = 0
         self._num_train = int(manifest["splits"]["train"]["num_cases"])
-        self.steps_per_epoch = max(1, math.ceil(self._num_train / training.batch_size))  # one process's
+        self.volume_shape = tuple(int(v) for v in manifest["image_shape"][:3])
+        # training.curriculum: the stage of the epoch being trained gives the tile, batch and tile sampling (a spec
+        # without one is one stage); validation and inference use the last stage's input throughout.
+        self.stage = stage_at(training, 1)
+        self.window = inference_window(training)
         self.train_data = self._train_data(training.seed)
         # Validation cases are read one at a time when predicted (each epoch), as in the torch trainers.
         self.val_cases = SplitCases(self.tfrecord_dir, "val", label_dtype=np.float32, manifest=manifest)
@@ -147,6 +153,8 @@ class UNetTrainer:
             per_replica = strategy.run(replica_step, args=(x, y))
             return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
 
+        self._replica_train_step = train_step
+
         @tf.function(reduce_retracing=True)
         def predict(x):
             return model(x, training=False)
@@ -163,15 +171,33 @@ class UNetTrainer:
                 total += train_step(x, y)
             return total / tf.cast(steps, tf.float32)
 
-        # One trace for every batch size: the training split's last batch may be short (a worker's shard of 3
-        # cases in batches of 2), and a second trace of the step costs as much as the first (3 to 5 s).
-        if isinstance(self.train_data, tf.data.Dataset):
-            self._train_step = tf.function(train_step, input_signature=list(self.train_data.element_spec))
-        else:  # a distributed dataset, stepped inside train_steps
-            self._train_step = tf.function(train_step, reduce_retracing=True)
+        self._trace_train_step()
         self._train_steps = train_steps
         self._train_iterator: Any = None
         self._predict = predict
+
+    def _trace_train_step(self) -> None:
+        """The training step as a ``tf.function`` for the current input pipeline's batches: one trace for every
+        batch size (the training split's last batch may be short: a worker's shard of 3 cases in batches of 2; a
+        second trace of the step costs as much as the first, 3 to 5 s). A curriculum stage of another tile traces
+        it again."""
+        import tensorflow as tf
+
+        if isinstance(self.train_data, tf.data.Dataset):
+            self._train_step = tf.function(self._replica_train_step, input_signature=list(self.train_data.element_spec))
+        else:  # a distributed dataset, stepped inside train_steps
+            self._train_step = tf.function(self._replica_train_step, reduce_retracing=True)
+
+    def enter_stage(self, stage: TrainingStage, seed: int) -> None:
+        """Train on ``stage``'s input from now on (``training.curriculum``): an input pipeline of its tile, batch and
+        tile sampling (its order seeded by ``seed``), and a step traced for it."""
+        if stage == self.stage:
+            return
+        retrace = stage.shape != self.stage.shape
+        self.stage = stage
+        self.train_data = self._train_data(seed)
+        if retrace:
+            self._trace_train_step()
 
     def _build(self, keras: Any, build_unet3d: Any, manifest: dict[str, Any]) -> tuple[Any, Any]:
         opt = self.spec.training.optimizer
@@ -215,7 +241,12 @@ class UNetTrainer:
         self.optimizer.learning_rate = layout.effective_lr
         self.learning_rates = LearningRateSchedule.for_training(spec.training, layout.effective_lr)
         self._epochs_trained = 0
+        first = stage_at(spec.training, 1)
+        retrace = first.shape != self.stage.shape  # the kept trainer ended in another curriculum stage
+        self.stage = first
         self.train_data = self._train_data(spec.training.seed)
+        if retrace:
+            self._trace_train_step()
 
     def _train_data(self, seed: int) -> Any:
         """One process: the training split once per epoch. Several workers: each reads its shard (every
@@ -231,21 +262,22 @@ class UNetTrainer:
         seeded pipeline)."""
         from distmis.data.tfrecord import make_dataset
 
-        training = self.spec.training
+        training, stage = self.spec.training, self.stage
         # popped, so that the thread holds the iterator's last reference (absent on the first call, from __init__)
         _release_in_background(self.__dict__.pop("_train_iterator", None))
         self._train_iterator = None
         if self.replicas == 1:
-            return make_dataset(self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True,
-                                seed=seed, tile=training.tile, tile_sampling=training.tile_sampling,
+            self.steps_per_epoch = max(1, math.ceil(self._num_train / stage.batch_size))
+            return make_dataset(self.tfrecord_dir, "train", batch_size=stage.batch_size, shuffle=True,
+                                seed=seed, tile=stage.tile, tile_sampling=stage.tile_sampling,
                                 augment=training.augment)
         largest_shard = math.ceil(self._num_train / self.replicas)
-        self.steps_per_epoch = max(1, math.ceil(largest_shard / training.batch_size))
+        self.steps_per_epoch = max(1, math.ceil(largest_shard / stage.batch_size))
 
         def worker_dataset(pipelines: int, index: int) -> Any:
             return make_dataset(
-                self.tfrecord_dir, "train", batch_size=training.batch_size, shuffle=True, seed=seed,
-                tile=training.tile, tile_sampling=training.tile_sampling, augment=training.augment,
+                self.tfrecord_dir, "train", batch_size=stage.batch_size, shuffle=True, seed=seed,
+                tile=stage.tile, tile_sampling=stage.tile_sampling, augment=training.augment,
                 shard=(pipelines, index),
             ).repeat()  # each pass reshuffled and re-tiled
 
@@ -272,6 +304,8 @@ class UNetTrainer:
 
         epoch = self._epochs_trained + 1 if epoch is None else epoch
         self._epochs_trained = epoch
+        stage = stage_at(self.spec.training, epoch)
+        self.enter_stage(stage, seed=self.spec.training.seed + stage.first_epoch)
         steps = self.steps_per_epoch
         rates = [self.learning_rates.at(epoch, step, steps) for step in range(steps)]
         if self.replicas > 1 and not isinstance(self.train_data, tf.data.Dataset):  # a distributed dataset
@@ -298,7 +332,7 @@ class UNetTrainer:
         """Probabilities for one (H, W, D, C) volume: whole, or by sliding windows of the tile
         (``training.inference``: overlap, constant or Gaussian weights)."""
         training = self.spec.training
-        return predict_channels_last(lambda batch: self._predict(batch).numpy(), image, training.tile,
+        return predict_channels_last(lambda batch: self._predict(batch).numpy(), image, self.window,
                                      inference=training.inference, batch_size=training.inference_batch_size)
 
     def validate(self) -> tuple[float, float]:
@@ -314,8 +348,9 @@ class UNetTrainer:
 
     def run_epoch(self, epoch: int) -> EpochMetrics:
         """Train one epoch, validate, and time both. Raises NonFiniteLossError if training diverged."""
-        return checked_epoch(epoch, lambda: self.train_epoch(epoch), self.validate,
-                             learning_rate=self.learning_rates.at(epoch))
+        metrics = checked_epoch(epoch, lambda: self.train_epoch(epoch), self.validate,
+                                learning_rate=self.learning_rates.at(epoch))
+        return dataclasses.replace(metrics, **curriculum_metrics(self.spec.training, epoch, self.volume_shape))
 
     weight_files: tuple[str, ...] = ("model.weights.h5",)
 

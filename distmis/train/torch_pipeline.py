@@ -8,7 +8,8 @@ each rank's optimizer updates its own stage, and the stage's gradients are avera
 
 Every step takes a full batch of ``training.batch_size`` samples: the micro-batches and the tensors the stages
 send each other have fixed shapes, so a rank's short last batch is completed with the first cases of its shard
-(:meth:`TorchPipelineUNetTrainer.epoch_batches`).
+(:meth:`TorchPipelineUNetTrainer.epoch_batches`). A ``training.curriculum`` stage of another tile or batch gets a
+pipeline of its own shapes over the same stage modules.
 
 Validation, checkpoints and the registered model use the whole model: after each epoch's training every
 stage's weights are broadcast to every rank of its pipeline (:meth:`UNetPipeline.gather_weights`), and the
@@ -27,6 +28,7 @@ import torch.distributed as dist
 
 from distmis.parallel.collectives import all_reduce_gradients
 from distmis.parallel.groups import PipelineGroups
+from distmis.models.unet3d_torch import UNet3D
 from distmis.parallel.pipeline import UNetPipeline, pipeline_unet
 from distmis.spec.layout import TrialLayout
 from distmis.spec.schema import Spec
@@ -47,21 +49,32 @@ class TorchPipelineUNetTrainer(TorchUNetTrainer):
                              f"{groups.pp_size} rank(s)")
         self.groups = groups
         self.pipeline: UNetPipeline | None = None
-        loss = spec.training.loss
 
         def cut(model: torch.nn.Module) -> torch.nn.Module:
             """This rank's stage (its parameters are what the optimizer updates)."""
-            self.pipeline = pipeline_unet(
-                model, tile=self.tile or self.volume_shape, microbatches=pipe.microbatches, schedule=pipe.schedule,
-                batch_size=spec.training.batch_size, loss_fn=make_loss(loss.name, loss.smooth),
-                group=groups.pp_group, device=device)
-            return self.pipeline.stage_module
+            assert isinstance(model, UNet3D)
+            return self._make_pipeline(model)
 
         super().__init__(spec, tfrecord_dir, layout=layout, rank=groups.dp_rank, world_size=groups.dp_size,
                          wrap_model=cut, device=device)
 
+    def _make_pipeline(self, model: UNet3D) -> torch.nn.Module:
+        """Cut ``model`` for the current training input (tile and batch: the shapes the stages exchange); this
+        rank's stage module."""
+        pipe, loss = self.spec.parallelism.pipeline, self.spec.training.loss
+        self.pipeline = pipeline_unet(
+            model, tile=self.tile or self.volume_shape, microbatches=pipe.microbatches, schedule=pipe.schedule,
+            batch_size=self.stage.batch_size, loss_fn=make_loss(loss.name, loss.smooth),
+            group=self.groups.pp_group, device=self.device)
+        return self.pipeline.stage_module
+
+    def _stage_changed(self) -> None:
+        """A curriculum stage of another tile or batch: a pipeline for its shapes, over the same stage modules
+        (and so the same parameters, optimizer state and all)."""
+        self.train_model = self._make_pipeline(self.model)
+
     @property
-    def stage(self) -> UNetPipeline:
+    def pipe(self) -> UNetPipeline:
         assert self.pipeline is not None
         return self.pipeline
 
@@ -70,17 +83,17 @@ class TorchPipelineUNetTrainer(TorchUNetTrainer):
         """:meth:`TorchUNetTrainer.epoch_batches`, every batch full: a short one takes cases from the start of
         the rank's shard (the pipeline's shapes are fixed)."""
         batches = super().epoch_batches(epoch)
-        size = self.spec.training.batch_size
+        size = self.stage.batch_size
         shard = [i for batch in batches for i in batch]
         return [batch + [shard[k % len(shard)] for k in range(size - len(batch))] for batch in batches]
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        stage = self.stage
-        return stage.train_step(x if stage.is_first else None, y if stage.is_last else None)
+        pipe = self.pipe
+        return pipe.train_step(x if pipe.is_first else None, y if pipe.is_last else None)
 
     def _synchronize_gradients(self) -> None:
         if self.groups.dp_size > 1:
-            all_reduce_gradients(self.stage.parameters(), self.groups.dp_group, "mean")
+            all_reduce_gradients(self.pipe.parameters(), self.groups.dp_group, "mean")
 
     def _measurement_groups(self) -> list[object]:
         """Every rank of the DP x PP world: the largest over each pipeline, then over the DP groups across them."""
@@ -91,7 +104,7 @@ class TorchPipelineUNetTrainer(TorchUNetTrainer):
     def validate(self) -> tuple[float, float]:
         """Gather every stage's weights on every rank, then validate with the whole model, the cases shared out
         over every rank of the trial."""
-        self.stage.gather_weights()
+        self.pipe.gather_weights()
         self.reduce_group = None  # all ranks' shares add up
         return super().validate()
 

@@ -41,7 +41,8 @@ from distmis.data.cases import SplitCases
 from distmis.models.unet3d_torch import UNet3D, count_trainable_parameters
 from distmis.spec.layout import TrialLayout, resolve_layout
 from distmis.spec.schema import Spec
-from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch
+from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
+from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch, curriculum_metrics
 from distmis.train.inference import predict_channels_last
 from distmis.train.schedules import LearningRateSchedule
 
@@ -380,7 +381,11 @@ class TorchUNetTrainer:
         training = spec.training
 
         self.volume_shape = tuple(int(v) for v in manifest["image_shape"][:3])
-        self.tile = self._check_tile(training.tile, self.volume_shape)
+        # training.curriculum: the stage of the epoch being trained gives the tile, batch and tile sampling
+        # (a spec without one is one stage); validation and inference use the last stage's input throughout.
+        self.stage = stage_at(training, 1)
+        self.tile = self._check_tile(self.stage.tile, self.volume_shape)
+        self.window = self._check_tile(inference_window(training), self.volume_shape)
         self.reduce_group: object | None = None  # the ranks whose validation shares add up (None: all)
         # Same seed -> same initial weights, whatever hyperparameters differ.
         torch.manual_seed(training.seed)
@@ -444,7 +449,7 @@ class TorchUNetTrainer:
     def steps_per_epoch(self) -> int:
         """Batches every rank trains on per epoch (the same on all ranks)."""
         n = len(self.train_cases)
-        return max(1, math.ceil(n / (self.spec.training.batch_size * self.world_size)))
+        return max(1, math.ceil(n / (self.stage.batch_size * self.world_size)))
 
     def epoch_order(self, epoch: int) -> list[int]:
         """The permutation of training-case indices for ``epoch``: seeded, identical on every rank."""
@@ -455,7 +460,7 @@ class TorchUNetTrainer:
         """This rank's batches of training-case indices for ``epoch`` (see :func:`shard_batches`)."""
         return shard_batches(
             self.epoch_order(epoch), rank=self.rank, world_size=self.world_size,
-            batch_size=self.spec.training.batch_size,
+            batch_size=self.stage.batch_size,
         )
 
     def _batch(self, indices: list[int], epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -515,7 +520,7 @@ class TorchUNetTrainer:
         """
         assert self.tile is not None
         starts = [int(torch.randint(0, v - t + 1, (1,), generator=self._tile_rng)) for v, t in zip(volume, self.tile)]
-        sampling = self.spec.training.tile_sampling
+        sampling = self.stage.tile_sampling
         if sampling and float(torch.rand(1, generator=self._foreground_rng)) < sampling:
             pick = float(torch.rand(1, generator=self._foreground_rng))
             foreground = torch.nonzero(label.any(dim=0))  # (N, 3) voxels
@@ -533,6 +538,7 @@ class TorchUNetTrainer:
         """
         lr_epoch = self._epochs_trained + 1 if epoch is None else max(epoch, 1)  # a data order of 0: the first's
         epoch = self._epochs_trained if epoch is None else epoch
+        self.enter_stage(stage_at(self.spec.training, lr_epoch))
         self.train_model.train()
         losses = []
         batches = self.epoch_batches(epoch)
@@ -558,6 +564,19 @@ class TorchUNetTrainer:
         self._measured = (meter.step_seconds, meter.peak_bytes)  # read before validation can raise the peak
         self._epochs_trained += 1
         return float(np.mean(losses))
+
+    def enter_stage(self, stage: TrainingStage) -> None:
+        """Train on ``stage``'s input from now on (``training.curriculum``): its tile, batch and tile sampling."""
+        if stage == self.stage:
+            return
+        self.stage = stage
+        self.tile = self._check_tile(stage.tile, self.volume_shape)
+        if self.augmenter is not None:  # its transforms are made for the input's size
+            self.augmenter = TorchAugmenter(self.spec.training.augment, self.tile or self.volume_shape)
+        self._stage_changed()
+
+    def _stage_changed(self) -> None:
+        """Called when the training input changes (a subclass whose model depends on it rebuilds here)."""
 
     def set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -589,7 +608,7 @@ class TorchUNetTrainer:
         (``training.inference``: overlap, constant or Gaussian weights)."""
         self.model.eval()
         training = self.spec.training
-        return predict_channels_last(self._predict, image_hwdc, self.tile, inference=training.inference,
+        return predict_channels_last(self._predict, image_hwdc, self.window, inference=training.inference,
                                      batch_size=training.inference_batch_size)
 
     def validate(self) -> tuple[float, float]:
@@ -635,7 +654,8 @@ class TorchUNetTrainer:
         """
         metrics = checked_epoch(epoch, lambda: self.train_epoch(epoch), self.validate,
                                 learning_rate=self.learning_rates.at(epoch))
-        return dataclasses.replace(metrics, **self.step_metrics())
+        return dataclasses.replace(metrics, **self.step_metrics(),
+                                   **curriculum_metrics(self.spec.training, epoch, self.volume_shape))
 
     def step_metrics(self) -> dict[str, float]:
         """The last trained epoch's ``step_seconds`` and ``peak_memory_mb`` (MiB) (:class:`StepMeter`), each the

@@ -7,6 +7,7 @@ pipelined trial trains as an unpipelined one does is ``tests/search/test_pipelin
 
 from __future__ import annotations
 
+import copy
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -65,6 +66,21 @@ def _on_rank(rank: int, spec_tree: dict, tfrecord_dir: str, out: str) -> None:
         resumed.load_state(Path(out) / "state", rank=rank, epoch=1)
         found["resumed_epoch"] = resumed.run_epoch(2).as_dict()
         found["resumed_weights"] = {k: v.clone() for k, v in resumed.model.state_dict().items()}
+
+        # a curriculum: small tiles, then the whole volume, each stage with a pipeline for its shapes
+        tree = copy.deepcopy(spec_tree)
+        tree["training"].pop("epochs")
+        tree["training"]["curriculum"] = [{"tile": [8, 8, 8], "epochs": 1, "tile_sampling": 1.0},
+                                          {"tile": None, "epochs": 1}]
+        growing = TorchPipelineUNetTrainer(validate_spec(tree), tfrecord_dir, groups=groups)
+        found["curriculum"] = []
+        for epoch in (1, 2):
+            metrics = growing.run_epoch(epoch).as_dict()
+            found["curriculum"].append({"tile": growing.tile, "pipeline": id(growing.pipeline),
+                                        "optimizer_parameters": [id(p) for g in growing.optimizer.param_groups
+                                                                 for p in g["params"]],
+                                        "stage_parameters": [id(p) for p in growing.pipeline.parameters()],
+                                        **metrics})
         found["ok"] = True
     except Exception:  # noqa: BLE001 - reported to the test, which fails with it
         found = {"ok": False, "error": traceback.format_exc()}
@@ -128,3 +144,15 @@ def test_the_saved_model_is_the_whole_unet(ran):
     val_loss, val_dice = plain.validate()
     np.testing.assert_allclose([val_loss, val_dice],
                                [results[0]["epochs"][1]["val_loss"], results[0]["epochs"][1]["val_dice"]], rtol=1e-6)
+
+
+def test_a_pipelined_curriculum_gets_a_pipeline_per_input(ran):
+    for result in ran[2]:
+        first, second = result["curriculum"]
+        assert (first["tile"], second["tile"]) == ((8, 8, 8), None)
+        assert (first["curriculum_stage"], second["curriculum_stage"]) == (1, 2)
+        assert (second["tile_h"], second["tile_w"], second["tile_d"]) == (16, 16, 16)
+        assert first["pipeline"] != second["pipeline"]  # rebuilt for the whole volume's shapes...
+        for stage in (first, second):  # ...over the same parameters, which the one optimizer updates
+            assert stage["stage_parameters"] == stage["optimizer_parameters"]
+        assert all(np.isfinite(stage["train_loss"]) and np.isfinite(stage["val_dice"]) for stage in (first, second))

@@ -1,0 +1,99 @@
+"""A training.curriculum in both trainers, on real TFRecords: each epoch trains on its stage's tiles and batches,
+reports its stage and tile, and validates on the last stage's input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from distmis.search.prepare import prepare_data
+from distmis.spec import validate_spec
+from tests.conftest import small_spec_tree
+
+STAGES = [
+    {"tile": [8, 8, 8], "epochs": 1, "batch_size": 3, "tile_sampling": 1.0},  # small positive tiles
+    {"tile": [12, 12, 8], "epochs": 1, "batch_size": 2},
+    {"tile": None, "epochs": 1, "batch_size": 1},  # the whole 16^3 volume
+]
+
+
+def curriculum_spec(data, framework: str):
+    tree = small_spec_tree(data, model={"name": "unet3d", "framework": framework,
+                                        "params": {"base_filters": 4, "levels": 3}})
+    tree["dataset"]["synthetic"]["cases"] = 8
+    tree["training"].pop("epochs")
+    tree["training"]["curriculum"] = STAGES
+    return validate_spec(tree)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("curriculum")
+    spec = curriculum_spec(tmp / "data", "torch")
+    return tmp, prepare_data(spec, tmp / "out", progress=False)
+
+
+def test_torch_trainer_follows_the_curriculum(prepared):
+    from distmis.train.torch_unet import TorchUNetTrainer
+
+    tmp, data = prepared
+    spec = curriculum_spec(tmp / "data", "torch")
+    trainer = TorchUNetTrainer(spec, data.tfrecord_dir)
+    seen: list[tuple[tuple[int, ...], float]] = []  # (input shape, smallest foreground fraction of a tile)
+    original = trainer._batch_loss
+
+    def recording(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        foreground = y.flatten(1).amax(dim=1)  # per sample: does its tile hold any foreground?
+        seen.append((tuple(x.shape), float(foreground.min())))
+        return original(x, y)
+
+    trainer._batch_loss = recording  # type: ignore[method-assign]
+    assert trainer.window is None  # validation on the whole volume from the first epoch on
+    reports = []
+    for epoch in (1, 2, 3):
+        seen.clear()
+        reports.append(trainer.run_epoch(epoch).as_dict())
+        shapes = {shape for shape, _ in seen}
+        stage = STAGES[epoch - 1]
+        tile = tuple(stage["tile"] or (16, 16, 16))
+        batches = [shape[0] for shape, _ in seen]
+        assert shapes <= {(b, 4, *tile) for b in range(1, stage["batch_size"] + 1)}, shapes
+        assert batches[0] == stage["batch_size"] and len(batches) == -(-4 // stage["batch_size"])  # 4 cases
+        if epoch == 1:  # every tile centred on foreground
+            assert all(fraction > 0 for _, fraction in seen)
+    assert [r["curriculum_stage"] for r in reports] == [1, 2, 3]
+    assert [(r["tile_h"], r["tile_w"], r["tile_d"]) for r in reports] == [(8, 8, 8), (12, 12, 8), (16, 16, 16)]
+    assert all(np.isfinite(r["val_dice"]) for r in reports)
+
+
+def test_tensorflow_trainer_follows_the_curriculum(prepared):
+    from distmis.train.tf_unet import UNetTrainer
+
+    tmp, data = prepared
+    spec = curriculum_spec(tmp / "data", "tensorflow")
+    trainer = UNetTrainer(spec, data.tfrecord_dir)
+    assert trainer.window is None
+    reports = []
+    for epoch in (1, 2, 3):
+        reports.append(trainer.run_epoch(epoch).as_dict())
+        stage = STAGES[epoch - 1]
+        x_spec = trainer.train_data.element_spec[0]
+        assert tuple(x_spec.shape[1:4]) == tuple(stage["tile"] or (16, 16, 16))
+        assert trainer.steps_per_epoch == -(-4 // stage["batch_size"])
+        first_batch = next(iter(trainer.train_data))[0]
+        assert first_batch.shape[0] == stage["batch_size"]
+    assert [r["curriculum_stage"] for r in reports] == [1, 2, 3]
+    assert [(r["tile_h"], r["tile_w"], r["tile_d"]) for r in reports] == [(8, 8, 8), (12, 12, 8), (16, 16, 16)]
+    assert all(np.isfinite(r["train_loss"]) for r in reports)
+
+
+def test_without_a_curriculum_nothing_is_added(prepared):
+    from distmis.train.torch_unet import TorchUNetTrainer
+
+    tmp, data = prepared
+    tree = curriculum_spec(tmp / "data", "torch").model_dump(mode="json")
+    tree["training"].update(curriculum=None, epochs=1, tile=[8, 8, 8])
+    trainer = TorchUNetTrainer(validate_spec(tree), data.tfrecord_dir)
+    assert trainer.window == (8, 8, 8)
+    assert not {"curriculum_stage", "tile_h"} & set(trainer.run_epoch(1).as_dict())
