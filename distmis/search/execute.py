@@ -41,7 +41,7 @@ from distmis.predict.registry import PublishedModel
 from distmis.tracking.mlflow_tracking import (
     MLflowTrialCallback, SearchRun, default_tracking_uri, flatten, mark_interrupted,
 )
-from distmis.tracking.results import format_results, results_frame
+from distmis.tracking.results import format_results, inference_frame, results_frame
 from distmis.tracking.uri import redact_uri
 from distmis.train.threads import tensorflow_env
 
@@ -304,6 +304,10 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     results = results_frame(client, client.get_run(search_run.run_id))  # with the test dice of those scored
     search_run.log_text(format_results(results, "csv"), "results.csv")
     search_run.log_text(format_results(results, "markdown"), "results.md")
+    inference = inference_frame(results)
+    if not inference.empty:  # training.inference.compare: LAMP's whole-volume against sliding-window table
+        search_run.log_text(format_results(inference, "csv"), "inference.csv")
+        search_run.log_text(format_results(inference, "markdown"), "inference.md")
     search_run.log_metrics({"trials": len(results), "failed_trials": failed, "search_seconds": search_seconds})
     best_column = results.get(f"best_{spec.search.metric}")
     if best_column is not None and best_column.notna().any():

@@ -242,13 +242,19 @@ def _per_stage(spec: Spec, check: Callable[[Spec], list[tuple[str, str]]]) -> li
 
 
 def check_curriculum(spec: Spec) -> list[tuple[str, str]]:
-    """A curriculum changes the input's size from stage to stage: the ViT's position embedding and token split
-    are made for one tile, so only the U-Nets take one."""
+    """A curriculum changes the input's size from stage to stage, and the inference comparison predicts whole
+    volumes: the ViT's position embedding and token split are made for one tile, so only the U-Nets do either."""
+    problems = []
     if spec.training.curriculum and spec.model.name == "vit-seg":
-        return [("training.curriculum", "vit-seg's position embedding and token partition are sized to one tile, so "
-                                        "its input cannot grow from stage to stage: a curriculum needs model.name "
-                                        "'unet3d' (set training.tile for vit-seg instead)")]
-    return []
+        problems.append(("training.curriculum", "vit-seg's position embedding and token partition are sized to one "
+                                                "tile, so its input cannot grow from stage to stage: a curriculum needs "
+                                                "model.name 'unet3d' (set training.tile for vit-seg instead)"))
+    if spec.training.inference.compare and spec.model.name == "vit-seg":
+        problems.append(("training.inference.compare", "vit-seg predicts only windows of its tile (its position "
+                                                       "embedding is sized to it), so it has no whole-volume "
+                                                       "inference to compare: the comparison needs model.name "
+                                                       "'unet3d'"))
+    return problems
 
 
 def check_search_space(spec: Spec) -> list[tuple[str, str]]:
@@ -515,7 +521,8 @@ def check_pipeline_combinations(spec: Spec) -> list[tuple[str, str]]:
 
 def trial_problems(spec: Spec) -> list[tuple[str, str]]:
     """The rules every trial's spec must meet (checked for the spec and for every searched value)."""
-    problems = check_curriculum(spec) or check_input_shape(spec)
+    problems = [p for p in check_curriculum(spec) if p[0] == "training.curriculum"] or check_input_shape(spec)
+    problems += [p for p in check_curriculum(spec) if p[0] != "training.curriculum"]
     return list(dict.fromkeys(problems + check_sequence_parallel(spec) + check_pipeline(spec)))
 
 

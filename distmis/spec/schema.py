@@ -197,6 +197,9 @@ class InferenceSpec(StrictModel):
     mode: InferenceMode = "gaussian"
     sigma_scale: float = Field(0.125, gt=0)
     batch_size: int | None = Field(None, ge=1, description="windows per forward pass (default training.batch_size)")
+    compare: bool = Field(False, description="after training, time and score the best epoch's model on the "
+                                             "validation cases by whole-volume and by sliding-window inference "
+                                             "(LAMP's question; U-Nets)")
 
 
 LRScheduleName = Literal["constant", "cosine", "cyclic", "poly"]

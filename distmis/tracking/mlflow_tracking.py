@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 # What a trial reports each epoch that is logged as an MLflow metric (step = epoch). step_seconds, peak_memory_mb
 # and fom come from the PyTorch trainers (distmis.train.torch_unet.StepMeter; fom from the ViT-seg's only); the
 # curriculum's stage and tile from trials with a training.curriculum.
+# training.inference.compare: whole-volume against sliding-window inference (distmis.train.inference_timing)
+INFERENCE_METRICS = ("whole_volume_dice", "whole_volume_seconds", "sliding_window_dice", "sliding_window_seconds")
 EPOCH_METRICS = ("train_loss", "val_loss", "val_dice", "epoch_seconds", "learning_rate", "step_seconds",
                  "peak_memory_mb", "fom", "curriculum_stage", "tile_h", "tile_w", "tile_d")
 
@@ -461,7 +463,8 @@ class MLflowTrialCallback(tune.Callback):
         if epoch <= self.epochs.get(trial_id, 0):
             return  # a restarted trial repeats epochs its run already holds (its checkpoint was older)
         now = int(time.time() * 1000)
-        keys = [*EPOCH_METRICS, *(k for k in result if k.startswith(STARTUP_PREFIX))]  # start-up: first report only
+        keys = [*EPOCH_METRICS, *INFERENCE_METRICS,  # the inference comparison: the last report only
+                *(k for k in result if k.startswith(STARTUP_PREFIX))]  # start-up: first report only
         metrics = [
             Metric(key, float(result[key]), now, epoch)
             for key in keys

@@ -15,7 +15,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from distmis.tracking.mlflow_tracking import (
-    METRIC_TAG, MODE_TAG, PARENT_TAG, RESUMES_TAG, ROLE_TAG, SEARCHED_TAG, short_name,
+    INFERENCE_METRICS, METRIC_TAG, MODE_TAG, PARENT_TAG, RESUMES_TAG, ROLE_TAG, SEARCHED_TAG, short_name,
 )
 
 Format = Literal["table", "csv", "json", "markdown"]
@@ -71,6 +71,8 @@ def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
         row[f"best_{metric}"] = m.get(f"best_{metric}", math.nan)
         row["best_epoch"] = int(m["best_epoch"]) if "best_epoch" in m else None
         row.update({name: value for name, value in sorted(m.items()) if name.startswith("test_dice_")})
+        if any(name in m for name in INFERENCE_METRICS):  # training.inference.compare (no tile: no sliding window)
+            row.update({name: m.get(name, math.nan) for name in INFERENCE_METRICS})
         row["epochs"] = int(m.get("epochs_completed", 0))
         row["elapsed_s"] = round(m.get("elapsed_seconds", math.nan), 1)
         row["num_params"] = p.get("model.num_parameters")
@@ -82,6 +84,20 @@ def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
         return frame
     frame = frame.sort_values(f"best_{metric}", ascending=(mode == "min"), na_position="last", kind="stable")
     return frame.reset_index(drop=True)
+
+
+def inference_frame(results: pd.DataFrame) -> pd.DataFrame:
+    """LAMP's table from a search's :func:`results_frame`: per trial that compared its inference
+    (``training.inference.compare``), its searched values, its best validation dice, and the dice and seconds per
+    case of its best model by whole-volume and by sliding-window inference; empty when no trial compared."""
+    if results.empty or "whole_volume_seconds" not in results:
+        return pd.DataFrame()
+    compared = results[results["whole_volume_seconds"].notna()]
+    names = list(results.columns)
+    best = next(c for c in names if c.startswith("best_"))  # best_<metric>: the searched values come before it
+    searched = names[names.index("status") + 1 : names.index(best)]
+    columns = ["trial", *searched, best, "num_params", *(c for c in INFERENCE_METRICS if c in results)]
+    return compared[columns].reset_index(drop=True)
 
 
 def to_markdown(frame: pd.DataFrame) -> str:

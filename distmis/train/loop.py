@@ -87,6 +87,11 @@ def epoch_reports(trainer: Any, spec: Spec, *, checkpoints: Sequence[Any] = (), 
                 state.best_value, state.best_epoch = float(metrics[metric]), epoch
                 if primary:
                     trainer.save(best_dir)
+            if epoch == spec.training.epochs and primary and spec.training.inference.compare \
+                    and state.best_epoch is not None:
+                from distmis.train.inference_timing import compare_inference
+
+                metrics.update(compare_inference(trainer, best_dir))  # the best epoch's weights, two ways
             with tempfile.TemporaryDirectory() as tmp:
                 written = write_checkpoint(trainer, tmp, state, best_dir, rank=rank, primary=primary)
                 yield metrics, Path(tmp) if written else None

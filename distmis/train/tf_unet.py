@@ -10,12 +10,13 @@ the validation dice is the one a user would compute on the preprocessed cases.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -329,11 +330,25 @@ class UNetTrainer:
 
     # ------------------------------------------------------------------ validation
     def predict_volume(self, image: np.ndarray) -> np.ndarray:
-        """Probabilities for one (H, W, D, C) volume: whole, or by sliding windows of the tile
-        (``training.inference``: overlap, constant or Gaussian weights)."""
+        """Probabilities for one (H, W, D, C) volume: whole, or by sliding windows of the (last curriculum
+        stage's) tile (``training.inference``: overlap, constant or Gaussian weights)."""
+        return self.predict_with_window(image, self.window)
+
+    def predict_with_window(self, image: np.ndarray, window: tuple[int, int, int] | None) -> np.ndarray:
+        """:meth:`predict_volume` by sliding windows of ``window`` (None: the whole volume in one pass)."""
         training = self.spec.training
-        return predict_channels_last(lambda batch: self._predict(batch).numpy(), image, self.window,
+        return predict_channels_last(lambda batch: self._predict(batch).numpy(), image, window,
                                      inference=training.inference, batch_size=training.inference_batch_size)
+
+    @contextlib.contextmanager
+    def weights_from(self, directory: str | Path) -> Iterator[None]:
+        """The weights :meth:`save` wrote to ``directory`` in the model for the block, the current ones after."""
+        current = self.model.get_weights()
+        self.load(directory)
+        try:
+            yield
+        finally:
+            self.model.set_weights(current)
 
     def validate(self) -> tuple[float, float]:
         """Mean validation loss and mean per-case dice over the validation split."""

@@ -19,6 +19,7 @@ the same numbers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import queue
@@ -604,12 +605,26 @@ class TorchUNetTrainer:
         return prob.cpu().numpy().transpose(0, 2, 3, 4, 1)
 
     def predict_volume(self, image_hwdc: np.ndarray) -> np.ndarray:
-        """Probabilities (h, w, d, C) for one (h, w, d, 4) volume: whole, or by sliding windows of the tile
-        (``training.inference``: overlap, constant or Gaussian weights)."""
+        """Probabilities (h, w, d, C) for one (h, w, d, 4) volume: whole, or by sliding windows of the (last
+        curriculum stage's) tile (``training.inference``: overlap, constant or Gaussian weights)."""
+        return self.predict_with_window(image_hwdc, self.window)
+
+    def predict_with_window(self, image_hwdc: np.ndarray, window: tuple[int, int, int] | None) -> np.ndarray:
+        """:meth:`predict_volume` by sliding windows of ``window`` (None: the whole volume in one pass)."""
         self.model.eval()
         training = self.spec.training
-        return predict_channels_last(self._predict, image_hwdc, self.window, inference=training.inference,
+        return predict_channels_last(self._predict, image_hwdc, window, inference=training.inference,
                                      batch_size=training.inference_batch_size)
+
+    @contextlib.contextmanager
+    def weights_from(self, directory: str | Path) -> Iterator[None]:
+        """The weights :meth:`save` wrote to ``directory`` in the model for the block, the current ones after."""
+        current = {name: value.detach().clone() for name, value in self.model.state_dict().items()}
+        self.load(directory)
+        try:
+            yield
+        finally:
+            self.model.load_state_dict(current)
 
     def validate(self) -> tuple[float, float]:
         """Mean validation loss and mean per-case dice over every validation case.

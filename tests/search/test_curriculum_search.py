@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from distmis.predict.model import SegmentationModel
@@ -46,10 +47,19 @@ def check_curricula(client, runs, tmp_path: Path) -> None:
 def test_a_pipelined_curriculum_search(ray_local, tmp_path: Path, capsys):
     """Torch U-Net, 1 and 2 pipeline stages: the curriculum's inputs flow through the pipeline, stage by stage."""
     tree = curriculum_tree(tmp_path / "data", "torch", "tiny-curriculum")
+    tree["training"]["inference"] = {"compare": True}
     tree["search"] = {"algorithm": "grid", "space": {"parallelism.pipeline.stages": {"grid": [1, 2]}}}
     tree["parallelism"] = {"resources_per_worker": {"cpu": 1}, "pipeline": {"microbatches": 2}}
     client, runs = run_spec(tree, tmp_path, capsys)
     check_curricula(client, runs, tmp_path)
+    # the best model of each trial, timed and scored by whole-volume and by sliding-window inference (8^3 windows)
+    for run in trial_runs(runs):
+        for way in ("whole_volume", "sliding_window"):
+            assert 0 <= run.data.metrics[f"{way}_dice"] <= 1 and run.data.metrics[f"{way}_seconds"] > 0
+    parent = next(r for r in runs if r.data.tags.get("distmis.role") == "search")
+    table = client.download_artifacts(parent.info.run_id, "inference.csv", str(tmp_path))
+    rows = pd.read_csv(table)
+    assert sorted(rows["stages"]) == [1, 2] and {"whole_volume_seconds", "sliding_window_dice"} <= set(rows)
 
 
 def test_a_tensorflow_curriculum_search(ray_local, tmp_path: Path, capsys):

@@ -59,3 +59,25 @@ def test_trial_run_name_says_which_trial():
     config = {"training.optimizer.lr": 0.005, "model.params.norm": "group", "training.batch_size": 2}
     assert trial_run_name("85d81_00003", config) == "00003 lr=0.005 norm=group batch_size=2"
     assert trial_run_name("85d81_00000", {}) == "00000"
+
+
+def test_the_inference_table_holds_the_trials_that_compared():
+    from distmis.tracking.results import inference_frame
+
+    nan = math.nan
+    results = pd.DataFrame([
+        {"trial": "a", "status": "FINISHED", "base_filters": 8, "tile": "null", "best_val_dice": 0.95, "best_epoch": 4,
+         "whole_volume_dice": 0.95, "whole_volume_seconds": 0.5, "sliding_window_dice": nan,
+         "sliding_window_seconds": nan, "epochs": 8, "num_params": "403089"},
+        {"trial": "b", "status": "FINISHED", "base_filters": 8, "tile": "[32, 32, 32]", "best_val_dice": 0.84,
+         "best_epoch": 6, "whole_volume_dice": 0.84, "whole_volume_seconds": 0.45, "sliding_window_dice": 0.83,
+         "sliding_window_seconds": 0.83, "epochs": 8, "num_params": "403089"},
+        {"trial": "c", "status": "ERROR", "base_filters": 16, "tile": "null", "best_val_dice": nan, "best_epoch": None,
+         "whole_volume_dice": nan, "whole_volume_seconds": nan, "sliding_window_dice": nan,
+         "sliding_window_seconds": nan, "epochs": 0, "num_params": None},
+    ])
+    table = inference_frame(results)
+    assert list(table["trial"]) == ["a", "b"]  # the failed trial timed nothing
+    assert list(table.columns) == ["trial", "base_filters", "tile", "best_val_dice", "num_params", "whole_volume_dice",
+                                   "whole_volume_seconds", "sliding_window_dice", "sliding_window_seconds"]
+    assert inference_frame(results.drop(columns=[c for c in results if "volume" in c or "window" in c])).empty

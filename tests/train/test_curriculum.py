@@ -97,3 +97,46 @@ def test_without_a_curriculum_nothing_is_added(prepared):
     trainer = TorchUNetTrainer(validate_spec(tree), data.tfrecord_dir)
     assert trainer.window == (8, 8, 8)
     assert not {"curriculum_stage", "tile_h"} & set(trainer.run_epoch(1).as_dict())
+
+
+# --------------------------------------------------------------------------- whole volume against sliding windows
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_the_best_model_is_timed_and_scored_both_ways(prepared, tmp_path, framework):
+    from distmis.search.trainable import build_trainer
+    from distmis.spec.layout import resolve_layout
+    from distmis.train.inference_timing import compare_inference, inference_windows
+    from distmis.train.metrics import dice_score
+
+    tmp, data = prepared
+    tree = curriculum_spec(tmp / "data", framework).model_dump(mode="json")
+    tree["training"]["inference"]["compare"] = True
+    spec = validate_spec(tree)
+    assert inference_windows(spec, (16, 16, 16)) == {"whole_volume": None, "sliding_window": (8, 8, 8)}
+    assert inference_windows(spec, (18, 16, 15))["whole_volume"] == (20, 16, 16)  # padded to the pooling factor
+    trainer = build_trainer(spec, resolve_layout(spec), data.tfrecord_dir)
+    trainer.run_epoch(1)
+    (tmp_path / "best").mkdir()
+    trainer.save(tmp_path / "best")
+    trainer.run_epoch(2)  # the weights in the trainer move on from the saved ones
+    before = trainer.predict_volume(trainer.val_cases[0][1])
+    found = compare_inference(trainer, tmp_path / "best")
+    assert set(found) == {"whole_volume_dice", "whole_volume_seconds", "sliding_window_dice", "sliding_window_seconds"}
+    assert all(found[f"{way}_seconds"] > 0 for way in ("whole_volume", "sliding_window"))
+    np.testing.assert_array_equal(trainer.predict_volume(trainer.val_cases[0][1]), before)  # its own weights back
+    with trainer.weights_from(tmp_path / "best"):  # the scores are the saved model's, each way
+        dices = {way: np.mean([dice_score(trainer.predict_with_window(image, window), label)
+                               for _, image, label in trainer.val_cases])
+                 for way, window in (("whole_volume", None), ("sliding_window", (8, 8, 8)))}
+    for way, dice in dices.items():
+        assert found[f"{way}_dice"] == pytest.approx(dice, rel=1e-6)
+
+
+def test_a_vit_has_no_whole_volume_inference_to_compare(prepared):
+    from distmis.spec import SpecError
+
+    tmp, _ = prepared
+    tree = small_spec_tree(tmp / "data", model={"name": "vit-seg", "framework": "torch",
+                                                "params": {"patch": 4, "heads": 2, "embed_dim": 16}})
+    tree["training"].update(tile=[8, 8, 8], inference={"compare": True})
+    with pytest.raises(SpecError, match="training.inference.compare: vit-seg predicts only windows of its tile"):
+        validate_spec(tree)
