@@ -66,3 +66,15 @@ def test_a_tensorflow_curriculum_search(ray_local, tmp_path: Path, capsys):
     tree = curriculum_tree(tmp_path / "data", "tensorflow", "tiny-tf-curriculum")
     client, runs = run_spec(tree, tmp_path, capsys)  # two learning rates, one process each
     check_curricula(client, runs, tmp_path)
+
+
+def test_a_data_parallel_tensorflow_curriculum_search(ray_local, tmp_path: Path, capsys):
+    """Two TensorFlow workers per trial (MultiWorkerMirroredStrategy on the search's kept worker group): each
+    stage's input pipeline is sharded over them and its step traced for it; the second trial restarts the
+    group's trainer from the first stage again."""
+    tree = curriculum_tree(tmp_path / "data", "tensorflow", "tiny-tf-dp-curriculum")
+    tree["parallelism"] = {"mode": "data", "workers": 2, "resources_per_worker": {"cpu": 1}}
+    client, runs = run_spec(tree, tmp_path, capsys)
+    check_curricula(client, runs, tmp_path)
+    for run in trial_runs(runs):
+        assert run.data.params["trial.workers"] == "2"
