@@ -144,8 +144,9 @@ def cell_macs(model: UNet3D, tile: Sequence[int]) -> list[int]:
 
 def balanced_partition(costs: Sequence[float], stages: int) -> list[tuple[int, int]]:
     """Cut ``costs`` (one per cell, in order) into ``stages`` contiguous, non-empty ranges ``(start, stop)`` whose
-    largest sum is as small as it can be (the classic linear partition, by dynamic programming); ties keep
-    earlier stages lighter."""
+    largest sum is as small as it can be (the classic linear partition, by dynamic programming). Among equal
+    cuts each stage starts as late as it can, so ties leave the later stages lighter: ``[1, 1, 1]`` in two is
+    ``[(0, 2), (2, 3)]``. The later stages of a U-Net hold the full-resolution decoder, its heaviest activations."""
     n = len(costs)
     if not isinstance(stages, int) or not 1 <= stages <= n:
         raise ValueError(f"stages must be an int from 1 to the {n} cells, got {stages!r}")

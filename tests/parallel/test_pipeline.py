@@ -92,6 +92,11 @@ def test_balanced_partition_finds_the_smallest_largest_stage(costs):
         assert max(sum(costs[a:b]) for a, b in bounds) == brute_force(costs, stages)
 
 
+def test_balanced_partition_leaves_the_later_stages_lighter_on_ties():
+    assert balanced_partition([1, 1, 1], 2) == [(0, 2), (2, 3)]
+    assert balanced_partition([1, 1, 1, 1, 1], 3) == [(0, 2), (2, 4), (4, 5)]
+
+
 def test_balanced_partition_refuses_more_stages_than_cells():
     with pytest.raises(ValueError, match="stages must be an int from 1 to the 5 cells, got 6"):
         balanced_partition([1] * 5, 6)
