@@ -59,7 +59,7 @@ def main() -> None:
 
     nifti, tfr = min(nifti_epochs), min(tfr_epochs)
     print(f"{len(train)} training cases of {shape}, best of {args.epochs} passes")
-    print(f"| pipeline | seconds per epoch | cases/s |\n|---|---|---|")
+    print("| pipeline | seconds per epoch | cases/s |\n|---|---|---|")
     print(f"| NIfTI read + preprocess every epoch | {nifti:.3f} | {len(train) / nifti:.1f} |")
     print(f"| TFRecord (tf.data interleave, prefetch) | {tfr:.3f} | {len(train) / tfr:.1f} |")
     print(f"one-off conversion of all {args.cases} cases: {convert_s:.2f} s; "

@@ -13,7 +13,6 @@ folder on storage every node sees; :func:`check_reachable_storage` says so befor
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile

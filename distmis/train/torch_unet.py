@@ -43,7 +43,7 @@ from distmis.models.unet3d_torch import UNet3D, count_trainable_parameters
 from distmis.spec.layout import TrialLayout, resolve_layout
 from distmis.spec.schema import Spec
 from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
-from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch, curriculum_metrics
+from distmis.train.epoch import EpochMetrics, checked_epoch, curriculum_metrics
 from distmis.train.inference import predict_channels_last
 from distmis.train.schedules import LearningRateSchedule
 
