@@ -251,9 +251,32 @@ class UNetPipeline:
             raise ValueError("the first stage needs the batch's input")
         if self.is_last and target is None:
             raise ValueError("the last stage needs the batch's target")
-        self.schedule.step(*args, target=target if self.is_last else None,
-                           losses=losses if self.is_last else None, return_outputs=False)
+        try:
+            self.schedule.step(*args, target=target if self.is_last else None,
+                               losses=losses if self.is_last else None, return_outputs=False)
+        except RuntimeError as error:
+            clearer = self._unwrapped(error)
+            if clearer is error:
+                raise
+            raise clearer from error
         return self._shared_loss(losses)
+
+    def _unwrapped(self, error: RuntimeError) -> Exception:
+        """The error a user should read. The pipelining library wraps what fails in a stage's forward or backward
+        (an allocator out of memory, a shape mismatch) in a ``RuntimeError`` listing the stage's tensor shapes, the
+        reason only in ``__cause__``: name the stage and give the reason, keeping an out-of-memory error's type."""
+        cause, text = error.__cause__, str(error)
+        if cause is None:
+            return error
+        if "failed to run forward" in text:
+            where = "forward"
+        elif "Failed to run stage backward" in text:
+            where = "backward"
+        else:
+            return error
+        message = (f"pipeline stage {self.stage_index} of {self.num_stages} (cells {self.bounds[self.stage_index]}) "
+                   f"failed in its {where}: {type(cause).__name__}: {cause}")
+        return torch.OutOfMemoryError(message) if isinstance(cause, torch.OutOfMemoryError) else RuntimeError(message)
 
     def _shared_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
         """The mean of the last stage's micro-batch losses, broadcast to every stage."""

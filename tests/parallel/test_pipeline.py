@@ -1,11 +1,13 @@
 """The U-Net as LAMP's sequence of cells, the cost of each and their cut into stages: on one process.
 
-The pipeline itself, over real gloo groups, is in ``test_pipeline_parallel.py``.
+The pipeline itself, over real gloo groups, is in ``test_pipeline_parallel.py``; here only the error a failing
+stage raises, in a gloo group of one.
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from distmis.parallel.pipeline import (
     max_pipeline_stages,
     unet_cells,
 )
+from tests.parallel.gloo_cases import Cases, case, spawn_cases
 
 
 def small_unet(levels: int = 3, norm: str = "group") -> UNet3D:
@@ -106,3 +109,42 @@ def test_only_the_unet_is_cut_into_cells():
     vit = ViTSeg(in_channels=1, num_classes=1, tile=(8, 8, 8), patch=4, layers=1, embed_dim=8, heads=2)
     with pytest.raises(ValueError, match="splits the torch UNet3D, got ViTSeg"):
         unet_cells(vit)  # type: ignore[arg-type]
+
+
+class FailingBackward(torch.autograd.Function):
+    """Forward: a copy. Backward: the allocator's out-of-memory error, as a too-small rank meets it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 33554432 bytes")
+
+
+def failing_stage_case() -> dict[str, Any]:
+    """What a stage raises when its backward, then its forward, fails."""
+    from distmis.parallel.pipeline import pipeline_unet
+    from distmis.train.torch_unet import make_loss
+
+    loss = make_loss("dice-bce")
+    pipe = pipeline_unet(small_unet(), tile=(16, 16, 16), microbatches=2, batch_size=4,
+                         loss_fn=lambda p, y: loss(FailingBackward.apply(p), y))
+    x, y = torch.randn(4, 2, 16, 16, 16), (torch.rand(4, 3, 16, 16, 16) > 0.5).float()
+    with pytest.raises(RuntimeError, match=r"pipeline stage 0 of 1 \(cells \(0, 5\)\) failed in its backward: "
+                                           r"RuntimeError: DefaultCPUAllocator: can't allocate memory") as raised:
+        pipe.train_step(x, y)
+    assert "Failed to run stage backward" in str(raised.value.__cause__)  # the library's wrapper, kept as the cause
+    with pytest.raises(RuntimeError, match=r"pipeline stage 0 of 1 \(cells \(0, 5\)\) failed in its forward: "
+                                           r"RuntimeError: .*expected input.*to have 2 channels, but got 1"):
+        pipe.train_step(x[:, :1], y)
+    return {}
+
+
+def failing_cases(world_size: int) -> Cases:
+    return {"failing-stage": failing_stage_case}
+
+
+def test_a_failing_stage_says_which_stage_and_why(tmp_path):
+    case(spawn_cases(failing_cases, 1, tmp_path), "failing-stage")
