@@ -521,9 +521,10 @@ def check_pipeline_combinations(spec: Spec) -> list[tuple[str, str]]:
 
 def trial_problems(spec: Spec) -> list[tuple[str, str]]:
     """The rules every trial's spec must meet (checked for the spec and for every searched value)."""
-    problems = [p for p in check_curriculum(spec) if p[0] == "training.curriculum"] or check_input_shape(spec)
-    problems += [p for p in check_curriculum(spec) if p[0] != "training.curriculum"]
-    return list(dict.fromkeys(problems + check_sequence_parallel(spec) + check_pipeline(spec)))
+    curriculum = check_curriculum(spec)
+    refused = any(path == "training.curriculum" for path, _ in curriculum)  # its stages are not checked one by one
+    shape = [] if refused else check_input_shape(spec)
+    return shape + curriculum + check_sequence_parallel(spec) + check_pipeline(spec)
 
 
 def check_spec(spec: Spec) -> list[tuple[str, str]]:

@@ -189,10 +189,11 @@ class UNetTrainer:
         else:  # a distributed dataset, stepped inside train_steps
             self._train_step = tf.function(self._replica_train_step, reduce_retracing=True)
 
-    def enter_stage(self, stage: TrainingStage, seed: int) -> None:
+    def enter_stage(self, stage: TrainingStage, seed: int, *, new_order: bool = False) -> None:
         """Train on ``stage``'s input from now on (``training.curriculum``): an input pipeline of its tile, batch and
-        tile sampling (its order seeded by ``seed``), and a step traced for it."""
-        if stage == self.stage:
+        tile sampling (its order seeded by ``seed``), and a step traced for it when its shapes differ. Nothing to
+        do in the same stage, unless ``new_order`` asks for the input pipeline again."""
+        if stage == self.stage and not new_order:
             return
         retrace = stage.shape != self.stage.shape
         self.stage = stage
@@ -242,12 +243,8 @@ class UNetTrainer:
         self.optimizer.learning_rate = layout.effective_lr
         self.learning_rates = LearningRateSchedule.for_training(spec.training, layout.effective_lr)
         self._epochs_trained = 0
-        first = stage_at(spec.training, 1)
-        retrace = first.shape != self.stage.shape  # the kept trainer ended in another curriculum stage
-        self.stage = first
-        self.train_data = self._train_data(spec.training.seed)
-        if retrace:
-            self._trace_train_step()
+        # the new trial's data order, in its first stage (the kept trainer may have ended in another)
+        self.enter_stage(stage_at(spec.training, 1), seed=spec.training.seed, new_order=True)
 
     def _train_data(self, seed: int) -> Any:
         """One process: the training split once per epoch. Several workers: each reads its shard (every
