@@ -145,7 +145,7 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
     """One trial in this Tune actor's process, on the CPUs its layout gives it."""
     from ray import tune
 
-    from distmis.search.trial_checkpoints import prune_older, resume_candidates, trial_folder
+    from distmis.search.trial_checkpoints import name_by_epoch, prune_older, resume_candidates, trial_folder
     from distmis.train.threads import pin_threads
 
     clock = StartupClock()
@@ -156,6 +156,8 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
     trainer = build_trainer(trial, layout, tfrecord_dir, clock)
 
     def report(metrics: dict[str, Any], checkpoint: Any | None = None) -> None:
+        if checkpoint is not None:
+            name_by_epoch(int(metrics["epoch"]))
         tune.report(metrics, checkpoint=checkpoint)
         if checkpoint is not None:
             prune_older(tune.get_checkpoint())  # the one just persisted
@@ -264,7 +266,7 @@ def tensorflow_group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, 
     from ray import tune
 
     from distmis.search.worker_group import folder_files, group_for, write_files
-    from distmis.search.trial_checkpoints import prune_older, resume_candidates, trial_folder
+    from distmis.search.trial_checkpoints import name_by_epoch, prune_older, resume_candidates, trial_folder
 
     submitted_at = time.time()  # the workers' start-up clocks count from here (distmis.train.startup)
     group = group_for(layout, search)
@@ -276,6 +278,7 @@ def tensorflow_group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, 
         if files is None:
             tune.report(metrics)
             continue
+        name_by_epoch(int(metrics["epoch"]))
         with tempfile.TemporaryDirectory() as tmp:
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(write_files(files, tmp))))
         prune_older(tune.get_checkpoint())  # the one just persisted

@@ -1,13 +1,21 @@
-"""The checkpoints of a single-process trial (a Tune function trainable): which one a restarted trial goes on
-from, and the older ones emptied as training goes.
+"""The checkpoints of a single-process trial (a Tune function trainable): where each epoch's goes, which one a
+restarted trial goes on from, which one the search evaluates, and the older ones emptied as training goes.
 
 Tune saves its experiment state (among it, each trial's latest checkpoint) every few seconds. After the driver
 was killed, that state may name a checkpoint some epochs old, and with ``CheckpointConfig(num_to_keep=...)``
-Tune may already have deleted it, so the restore fails ("does not exist on storage anymore"). Instead, Tune keeps
-every checkpoint folder (``num_to_keep=None``) and the trial itself empties those older than its last
-:data:`KEEP` (:func:`prune_older`; a marker file stays, so a folder Tune's state names still exists). A restarted
-trial then goes on from the newest folder holding a complete state (:func:`resume_candidates`), whichever one
-Tune names. Data-parallel trials need none of this: Ray Train saves its own state before it deletes a checkpoint.
+Tune may already have deleted it, so the restore fails ("does not exist on storage anymore"). Instead:
+
+- Tune keeps every checkpoint folder (``num_to_keep=None``) and the trial itself empties those older than its
+  last :data:`KEEP` (:func:`prune_older`; a marker file stays, so a folder Tune's state names still exists).
+- Folders are ranked by the epoch they hold (``resume/state.json``), never by their names: Tune numbers a
+  restored trial's new checkpoints from the index its (older) saved state knew, so names alone would say an
+  emptied folder is newer than the one just written.
+- Each epoch's checkpoint goes to a folder named after its epoch (:func:`name_by_epoch`:
+  ``checkpoint_000007`` holds epoch 7), so a resumed trial never writes into a folder that holds a newer state.
+- A restarted trial goes on from the newest complete folder (:func:`resume_candidates`), and the search
+  evaluates the newest complete one (:func:`newest_complete`), whichever one Tune names.
+
+Data-parallel trials need none of this: Ray Train saves its own state before it deletes a checkpoint.
 
 Works on any storage Ray Tune writes to (local or a pyarrow filesystem such as S3).
 """
@@ -18,7 +26,7 @@ import logging
 import posixpath
 from typing import Any
 
-from distmis.train.checkpoint import RESUME_DIR, STATE_FILE
+from distmis.train.checkpoint import CHECKPOINT_PREFIX, complete_folders
 
 logger = logging.getLogger(__name__)
 
@@ -26,45 +34,37 @@ KEEP = 2  # complete checkpoints kept per trial: the newest may be mid-upload wh
 PRUNED_MARKER = "PRUNED"  # left in an emptied checkpoint folder
 
 
-def _checkpoint_folders(checkpoint: Any) -> list[str]:
-    """The trial's checkpoint folders (``checkpoint_000012``, ...), newest first."""
-    from pyarrow.fs import FileSelector, FileType
-
-    parent = posixpath.dirname(checkpoint.path.rstrip("/"))
-    infos = checkpoint.filesystem.get_file_info(FileSelector(parent))
-    folders = [info.path for info in infos
-               if info.type == FileType.Directory and posixpath.basename(info.path).startswith("checkpoint_")]
-    return sorted(folders, reverse=True)
-
-
-def _has_state(filesystem: Any, folder: str) -> bool:
-    from pyarrow.fs import FileType
-
-    return filesystem.get_file_info(posixpath.join(folder, RESUME_DIR, STATE_FILE)).type == FileType.File
+def _parent(checkpoint: Any) -> str:
+    return posixpath.dirname(checkpoint.path.rstrip("/"))
 
 
 def resume_candidates(checkpoint: Any | None, trial_folder: tuple[Any, str] | None = None) -> list[Any]:
-    """The checkpoints a restarted trial may go on from, newest first: every folder of the trial that holds a
-    training state (the newest may be incomplete, if the process died while saving it: try them in order).
+    """The checkpoints a restarted trial may go on from, the newest epoch first: every folder of the trial that
+    holds a training state (the newest may be incomplete, if the process died while saving it: try them in order).
 
     ``checkpoint``: the one Tune names (None: it knows none). ``trial_folder``: ``(filesystem, path)`` of the trial's
     folder on storage, looked in when Tune names none (its saved state may predate the trial's first checkpoint).
     """
     from ray import tune
 
-    if checkpoint is None:
-        if trial_folder is None:
-            return []
-        filesystem, path = trial_folder
-        probe = tune.Checkpoint(posixpath.join(path, "checkpoint_000000"), filesystem=filesystem)  # names the folder
+    if checkpoint is not None:
+        filesystem, parent = checkpoint.filesystem, _parent(checkpoint)
+    elif trial_folder is not None:
+        filesystem, parent = trial_folder
     else:
-        filesystem, probe = checkpoint.filesystem, checkpoint
+        return []
     try:
-        folders = _checkpoint_folders(probe)
+        found = [tune.Checkpoint(folder, filesystem=filesystem) for _, folder in complete_folders(filesystem, parent)]
     except OSError:  # the storage cannot be listed: use what Tune gave
         return [checkpoint] if checkpoint is not None else []
-    found = [tune.Checkpoint(path, filesystem=filesystem) for path in folders if _has_state(filesystem, path)]
     return found or ([checkpoint] if checkpoint is not None else [])
+
+
+def newest_complete(checkpoint: Any) -> Any:
+    """The trial's checkpoint holding the latest epoch (its best weights so far at the root), whichever one Tune
+    names: after a resume, Tune's record of a trial's latest checkpoint may be an older, emptied folder."""
+    candidates = resume_candidates(checkpoint)
+    return candidates[0] if candidates else checkpoint
 
 
 def trial_folder() -> tuple[Any, str] | None:
@@ -72,27 +72,53 @@ def trial_folder() -> tuple[Any, str] | None:
 
     Ray's public context gives only the trial's local working folder, so this reads the session's storage context.
     """
+    storage = _session_storage()
+    return None if storage is None else (storage.storage_filesystem, storage.trial_fs_path)
+
+
+def _session_storage() -> Any | None:
     try:
         from ray.train._internal.session import get_session
 
-        storage = get_session().storage
-        return storage.storage_filesystem, storage.trial_fs_path
+        return get_session().storage
     except Exception:  # noqa: BLE001 - not in a Tune session, or Ray moved it: Tune's own checkpoint still works
         return None
 
 
+def name_by_epoch(epoch: int) -> None:
+    """Make this trial's next reported checkpoint go to ``checkpoint_<epoch>`` (Tune adds one to its index as it
+    reports). A folder of that name left by an earlier attempt holds a state this attempt did not go on from
+    (it could not be loaded), so it is emptied first: the new checkpoint never mixes with its files.
+
+    Outside a Tune session (or where Ray moved its storage context) Tune's own numbering stays; the folders are
+    still ranked by the epochs they hold.
+    """
+    storage = _session_storage()
+    if storage is None or not hasattr(storage, "current_checkpoint_index"):
+        return
+    storage.current_checkpoint_index = epoch - 1
+    folder = posixpath.join(storage.trial_fs_path, f"{CHECKPOINT_PREFIX}{epoch:06d}")
+    try:
+        from pyarrow.fs import FileType
+
+        if storage.storage_filesystem.get_file_info(folder).type == FileType.Directory:
+            storage.storage_filesystem.delete_dir_contents(folder)
+    except OSError:
+        logger.warning("could not empty %s before writing epoch %d's checkpoint there", folder, epoch, exc_info=True)
+
+
 def prune_older(checkpoint: Any, keep: int = KEEP) -> None:
-    """Empty the trial's checkpoint folders older than its ``keep`` newest complete ones (``checkpoint``: the one
-    just reported). A failure here is logged: disk space is not worth a trial."""
+    """Empty the trial's complete checkpoint folders but its ``keep`` newest by the epoch they hold
+    (``checkpoint``: the one just reported, never emptied). A failure here is logged: disk space is not worth a
+    trial."""
     try:
         filesystem = checkpoint.filesystem
-        complete = 0
-        for folder in _checkpoint_folders(checkpoint):
-            if complete < keep:
-                complete += _has_state(filesystem, folder)
+        reported = checkpoint.path.rstrip("/")
+        kept = 0
+        for _, folder in complete_folders(filesystem, _parent(checkpoint)):
+            if folder.rstrip("/") == reported or kept < keep:
+                kept += 1
                 continue
-            if not _has_state(filesystem, folder):
-                continue  # emptied already (or never complete)
             filesystem.delete_dir_contents(folder)
             with filesystem.open_output_stream(posixpath.join(folder, PRUNED_MARKER)) as stream:
                 stream.write(b"emptied by distmis: a newer checkpoint of this trial holds its state\n")

@@ -18,13 +18,15 @@ What "the random-number state" covers depends on the framework and is said by ea
 from __future__ import annotations
 
 import json
+import posixpath
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 RESUME_DIR = "resume"
 STATE_FILE = "state.json"
+CHECKPOINT_PREFIX = "checkpoint_"  # the folders Tune and Ray Train write a trial's checkpoints to
 HISTORY_KEY = "history"  # in a restarted trial's first report: JSON of every epoch's metrics so far
 
 
@@ -94,3 +96,39 @@ def resume_from(trainer: Resumable, checkpoint_dir: str | Path, best_dir: str | 
             shutil.copy2(checkpoint_dir / name, Path(best_dir) / name)
     trainer.load_state(checkpoint_dir / RESUME_DIR, rank=rank, epoch=state.epoch)
     return state
+
+
+# --------------------------------------------------------------------------- a trial's folders on storage
+def _checkpoint_folders(filesystem: Any, parent: str) -> list[str]:
+    """Every checkpoint folder (``checkpoint_000012``, ...) of the trial folder ``parent`` (a pyarrow filesystem)."""
+    from pyarrow.fs import FileSelector, FileType
+
+    infos = filesystem.get_file_info(FileSelector(parent))
+    return [info.path for info in infos
+            if info.type == FileType.Directory and posixpath.basename(info.path).startswith(CHECKPOINT_PREFIX)]
+
+
+def stored_state(filesystem: Any, folder: str) -> TrainingState | None:
+    """The training state a checkpoint folder on ``filesystem`` holds; None when it holds no readable one
+    (emptied, never completed, or cut short)."""
+    try:
+        with filesystem.open_input_stream(posixpath.join(folder, RESUME_DIR, STATE_FILE)) as stream:
+            return TrainingState.from_json(stream.read().decode())
+    except (OSError, ValueError, KeyError, TypeError):  # missing, unreadable, or not a state of ours
+        return None
+
+
+def held_epoch(filesystem: Any, folder: str) -> int | None:
+    """The epoch a checkpoint folder holds (see :func:`stored_state`)."""
+    state = stored_state(filesystem, folder)
+    return None if state is None else state.epoch
+
+
+def complete_folders(filesystem: Any, parent: str) -> list[tuple[int, str]]:
+    """``(epoch, folder)`` of every checkpoint folder of the trial folder ``parent`` that holds a training state,
+    the newest epoch first (of two folders with one epoch, the later name first: the later write).
+
+    Ranked by the epoch each holds, never by name: a restored Tune trial numbers its new folders from the index its
+    (older) saved state knew."""
+    held = [(held_epoch(filesystem, folder), folder) for folder in _checkpoint_folders(filesystem, parent)]
+    return sorted(((epoch, folder) for epoch, folder in held if epoch is not None), reverse=True)
