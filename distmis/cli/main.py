@@ -162,6 +162,19 @@ def _bytes(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _rate(text: str) -> float:
+    """A finite positive number, e.g. ``300e12``: a device's FLOP/s or bytes/s."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number like 300e12, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite positive number like 300e12, got {text!r}")
+    return value
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from distmis.parallel.planner import Machine, best_layouts, plan_layouts
     from distmis.spec import load_spec, parse_set_options
@@ -179,6 +192,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise BadInput(f"{args.spec}: {exc}") from None
     best = best_layouts(rows)
+    figure = None
+    if rows:  # drawn before anything is printed or written: a figure it cannot show is refused here
+        try:
+            figure = plan_figure(rows, memory_per_rank=machine.usable, title=f"{spec.name}: predicted per rank")
+        except ValueError as exc:
+            raise BadInput(f"{args.spec}: {exc} (--memory-per-rank {args.memory_per_rank:g}, --reserved "
+                           f"{args.reserved:g}, --device-flops {args.device_flops:g}, --bandwidth "
+                           f"{args.bandwidth:g})") from None
     print(f"{spec.name}: {args.ranks} rank(s) of {args.memory_per_rank / 2**30:.1f} GiB "
           f"({machine.reserved / 2**30:.1f} GiB reserved), {args.device_flops:.3g} FLOP/s, "
           f"{args.bandwidth:.3g} B/s, {kernel} attention kernel; batch {spec.training.batch_size}")
@@ -190,8 +211,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"| {row.flops.matmul / 1e12:.3g} | {row.fom:.3g} | {'best' if best.get(row.patch) is row else ''} |")
     output = Path(args.output) if args.output else default_output_dir(spec)
     output.mkdir(parents=True, exist_ok=True)
-    if rows:
-        figure = plan_figure(rows, memory_per_rank=machine.usable, title=f"{spec.name}: predicted per rank")
+    if figure is not None:
         figure.savefig(output / "plan.png", dpi=120)
         print(f"\nplot: {output / 'plan.png'}")
     missing = [p for p in sorted({r.patch for r in rows}) if p not in best]
@@ -232,16 +252,18 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from distmis.data.scans import check_scan, discover_scans
+    from distmis.data.scans import discover_scans
     from distmis.predict.model import SegmentationModel
     from distmis.predict.recipe import RecipeError
     from distmis.predict.resolve import ModelNotFound, model_folder
-    from distmis.predict.segment import check_outputs, predict_scans
+    from distmis.predict.segment import check_output_folder, check_outputs, check_scans, predict_scans
 
-    scans = discover_scans(args.input, args.layout)  # bad input is refused before the model is loaded
-    for scan in scans:
-        check_scan(scan)
+    # Bad input is refused before the model is loaded or a file written: the output folder, the scans' headers,
+    # the files to write, then every scan's voxel data (read once, not kept).
+    check_output_folder(args.output)
+    scans = discover_scans(args.input, args.layout)
     check_outputs(scans, args.output, overwrite=args.overwrite)
+    check_scans(scans, labels=args.labels, progress=not args.quiet)
     start = time.perf_counter()
     try:
         with model_folder(args.model, args.tracking_uri) as folder:
@@ -249,7 +271,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     except (ModelNotFound, RecipeError) as exc:
         raise BadInput(str(exc)) from None
     results = predict_scans(model, scans, args.output, score=args.labels, progress=not args.quiet,
-                            overwrite=args.overwrite)
+                            overwrite=args.overwrite, checked=True)
     seconds = time.perf_counter() - start
     scored = [r for r in results if r.scores is not None]
     if scored:
@@ -365,10 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="predict memory, step time and bytes of a vit-seg spec's layouts (SP x DP x "
                                      "attention, per patch size) from the performance model")
     spec_args(p)
-    p.add_argument("--ranks", type=int, default=4, help="devices (workers) per trial (default 4)")
+    p.add_argument("--ranks", type=_positive_int, default=4, help="devices (workers) per trial (default 4)")
     p.add_argument("--memory-per-rank", type=_bytes, default=16e9, help="e.g. 16GB, 6GiB (default 16GB)")
-    p.add_argument("--device-flops", type=float, default=300e12, help="FLOP/s per rank (default 300e12)")
-    p.add_argument("--bandwidth", type=float, default=100e9, help="bytes/s per rank (default 100e9)")
+    p.add_argument("--device-flops", type=_rate, default=300e12, help="FLOP/s per rank (default 300e12)")
+    p.add_argument("--bandwidth", type=_rate, default=100e9, help="bytes/s per rank (default 100e9)")
     p.add_argument("--reserved", type=_bytes, default=512 * 2**20,
                    help="memory per rank the process holds itself (default 512MiB)")
     p.add_argument("--kernel", choices=["math", "fused"], default=None,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,12 +40,15 @@ import numpy as np
 from distmis.data.errors import DataError
 from distmis.data.layouts import (
     CASE_FOLDER_LAYOUTS,
+    LABEL_VALUES,
     LAYOUT_NAMES,
     MODALITIES,
     NIFTI_SUFFIXES,
     Layout,
     _case_folder_files,
     _case_folder_layout,
+    _as_image,
+    _as_label,
     _case_id_from_file,
     _folder_layouts,
     _is_nifti,
@@ -61,8 +64,8 @@ from distmis.data.layouts import (
 if TYPE_CHECKING:  # pragma: no cover
     import nibabel as nib
 
-__all__ = ["ACCEPTED_INPUTS", "ScanFiles", "check_scan", "detect_layout", "discover_scans", "read_scan",
-           "read_scan_label"]
+__all__ = ["ACCEPTED_INPUTS", "ScanFiles", "check_scan", "check_scan_data", "detect_layout", "discover_scans",
+           "read_scan", "read_scan_label"]
 
 #: What :func:`discover_scans` accepts, for messages.
 ACCEPTED_INPUTS = (
@@ -337,6 +340,75 @@ def check_scan(scan: ScanFiles) -> tuple[int, int, int]:
         raise DataError(f"label file {str(scan.label)!r} has shape {shape_of(scan.label)} but the image of case "
                         f"{scan.case_id!r} ({str(scan.images[0])!r}) has spatial shape {spatial}")
     return spatial  # type: ignore[return-value]
+
+
+#: Bytes of decompressed voxel data :func:`check_scan_data` holds at a time.
+DATA_CHUNK_BYTES = 16 * 2**20
+
+
+def _voxel_chunks(path: Path) -> Iterator[np.ndarray]:
+    """The voxel values of the NIfTI file at ``path`` as stored, scaled by its header's slope and intercept,
+    ``DATA_CHUNK_BYTES`` at a time, read to the end of the file (so that a gzip stream's end marker and checksum
+    are checked too). DataError naming the file when it cannot be read, holds fewer bytes than its header
+    promises, or its compressed stream is corrupt."""
+    from nibabel.openers import ImageOpener
+
+    from distmis.data.layouts import _load_image
+
+    proxy = _load_image(path).dataobj  # nibabel's ArrayProxy: where, and how, nibabel reads the data
+    dtype, shape = np.dtype(proxy.dtype), tuple(int(s) for s in proxy.shape)
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    offset = int(proxy.offset)
+    slope, inter = float(proxy.slope), float(proxy.inter)
+    scaled = (slope, inter) != (1.0, 0.0)
+    step = max(dtype.itemsize, DATA_CHUNK_BYTES // dtype.itemsize * dtype.itemsize)
+    source = proxy.file_like if isinstance(proxy.file_like, str) else str(path)
+    got = 0
+    try:
+        with ImageOpener(source, "rb") as stream:
+            if len(stream.read(offset)) < offset:
+                raise DataError(f"cannot read {str(path)!r}: the file ends before its voxel data starts (byte "
+                                f"{offset}); it is cut short: copy or download it again")
+            while True:
+                block = stream.read(min(step, expected - got) if got < expected else step)
+                if not block:
+                    break
+                if got < expected:
+                    values = np.frombuffer(block, dtype=dtype, count=len(block) // dtype.itemsize)
+                    yield values * slope + inter if scaled else values
+                got += len(block)
+    except DataError:
+        raise
+    except Exception as exc:  # gzip's BadGzipFile and EOFError, zlib.error, OSError: a corrupt or cut file
+        raise DataError(f"cannot read the voxel data of {str(path)!r} ({type(exc).__name__}: {exc}): the file is "
+                        "corrupt or cut short; copy or download it again") from exc
+    if got < expected:
+        raise DataError(f"cannot read {str(path)!r}: its header promises {expected} bytes of voxel data "
+                        f"(shape {shape}, {dtype}) but the file holds {got}; it is cut short: copy or download it "
+                        "again")
+
+
+def check_scan_data(scan: ScanFiles, *, label: bool = False) -> None:
+    """Read the voxel data of every image file of ``scan`` (and, with ``label``, of its label file) once, in
+    chunks, holding no whole volume: what :func:`read_scan` (and :func:`read_scan_label`) would refuse for the
+    data is refused here, so that a command over many scans stops before it writes anything. A file that
+    nibabel opens by its header alone may still be cut short or corrupt in its data.
+
+    Refused: data shorter than the header promises, a corrupt compressed stream (gzip's checksum and end marker
+    are checked), image values that are NaN or infinite as float32, label values the layout does not allow.
+
+    Raises:
+        DataError: naming the file.
+    """
+    for path in scan.images:
+        for values in _voxel_chunks(path):
+            _as_image(values, path)
+    if label and scan.label is not None:
+        allowed = set(LABEL_VALUES[scan.layout])
+        for values in _voxel_chunks(scan.label):
+            if values.dtype.kind in "iub" and set(np.unique(values).tolist()) <= allowed:
+                continue  # the common case, without _as_label's int16 copy
+            _as_label(values, scan.label, scan.layout)
 
 
 def detect_layout(root: str | Path) -> Layout:

@@ -11,6 +11,7 @@ itself reserves (:attr:`Machine.reserved`). Pure arithmetic: no torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,19 @@ from distmis.spec.sizing import PROCESS_RESERVE
 if TYPE_CHECKING:  # pragma: no cover
     from distmis.spec.schema import Spec
 
-__all__ = ["Machine", "PlannedLayout", "plan_layouts", "best_layouts", "patch_sizes"]
+__all__ = ["MAGNITUDES", "MAX_RANKS", "Machine", "PlannedLayout", "plan_layouts", "best_layouts", "divisors",
+           "patch_sizes"]
+
+#: The magnitudes a machine's figures and the planner's predictions lie within: beyond them a figure is no
+#: device's, and a log-scale plot of the predictions overflows.
+MAGNITUDES = (1e-100, 1e100)
+
+#: The most ranks a trial is planned for (a billion devices): the degrees are the divisors of the count.
+MAX_RANKS = 2**30
+
+#: Machine fields and the ``distmis plan`` options that set them, for messages.
+_OPTIONS = {"ranks": "--ranks", "memory_per_rank": "--memory-per-rank", "device_flops": "--device-flops",
+            "bandwidth": "--bandwidth", "reserved": "--reserved"}
 
 
 @dataclass(frozen=True)
@@ -46,11 +59,23 @@ class Machine:
     reserved: float = PROCESS_RESERVE  # the process's own: torch's libraries (about 0.4 GB on CPU), a CUDA context
 
     def __post_init__(self) -> None:
-        for name in ("ranks", "memory_per_rank", "device_flops", "bandwidth"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        if self.reserved < 0 or self.reserved >= self.memory_per_rank:
-            raise ValueError(f"reserved ({self.reserved:.0f} bytes) must lie in [0, memory_per_rank)")
+        low, high = MAGNITUDES
+        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or not 1 <= self.ranks <= MAX_RANKS:
+            raise ValueError(f"ranks ({_OPTIONS['ranks']}) must be a whole number from 1 to {MAX_RANKS}, got "
+                             f"{self.ranks!r}")
+        for name in ("memory_per_rank", "device_flops", "bandwidth"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
+                raise ValueError(f"{name} ({_OPTIONS[name]}) must be a finite positive number between {low:g} and "
+                                 f"{high:g}, got {value!r}")
+        if not (math.isfinite(self.reserved) and 0 <= self.reserved < self.memory_per_rank):
+            raise ValueError(f"reserved ({_OPTIONS['reserved']} {self.reserved:g} bytes) must lie in [0, "
+                             f"memory_per_rank) ({_OPTIONS['memory_per_rank']} {self.memory_per_rank:g} bytes)")
+
+    def rates(self) -> str:
+        """The figures a step time comes from, as the options that set them, for messages."""
+        return (f"{_OPTIONS['device_flops']} {self.device_flops:g} FLOP/s and {_OPTIONS['bandwidth']} "
+                f"{self.bandwidth:g} B/s")
 
     @property
     def usable(self) -> float:
@@ -107,7 +132,7 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
         shape = ViTShape.of(params.model_copy(update={"patch": patch}), tile, in_channels=spec.dataset.in_channels,
                             num_classes=spec.dataset.num_classes)
         strategies = ("allgather-kv", "ulysses") + (("dsp",) if params.attention == "axial" else ())
-        for sp in (d for d in range(1, machine.ranks + 1) if machine.ranks % d == 0):
+        for sp in divisors(machine.ranks):
             for attention in strategies if sp > 1 else ("allgather-kv",):
                 try:
                     check_sequence_parallel(shape.grid, params.heads, sp, attention=attention,
@@ -121,10 +146,40 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
                 comm = communication_bytes(shape, layout, batch=batch, dp=dp)
                 memory = vit_memory(shape, layout, batch=batch, kernel=kernel)
                 seconds = flops.matmul / machine.device_flops + comm.total / machine.bandwidth
-                rows.append(PlannedLayout(patch, shape.tokens, sp, dp, attention, flops, comm, memory, seconds,
-                                          figure_of_merit(shape, batch=batch, seconds=seconds),
-                                          memory.peak <= machine.usable))
+                row = PlannedLayout(patch, shape.tokens, sp, dp, attention, flops, comm, memory, seconds,
+                                    figure_of_merit(shape, batch=batch, seconds=seconds), memory.peak <= machine.usable)
+                _check_prediction(row, machine)
+                rows.append(row)
     return rows
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n`` in increasing order (found up to its square root)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def _check_prediction(row: PlannedLayout, machine: Machine) -> None:
+    """ValueError, naming the figures it comes from, when a prediction is not a finite positive number within
+    :data:`MAGNITUDES` (a step time) or not finite (the figure of merit)."""
+    low, high = MAGNITUDES
+    layout = f"patch {row.patch}, SP {row.sp} x DP {row.dp}, {row.attention}"
+    if not (math.isfinite(row.step_seconds) and low <= row.step_seconds <= high):
+        raise ValueError(f"the predicted step time of {layout} is {row.step_seconds:.3g} s, outside {low:g} to "
+                         f"{high:g} s: {machine.rates()} are no device's (e.g. 300e12 FLOP/s and 100e9 B/s)")
+    if not math.isfinite(row.fom):
+        raise ValueError(f"the figure of merit of {layout} overflows (step time {row.step_seconds:.3g} s): "
+                         f"{machine.rates()} are no device's (e.g. 300e12 FLOP/s and 100e9 B/s)")
+    if not (math.isfinite(row.memory.peak) and low <= row.memory.peak <= high):
+        raise ValueError(f"the predicted peak memory of {layout} is {row.memory.peak:.3g} bytes, outside {low:g} to "
+                         f"{high:g}: the spec's model, tile or batch size is out of range")
 
 
 def best_layouts(rows: list[PlannedLayout]) -> dict[int, PlannedLayout]:

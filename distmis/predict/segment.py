@@ -26,7 +26,8 @@ from distmis.data.preprocess import labels_to_target, preprocess_image
 from distmis.predict.model import SegmentationModel
 from distmis.predict.recipe import ModelRecipe
 
-__all__ = ["CaseResult", "output_path", "check_outputs", "segment", "write_segmentation", "predict_scans"]
+__all__ = ["CaseResult", "output_path", "check_output_folder", "check_outputs", "check_scans", "segment",
+           "write_segmentation", "predict_scans"]
 
 SEG_SUFFIX = "_seg.nii.gz"
 
@@ -46,9 +47,32 @@ def output_path(output_dir: str | Path, case_id: str) -> Path:
     return Path(output_dir) / f"{case_id}{SEG_SUFFIX}"
 
 
+def check_output_folder(output_dir: str | Path) -> Path:
+    """``output_dir`` as a folder segmentations can be written to: an existing folder, or one that can be made
+    in the nearest folder above it that exists. DataError naming the path when it, or a path above it, is a file
+    (or anything else that is not a folder), or that folder is not writable. Nothing is created here."""
+    output_dir = Path(output_dir)
+    allowed = "--output must be a folder: an existing one, or a new one in a folder you can write to"
+    existing = output_dir
+    while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_symlink() and not existing.exists():
+        raise DataError(f"--output {str(output_dir)!r}: {str(existing)!r} is a broken symbolic link; {allowed}")
+    if not existing.is_dir():
+        where = "is a file" if existing.is_file() else "is not a folder"
+        what = f"{str(existing)!r} {where}" if existing == output_dir else f"{str(existing)!r}, above it, {where}"
+        raise DataError(f"--output {str(output_dir)!r}: {what}; {allowed}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DataError(f"--output {str(output_dir)!r}: the folder {str(existing)!r} is not writable by this user; "
+                        f"{allowed}")
+    return output_dir
+
+
 def check_outputs(scans: Sequence[Any], output_dir: str | Path, *, overwrite: bool) -> list[Path]:
-    """The files ``predict_scans`` will write; DataError, before anything is written, when one exists (unless
-    ``overwrite``) or is one of the inputs (never overwritten: a label file in a case folder, for instance)."""
+    """The files ``predict_scans`` will write; DataError, before anything is written, when ``output_dir`` cannot
+    be a folder (:func:`check_output_folder`), a file exists (unless ``overwrite``) or is one of the inputs (never
+    overwritten: a label file in a case folder, for instance)."""
+    check_output_folder(output_dir)
     outputs = [output_path(output_dir, scan.case_id) for scan in scans]
     inputs = {Path(p).resolve() for scan in scans for p in (*scan.images, scan.label) if p is not None}
     clash = [str(p) for p in outputs if p.resolve() in inputs]
@@ -107,19 +131,34 @@ def _scores(labels: np.ndarray, scan: Any, reference: Any, recipe: ModelRecipe) 
     return case_metrics(pred.astype(np.float32), truth, spacing, names)
 
 
-def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: str | Path, *, score: bool = False,
-                  progress: bool = True, overwrite: bool = False) -> list[CaseResult]:
-    """Segment every scan into ``output_dir/<case>_seg.nii.gz``; with ``score``, also score the cases that have a
-    label file. The outputs (:func:`check_outputs`) and every scan's headers
-    (:func:`~distmis.data.scans.check_scan`) are checked before the first case is read."""
+def check_scans(scans: Sequence[Any], *, labels: bool = False, progress: bool = False) -> None:
+    """Every scan's headers (:func:`~distmis.data.scans.check_scan`), then every scan's voxel data, read once and
+    not kept (:func:`~distmis.data.scans.check_scan_data`; with ``labels``, the label files' too). DataError
+    naming the first bad file."""
     from tqdm import tqdm
 
-    from distmis.data.scans import check_scan, read_scan
+    from distmis.data.scans import check_scan, check_scan_data
+
+    for scan in scans:  # the headers first: cheap, and most bad input shows there
+        check_scan(scan)
+    for scan in tqdm(scans, desc="check", unit="case", disable=not progress, file=sys.stderr):
+        check_scan_data(scan, label=labels)
+
+
+def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: str | Path, *, score: bool = False,
+                  progress: bool = True, overwrite: bool = False, checked: bool = False) -> list[CaseResult]:
+    """Segment every scan into ``output_dir/<case>_seg.nii.gz``; with ``score``, also score the cases that have a
+    label file. The outputs (:func:`check_outputs`) and every scan's headers and voxel data (:func:`check_scans`)
+    are checked before the first segmentation is written; ``checked``: the caller already ran
+    :func:`check_scans` on these scans (with ``labels=score``), so their data is not read twice."""
+    from tqdm import tqdm
+
+    from distmis.data.scans import read_scan
 
     output_dir = Path(output_dir)
     outputs = check_outputs(scans, output_dir, overwrite=overwrite)
-    for scan in scans:  # every header before the first case: bad input stops the command before it writes
-        check_scan(scan)
+    if not checked:  # every file before the first case: bad input stops the command before it writes
+        check_scans(scans, labels=score, progress=progress)
     output_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for scan, path in zip(tqdm(scans, desc="predict", unit="case", disable=not progress, file=sys.stderr), outputs):

@@ -103,7 +103,22 @@ def speedup_figure(table: "pd.DataFrame", *, title: str = ""):
 
 def plan_figure(rows: list, *, memory_per_rank: float, title: str = ""):
     """The planner's predictions (:func:`distmis.parallel.planner.plan_layouts`): per-rank peak memory and step
-    time against the SP degree, a line per patch size and attention strategy, the memory per rank as a limit."""
+    time against the SP degree, a line per patch size and attention strategy, the memory per rank as a limit.
+
+    ValueError, naming the quantity, when a value it would draw on its log axes is not finite and positive or lies
+    beyond :data:`distmis.parallel.planner.MAGNITUDES` (in GiB and seconds; matplotlib overflows near there)."""
+    import math
+
+    from distmis.parallel.planner import MAGNITUDES
+
+    low, high = MAGNITUDES
+    drawn = {"predicted peak memory per rank (GiB)": [r.memory.peak / 2**30 for r in rows] + [memory_per_rank / 2**30],
+             "predicted step time (s)": [r.step_seconds for r in rows]}
+    for quantity, values in drawn.items():
+        bad = [v for v in values if not (math.isfinite(v) and low <= v <= high)]
+        if bad:
+            raise ValueError(f"the plan's figure cannot draw a {quantity} of {bad[0]:g}: it draws finite positive "
+                             f"values from {low:g} to {high:g}")
     plt = _pyplot()
     fig, (ax_memory, ax_time) = plt.subplots(1, 2, figsize=(10, 4))
     series: dict[tuple[int, str], list] = {}
