@@ -21,11 +21,19 @@ This module builds that sequence from a :class:`~distmis.models.unet3d_torch.UNe
 - :meth:`UNetPipeline.gather_weights`: every stage's weights broadcast to every rank of the pipeline, so each
   holds the whole trained model (validation, checkpoints, the registered model).
 
+Short batches (:func:`batch_plan`): the stages exchange tensors of fixed shapes, so a batch of another size gets a
+pipeline of its own (the same cut, over the same modules). Its micro-batches are of the largest size that divides
+it and is no larger than the configured micro-batch (``batch_size / microbatches``), so they are equal, and no
+stage ever holds a larger micro-batch than a full batch's; it runs the configured schedule, or GPipe where that
+leaves fewer micro-batches than 1F1B needs (one per stage: GPipe then holds no more than 1F1B would). A short batch
+is thus trained as it is, on its own samples, exactly as an unpipelined trainer trains it.
+
 Micro-batches and normalization: the schedule averages the micro-batches' gradients (``scale_grads``), so a loss
-that is a mean over samples gives the gradients of the whole batch. That holds exactly for group normalization,
-which normalizes each sample on its own; batch normalization normalizes each *micro-batch* by its own
-statistics, so with ``M > 1`` a pipelined batch-norm U-Net is a different (noisier) function than on one
-device, as GPipe's paper notes, and its running statistics see ``M`` small batches per step.
+that is a mean over samples gives the gradients of the whole batch (the micro-batches being equal). That holds
+exactly for group normalization, which normalizes each sample on its own; batch normalization normalizes each
+*micro-batch* by its own statistics, so with ``M > 1`` a pipelined batch-norm U-Net is a different (noisier)
+function than on one device, as GPipe's paper notes, and its running statistics see ``M`` small batches per step
+(a short batch's micro-batches may be smaller still).
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ __all__ = [
     "IdentityForwardContiguousBackward",
     "StageCells",
     "stage_examples",
+    "BatchPlan",
+    "batch_plan",
     "UNetPipeline",
     "pipeline_unet",
 ]
@@ -209,6 +219,50 @@ class StageCells(nn.Module):
         return out
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a batch goes through the pipeline: its ``samples``, cut into ``microbatches`` equal micro-batches, under
+    ``schedule``."""
+
+    samples: int
+    microbatches: int
+    schedule: PipelineSchedule
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples per micro-batch."""
+        return self.samples // self.microbatches
+
+
+def batch_plan(samples: int, *, batch_size: int, microbatches: int, schedule: PipelineSchedule,
+               stages: int) -> BatchPlan:
+    """The micro-batches and schedule of a batch of ``samples`` in a pipeline configured for ``batch_size`` samples
+    in ``microbatches`` micro-batches under ``schedule``, over ``stages`` stages.
+
+    The rule: micro-batches of ``d`` samples, ``d`` the largest divisor of ``samples`` no larger than the configured
+    micro-batch ``batch_size // microbatches``; ``samples // d`` of them; the configured schedule, unless it is 1F1B
+    and that leaves fewer micro-batches than stages, then GPipe. A full batch keeps its configuration. The
+    micro-batches being equal, the mean of their mean losses is the mean over the batch's samples, and their
+    averaged gradients the batch's own: a short batch trains exactly as unpipelined. No micro-batch is larger than
+    a full batch's, and a GPipe fallback holds fewer than ``stages`` of them (what 1F1B holds at most).
+
+    Configured for 8 samples in 2 micro-batches (of 4): a batch of 6 goes as 2 micro-batches of 3, one of 7 as 7
+    of 1, one of 4 as 1 of 4. With 2 stages under 1F1B a batch of 1 runs one micro-batch under GPipe.
+    """
+    if not isinstance(batch_size, int) or not isinstance(microbatches, int) or microbatches < 1 \
+            or batch_size % microbatches:
+        raise ValueError(f"the batch of {batch_size} samples must divide into {microbatches} micro-batches")
+    if not isinstance(samples, int) or not 1 <= samples <= batch_size:
+        raise ValueError(f"a batch holds from 1 to training.batch_size = {batch_size} samples, got {samples!r}")
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ValueError(f"schedule must be one of {PIPELINE_SCHEDULES}, got {schedule!r}")
+    largest = batch_size // microbatches
+    size = max(d for d in range(1, min(largest, samples) + 1) if samples % d == 0)
+    count = samples // size
+    chosen: PipelineSchedule = "gpipe" if schedule == "1f1b" and count < stages else schedule
+    return BatchPlan(samples=samples, microbatches=count, schedule=chosen)
+
+
 @dataclass
 class UNetPipeline:
     """One rank's part of a pipelined U-Net: the whole ``model`` (every rank builds it, same seed: only its own
@@ -222,6 +276,7 @@ class UNetPipeline:
     stage_index: int
     group: Any  # the pipeline's process group (None: the default group)
     group_ranks: tuple[int, ...]  # global ranks of the stages, in stage order
+    plan: BatchPlan  # the batch it takes: its samples, micro-batches and schedule
 
     @property
     def num_stages(self) -> int:
@@ -349,11 +404,13 @@ def pipeline_unet(
 ) -> UNetPipeline:
     """This rank's stage of ``model`` cut into as many stages as ``group`` (default: the world) has ranks, with a
     ``schedule`` over ``microbatches`` micro-batches and ``loss_fn(prediction, target)`` (a mean over samples)
-    on the last stage. Collective: every rank of ``group`` calls it with the same arguments.
+    on the last stage. Every rank of ``group`` calls it with the same arguments.
 
     Every step takes batches of ``batch_size`` samples of ``tile`` (the shapes the stages send each other are
-    fixed here: :func:`stage_examples`); another tile or batch needs another pipeline. The cut balances
-    :func:`cell_macs` at ``tile``; the stage's modules move to ``device``.
+    fixed here: :func:`stage_examples`); another tile or batch needs another pipeline, over the same ``model``
+    (a short batch: the micro-batches and schedule :func:`batch_plan` gives). The cut balances :func:`cell_macs`
+    at ``tile`` (not the batch); the stage's modules move to ``device``. Nothing is sent in making it, but every
+    rank of ``group`` must make the same pipeline for the same steps.
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -384,4 +441,5 @@ def pipeline_unet(
     schedule_class = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
     runner = schedule_class(stage, microbatches, loss_fn=loss_fn, scale_grads=True)
     return UNetPipeline(model=model, stage_module=stage_module, stage=stage, schedule=runner, bounds=bounds,
-                        stage_index=index, group=group, group_ranks=ranks)
+                        stage_index=index, group=group, group_ranks=ranks,
+                        plan=BatchPlan(samples=batch_size, microbatches=microbatches, schedule=schedule))

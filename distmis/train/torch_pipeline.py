@@ -6,10 +6,22 @@ DP x PP ranks it takes its :class:`~distmis.parallel.groups.PipelineGroups`: the
 groups (every stage of one pipeline reads the same batches, the first feeds the images in, the last the labels),
 each rank's optimizer updates its own stage, and the stage's gradients are averaged over its DP group.
 
-Every step takes a full batch of ``training.batch_size`` samples: the micro-batches and the tensors the stages
-send each other have fixed shapes, so a rank's short last batch is completed with the first cases of its shard
-(:meth:`TorchPipelineUNetTrainer.epoch_batches`). A ``training.curriculum`` stage of another tile or batch gets a
-pipeline of its own shapes over the same stage modules.
+Every step trains the batch the unpipelined trainer trains (:meth:`TorchUNetTrainer.epoch_batches`: the same
+cases, a short last batch short). The tensors the stages send each other have fixed shapes, so a batch of another
+size than ``training.batch_size`` goes through a pipeline made for its own shape
+(:meth:`TorchPipelineUNetTrainer.pipeline_for`): the same cut over the same stage modules, its micro-batches and
+schedule given by :func:`~distmis.parallel.pipeline.batch_plan` (equal micro-batches no larger than the configured
+one; GPipe where 1F1B would have fewer micro-batches than stages). Its loss and gradients are the mean over its own
+samples, as unpipelined, and the epoch's train loss is the mean of its batches' losses, as unpipelined: with group
+norm the two train alike, a short batch included.
+
+With DP replicas (DP x PP) the rule is the unpipelined one (:func:`~distmis.train.torch_unet.shard_batches`):
+every replica runs the same number of steps, a replica's short batch trains short, and the stages' gradients are
+averaged over the replicas with equal weights, as DDP averages the ranks'. All ranks of one pipeline share a DP
+rank, so they read the same batches and run the same schedule shape at every step; replicas may run different
+shapes at the same step, their only collective being the gradient all-reduce, whose shapes are the parameters'.
+A ``training.curriculum`` stage of another tile or batch gets pipelines of its own shapes over the same stage
+modules.
 
 Validation, checkpoints and the registered model use the whole model: after each epoch's training every
 stage's weights are broadcast to every rank of its pipeline (:meth:`UNetPipeline.gather_weights`), and the
@@ -29,7 +41,7 @@ import torch.distributed as dist
 from distmis.parallel.collectives import all_reduce_gradients
 from distmis.parallel.groups import PipelineGroups
 from distmis.models.unet3d_torch import UNet3D
-from distmis.parallel.pipeline import UNetPipeline, pipeline_unet
+from distmis.parallel.pipeline import UNetPipeline, batch_plan, pipeline_unet
 from distmis.spec.layout import TrialLayout
 from distmis.spec.schema import Spec
 from distmis.train.torch_unet import TorchUNetTrainer, make_loss
@@ -48,7 +60,7 @@ class TorchPipelineUNetTrainer(TorchUNetTrainer):
             raise ValueError(f"parallelism.pipeline.stages is {pipe.stages}, but the pipeline group holds "
                              f"{groups.pp_size} rank(s)")
         self.groups = groups
-        self.pipeline: UNetPipeline | None = None
+        self.pipeline: UNetPipeline | None = None  # the current input's full batch's
 
         def cut(model: torch.nn.Module) -> torch.nn.Module:
             """This rank's stage (its parameters are what the optimizer updates)."""
@@ -59,14 +71,38 @@ class TorchPipelineUNetTrainer(TorchUNetTrainer):
                          wrap_model=cut, device=device)
 
     def _make_pipeline(self, model: UNet3D) -> torch.nn.Module:
-        """Cut ``model`` for the current training input (tile and batch: the shapes the stages exchange); this
-        rank's stage module."""
-        pipe, loss = self.spec.parallelism.pipeline, self.spec.training.loss
-        self.pipeline = pipeline_unet(
-            model, tile=self.tile or self.volume_shape, microbatches=pipe.microbatches, schedule=pipe.schedule,
-            batch_size=self.stage.batch_size, loss_fn=make_loss(loss.name, loss.smooth),
-            group=self.groups.pp_group, device=self.device)
+        """Cut ``model`` for the current training input's full batch (tile and batch: the shapes the stages
+        exchange); this rank's stage module."""
+        self.pipeline = None
+        self.pipeline = self._build_pipeline(model, self.stage.batch_size)
         return self.pipeline.stage_module
+
+    def _build_pipeline(self, model: UNet3D, samples: int) -> UNetPipeline:
+        """The pipeline of a batch of ``samples`` at the current tile, its micro-batches and schedule those of
+        :func:`~distmis.parallel.pipeline.batch_plan`."""
+        pipe, loss = self.spec.parallelism.pipeline, self.spec.training.loss
+        plan = batch_plan(samples, batch_size=self.stage.batch_size, microbatches=pipe.microbatches,
+                          schedule=pipe.schedule, stages=self.groups.pp_size)
+        built = pipeline_unet(
+            model, tile=self.tile or self.volume_shape, microbatches=plan.microbatches, schedule=plan.schedule,
+            batch_size=samples, loss_fn=make_loss(loss.name, loss.smooth),
+            group=self.groups.pp_group, device=self.device)
+        if self.pipeline is not None and built.bounds != self.pipeline.bounds:  # the cut depends on the tile only
+            raise RuntimeError(f"a batch of {samples} cut the U-Net at {built.bounds}, the full batch at "
+                               f"{self.pipeline.bounds}")
+        return built
+
+    def pipeline_for(self, samples: int) -> UNetPipeline:
+        """The pipeline that trains a batch of ``samples`` at the current input: the full batch's (kept for the
+        curriculum stage), or one made for the short batch's own shape, over the same stage modules. Every rank of
+        the pipeline makes it at the same step (they read the same batches); nothing is sent in making it.
+
+        A short batch's pipeline is not kept: a stage holds receiving buffers for every micro-batch from its first
+        step on, and they would stay allocated through every full step after. Making one costs a pass over the
+        model on the meta device, once per short batch (about one per epoch)."""
+        if samples == self.stage.batch_size:
+            return self.pipe
+        return self._build_pipeline(self.model, samples)
 
     def _stage_changed(self) -> None:
         """A curriculum stage of another tile or batch: a pipeline for its shapes, over the same stage modules
@@ -79,16 +115,10 @@ class TorchPipelineUNetTrainer(TorchUNetTrainer):
         return self.pipeline
 
     # ------------------------------------------------------------------ training
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """:meth:`TorchUNetTrainer.epoch_batches`, every batch full: a short one takes cases from the start of
-        the rank's shard (the pipeline's shapes are fixed)."""
-        batches = super().epoch_batches(epoch)
-        size = self.stage.batch_size
-        shard = [i for batch in batches for i in batch]
-        return [batch + [shard[k % len(shard)] for k in range(size - len(batch))] for batch in batches]
-
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        pipe = self.pipe
+        """The batch through the pipeline of its size (:meth:`pipeline_for`): its mean loss over its samples, the
+        gradients of that mean in this stage's parameters."""
+        pipe = self.pipeline_for(int(x.shape[0]))
         return pipe.train_step(x if pipe.is_first else None, y if pipe.is_last else None)
 
     def _synchronize_gradients(self) -> None:

@@ -16,8 +16,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from distmis.models.unet3d_torch import UNet3D
 from distmis.models.vit_seg import ViTSeg
 from distmis.parallel.pipeline import (
+    BatchPlan,
     StageCells,
     balanced_partition,
+    batch_plan,
     cell_macs,
     max_pipeline_stages,
     unet_cells,
@@ -103,6 +105,42 @@ def test_balanced_partition_leaves_the_later_stages_lighter_on_ties():
 def test_balanced_partition_refuses_more_stages_than_cells():
     with pytest.raises(ValueError, match="stages must be an int from 1 to the 5 cells, got 6"):
         balanced_partition([1] * 5, 6)
+
+
+@pytest.mark.parametrize("samples,expected", [
+    (8, BatchPlan(8, 2, "gpipe")),  # a full batch: as configured, micro-batches of 4
+    (7, BatchPlan(7, 7, "gpipe")),  # 7 is prime: micro-batches of 1
+    (6, BatchPlan(6, 2, "gpipe")),  # of 3, the largest divisor of 6 no larger than 4
+    (4, BatchPlan(4, 1, "gpipe")),
+    (2, BatchPlan(2, 1, "gpipe")),
+    (1, BatchPlan(1, 1, "gpipe")),
+])
+def test_a_short_batch_is_cut_into_equal_micro_batches_no_larger_than_configured(samples, expected):
+    plan = batch_plan(samples, batch_size=8, microbatches=2, schedule="gpipe", stages=2)
+    assert plan == expected
+    assert plan.micro_batch * plan.microbatches == samples and plan.micro_batch <= 8 // 2
+
+
+@pytest.mark.parametrize("samples,stages,expected", [
+    (8, 4, BatchPlan(8, 4, "1f1b")),  # a full batch: as configured
+    (6, 2, BatchPlan(6, 3, "1f1b")),  # 3 micro-batches of 2: enough for 2 stages
+    (6, 4, BatchPlan(6, 3, "gpipe")),  # 3 are fewer than 1F1B's one per stage: GPipe
+    (5, 4, BatchPlan(5, 5, "1f1b")),
+    (1, 2, BatchPlan(1, 1, "gpipe")),
+])
+def test_1f1b_falls_back_to_gpipe_where_a_short_batch_has_fewer_micro_batches_than_stages(samples, stages, expected):
+    assert batch_plan(samples, batch_size=8, microbatches=4, schedule="1f1b", stages=stages) == expected
+
+
+def test_a_batch_plan_refuses_what_no_batch_is():
+    with pytest.raises(ValueError, match="a batch holds from 1 to training.batch_size = 4 samples, got 5"):
+        batch_plan(5, batch_size=4, microbatches=2, schedule="gpipe", stages=2)
+    with pytest.raises(ValueError, match="got 0"):
+        batch_plan(0, batch_size=4, microbatches=2, schedule="gpipe", stages=2)
+    with pytest.raises(ValueError, match="batch of 3 samples must divide into 2 micro-batches"):
+        batch_plan(1, batch_size=3, microbatches=2, schedule="gpipe", stages=2)
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        batch_plan(1, batch_size=4, microbatches=2, schedule="zero-bubble", stages=2)  # type: ignore[arg-type]
 
 
 def test_only_the_unet_is_cut_into_cells():

@@ -90,6 +90,28 @@ def pipeline_case(schedule: str, microbatches: int, norm: str = "group") -> dict
     return {"error": error, "bounds": pipe.bounds, "stage": pipe.stage_index}
 
 
+def short_batch_case(schedule: str, microbatches: int, samples: int = BATCH - 1) -> dict[str, Any]:
+    """A batch of ``samples`` (fewer than the configured ``BATCH``) through the pipeline :func:`batch_plan` gives it:
+    its loss and gradients are the short batch's own on one device."""
+    import torch.distributed as dist
+
+    from distmis.parallel.pipeline import batch_plan, pipeline_unet
+
+    base = make_model()
+    x, y = make_batch(seed=3, batch=samples)
+    reference = copy.deepcopy(base)
+    expected_loss = reference_step(reference, x, y)
+    plan = batch_plan(samples, batch_size=BATCH, microbatches=microbatches, schedule=schedule,  # type: ignore[arg-type]
+                      stages=dist.get_world_size())
+    pipe = pipeline_unet(copy.deepcopy(base), tile=TILE, microbatches=plan.microbatches, schedule=plan.schedule,
+                         loss_fn=LOSS, batch_size=samples)
+    assert pipe.plan == plan
+    pipe.model.train()
+    loss = pipe.train_step(x if pipe.is_first else None, y if pipe.is_last else None)
+    torch.testing.assert_close(loss, expected_loss, **TOL)
+    return {"error": check_stage_against(pipe, reference), "plan": (plan.microbatches, plan.schedule)}
+
+
 def batch_norm_micro_batches_case() -> dict[str, Any]:
     """Batch norm with two micro-batches: each normalized by its own statistics, so the gradients are others:
     the largest difference of this stage's gradients, relative to the largest gradient."""
@@ -146,6 +168,38 @@ def dp_pp_case() -> dict[str, Any]:
     return {}
 
 
+def dp_pp_short_case() -> dict[str, Any]:
+    """4 ranks, DP=2 x PP=2, the replicas' batches of different sizes (``BATCH`` and ``BATCH - 1``: the second
+    replica's short batch, each through its own pipeline shape): the stages' gradients averaged over the replicas
+    with equal weights are DP=2 x PP=1's, as DDP averages them."""
+    from distmis.parallel.collectives import all_reduce_gradients
+    from distmis.parallel.groups import build_pipeline_groups
+    from distmis.parallel.pipeline import batch_plan, pipeline_unet
+
+    base = make_model()
+    x, y = make_batch(seed=5, batch=2 * BATCH - 1)
+    shards = [slice(0, BATCH), slice(BATCH, 2 * BATCH - 1)]
+    reference = copy.deepcopy(base)  # every rank computes both replicas' gradients on one device and averages them
+    grads = []
+    for shard in shards:
+        reference.zero_grad(set_to_none=True)
+        reference_step(reference, x[shard], y[shard])
+        grads.append([p.grad.clone() for p in reference.parameters()])
+    for p, *replicas in zip(reference.parameters(), *grads):
+        p.grad = sum(replicas) / len(replicas)
+    groups = build_pipeline_groups(2)
+    assert groups is not None and groups.dp_size == 2
+    shard = shards[groups.dp_rank]
+    samples = shard.stop - shard.start
+    plan = batch_plan(samples, batch_size=BATCH, microbatches=2, schedule="gpipe", stages=2)
+    pipe = pipeline_unet(copy.deepcopy(base), tile=TILE, microbatches=plan.microbatches, schedule=plan.schedule,
+                         loss_fn=LOSS, batch_size=samples, group=groups.pp_group)
+    pipe.model.train()
+    pipe.train_step(x[shard] if pipe.is_first else None, y[shard] if pipe.is_last else None)
+    all_reduce_gradients(pipe.parameters(), groups.dp_group, "mean")
+    return {"error": check_stage_against(pipe, reference), "plan": (plan.microbatches, plan.schedule)}
+
+
 def errors_case() -> dict[str, Any]:
     """Configurations the pipeline refuses, before any stage is made."""
     import torch.distributed as dist
@@ -173,11 +227,14 @@ def make_cases(world_size: int) -> Cases:
     for microbatches in (1, 2, 4):
         cases[f"gpipe/{microbatches}"] = lambda m=microbatches: pipeline_case("gpipe", m)
     cases[f"1f1b/{world_size}"] = lambda: pipeline_case("1f1b", world_size)
+    cases["short/gpipe"] = lambda: short_batch_case("gpipe", 2)
+    cases["short/1f1b"] = lambda: short_batch_case("1f1b", world_size)
     cases["batch-norm/1"] = lambda: pipeline_case("gpipe", 1, norm="batch")
     cases["batch-norm/2"] = batch_norm_micro_batches_case
     cases["errors"] = errors_case
     if world_size == 4:
         cases["dp2xpp2"] = dp_pp_case
+        cases["dp2xpp2/short"] = dp_pp_short_case
     return cases
 
 
@@ -203,6 +260,14 @@ def test_1f1b_equals_one_device(ranks):
     case(ranks, f"1f1b/{len(ranks)}")
 
 
+def test_a_short_batch_through_its_own_schedule_equals_one_device(ranks):
+    # a batch of 3 where 4 are configured: micro-batches of 1 (the largest divisor of 3 no larger than 4 / M)
+    assert {r["plan"] for r in case(ranks, "short/gpipe")} == {(3, "gpipe")}
+    # 1F1B with one micro-batch per stage configured: 3 micro-batches of 1, fewer than 4 stages: GPipe
+    expected = (3, "1f1b") if len(ranks) == 2 else (3, "gpipe")
+    assert {r["plan"] for r in case(ranks, "short/1f1b")} == {expected}
+
+
 def test_batch_norm_is_exact_with_one_micro_batch(ranks):
     case(ranks, "batch-norm/1")
 
@@ -218,3 +283,8 @@ def test_bad_configurations_are_refused(ranks):
 
 def test_data_times_pipeline_parallel_equals_data_parallel(spawned):
     case(spawned[4], "dp2xpp2")  # 4 ranks: DP=2 x PP=2 against DP=2 x PP=1
+
+
+def test_replicas_of_different_batch_sizes_average_as_data_parallel(spawned):
+    plans = [r["plan"] for r in case(spawned[4], "dp2xpp2/short")]
+    assert plans == [(2, "gpipe"), (2, "gpipe"), (3, "gpipe"), (3, "gpipe")]  # replica 1's batch of 3: 3 of 1

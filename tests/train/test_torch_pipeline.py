@@ -2,12 +2,14 @@
 
 Each rank writes what it found; the tests compare the ranks with each other, a resumed run with one trained
 straight on, and the saved model (the whole U-Net, loadable without a pipeline) with the ranks' weights. That a
-pipelined trial trains as an unpipelined one does is ``tests/search/test_pipeline_search.py``'s.
+pipelined trial trains as an unpipelined one does is ``tests/search/test_pipeline_search.py``'s, and with a short
+last batch ``tests/faults/test_pipeline_short_batch.py``'s.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -53,6 +55,7 @@ def _on_rank(rank: int, spec_tree: dict, tfrecord_dir: str, out: str) -> None:
 
         straight = trainer()
         found["batches"] = [straight.epoch_batches(e) for e in (1, 2)]
+        found["plans"] = {size: dataclasses.asdict(straight.pipeline_for(size).plan) for size in (1, 2)}
         found["epochs"] = [straight.run_epoch(e).as_dict() for e in (1, 2)]
         found["weights"] = {k: v.clone() for k, v in straight.model.state_dict().items()}
         if rank == 0:
@@ -104,12 +107,21 @@ def ran(tmp_path_factory) -> tuple[Any, Any, list[dict[str, Any]], Path]:
     return spec, data, results, tmp
 
 
-def test_every_batch_of_a_pipelined_trial_is_full(ran):
-    spec, _, results, _ = ran
-    for batches in results[0]["batches"]:
-        assert len(batches) == 3 and all(len(b) == spec.training.batch_size for b in batches)
-        assert sorted({i for b in batches for i in b}) == list(range(5))  # every case, the first one twice
+def test_a_pipelined_trial_trains_the_unpipelined_batches_a_short_one_short(ran):
+    spec, data, results, _ = ran
+    plain = TorchUNetTrainer(spec, data.tfrecord_dir)  # no pipeline, no process group
+    for epoch, batches in zip((1, 2), results[0]["batches"]):
+        assert batches == plain.epoch_batches(epoch)
+        assert [len(b) for b in batches] == [2, 2, 1]  # 5 cases: every one once, the last batch short
+        assert sorted(i for b in batches for i in b) == list(range(5))
     assert results[0]["batches"] == results[1]["batches"]  # both stages read the same batches
+
+
+def test_a_short_batch_gets_a_pipeline_of_its_own_shape(ran):
+    for result in ran[2]:
+        full, short = result["plans"][2], result["plans"][1]
+        assert full == {"samples": 2, "microbatches": 2, "schedule": "gpipe"}  # as configured
+        assert short == {"samples": 1, "microbatches": 1, "schedule": "gpipe"}  # one micro-batch of 1
 
 
 def test_the_pipelined_trainer_trains_and_validates_the_whole_model(ran):
