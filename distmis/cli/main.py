@@ -1,6 +1,7 @@
 """``distmis``: the command line.
 
-Exit codes: 0 success; 1 the search ran but some trials failed; 2 bad input (spec, data or
+Exit codes: 0 success; 1 the search ran but some trials failed, or its best model could not be loaded, scored on
+the test split or published; 2 bad input (spec, data or
 arguments), in which case nothing was started and nothing was written; 130 (Ctrl-C) or 143 (SIGTERM, as
 `distmis stop` sends) when a search was interrupted: its unfinished MLflow runs are marked KILLED.
 """
@@ -149,7 +150,11 @@ def print_search(spec: Any, outcome: Any) -> int:
     print(f"\nMLflow: experiment {outcome.experiment!r}, parent run {outcome.parent_run_id}")
     print(f"  tracking URI: {uri}")
     print(f"  distmis results --tracking-uri {uri} --experiment {outcome.experiment}")
-    return EXIT_TRIALS_FAILED if outcome.failed else EXIT_OK
+    if outcome.failed_trials:
+        print(f"error: {outcome.failed} trial(s) did not finish: {', '.join(outcome.failed_trials)}", file=sys.stderr)
+    for problem in outcome.problems:  # the search's model could not be loaded, scored or published
+        print(f"error: {problem}", file=sys.stderr)
+    return EXIT_TRIALS_FAILED if outcome.failed or outcome.problems else EXIT_OK
 
 
 def _bytes(text: str) -> float:
@@ -472,7 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from distmis.spec import SpecError
     from distmis.service.server import ServerError
 
-    from distmis.search.state import NothingToResume
+    from distmis.search.state import NothingToResume, SearchStateError
+    from distmis.tracking.store import StoreUnreachable
 
     func: Callable[[argparse.Namespace], int] = args.func
     try:
@@ -480,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NothingToResume as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_OK
-    except (SpecError, DataError, BadInput, SubmitError) as exc:
+    except (SpecError, DataError, BadInput, SubmitError, SearchStateError, StoreUnreachable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (ClusterError, ServerError) as exc:  # a server did not start, or no cluster to stop

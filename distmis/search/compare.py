@@ -30,8 +30,8 @@ from distmis.search.execute import (
     execute_search, experiment_name, open_search_run, prepare_output, ray_connection, reopen_search_run,
 )
 from distmis.search.plan import fit_problems, node_resources, plan_search, trial_layouts
-from distmis.search.prepare import check_dataset_path
-from distmis.search.state import SearchState, recorded, state_to_resume
+from distmis.search.preflight import new_state, preflight
+from distmis.search.state import SearchState, recorded
 from distmis.spec.load import SpecError
 from distmis.spec.schema import ParallelismSpec, Spec
 from distmis.tracking.figures import speedup_figure
@@ -104,15 +104,14 @@ def run_compare(
     if any(n < 1 for n in counts):
         raise SpecError(spec.name, [("parallelism.workers", f"worker counts must be >= 1, got {counts}")])
     output_dir = Path(output_dir).resolve()
-    state = state_to_resume(spec, output_dir, "compare") if resume else None
-    check_dataset_path(spec)
+    state = preflight(spec, output_dir, "compare", resume=resume)  # before any data is converted or Ray starts
     with ray_connection(address):
         check_capacity(spec, counts)  # before any data is converted
         data = prepare_output(spec, output_dir, progress=progress)
         if state is None:
             compare_run = open_search_run(spec, output_dir, data, run_name=f"{spec.name} compare", role="compare",
                                           tags={"distmis.workers": ",".join(map(str, counts))})
-            state = SearchState.start("compare", spec, compare_run.run_id)
+            state = new_state("compare", spec, output_dir, compare_run.run_id)
         else:
             compare_run = reopen_search_run(spec, output_dir, state.run_id)
         try:

@@ -68,18 +68,23 @@ class TestEvaluation:
 
 
 def best_models(grid: Any, last_checkpoint: dict[str, str], best: dict[str, tuple[float, int]], mode: str,
-                top: int) -> list[BestModel]:
+                top: int, finished: set[str]) -> list[BestModel]:
     """The ``top`` best finished trials of a ``ResultGrid`` that have weights to load, best first.
 
     ``last_checkpoint``: a data-parallel trial's latest checkpoint path (Tune does not hold those);
-    ``best``: each trial's best value and epoch, as the MLflow callback recorded them.
+    ``best``: each trial's best value and epoch, as the MLflow callback recorded them; ``finished``: the trials
+    whose own final status is FINISHED (the callback's record: a trial Tune could not write an error for still
+    failed). A single-process trial's weights are read from its newest complete checkpoint folder, whichever one
+    Tune names (:func:`~distmis.search.trial_checkpoints.newest_complete`).
     """
+    from distmis.search.trial_checkpoints import newest_complete
+
     found = []
     for result in grid:
         trial_id = (result.metrics or {}).get("trial_id")
-        if result.error is not None or trial_id not in best:
+        if result.error is not None or trial_id not in best or trial_id not in finished:
             continue
-        checkpoint = result.checkpoint or last_checkpoint.get(trial_id)
+        checkpoint = newest_complete(result.checkpoint) if result.checkpoint else last_checkpoint.get(trial_id)
         if checkpoint is not None:
             found.append(BestModel(trial_id, dict(result.config or {}), best[trial_id][0], checkpoint))
     found.sort(key=lambda model: model.best_value, reverse=mode == "max")

@@ -65,6 +65,8 @@ class SearchOutcome:
     test: TestEvaluation | None = None  # the best trial on the test split
     test_note: str = ""  # why there is no test evaluation (or no model), if there is none
     model: PublishedModel | None = None  # where the best trial's model went
+    problems: tuple[str, ...] = ()  # what the search's end could not do: load, score or publish a model (exit 1)
+    failed_trials: tuple[str, ...] = ()  # the ids of the trials that did not finish
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -294,13 +296,16 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         raise SearchInterrupted(received.get("signal", signal.SIGINT))
     search_seconds = time.perf_counter() - start
     callback.close()  # the trial records a store outage held back, before the results are read
-    failed = len(grid.errors)
+    # Counted from each trial's own final status as the callback recorded it: Tune's grid.errors misses a trial
+    # whose error file could not be written (a full or read-only disk).
+    failed_trials = tuple(callback.failed)
+    failed = len(failed_trials)
 
     client = search_run.client
     search_run.log_figure(learning_curves_figure(client, client.get_run(search_run.run_id), "val_dice"),
                           "val_dice_curves.png")
-    test, test_note, model = _finish_with_best_models(search_run, grid, callback, spec, data,
-                                                      output_dir / LOCAL_MODEL_FOLDER if keep_model else None)
+    test, test_note, model, problems = _finish_with_best_models(
+        search_run, grid, callback, spec, data, output_dir / LOCAL_MODEL_FOLDER if keep_model else None)
     results = results_frame(client, client.get_run(search_run.run_id))  # with the test dice of those scored
     search_run.log_text(format_results(results, "csv"), "results.csv")
     search_run.log_text(format_results(results, "markdown"), "results.md")
@@ -314,26 +319,43 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         search_run.log_metrics({f"best_{spec.search.metric}": float(best_column.iloc[0])})
     elapsed = search_run.finish("FINISHED")
     return SearchOutcome(results, failed, elapsed, search_seconds, search_run.tracking_uri, spec.experiment_name,
-                         search_run.run_id, data, test, test_note, model)
+                         search_run.run_id, data, test, test_note, model, tuple(problems), failed_trials)
 
 
 def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowTrialCallback, spec: Spec,
-                             data: PreparedData, model_folder: Path | None) -> tuple[TestEvaluation | None, str,
-                                                                                      PublishedModel | None]:
-    """What follows the trials: the ``search.evaluate_top`` best trials scored on the test split (each on its own run;
-    the best also on the search's run), the best one's overlay, and the best one's model published
+                             data: PreparedData, model_folder: Path | None
+                             ) -> tuple[TestEvaluation | None, str, PublishedModel | None, list[str]]:
+    """What follows the trials: the ``search.evaluate_top`` best finished trials scored on the test split (each on
+    its own run; the best also on the search's run), the best one's overlay, and the best one's model published
     (:func:`~distmis.search.evaluate.publish_model`; ``model_folder`` None: logged on its run, not copied nor
-    registered). Returns the best's scores (None if none), a note for the user, and where the model went.
+    registered). Only trials whose own final status is FINISHED are considered.
 
-    The trials' records are safe by now: a failure here is logged and tagged on the search run, not raised.
+    Returns the best's scores (None if none), a note for the user, where the model went, and the problems: what
+    could not be done (a model that did not load, a test split that could not be scored, a model that could not be
+    published), each naming the trial and why. The trials' records are safe by now: these are logged and tagged on
+    the search run, and make the command exit 1, not raise.
     """
     top = spec.search.evaluate_top
-    models = best_models(grid, callback.last_checkpoint, callback.best, spec.search.mode, top=max(top, 1))
+    finished = callback.finished
+    models = best_models(grid, callback.last_checkpoint, callback.best, spec.search.mode, top=max(top, 1),
+                         finished=finished)
+    problems: list[str] = []
+    notes: list[str] = [] if top else ["search.evaluate_top is 0: the test split was not evaluated"]
+
+    def problem(text: str, tag: str) -> None:
+        problems.append(text)
+        notes.append(text)
+        search_run.client.set_tag(search_run.run_id, tag, text[:500])
+
     if not models:
-        return None, "no trial has weights to evaluate", None
+        if finished:  # trials finished, none of them has weights to load
+            problem(f"no finished trial has a checkpoint to load its best weights from "
+                    f"(trials {', '.join(sorted(finished))})", "distmis.test_error")
+        else:
+            notes.append("no trial finished: there is no model to evaluate")
+        return None, "; ".join(notes), None, problems
     best: TestEvaluation | None = None
     published: PublishedModel | None = None
-    notes: list[str] = [] if top else ["search.evaluate_top is 0: the test split was not evaluated"]
     spacings: dict[str, tuple[float, float, float]] = {}
     evaluate = bool(top and data.split.get("test"))
     if top and not evaluate:
@@ -353,17 +375,21 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
                                      best=rank == 0)
                     except Exception as exc:  # noqa: BLE001
                         logger.warning("could not evaluate trial %s on the test split", model.trial_id, exc_info=True)
-                        notes.append(f"test evaluation failed: {type(exc).__name__}: {exc}")
-                        search_run.client.set_tag(search_run.run_id, "distmis.test_error", notes[-1][:500])
+                        problem(f"trial {model.trial_id} could not be scored on the test split: "
+                                f"{type(exc).__name__}: {exc}", "distmis.test_error")
                 if rank == 0:
                     best = evaluation
                     published = _publish(trainer, model, spec, data, search_run, callback, evaluation, model_folder,
-                                         notes)
+                                         problem)
         except Exception as exc:  # noqa: BLE001  (its weights could not be loaded)
             logger.warning("could not load trial %s's best weights", model.trial_id, exc_info=True)
-            notes.append(f"trial {model.trial_id}'s weights could not be loaded: {type(exc).__name__}: {exc}")
-            search_run.client.set_tag(search_run.run_id, "distmis.test_error", notes[-1][:500])
-    return best, "; ".join(notes), published
+            problem(f"trial {model.trial_id}'s best weights could not be loaded from {_where(model.checkpoint)}: "
+                    f"{type(exc).__name__}: {exc}", "distmis.test_error")
+    return best, "; ".join(notes), published, problems
+
+
+def _where(checkpoint: Any) -> str:
+    return str(getattr(checkpoint, "path", checkpoint))
 
 
 def _record_test(search_run: SearchRun, run_id: str | None, evaluation: TestEvaluation, model: Any, *,
@@ -380,8 +406,8 @@ def _record_test(search_run: SearchRun, run_id: str | None, evaluation: TestEval
 
 def _publish(trainer: Any, model: Any, spec: Spec, data: PreparedData, search_run: SearchRun,
              callback: MLflowTrialCallback, evaluation: TestEvaluation | None, folder: Path | None,
-             notes: list[str]) -> PublishedModel | None:
-    """The best trial's model, saved, logged and registered; a failure is a note and a tag, not an error."""
+             problem: Callable[[str, str], None]) -> PublishedModel | None:
+    """The best trial's model, saved, logged and registered; a failure is a ``problem`` (exit 1), not a raise."""
     try:
         published = publish_model(trainer, model, spec, data, tracking_uri=search_run.tracking_uri,
                                   trial_run_id=callback.run_ids.get(model.trial_id), search_run_id=search_run.run_id,
@@ -389,12 +415,12 @@ def _publish(trainer: Any, model: Any, spec: Spec, data: PreparedData, search_ru
                                   register=folder is not None and spec.tracking.register_model)
     except Exception as exc:  # noqa: BLE001
         logger.warning("could not save, log or register the best trial's model", exc_info=True)
-        notes.append(f"the model could not be published: {type(exc).__name__}: {exc}")
-        search_run.client.set_tag(search_run.run_id, "distmis.model_error", notes[-1][:500])
+        problem(f"trial {model.trial_id}'s model could not be published: {type(exc).__name__}: {exc}",
+                "distmis.model_error")
         return None
     if published.error:
-        notes.append(f"the model is in {published.folder}, but could not be logged or registered: {published.error}")
-        search_run.client.set_tag(search_run.run_id, "distmis.model_error", notes[-1][:500])
+        problem(f"trial {model.trial_id}'s model is in {published.folder}, but could not be logged or registered: "
+                f"{published.error}", "distmis.model_error")
     tags = {"distmis.model_trial": model.trial_id}
     if published.model_uri:
         tags["distmis.model"] = published.model_uri

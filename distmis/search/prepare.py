@@ -165,6 +165,47 @@ def ensure_dataset(spec: Spec, *, progress: bool = True) -> bool:
     return True
 
 
+def dataset_files(spec: Spec) -> dict[str, list[int]]:
+    """What a resumed search must find unchanged: every file of the data set's cases (relative to
+    ``dataset.path``) with its size and modification time, ``{path: [bytes, mtime_ns]}``; ``{}`` when the data set
+    is not there (a synthetic one not generated yet). Reads directory entries and file metadata only."""
+    root = Path(spec.dataset.path)
+    if not root.exists():
+        return {}
+    files: dict[str, list[int]] = {}
+    for case in discover_cases(root, Layout(spec.dataset.layout)):
+        for path in (*case.images, case.label):
+            stat = path.stat()
+            files[_relative(path, root)] = [int(stat.st_size), int(stat.st_mtime_ns)]
+    return files
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:  # a file listed outside the data set's folder
+        return str(path)
+
+
+def dataset_changes(before: dict[str, list[int]], now: dict[str, list[int]], limit: int = 5) -> list[str]:
+    """How the data set's files differ from a recorded :func:`dataset_files`, in words (``[]``: the same)."""
+    added = sorted(set(now) - set(before))
+    removed = sorted(set(before) - set(now))
+    changed = sorted(path for path in set(before) & set(now) if list(before[path]) != list(now[path]))
+
+    def some(paths: list[str]) -> str:
+        return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+    out = []
+    if changed:
+        out.append(f"{len(changed)} file(s) changed (size or modification time): {some(changed)}")
+    if added:
+        out.append(f"{len(added)} file(s) added: {some(added)}")
+    if removed:
+        out.append(f"{len(removed)} file(s) gone: {some(removed)}")
+    return out
+
+
 def _fingerprint(cases: list[CaseFiles], config: PreprocessConfig, split: dict[str, Any]) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps(config.to_dict(), sort_keys=True).encode())

@@ -16,8 +16,8 @@ from distmis.search.execute import (
     execute_search, experiment_name, open_search_run, prepare_output, ray_connection, reopen_search_run,
 )
 from distmis.search.plan import check_fit, node_resources, plan_search, trial_layouts, worker_slots
-from distmis.search.prepare import check_dataset_path
-from distmis.search.state import SearchState, recorded, state_to_resume
+from distmis.search.preflight import new_state, preflight
+from distmis.search.state import recorded
 from distmis.spec.schema import Spec
 
 
@@ -33,15 +33,14 @@ def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None
     if spec.parallelism.mode == "compare":
         return run_compare(spec, output_dir, address=address, progress=progress, trainable=trainable, resume=resume)
     output_dir = Path(output_dir).resolve()
-    state = state_to_resume(spec, output_dir, "search") if resume else None
-    check_dataset_path(spec)
+    state = preflight(spec, output_dir, "search", resume=resume)  # before any data is converted or Ray starts
     with ray_connection(address):
         check_fit(spec)  # before any data is converted: a trial that cannot fit would wait forever
         data = prepare_output(spec, output_dir, progress=progress)
         plan = plan_search(spec, cluster_slots=worker_slots(trial_layouts(spec)[0], node_resources()))
         if state is None:
             search_run = open_search_run(spec, output_dir, data)
-            state = SearchState.start("search", spec, search_run.run_id)
+            state = new_state("search", spec, output_dir, search_run.run_id)
             state.experiment = experiment_name(spec, plan, search_run.run_id)
         else:
             search_run = reopen_search_run(spec, output_dir, state.run_id)

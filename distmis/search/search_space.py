@@ -60,8 +60,4 @@ def scheduler(spec: Spec):
 
 def num_trials(search: SearchSpec) -> int:
     """How many trials the search runs: grid points x num_samples."""
-    points = 1
-    for domain in search.space.values():
-        if domain.kind == "grid":
-            points *= len(domain.grid)
-    return points * search.num_samples
+    return search.trial_count

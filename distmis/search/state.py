@@ -32,6 +32,11 @@ class NothingToResume(Exception):
     """``--resume`` found a search that had finished: there is nothing left to run."""
 
 
+class SearchStateError(ValueError):
+    """An output folder's search state forbids what was asked (exit 2, before anything starts): a plain run into an
+    unfinished search, a resume onto changed data or another tracking store, a state file that cannot be read."""
+
+
 def spec_digest(spec: Spec) -> str:
     return hashlib.sha256(json.dumps(spec_to_dict(spec), sort_keys=True, default=str).encode()).hexdigest()
 
@@ -53,10 +58,15 @@ class SearchState:
     experiment: str | None = None  # the Ray Tune experiment folder of the search (of the current cell)
     cells: list[dict[str, Any]] = field(default_factory=list)  # compare: the rows of the cells done
     current: dict[str, Any] | None = None  # compare: the cell under way: mode, workers, run_id
+    # What a resume must find as it was (None: a state written before distmis recorded it):
+    dataset: dict[str, list[int]] | None = None  # the data set's files: {path: [bytes, mtime_ns]}
+    tracking_store: str | None = None  # the tracking URI the search logs to, any password redacted
 
     @classmethod
-    def start(cls, kind: Kind, spec: Spec, run_id: str) -> SearchState:
-        return cls(kind=kind, run_id=run_id, spec_digest=spec_digest(spec), spec=_stored_spec(spec))
+    def start(cls, kind: Kind, spec: Spec, run_id: str, *, dataset: dict[str, list[int]] | None = None,
+              tracking_store: str | None = None) -> SearchState:
+        return cls(kind=kind, run_id=run_id, spec_digest=spec_digest(spec), spec=_stored_spec(spec),
+                   dataset=dataset, tracking_store=redact_uri(tracking_store) if tracking_store else None)
 
     def save(self, output_dir: str | Path) -> None:
         """Write the state atomically (a reader never sees half a file)."""
@@ -68,10 +78,17 @@ class SearchState:
 
     @classmethod
     def load(cls, output_dir: str | Path) -> SearchState | None:
+        """The state in ``output_dir`` (None: there is none). SearchStateError when the file cannot be read as one."""
         path = Path(output_dir) / STATE_FILE
         if not path.is_file():
             return None
-        return cls(**json.loads(path.read_text()))
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, UnicodeDecodeError, ValueError, TypeError) as exc:  # cut, edited, or not ours
+            raise SearchStateError(
+                f"{path} cannot be read as a distmis search state ({type(exc).__name__}: {exc}); nothing was "
+                f"started. To start a new search, give another --output (or move {path} away); a search whose "
+                "state is lost cannot be resumed") from None
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -107,6 +124,43 @@ def state_to_resume(spec: Spec, output_dir: str | Path, kind: Kind) -> SearchSta
     if state.status == "finished":
         raise NothingToResume(f"the {kind} in {output_dir} finished: nothing to resume (see `distmis results`)")
     return state
+
+
+def refuse_unfinished(output_dir: str | Path) -> None:
+    """A plain run (no ``--resume``) into a folder whose search did not finish would replace its state and lose
+    it: SearchStateError naming ``--resume`` and how to start afresh. A finished search's folder may be reused."""
+    output_dir = Path(output_dir)
+    state = SearchState.load(output_dir)
+    if state is None or state.status == "finished":
+        return
+    how = {"running": "was stopped without a word (killed) or is still running",
+           "interrupted": "was interrupted", "failed": "failed"}.get(state.status, f"is {state.status}")
+    raise SearchStateError(
+        f"{output_dir} holds a {state.kind} that {how} ({output_dir / STATE_FILE}); nothing was started. Continue it "
+        f"with the same command and --resume, or start afresh with another --output")
+
+
+def check_resume_matches(state: SearchState, *, dataset: dict[str, list[int]], tracking_store: str,
+                         output_dir: str | Path) -> None:
+    """SearchStateError when the data set's files or the tracking store differ from those the search started with:
+    a resumed search would mix two data sets, or log to runs the store does not hold. States written before these
+    were recorded are not checked."""
+    from distmis.search.prepare import dataset_changes
+
+    where = f"--resume {output_dir}"
+    problems = []
+    if state.dataset is not None:
+        changes = dataset_changes(state.dataset, dataset)
+        if changes:
+            problems.append(f"dataset.path {state.spec.get('dataset', {}).get('path')!r} changed since the search "
+                            f"started: {'; '.join(changes)}")
+    store = redact_uri(tracking_store)
+    if state.tracking_store is not None and state.tracking_store != store:
+        problems.append(f"the tracking store is {store!r} (tracking.uri, else $MLFLOW_TRACKING_URI), but the search "
+                        f"logs to {state.tracking_store!r}")
+    if problems:
+        raise SearchStateError(f"{where}: " + "; ".join(problems) + ". A resumed search keeps the data and the store "
+                               "it started with: restore them, or start a new search with another --output")
 
 
 @contextmanager

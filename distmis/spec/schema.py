@@ -427,6 +427,28 @@ class SearchSpec(StrictModel):
     space: dict[str, Domain] = Field(default_factory=dict)
     evaluate_top: int = Field(1, ge=0, description="after the search, the best k trials' best epochs are scored on the "
                                                    "test split (0: none)")
+    max_trials: int = Field(10_000, ge=1, description="the most trials the search may hold (grid points x "
+                                                      "num_samples): a larger one is refused before anything starts")
+
+    @property
+    def trial_count(self) -> int:
+        """How many trials the search runs: grid points x ``num_samples``."""
+        points = 1
+        for domain in self.space.values():
+            if domain.kind == "grid":
+                points *= len(domain.grid)
+        return points * self.num_samples
+
+    @model_validator(mode="after")
+    def _within_max_trials(self) -> SearchSpec:
+        count = self.trial_count
+        if count > self.max_trials:
+            grids = " x ".join(f"{len(d.grid)} ({p})" for p, d in self.space.items() if d.kind == "grid")
+            raise ValueError(
+                f"the search holds {count:,} trials ({grids or 'no grid'}{' x ' if grids else ', '}num_samples "
+                f"{self.num_samples}), more than search.max_trials {self.max_trials:,}: search fewer values, or raise "
+                "search.max_trials if you mean it")
+        return self
 
     @model_validator(mode="after")
     def _default_mode(self) -> SearchSpec:
@@ -585,7 +607,7 @@ class Spec(StrictModel):
     @field_validator("name")
     @classmethod
     def _name_is_a_folder_name(cls, value: str) -> str:
-        if not NAME_PATTERN.match(value):
+        if not NAME_PATTERN.fullmatch(value):  # fullmatch: "$" alone lets a trailing newline through
             raise ValueError(
                 f"must start with a letter or digit and hold only letters, digits, '_', '.', '-', got {value!r}"
             )

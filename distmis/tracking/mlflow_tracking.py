@@ -285,6 +285,7 @@ class MLflowTrialCallback(tune.Callback):
         self.run_ids: dict[str, str] = {}  # filled when the (possibly delayed) create_run has been made
         self.started: set[str] = set()
         self.ended: set[str] = set()  # completed or errored
+        self.statuses: dict[str, str] = {}  # trial id -> the final status recorded: FINISHED, FAILED or KILLED
         self.finished_before: set[str] = set()  # trials whose run had finished before a resume: left untouched
         self.unfinished: list[str] = []  # trials Tune left unfinished (it was stopped): set at the experiment's end
         self.best: dict[str, tuple[float, int]] = {}
@@ -333,6 +334,7 @@ class MLflowTrialCallback(tune.Callback):
             if run.info.status == "FINISHED":
                 self.finished_before.add(trial_id)
                 self.ended.add(trial_id)
+                self.statuses[trial_id] = "FINISHED"
 
     def _reopen(self, trial_id: str) -> None:
         """An interrupted or failed trial runs again: its run is RUNNING again and counts the resume."""
@@ -403,9 +405,22 @@ class MLflowTrialCallback(tune.Callback):
             self.writer.submit(f"status ({trial_id})",
                                lambda trial_id=trial_id: self.client.set_terminated(self.run_ids[trial_id], killed))
             self.ended.add(trial_id)
+            self.statuses[trial_id] = killed
+
+    @property
+    def finished(self) -> set[str]:
+        """The trials whose own final status is FINISHED: the only ones a search may score, publish or register."""
+        return {trial_id for trial_id, status in self.statuses.items() if status == "FINISHED"}
+
+    @property
+    def failed(self) -> list[str]:
+        """The trials that started and did not finish (FAILED, or never ended), sorted: what a search counts as
+        failed, whatever Tune could or could not write about them."""
+        return sorted(trial_id for trial_id in self.started | set(self.statuses) if trial_id not in self.finished)
 
     def _finish(self, trial: Any, status: str) -> None:
         self.ended.add(trial.trial_id)
+        self.statuses[trial.trial_id] = status
         last = trial.last_result or {}
         summary: dict[str, float] = {}
         if "time_total_s" in last:
@@ -490,7 +505,20 @@ class MLflowTrialCallback(tune.Callback):
         self._write(trial, "checkpoint", lambda run_id: self.client.set_tag(run_id, CHECKPOINT_TAG, path))
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
+        for trial in trials:
+            if trial.trial_id not in self.ended and trial.status in ("TERMINATED", "ERROR"):
+                self._settle(trial)
         self.unfinished = [t.trial_id for t in trials if t.trial_id not in self.ended]
+
+    def _settle(self, trial: Any) -> None:
+        """A trial Tune's saved state says ended, whose end the store never got (the driver was killed between
+        Tune's save and the run's write; a resumed search does not run it again): its epochs from its newest
+        checkpoint, then its status."""
+        if trial.status == "TERMINATED":
+            for entry in _checkpoint_history(trial.checkpoint or self.last_checkpoint.get(trial.trial_id)):
+                self._log_epoch(trial, int(entry["epoch"]), entry)
+        status = RunStatus.FINISHED if trial.status == "TERMINATED" else RunStatus.FAILED
+        self._finish(trial, RunStatus.to_string(status))
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if trial.trial_id in self.finished_before:
@@ -504,6 +532,31 @@ class MLflowTrialCallback(tune.Callback):
         if text:
             self._write(trial, "error.txt", lambda run_id: self.client.log_text(run_id, text, "error.txt"))
         self._finish(trial, RunStatus.to_string(RunStatus.FAILED))
+
+
+def _checkpoint_history(checkpoint: Any) -> list[dict[str, Any]]:
+    """Every epoch's metrics as the newest complete checkpoint of a trial holds them (``checkpoint``: one of its
+    folders, a Tune checkpoint or a local path); ``[]`` when none can be read."""
+    if checkpoint is None:
+        return []
+    import posixpath
+
+    from distmis.train.checkpoint import complete_folders, stored_state
+
+    try:
+        if isinstance(checkpoint, (str, Path)):
+            from pyarrow.fs import LocalFileSystem
+
+            filesystem, path = LocalFileSystem(), str(checkpoint)
+        else:
+            filesystem, path = checkpoint.filesystem, checkpoint.path
+        folders = complete_folders(filesystem, posixpath.dirname(path.rstrip("/")))
+        state = stored_state(filesystem, folders[0][1]) if folders else None
+    except Exception:  # noqa: BLE001 - a record to complete, never a reason to fail the search
+        logger.warning("could not read the epochs of checkpoint %s", checkpoint, exc_info=True)
+        return []
+    return [] if state is None else [{**entry, "epoch": entry.get("epoch", i + 1)}
+                                     for i, entry in enumerate(state.history)]
 
 
 class TrialCallbackHandle(tune.Callback):
