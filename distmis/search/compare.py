@@ -131,10 +131,10 @@ def run_compare(
                 compare_run.log_metrics({"failed_cells": len(failed_cells)})
                 compare_run.finish("FINISHED")
         except KeyboardInterrupt:  # SearchInterrupted included: the cell's runs are KILLED already
-            compare_run.finish("KILLED")
+            compare_run.finish("KILLED", timeout=30)
             raise
         except BaseException:
-            compare_run.finish("FAILED")
+            compare_run.finish("FAILED", timeout=30)
             raise
     return ComparisonOutcome(table, failed_cells, compare_run.tracking_uri, spec.experiment_name, compare_run.run_id)
 

@@ -109,7 +109,7 @@ def _record_interruption(callback: MLflowTrialCallback, search_run: SearchRun) -
     """Every trial run that had started and not ended, and the search's run, KILLED."""
     callback.kill_unfinished()
     callback.close(timeout=30)
-    search_run.finish("KILLED")
+    search_run.finish("KILLED", timeout=30)
 
 
 # --------------------------------------------------------------------------- set-up shared by every mode
@@ -234,7 +234,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     """
     from ray import tune
 
-    search_run.client.set_tag(search_run.run_id, "distmis.layout", plan.label)
+    search_run.set_tag("distmis.layout", plan.label)
     callback = search_run.trial_callback(spec, volume=tuple(int(v) for v in data.manifest["image_shape"][:3]))
     if resume:
         callback.adopt_existing_runs()
@@ -286,7 +286,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         raise SearchInterrupted(signal.SIGINT) from None
     except BaseException:
         callback.close(timeout=30)
-        search_run.finish("FAILED")
+        search_run.finish("FAILED", timeout=30)
         raise
     finally:  # the workers died with the last trial's process; their placement group outlives it
         if plan.distributed and runs_on_worker_group(spec):
@@ -306,6 +306,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
                           "val_dice_curves.png")
     test, test_note, model, problems = _finish_with_best_models(
         search_run, grid, callback, spec, data, output_dir / LOCAL_MODEL_FOLDER if keep_model else None)
+    search_run.writer.close(timeout=60)  # the test scores written before the table reads them
     results = results_frame(client, client.get_run(search_run.run_id))  # with the test dice of those scored
     search_run.log_text(format_results(results, "csv"), "results.csv")
     search_run.log_text(format_results(results, "markdown"), "results.md")
@@ -345,7 +346,7 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
     def problem(text: str, tag: str) -> None:
         problems.append(text)
         notes.append(text)
-        search_run.client.set_tag(search_run.run_id, tag, text[:500])
+        search_run.set_tag(tag, text[:500])
 
     if not models:
         if finished:  # trials finished, none of them has weights to load
@@ -360,7 +361,7 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
     evaluate = bool(top and data.split.get("test"))
     if top and not evaluate:
         notes.append("the test split is empty: nothing to evaluate")
-        search_run.client.set_tag(search_run.run_id, "distmis.test", notes[-1])
+        search_run.set_tag("distmis.test", notes[-1])
     for rank, model in enumerate(models if evaluate else models[:1]):
         try:
             with loaded_trainer(model, spec, data) as trainer:
@@ -396,12 +397,13 @@ def _record_test(search_run: SearchRun, run_id: str | None, evaluation: TestEval
                  best: bool) -> None:
     csv = format_results(evaluation.cases, "csv")
     if run_id is not None:
-        search_run.client.log_batch(run_id, metrics=_metrics(evaluation.means))
-        search_run.client.log_text(run_id, csv, "test_cases.csv")
+        search_run.log_metrics(evaluation.means, run_id=run_id)
+        search_run.writer.submit(f"test_cases.csv ({model.trial_id})",
+                                 lambda: search_run.client.log_text(run_id, csv, "test_cases.csv"))
     if best:
         search_run.log_metrics(evaluation.means)
         search_run.log_text(csv, "test_cases.csv")
-        search_run.client.set_tag(search_run.run_id, "distmis.test_trial", model.trial_id)
+        search_run.set_tag("distmis.test_trial", model.trial_id)
 
 
 def _publish(trainer: Any, model: Any, spec: Spec, data: PreparedData, search_run: SearchRun,
@@ -427,15 +429,8 @@ def _publish(trainer: Any, model: Any, spec: Spec, data: PreparedData, search_ru
     if published.registry_uri:
         tags["distmis.registered_model"] = published.registry_uri
     for key, value in tags.items():
-        search_run.client.set_tag(search_run.run_id, key, value)
+        search_run.set_tag(key, value)
     return published
-
-
-def _metrics(values: dict[str, float]) -> list[Any]:
-    from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
-    return [Metric(key, float(value), now, 0) for key, value in values.items()]
 
 
 def _log_overlay(search_run: SearchRun, trainer: Any) -> None:

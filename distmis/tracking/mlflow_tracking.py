@@ -179,7 +179,12 @@ def source_tags(command: str | None = None) -> dict[str, str]:
 
 
 class SearchRun:
-    """The parent MLflow run of one search."""
+    """The parent MLflow run of one search.
+
+    Its writes (params, artifacts, tags, metrics, its end) go through one :class:`ResilientWriter`, shared with its
+    trials' callback: a store that is away for a while delays them, in order, never fails the search. Only the
+    run's creation (or reopening) asks the store directly: a search starts only once it has a run.
+    """
 
     def __init__(
         self,
@@ -207,6 +212,7 @@ class SearchRun:
         all_tags.update(tags or {})
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         self.run_id = run.info.run_id
+        self.writer = ResilientWriter()
         self._started = time.perf_counter()
 
     @classmethod
@@ -223,37 +229,70 @@ class SearchRun:
         self.source_tags = {k: v for k, v in run.data.tags.items() if k.startswith("mlflow.source.")}
         self.client.update_run(run_id, status="RUNNING")
         self.client.set_tag(run_id, RESUMES_TAG, str(resumes))
+        self.writer = ResilientWriter()
         self._started = time.perf_counter()
         return self
 
+    def _submit(self, what: str, write: Callable[[MlflowClient, str], None]) -> None:
+        self.writer.submit(f"search run: {what}", lambda: write(self.client, self.run_id))
+
     def log_params(self, params: Mapping[str, Any]) -> None:
-        log_params(self.client, self.run_id, params)
+        params = dict(params)
+        self._submit("params", lambda client, run_id: log_params(client, run_id, params))
+
+    def set_tag(self, key: str, value: str) -> None:
+        self._submit(f"tag {key}", lambda client, run_id: client.set_tag(run_id, key, value))
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        self._submit(artifact_file, lambda client, run_id: client.log_text(run_id, text, artifact_file))
 
     def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
-        self.client.log_dict(self.run_id, dict(data), artifact_file)
+        data = dict(data)
+        self._submit(artifact_file, lambda client, run_id: client.log_dict(run_id, data, artifact_file))
 
     def log_figure(self, figure: Any, artifact_file: str) -> None:
-        """Log a matplotlib figure as a PNG, then close it."""
+        """Log a matplotlib figure as a PNG (drawn now, the figure closed), written when the store takes it."""
+        import io
+
         import matplotlib.pyplot as plt
 
-        self.client.log_figure(self.run_id, figure, artifact_file)
-        plt.close(figure)
+        buffer = io.BytesIO()
+        try:
+            figure.savefig(buffer, format="png", dpi=figure.dpi)
+        finally:
+            plt.close(figure)
+        png = buffer.getvalue()
+        self._submit(artifact_file, lambda client, run_id: _log_bytes(client, run_id, png, artifact_file))
 
-    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], run_id: str | None = None) -> None:
+        """Metrics at step 0 on the search's run (or on ``run_id``, a trial's run)."""
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+        batch = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+        self._submit("metrics", lambda client, own: client.log_batch(run_id or own, metrics=batch))
 
     def trial_callback(self, spec: Spec, *, volume: tuple[int, ...] | None = None) -> MLflowTrialCallback:
-        return MLflowTrialCallback(self, spec, volume=volume)
+        return MLflowTrialCallback(self, spec, self.writer, volume=volume)
 
-    def finish(self, status: str = "FINISHED") -> float:
+    def finish(self, status: str = "FINISHED", timeout: float = 300.0) -> float:
+        """End the run with ``status`` once every write waiting for the store is made (retried up to ``timeout``
+        seconds); returns the run's elapsed seconds."""
         elapsed = time.perf_counter() - self._started
         self.log_metrics({"elapsed_seconds": elapsed})
-        self.client.set_terminated(self.run_id, status)
+        self._submit("status", lambda client, run_id: client.set_terminated(run_id, status))
+        if not self.writer.close(timeout):
+            logger.warning("the tracking store took not every write of search run %s (%d left)", self.run_id,
+                           len(self.writer.pending))
         return elapsed
+
+
+def _log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(artifact_file).name
+        path.write_bytes(data)
+        folder = str(Path(artifact_file).parent)
+        client.log_artifact(run_id, str(path), None if folder == "." else folder)
 
 
 class MLflowTrialCallback(tune.Callback):
