@@ -57,7 +57,7 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- jobs
 def cmd_submit(args: argparse.Namespace) -> int:
-    from distmis.service.jobs import follow_logs, job_client, submit_search, wait_for_job
+    from distmis.service.jobs import follow_logs, job_client, submit_search, token_accepted, wait_for_job
     from distmis.spec import load_spec, parse_set_options
 
     spec = load_spec(args.spec, parse_set_options(args.set))  # SpecError: exit 2, nothing sent
@@ -70,17 +70,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not args.follow:
         return EXIT_OK
     client = job_client(submission.address)
-    for chunk in follow_logs(client, submission.job_id):
-        print(chunk, end="", flush=True)
-    status = wait_for_job(client, submission.job_id)
+    with token_accepted(submission.address):  # the cluster may restart with another token meanwhile
+        for chunk in follow_logs(client, submission.job_id):
+            print(chunk, end="", flush=True)
+        status = wait_for_job(client, submission.job_id)
     print(f"\njob {submission.job_id}: {status}")
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from distmis.service.jobs import job_client, job_rows
+    from distmis.service.jobs import job_client, job_rows, resolve_address, token_accepted
 
-    rows = job_rows(job_client(args.address))
+    client = job_client(args.address)
+    with token_accepted(resolve_address(args.address)):
+        rows = job_rows(client)
     if not rows:
         print("no jobs")
         return EXIT_OK
@@ -95,39 +98,42 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from distmis.service.jobs import job_client
 
-    info = _job_info(job_client(args.address), args.job)
+    info = _job_info(job_client(args.address), args.job, args.address)
     print(f"{args.job}: {info.status.value}" + (f" ({info.message})" if info.message else ""))
     return EXIT_OK
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from distmis.service.jobs import follow_logs, job_client
+    from distmis.service.jobs import follow_logs, job_client, resolve_address, token_accepted
 
     client = job_client(args.address)
-    _job_info(client, args.job)
-    if args.follow:
-        for chunk in follow_logs(client, args.job):
-            print(chunk, end="", flush=True)
-    else:
-        print(client.get_job_logs(args.job), end="")
+    _job_info(client, args.job, args.address)
+    with token_accepted(resolve_address(args.address)):
+        if args.follow:
+            for chunk in follow_logs(client, args.job):
+                print(chunk, end="", flush=True)
+        else:
+            print(client.get_job_logs(args.job), end="")
     return EXIT_OK
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from distmis.service.jobs import job_client
+    from distmis.service.jobs import job_client, resolve_address, token_accepted
 
     client = job_client(args.address)
-    _job_info(client, args.job)
-    stopped = client.stop_job(args.job)
+    _job_info(client, args.job, args.address)
+    with token_accepted(resolve_address(args.address)):
+        stopped = client.stop_job(args.job)
     print(f"{args.job}: {'stop requested' if stopped else 'already ended'}")
     return EXIT_OK
 
 
-def _job_info(client: Any, job_id: str) -> Any:
-    from distmis.service.jobs import SubmitError
+def _job_info(client: Any, job_id: str, address: str | None) -> Any:
+    from distmis.service.jobs import SubmitError, resolve_address, token_accepted
 
     try:
-        return client.get_job_info(job_id)
+        with token_accepted(resolve_address(address)):
+            return client.get_job_info(job_id)
     except RuntimeError as exc:
         raise SubmitError(f"no job {job_id!r} on the cluster (see 'distmis jobs'): {exc}") from None
 

@@ -17,16 +17,18 @@ import logging
 import shutil
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
 
-from distmis.service.cluster import ClusterState, alive_nodes, cluster_alive, default_dashboard_address
-from distmis.service.token import auth_headers
+from distmis.service.cluster import ClusterError, ClusterState, alive_nodes, cluster_alive, default_dashboard_address
+from distmis.service.token import auth_headers, refused_token_message
 from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
 
@@ -51,13 +53,40 @@ def resolve_address(address: str | None) -> str:
     return address.rstrip("/")
 
 
+@contextmanager
+def token_accepted(address: str) -> Iterator[None]:
+    """Turn the cluster's refusal of this client's token (Ray's ``AuthenticationError``, HTTP 401 or 403) into a
+    SubmitError naming ``address`` and where the token came from (never the token)."""
+    from ray.exceptions import AuthenticationError
+
+    try:
+        yield
+    except AuthenticationError as exc:
+        lines = str(exc).strip().splitlines()
+        detail = lines[0] if lines else type(exc).__name__
+    except urllib.error.HTTPError as exc:
+        if exc.code not in (401, 403):
+            raise
+        detail = f"HTTP {exc.code} {exc.reason}"
+    else:
+        return
+    try:
+        state = ClusterState.load()
+    except ClusterError:  # a damaged state file: no hint, the refusal is still the error
+        state = None
+    ours = state is not None and resolve_address(state.dashboard_url) == resolve_address(address)
+    raise SubmitError(refused_token_message(address, detail, Path(state.token_path) if ours and state else None))
+
+
 def job_client(address: str | None) -> Any:
-    """A ``JobSubmissionClient`` for ``address`` that sends the authentication token."""
+    """A ``JobSubmissionClient`` for ``address`` that sends the authentication token. SubmitError when the
+    cluster cannot be reached or refuses the token (:func:`token_accepted`)."""
     from ray.job_submission import JobSubmissionClient
 
     url = resolve_address(address)
     try:
-        return JobSubmissionClient(url, headers=auth_headers())
+        with token_accepted(url):
+            return JobSubmissionClient(url, headers=auth_headers())
     except (ConnectionError, RuntimeError) as exc:
         raise SubmitError(f"cannot reach the Ray Jobs API at {url}: {exc}") from exc
 
@@ -66,7 +95,8 @@ def cluster_nodes(address: str) -> int:
     """Alive nodes of the cluster behind ``address``."""
     url = resolve_address(address)
     try:
-        return alive_nodes(url)
+        with token_accepted(url):
+            return alive_nodes(url)
     except OSError as exc:
         raise SubmitError(f"cannot list the nodes of the cluster at {url}: {exc}") from exc
 
@@ -145,14 +175,15 @@ def submit_search(spec: Spec, *, address: str | None = None, output: Path | None
     workdir = Path(tempfile.mkdtemp(prefix="distmis-job-"))
     try:
         (workdir / "spec.yaml").write_text(yaml.safe_dump(job_spec_tree(spec, local=local), sort_keys=False))
-        job_id = client.submit_job(
-            # No env_vars here: the driver's ray.init sets the trials' own, and Ray refuses to merge the two.
-            entrypoint=f"PYTHONUNBUFFERED=1 python -m distmis run spec.yaml --output {_quote(str(out))}"
-                       + (" --resume" if resume else ""),
-            submission_id=submission_id,
-            runtime_env={"working_dir": str(workdir)},
-            metadata={"distmis.spec": spec.name, "distmis.output": str(out)},
-        )
+        with token_accepted(url):
+            job_id = client.submit_job(
+                # No env_vars here: the driver's ray.init sets the trials' own, and Ray refuses to merge the two.
+                entrypoint=f"PYTHONUNBUFFERED=1 python -m distmis run spec.yaml --output {_quote(str(out))}"
+                           + (" --resume" if resume else ""),
+                submission_id=submission_id,
+                runtime_env={"working_dir": str(workdir)},
+                metadata={"distmis.spec": spec.name, "distmis.output": str(out)},
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)  # uploaded by submit_job
     return Submission(job_id=job_id, address=url, output=str(out))

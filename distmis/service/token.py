@@ -55,6 +55,39 @@ def read_token() -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+def token_source() -> str:
+    """Where the token a client sends comes from (:func:`read_token`), as a clause for messages; never the token."""
+    path = token_path()
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return (f"the token sent came from the RAY_AUTH_TOKEN environment variable, which takes precedence over "
+                f"the token file {path} (unset it to use that file)")
+    where = ("RAY_AUTH_TOKEN_PATH" if os.environ.get("RAY_AUTH_TOKEN_PATH")
+             else "the default; RAY_AUTH_TOKEN_PATH sets it")
+    if not path.exists():
+        return f"no token was sent: RAY_AUTH_TOKEN is not set and the token file {path} ({where}) does not exist"
+    if not path.read_text().strip():
+        return f"no token was sent: RAY_AUTH_TOKEN is not set and the token file {path} ({where}) is empty"
+    return f"the token sent came from the token file {path} ({where})"
+
+
+def refused_token_message(address: str, detail: str, cluster_token: Path | None = None) -> str:
+    """What to say when the cluster at ``address`` refuses the token this client sent (``detail``: the server's
+    reason): where the token came from and what to do; ``cluster_token``: the token file of the cluster, when
+    ``distmis cluster up`` started it on this machine. Never the token itself."""
+    path = token_path()
+    if cluster_token is not None and cluster_token == path and os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        fix = (f"this is the cluster 'distmis cluster up' started here, whose token file {path} is the one this "
+               "client reads once RAY_AUTH_TOKEN is unset: unset it, then try again")
+    elif cluster_token is not None and cluster_token != path:
+        fix = (f"this is the cluster 'distmis cluster up' started here, whose token file is {cluster_token}: set "
+               f"RAY_AUTH_TOKEN_PATH={cluster_token} (and unset RAY_AUTH_TOKEN), then try again")
+    else:
+        fix = ("use the cluster's own token: copy the token file of its head node (the 'token file' that "
+               f"'distmis cluster up' printed there) to {path} with mode 600, or point RAY_AUTH_TOKEN_PATH at a "
+               "copy of it, then try again")
+    return f"the Ray cluster at {address} refused the authentication token ({detail}); {token_source()}. To fix: {fix}"
+
+
 def auth_headers() -> dict[str, str]:
     token = read_token()
     return {"Authorization": f"Bearer {token}"} if token else {}
