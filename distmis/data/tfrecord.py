@@ -22,6 +22,20 @@ Each record is a ``tf.train.Example`` with the features
 (common) shapes and dtypes, the split and, per split, the case ids and the
 shards with their sha256 checksums (see :func:`verify_checksums`).
 
+The output folder appears whole or not at all: the shards are written into a
+hidden ``.{out}.partial-{pid}-{tag}`` folder beside it, renamed into place at the
+end.  That folder holds a marker file (:data:`PARTIAL_MARKER`) locked by the
+writing process for as long as it lives; the next conversion into the same
+parent folder removes a partial folder whose marker nobody holds (its writer
+was killed), deleting only the files distmis writes there, and never touches
+one whose writer still runs.  The reader processes die with the process that
+started them, even when it is killed.
+
+``overwrite`` replaces only what distmis wrote: the plain files the existing
+folder's manifest lists, and the manifest.  A folder that holds anything else
+(an unlisted file or folder, a symlink, even one the manifest names) is refused
+with an error naming it, and nothing is deleted.
+
 :func:`make_dataset` builds the training input pipeline (interleave -> parse
 -> cache -> shuffle -> random tile crop -> batch -> prefetch), deterministic
 for a seed; :func:`iter_cases` yields whole volumes for validation.
@@ -32,13 +46,21 @@ TensorFlow is imported inside the functions only, so that importing
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
+import logging
 import math
 import multiprocessing
 import os
-import shutil
+import re
+import signal
+import socket
+import stat
 import sys
+import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -54,6 +76,9 @@ from distmis.data.preprocess import PreprocessConfig, preprocess_case
 from distmis.data.records import parse_example, read_records
 from distmis.data.split import SPLIT_NAMES, validate_split
 
+if sys.platform != "win32":
+    import fcntl
+
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
@@ -62,8 +87,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "PARTIAL_MARKER",
     "CASES_PER_SHARD",
     "convert_to_tfrecords",
+    "remove_leftovers",
     "read_manifest",
     "verify_checksums",
     "make_dataset",
@@ -74,6 +101,9 @@ __all__ = [
 FORMAT_VERSION = 1
 #: Name of the manifest file inside a TFRecord folder.
 MANIFEST_NAME = "manifest.json"
+#: Name of the marker file in a folder being written (``.{out}.partial-{pid}-{tag}``): its writer holds an
+#: exclusive lock on it while it lives, so a marker nobody holds marks a leftover of a killed conversion.
+PARTIAL_MARKER = ".distmis-writing"
 #: Default maximum number of cases per shard.
 CASES_PER_SHARD = 8
 #: Maximum number of shards read concurrently by :func:`make_dataset` (a
@@ -82,6 +112,20 @@ INTERLEAVE_CYCLE = 4
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+logger = logging.getLogger(__name__)
+
+#: Linux prctl option: the signal a process gets when the thread that started it ends.
+_PR_SET_PDEATHSIG = 1
+#: How often a reader process checks that its parent lives (where the kernel cannot tell it).
+_PARENT_POLL_S = 0.5
+#: A partial folder without a proven marker is removed only when empty, its pid gone, and older than this.
+_ABANDONED_AFTER_S = 60.0
+_SHARD_FILE = re.compile(r"(?:train|val|test)-\d{5,}-of-\d{5,}\.tfrecord")
+_PARTIAL = re.compile(r"\.(?P<name>.+)\.partial-(?P<pid>\d+)-(?P<tag>[0-9a-f]{8})")
+#: ``pid-tag`` of the folders this process is writing (a lock this process holds may not conflict with
+#: itself where flock is emulated with POSIX locks, as on NFS).
+_WRITING_HERE: set[str] = set()
 
 
 def _tf() -> Any:
@@ -118,6 +162,31 @@ def _sha256(path: Path) -> str:
 # --------------------------------------------------------------------------- workers
 
 
+def _die_with_parent(parent: int) -> None:
+    """Pool initializer: end this reader process as soon as ``parent`` (the process that started it) ends.
+
+    A killed parent runs no cleanup, and a spawn worker waiting on its task queue would wait for ever. On
+    Linux the kernel sends SIGKILL on the parent's death (``PR_SET_PDEATHSIG``; the pool is started by the
+    thread that converts, which outlives it). Everywhere, a daemon thread also polls the parent pid.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+            prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+            prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl in this libc: the thread below still watches
+            pass
+    if os.getppid() != parent:  # the parent died before the kernel was told
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="distmis-watch-parent", daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(_PARENT_POLL_S)
+    os._exit(1)  # re-parented: the converting process has died
+
+
 def _load_case(case: CaseFiles, config: PreprocessConfig) -> tuple[str, np.ndarray, np.ndarray]:
     """Worker: read and preprocess one case (numpy / nibabel / scipy only)."""
     image, label, _ = read_case(case, config.layout)
@@ -134,14 +203,16 @@ def _ordered_map(fn: Callable[..., R], items: Sequence[T], config: PreprocessCon
     """``fn(item, config)`` for every item, in order, with at most ``2 * workers`` results in flight.
 
     Uses a *spawn* process pool, so that workers start clean even if the parent
-    has already loaded TensorFlow (forking a multi-threaded process can deadlock).
+    has already loaded TensorFlow (forking a multi-threaded process can deadlock);
+    the workers die with the calling process (:func:`_die_with_parent`).
     ``workers <= 1`` runs in the calling process.
     """
     if workers <= 1:
         for item in items:
             yield fn(item, config)
         return
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_die_with_parent, initargs=(os.getpid(),))
     pending: deque[Future[R]] = deque()
     queue = iter(items)
     try:
@@ -179,28 +250,293 @@ def _example(tf: Any, case_id: str, image: np.ndarray, target: np.ndarray) -> by
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 
+# --------------------------------------------------------------------------- what distmis wrote
+
+
+def _lock_marker(path: Path) -> int | None:
+    """A descriptor holding the exclusive lock of the marker at ``path`` (the caller closes it to release it),
+    or None: the marker is missing, not a plain file, held by a live writer, or cannot be locked here."""
+    if sys.platform == "win32":  # no flock: a writer's liveness cannot be told, so nothing is taken
+        return None
+    try:
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a plain file")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _marker_held(path: Path) -> bool:
+    """True when the marker at ``path`` exists and is not free to take (its writer lives, or it cannot be locked)."""
+    if not os.path.lexists(path):
+        return False
+    fd = _lock_marker(path)
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
+
+
+def _claim(folder: Path, tag: str) -> int:
+    """Write the marker into the fresh ``folder`` and lock it; the lock lasts until the descriptor is closed or
+    this process ends, however it ends. The marker's content is written under the lock, so a marker found
+    empty may be one whose writer has not locked it yet."""
+    fd = os.open(folder / PARTIAL_MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        if sys.platform != "win32":
+            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks only while a cleaner looks at the still empty marker
+        os.write(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "tag": tag}) + "\n").encode())
+    except BaseException:
+        os.close(fd)
+        raise
+    _WRITING_HERE.add(f"{os.getpid()}-{tag}")
+    return fd
+
+
+def _release(fd: int, tag: str) -> None:
+    """Close the marker's descriptor, which releases its lock (the marker itself is deleted by then)."""
+    _WRITING_HERE.discard(f"{os.getpid()}-{tag}")
+    os.close(fd)
+
+
+def _describe(entry: os.DirEntry[str], file: str = "a file the manifest does not list") -> str:
+    """``'name' (what it is)`` for an error or a warning; ``file`` says why a plain file is not distmis's."""
+    try:
+        if entry.is_symlink():
+            return f"{entry.name!r} (a symlink to {os.readlink(entry.path)!r})"
+        if entry.is_dir(follow_symlinks=False):
+            return f"{entry.name + '/'!r} (a folder)"
+        if entry.is_file(follow_symlinks=False):
+            return f"{entry.name!r} ({file})"
+    except OSError:
+        pass
+    return f"{entry.name!r} (not a plain file)"
+
+
+def _shown(items: Sequence[str]) -> str:
+    return ", ".join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
+
+
+def _listed_files(manifest: Mapping[str, Any]) -> set[str]:
+    """The shard files a manifest lists (names only; a name with a separator matches no entry of the folder)."""
+    try:
+        return {str(shard["file"]) for info in manifest["splits"].values() for shard in info["shards"]}
+    except (AttributeError, KeyError, TypeError):
+        return set()
+
+
+def _delete_own(folder: Path, own: Callable[[str], bool], file: str) -> list[str]:
+    """Unlink the plain files (never a symlink, never a folder) of ``folder`` that ``own`` accepts, the manifest
+    last (so a kill midway leaves a manifest that lists what is left); the descriptions of the other entries,
+    which stay. The marker is neither deleted nor reported."""
+    mine: list[Path] = []
+    kept: list[str] = []
+    with os.scandir(folder) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.name == PARTIAL_MARKER:
+                continue
+            if entry.is_file(follow_symlinks=False) and own(entry.name):
+                mine.append(Path(entry.path))
+            else:
+                kept.append(_describe(entry, file))
+    for path in sorted(mine, key=lambda p: p.name == MANIFEST_NAME):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    return kept
+
+
+def _is_written_file(name: str) -> bool:
+    """A file distmis writes in a partial folder: a shard or the manifest."""
+    return name == MANIFEST_NAME or _SHARD_FILE.fullmatch(name) is not None
+
+
+def _discard_partial(folder: Path) -> None:
+    """Delete a partial folder whose marker this process holds (or has just locked): its shards and manifest,
+    then the marker and the folder. A stranger's file in it stays, with the folder and the marker, and is
+    reported."""
+    try:
+        kept = _delete_own(folder, _is_written_file, "a file distmis does not write there")
+        if kept:
+            logger.warning("left %s in place: it holds entries distmis did not write (%s); remove them by hand",
+                           str(folder), _shown(kept))
+            return
+        os.unlink(folder / PARTIAL_MARKER)
+        os.rmdir(folder)
+    except FileNotFoundError:  # gone meanwhile (renamed into place, or removed by another run)
+        pass
+
+
+def _clear_replaced(folder: Path) -> None:
+    """Delete what distmis wrote in a folder an overwrite moved aside: the plain files its manifest lists, the
+    manifest, a marker nobody holds; then the folder. Anything else stays and is reported."""
+    if os.path.islink(folder):  # never followed
+        return
+    try:
+        try:
+            listed = _listed_files(read_manifest(folder)) | {MANIFEST_NAME}
+        except DataError:  # the manifest was deleted last, or is not one: nothing is provably distmis's
+            listed = set()
+        kept = _delete_own(folder, listed.__contains__, "a file the manifest does not list")
+        if os.path.lexists(folder / PARTIAL_MARKER):
+            if _marker_held(folder / PARTIAL_MARKER):
+                kept.append(f"{PARTIAL_MARKER!r} (the marker of a conversion still running)")
+            else:
+                os.unlink(folder / PARTIAL_MARKER)
+        if kept:
+            logger.warning("kept %s, the folder an overwrite replaced: it holds entries its %s does not list "
+                           "(%s); remove them by hand", str(folder), MANIFEST_NAME, _shown(kept))
+            return
+        os.rmdir(folder)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # the new folder is in place: what could not be cleared stays, and is reported
+        logger.warning("could not clear %s, the folder an overwrite replaced: %s", str(folder), exc)
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, someone else's
+        return False
+    return False
+
+
+def _remove_abandoned_empty(folder: Path, pid: int) -> None:
+    """A partial folder with no lockable, written marker (a writer killed between making the folder and
+    writing its marker): removed only when it is empty but for an empty marker, its pid is gone, and it has
+    not changed for a minute (a writer in another pid namespace is not seen by its pid)."""
+    try:
+        names = os.listdir(folder)
+        if names not in ([], [PARTIAL_MARKER]):
+            return
+        if names and os.lstat(folder / PARTIAL_MARKER).st_size != 0:
+            return
+        if time.time() - os.lstat(folder).st_mtime < _ABANDONED_AFTER_S or not _pid_gone(pid):
+            return
+        if names:
+            os.unlink(folder / PARTIAL_MARKER)
+        os.rmdir(folder)
+    except OSError:
+        pass
+
+
+def _remove_partial(folder: Path, pid: int, tag: str) -> None:
+    """Remove the partial folder of a killed conversion; leave one whose writer lives."""
+    if f"{pid}-{tag}" in _WRITING_HERE:
+        return
+    fd = _lock_marker(folder / PARTIAL_MARKER)
+    if fd is None:
+        _remove_abandoned_empty(folder, pid)
+        return
+    try:
+        if os.fstat(fd).st_size == 0:  # its writer may be about to lock it
+            _remove_abandoned_empty(folder, pid)
+            return
+        _discard_partial(folder)
+    finally:
+        os.close(fd)
+
+
+def _settle_aside(folder: Path, out_dir: Path, pid: int, tag: str) -> None:
+    """A folder an overwrite moved aside and did not clear (killed). Its writer holds its partial folder's
+    marker until the new folder is in place, then the marker in the new folder until the old one is cleared:
+    while either is held, it may still run. Otherwise: put the old folder back if nothing took its place,
+    else clear it."""
+    if f"{pid}-{tag}" in _WRITING_HERE:
+        return
+    partial = out_dir.parent / f".{out_dir.name}.partial-{pid}-{tag}"
+    if _marker_held(partial / PARTIAL_MARKER) or _marker_held(out_dir / PARTIAL_MARKER):
+        return
+    if not os.path.lexists(out_dir):
+        try:
+            os.replace(folder, out_dir)
+        except OSError:
+            return
+        logger.warning("restored %s from %s, where an interrupted overwrite had moved it", str(out_dir), str(folder))
+        return
+    _clear_replaced(folder)
+
+
+def remove_leftovers(out_dir: str | Path) -> None:
+    """Remove what killed conversions left beside ``out_dir``.
+
+    * Partial folders (``.{name}.partial-{pid}-{tag}``) in ``out_dir``'s parent whose marker
+      (:data:`PARTIAL_MARKER`) no live process holds: their shards and manifest, then the marker and the folder.
+      A folder whose writer still runs is never touched; nor is a file distmis does not write there (it stays,
+      with a warning naming it).
+    * A folder an interrupted overwrite of ``out_dir`` moved aside (``.{name}.old-{pid}-{tag}``): put back when
+      ``out_dir`` is missing, else cleared of the files its manifest lists.
+
+    Called by :func:`convert_to_tfrecords` before it writes; nothing is raised (what cannot be removed stays).
+    """
+    out_dir = Path(out_dir)
+    aside = re.compile(rf"\.{re.escape(out_dir.name)}\.old-(?P<pid>\d+)-(?P<tag>[0-9a-f]{{8}})")
+    try:
+        with os.scandir(out_dir.parent) as scan:
+            entries = [e for e in scan if e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
+    except OSError:  # no parent yet, or not readable: nothing to remove
+        return
+    for entry in entries:
+        match = aside.fullmatch(entry.name)
+        if match:
+            _settle_aside(Path(entry.path), out_dir, int(match["pid"]), match["tag"])
+    for entry in entries:
+        match = _PARTIAL.fullmatch(entry.name)
+        if match:
+            _remove_partial(Path(entry.path), int(match["pid"]), match["tag"])
+
+
 def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
-    if not out_dir.exists():
+    """Refuse an existing ``out_dir`` unless ``overwrite``, and then unless it holds only what distmis wrote:
+    the manifest and the plain files it lists (and a marker nobody holds). Nothing is deleted here."""
+    if not os.path.lexists(out_dir):
         return
     if not overwrite:
-        raise DataError(f"output folder {str(out_dir)!r} already exists; pass overwrite=True to replace it")
+        raise DataError(f"output folder {str(out_dir)!r} already exists; pass overwrite=True (CLI: --overwrite) "
+                        "to replace it")
+    if out_dir.is_symlink():
+        raise DataError(f"output path {str(out_dir)!r} is a symlink (to {os.readlink(out_dir)!r}): overwrite "
+                        "replaces only a folder distmis wrote, never a link or what it points to; pass the folder "
+                        "itself, or choose another path")
     if not out_dir.is_dir():
         raise DataError(f"output path {str(out_dir)!r} exists and is not a folder; refusing to replace it")
-    if not any(out_dir.iterdir()):
+    with os.scandir(out_dir) as scan:
+        entries = sorted(scan, key=lambda e: e.name)
+    if not entries:
         return
     try:
         manifest = read_manifest(out_dir)
     except DataError as exc:
         raise DataError(f"output folder {str(out_dir)!r} is not empty and is not a TFRecord folder distmis wrote "
                         f"({exc}), so overwrite will not replace it; choose another folder") from None
-    listed = {MANIFEST_NAME} | {shard["file"] for info in manifest["splits"].values() for shard in info["shards"]}
-    present = {path.relative_to(out_dir).as_posix() for path in out_dir.rglob("*") if not path.is_dir()}
-    foreign = sorted(present - listed)
+    listed = _listed_files(manifest) | {MANIFEST_NAME}
+    foreign: list[str] = []
+    for entry in entries:
+        if entry.name == PARTIAL_MARKER and entry.is_file(follow_symlinks=False):
+            if _marker_held(Path(entry.path)):
+                foreign.append(f"{entry.name!r} (the marker of a conversion still running)")
+        elif entry.name in listed and entry.is_file(follow_symlinks=False):
+            continue
+        elif entry.name in listed and entry.is_symlink():
+            foreign.append(f"{entry.name!r} (a symlink to {os.readlink(entry.path)!r}, where distmis wrote a "
+                           "plain file)")
+        else:
+            foreign.append(_describe(entry))
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise DataError(f"output folder {str(out_dir)!r} holds files its {MANIFEST_NAME} does not list ({shown}): "
-                        "distmis replaces only a folder it wrote, so overwrite will not delete them; move them or "
-                        "choose another folder")
+        raise DataError(f"output folder {str(out_dir)!r} holds entries that are not plain files its "
+                        f"{MANIFEST_NAME} lists: {_shown(foreign)}. Overwrite replaces only what distmis wrote (the "
+                        f"plain files the manifest lists, and the manifest), so it deletes nothing here; move these "
+                        "or choose another folder")
 
 
 def _plan(cases: Sequence[CaseFiles], split: Mapping[str, Any]) -> dict[str, list[CaseFiles]]:
@@ -246,8 +582,10 @@ def convert_to_tfrecords(
             Always clamped to ``[1, number of cases in the split]``.
         workers: reader processes; default ``min(cpu count, 4)``; 1 = in-process.
         progress: show a tqdm progress bar on stderr.
-        overwrite: replace an existing TFRecord folder (one that has a
-            manifest, or is empty) at ``out_dir``.
+        overwrite: replace an existing TFRecord folder at ``out_dir``: an
+            empty folder, or one that holds only its manifest and the plain
+            files the manifest lists (all that is deleted). Anything else in
+            it (an unlisted file or folder, a symlink) is refused, by name.
 
     Returns:
         the manifest (also written to ``out_dir/manifest.json``).
@@ -257,12 +595,16 @@ def convert_to_tfrecords(
             shapes, bad label values, cases with different shapes after
             preprocessing, or an existing ``out_dir``.  Nothing is left on
             disk when it fails.
+
+    Leftovers of killed conversions beside ``out_dir`` are removed first
+    (:func:`remove_leftovers`).
     """
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
     if shards_per_split is not None and int(shards_per_split) < 1:
         raise ValueError(f"shards_per_split must be >= 1, got {shards_per_split!r}")
+    remove_leftovers(out_dir)
     _check_out_dir(out_dir, overwrite)
     plan = _plan(cases, split)
     ordered = [case for name in SPLIT_NAMES for case in plan[name]]
@@ -272,80 +614,98 @@ def convert_to_tfrecords(
 
     tf = _tf()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tag = uuid.uuid4().hex[:8]
+    tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{tag}"
     tmp.mkdir()
-    results = _ordered_map(_load_case, ordered, config, workers)
-    bar = tqdm(total=len(ordered), desc="tfrecords", unit="case", disable=not progress, file=sys.stderr)
     try:
-        image_shape: tuple[int, ...] | None = None
-        label_shape: tuple[int, ...] | None = None
-        first_case = ""
-        splits_info: dict[str, Any] = {}
-        for name in SPLIT_NAMES:
-            sizes = _shard_sizes(len(plan[name]), shards_per_split)
-            shards = []
-            for index, size in enumerate(sizes):
-                filename = shard_name(name, index, len(sizes))
-                with tf.io.TFRecordWriter(str(tmp / filename)) as writer:
-                    for _ in range(size):
-                        case_id, image, target = next(results)
-                        if image_shape is None:
-                            image_shape, label_shape, first_case = image.shape, target.shape, case_id
-                        elif image.shape != image_shape or target.shape != label_shape:
-                            raise DataError(
-                                f"case {case_id!r} has image shape {image.shape} / label shape {target.shape} "
-                                f"after preprocessing, but case {first_case!r} has {image_shape} / {label_shape}; "
-                                f"all cases must have one shape: set crop or resize in the PreprocessConfig "
-                                f"(spec: dataset.crop / dataset.resize; CLI: --crop / --resize)"
-                            )
-                        writer.write(_example(tf, case_id, image, target))
-                        bar.update(1)
-                shards.append({"file": filename, "num_cases": size, "sha256": _sha256(tmp / filename)})
-            splits_info[name] = {
-                "num_cases": len(plan[name]),
-                "case_ids": [c.case_id for c in plan[name]],
-                "shards": shards,
-            }
-        assert image_shape is not None and label_shape is not None
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "preprocess": config.to_dict(),
-            "modalities": list(MODALITIES),
-            "image_shape": list(image_shape),
-            "label_shape": list(label_shape),
-            "image_dtype": "float32",
-            "label_dtype": "uint8",
-            "num_classes": config.num_classes,
-            "splits": splits_info,
-            "split": json.loads(json.dumps(dict(split))),
-        }
-        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        marker = _claim(tmp, tag)
     except BaseException:
-        results.close()  # stops the worker pool
-        bar.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.rmdir(tmp)
         raise
-    results.close()
-    bar.close()
-    _move_into_place(tmp, out_dir)
+    try:
+        results = _ordered_map(_load_case, ordered, config, workers)
+        bar = tqdm(total=len(ordered), desc="tfrecords", unit="case", disable=not progress, file=sys.stderr)
+        try:
+            image_shape: tuple[int, ...] | None = None
+            label_shape: tuple[int, ...] | None = None
+            first_case = ""
+            splits_info: dict[str, Any] = {}
+            for name in SPLIT_NAMES:
+                sizes = _shard_sizes(len(plan[name]), shards_per_split)
+                shards = []
+                for index, size in enumerate(sizes):
+                    filename = shard_name(name, index, len(sizes))
+                    with tf.io.TFRecordWriter(str(tmp / filename)) as writer:
+                        for _ in range(size):
+                            case_id, image, target = next(results)
+                            if image_shape is None:
+                                image_shape, label_shape, first_case = image.shape, target.shape, case_id
+                            elif image.shape != image_shape or target.shape != label_shape:
+                                raise DataError(
+                                    f"case {case_id!r} has image shape {image.shape} / label shape {target.shape} "
+                                    f"after preprocessing, but case {first_case!r} has {image_shape} / {label_shape}; "
+                                    f"all cases must have one shape: set crop or resize in the PreprocessConfig "
+                                    f"(spec: dataset.crop / dataset.resize; CLI: --crop / --resize)"
+                                )
+                            writer.write(_example(tf, case_id, image, target))
+                            bar.update(1)
+                    shards.append({"file": filename, "num_cases": size, "sha256": _sha256(tmp / filename)})
+                splits_info[name] = {
+                    "num_cases": len(plan[name]),
+                    "case_ids": [c.case_id for c in plan[name]],
+                    "shards": shards,
+                }
+            assert image_shape is not None and label_shape is not None
+            manifest = {
+                "format_version": FORMAT_VERSION,
+                "preprocess": config.to_dict(),
+                "modalities": list(MODALITIES),
+                "image_shape": list(image_shape),
+                "label_shape": list(label_shape),
+                "image_dtype": "float32",
+                "label_dtype": "uint8",
+                "num_classes": config.num_classes,
+                "splits": splits_info,
+                "split": json.loads(json.dumps(dict(split))),
+            }
+            (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        finally:
+            results.close()  # stops the worker pool
+            bar.close()
+        _move_into_place(tmp, out_dir, tag)
+    except BaseException:
+        _discard_partial(tmp)
+        raise
+    finally:
+        _release(marker, tag)
     return manifest
 
 
-def _move_into_place(tmp: Path, out_dir: Path) -> None:
-    """Rename the finished temporary folder to ``out_dir`` (replacing an old one)."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.replace(out_dir, old)
+def _move_into_place(tmp: Path, out_dir: Path, tag: str) -> None:
+    """Rename the finished folder ``tmp`` (its marker locked by this process) to ``out_dir``.
+
+    A folder already at ``out_dir`` is checked again (:func:`_check_out_dir`: something may have appeared
+    while converting), moved aside to ``.{name}.old-{pid}-{tag}`` and, once the new folder is in place, cleared
+    of the files its manifest lists. The marker is deleted last: a kill at any point leaves a state that
+    :func:`remove_leftovers` settles on the next run.
+    """
+    aside: Path | None = None
+    if os.path.lexists(out_dir):
+        _check_out_dir(out_dir, True)
+        aside = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{tag}"
+        os.replace(out_dir, aside)
     try:
         os.replace(tmp, out_dir)
     except BaseException:
-        if old is not None:
-            os.replace(old, out_dir)
-        shutil.rmtree(tmp, ignore_errors=True)
+        if aside is not None:
+            os.replace(aside, out_dir)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    if aside is not None:
+        _clear_replaced(aside)
+    try:
+        os.unlink(out_dir / PARTIAL_MARKER)
+    except OSError as exc:  # pragma: no cover - the folder was just made by this process
+        logger.warning("could not delete %s: %s", str(out_dir / PARTIAL_MARKER), exc)
 
 
 # --------------------------------------------------------------------------- reading

@@ -373,6 +373,7 @@ def test_existing_output_and_overwrite(brats_root: Path, brats_tfr, tmp_path: Pa
     assert _listing(unrelated) == ["notes.txt"]
     # A folder distmis wrote, with a file of someone else's beside the shards: left alone.
     (target / "notes.txt").write_text("keep me")
-    with pytest.raises(DataError, match=r"holds files its manifest.json does not list \(notes.txt\)"):
+    with pytest.raises(DataError, match=r"not plain files its manifest.json lists: 'notes.txt' \(a file the manifest "
+                                        r"does not list\)\. Overwrite replaces only what distmis wrote"):
         convert_to_tfrecords(cases, small, BRATS_CONFIG, target, workers=1, progress=False, overwrite=True)
     assert (target / "notes.txt").read_text() == "keep me" and read_manifest(target) == manifest
