@@ -64,6 +64,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -187,6 +188,22 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)  # re-parented: the converting process has died
 
 
+@contextmanager
+def _ctrl_c_ignored_by_new_readers() -> Iterator[None]:
+    """SIGINT ignored while the reader processes are started, so that they start ignoring it (a process inherits an
+    ignored signal, and Python then leaves it ignored). A terminal's Ctrl-C reaches its whole process group: a
+    reader still importing its modules would print a KeyboardInterrupt traceback. The converting process handles
+    Ctrl-C and stops them; one in the few milliseconds the readers take to start is not seen."""
+    if threading.current_thread() is not threading.main_thread():  # signal.signal works in the main thread only
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
 def _load_case(case: CaseFiles, config: PreprocessConfig) -> tuple[str, np.ndarray, np.ndarray]:
     """Worker: read and preprocess one case (numpy / nibabel / scipy only)."""
     image, label, _ = read_case(case, config.layout)
@@ -216,10 +233,11 @@ def _ordered_map(fn: Callable[..., R], items: Sequence[T], config: PreprocessCon
     pending: deque[Future[R]] = deque()
     queue = iter(items)
     try:
-        for item in queue:
-            pending.append(pool.submit(fn, item, config))
-            if len(pending) >= 2 * workers:
-                break
+        with _ctrl_c_ignored_by_new_readers():  # the first submits start the readers
+            for item in queue:
+                pending.append(pool.submit(fn, item, config))
+                if len(pending) >= 2 * workers:
+                    break
         while pending:
             result = pending.popleft().result()
             nxt = next(queue, None)

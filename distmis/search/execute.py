@@ -8,6 +8,7 @@ once; the comparison (:mod:`distmis.search.compare`) once per mode and worker co
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -86,19 +87,55 @@ class SearchInterrupted(KeyboardInterrupt):
 
 
 @contextmanager
-def sigterm_stops_tune() -> Iterator[dict[str, int]]:
-    """While Tune runs, SIGTERM stops it as Ctrl-C does (Tune ends its loop and saves its state) instead of killing
-    the driver with every run left RUNNING. Yields what was received (``{"signal": 15}``)."""
+def signals_stop_tune() -> Iterator[dict[str, int]]:
+    """While Tune runs, Ctrl-C (SIGINT) and SIGTERM stop it gracefully: Tune ends its loop, stops the running
+    trials and saves its state, instead of the driver dying with every run left RUNNING. A second signal stops at
+    once (KeyboardInterrupt). Yields what was received (``{"signal": 15}``): Tune ends the trials it stopped as
+    TERMINATED, like finished ones, and returns normally, so this is how the caller knows it was interrupted.
+
+    Tune's own SIGINT handler is turned off (``TUNE_DISABLE_SIGINT_HANDLER``) for this one, which records the
+    signal and asks Tune to stop through SIGUSR1, which Tune always handles alike.
+    """
+    received: dict[str, int] = {}
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
+        yield received
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        if received:  # the second: stop now
+            raise KeyboardInterrupt
+        received["signal"] = signum
+        os.kill(os.getpid(), signal.SIGUSR1)  # Tune's handler ends its loop gracefully
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    tune_handler = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # read by Tuner.fit when it starts
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if tune_handler is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = tune_handler
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[dict[str, int]]:
+    """SIGTERM raises KeyboardInterrupt as Ctrl-C does (in the search's end: scoring and publishing the best
+    model), so that the caller can mark the search's run KILLED rather than the driver dying with it RUNNING.
+    Yields what was received (``{"signal": 15}``; empty for Ctrl-C, whose KeyboardInterrupt Python raises)."""
     received: dict[str, int] = {}
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
 
-    def stop(signum: int, frame: Any) -> None:
+    def interrupt(signum: int, frame: Any) -> None:
         received["signal"] = signum
-        os.kill(os.getpid(), signal.SIGINT)  # Tune's own SIGINT handler stops its loop gracefully
+        raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield received
     finally:
@@ -135,7 +172,9 @@ def ray_connection(address: str | None = None) -> Iterator[None]:
     """Join ``address`` or start a local Ray, unless one is already up; shut down only what this started.
 
     Without an address this starts a new local Ray ("local"), rather than Ray's default of joining
-    whatever ``ray start`` cluster runs on the machine: ``--address`` says which cluster to use.
+    whatever ``ray start`` cluster runs on the machine: ``--address`` says which cluster to use. The local
+    Ray's servers listen on 127.0.0.1 only (:func:`loopback_node`), and a start that fails or is interrupted
+    (Ctrl-C) leaves none of its processes behind.
     """
     import ray
 
@@ -145,16 +184,87 @@ def ray_connection(address: str | None = None) -> Iterator[None]:
     if address in (None, "local"):
         prepare_local_token()  # made 0600 before Ray writes one readable by everybody
         try:
-            ray.init(**local_ray_options(), logging_level=logging.WARNING)
+            _start_local_ray(local_ray_options())
         except Exception:  # noqa: BLE001 - another local Ray took the dashboard's port between check and bind
-            ray.shutdown()
-            ray.init(**local_ray_options(free_port(LOOPBACK)), logging_level=logging.WARNING)
+            _start_local_ray(local_ray_options(free_port(LOOPBACK)))
     else:
         ray.init(address=address, runtime_env={"env_vars": TRIAL_ENV}, logging_level=logging.WARNING)
     try:
         yield
     finally:
         ray.shutdown()
+
+
+@contextmanager
+def loopback_node() -> Iterator[None]:
+    """While a local Ray starts in this process: its node's address is 127.0.0.1, so that every server it starts
+    (GCS, raylet, workers, the dashboard and runtime-env agents, the Prometheus metrics export port) listens on
+    loopback only.
+
+    Ray 2.60 binds those servers to every interface unless the node's address is loopback, and takes that address
+    from the route to the internet: a ``_node_ip_address`` of 127.0.0.1 is replaced by it. Only its single-machine
+    mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read once when Ray is imported) keeps 127.0.0.1; this turns that
+    mode on for the moment ``ray.init`` takes, in this process (the processes it starts are given the address).
+    A Ray without that switch starts as it would anyway (``tests/faults/test_ray_ports.py`` says so).
+    """
+    from ray._private import ray_constants
+
+    if not isinstance(getattr(ray_constants, "ENABLE_RAY_CLUSTER", None), bool):
+        yield
+        return
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+def _start_local_ray(options: dict[str, Any]) -> None:
+    """``ray.init(**options)`` on a loopback node. When it fails or is interrupted, the processes it had started are
+    stopped before this raises: interrupted while its node was being made, Ray has lost track of them, and its
+    raylet's agents would outlive the driver."""
+    import psutil
+    import ray
+
+    me = psutil.Process()
+    before = set(me.children(recursive=True))
+    try:
+        with loopback_node():
+            ray.init(**options, logging_level=logging.WARNING)
+    except BaseException:
+        ray.shutdown()
+        _stop_processes([p for p in _descendants(me) if p not in before])
+        raise
+
+
+def _descendants(process: Any) -> list[Any]:
+    import psutil
+
+    try:
+        return process.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _stop_processes(processes: list[Any], grace: float = 2.0) -> None:
+    """SIGTERM ``processes`` (listed before any is signalled: a child outlives its parent re-parented), then SIGKILL
+    those still alive after ``grace`` seconds (a raylet or GCS whose start was cut short waits on the other; Ray's
+    own shutdown kills them so too)."""
+    import psutil
+
+    for process in processes:
+        try:
+            process.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 def prepare_output(spec: Spec, output_dir: Path, *, progress: bool) -> PreparedData:
@@ -209,6 +319,25 @@ def experiment_name(spec: Spec, plan: SearchPlan, run_id: str) -> str:
 
 
 # --------------------------------------------------------------------------- one search
+def _search_run_killed_on_interrupt(execute: Callable[..., SearchOutcome]) -> Callable[..., SearchOutcome]:
+    """``execute_search`` interrupted outside Tune's loop (Ctrl-C or SIGTERM while it sets Tune up, or while it
+    scores and publishes the best model after the trials): the search's run KILLED, not left RUNNING, and
+    :class:`SearchInterrupted` raised (``--resume`` then scores and publishes what the trials left)."""
+    @functools.wraps(execute)
+    def interruptible(spec: Spec, data: PreparedData, plan: SearchPlan, search_run: SearchRun, *args: Any,
+                      **kwargs: Any) -> SearchOutcome:
+        with sigterm_interrupts() as received:
+            try:
+                return execute(spec, data, plan, search_run, *args, **kwargs)
+            except SearchInterrupted:  # in Tune's loop: its runs are KILLED already
+                raise
+            except KeyboardInterrupt:
+                search_run.finish("KILLED", timeout=30)
+                raise SearchInterrupted(received.get("signal", signal.SIGINT)) from None
+
+    return interruptible
+
+
 def trial_function(plan: SearchPlan, spec: Spec, data: PreparedData, output_dir: Path, experiment: str,
                    trainable: Callable[..., None] | None = None) -> Any:
     """The Tune trainable for a plan, with the search's spec and its resources bound."""
@@ -222,6 +351,7 @@ def trial_function(plan: SearchPlan, spec: Spec, data: PreparedData, output_dir:
     return tune.with_resources(bound, plan.trial_resources)
 
 
+@_search_run_killed_on_interrupt
 def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run: SearchRun, output_dir: Path, *,
                    experiment: str, resume: bool = False, progress: bool = True, keep_model: bool = True,
                    trainable: Callable[..., None] | None = None) -> SearchOutcome:
@@ -279,11 +409,11 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     logger.info("running %d trial(s) of %s: %s", num_trials(spec.search), spec.name, plan.label)
     start = time.perf_counter()
     try:
-        with sigterm_stops_tune() as received:
+        with signals_stop_tune() as received:
             grid = tuner.fit()
-    except KeyboardInterrupt:  # a second Ctrl-C: Tune did not stop gracefully
+    except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: Tune did not stop gracefully
         _record_interruption(callback, search_run)
-        raise SearchInterrupted(signal.SIGINT) from None
+        raise SearchInterrupted(received.get("signal", signal.SIGINT)) from None
     except BaseException:
         callback.close(timeout=30)
         search_run.finish("FAILED", timeout=30)
@@ -291,7 +421,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     finally:  # the workers died with the last trial's process; their placement group outlives it
         if plan.distributed and runs_on_worker_group(spec):
             release_groups(experiment)
-    if callback.unfinished:  # Tune stopped on Ctrl-C or SIGTERM with trials still to run
+    if received or callback.unfinished:  # Tune stopped on Ctrl-C or SIGTERM
         _record_interruption(callback, search_run)
         raise SearchInterrupted(received.get("signal", signal.SIGINT))
     search_seconds = time.perf_counter() - start
