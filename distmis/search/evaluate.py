@@ -34,7 +34,7 @@ class BestModel:
     trial_id: str
     config: dict[str, Any]
     best_value: float
-    checkpoint: Any  # a ray Checkpoint (single-process trials) or a path (Ray Train's, data-parallel trials)
+    checkpoint: Any  # a ray Checkpoint: the trial's newest complete checkpoint folder
 
 
 @dataclass(frozen=True)
@@ -67,26 +67,31 @@ class TestEvaluation:
         return f"{len(self.cases)} case(s): " + "; ".join(parts)
 
 
-def best_models(grid: Any, last_checkpoint: dict[str, str], best: dict[str, tuple[float, int]], mode: str,
-                top: int, finished: set[str]) -> list[BestModel]:
-    """The ``top`` best finished trials of a ``ResultGrid`` that have weights to load, best first.
+def best_models(grid: Any, last_checkpoint: dict[str, str], configs: dict[str, dict[str, Any]],
+                best: dict[str, tuple[float, int]], mode: str, top: int, finished: set[str]) -> list[BestModel]:
+    """The ``top`` best finished trials that have weights to load, best first.
 
-    ``last_checkpoint``: a data-parallel trial's latest checkpoint path (Tune does not hold those);
-    ``best``: each trial's best value and epoch, as the MLflow callback recorded them; ``finished``: the trials
-    whose own final status is FINISHED (the callback's record: a trial Tune could not write an error for still
-    failed). A single-process trial's weights are read from its newest complete checkpoint folder, whichever one
-    Tune names (:func:`~distmis.search.trial_checkpoints.newest_complete`).
+    ``finished``: the trials whose own final status is FINISHED (the MLflow callback's record: a trial Tune could
+    not write an error for still failed); ``best``: each trial's best value and epoch, as the callback recorded
+    them; ``grid``: Tune's ``ResultGrid`` (may be empty when Tune itself stopped), whose checkpoint and config are
+    used when it has them, else the callback's: ``last_checkpoint`` (the latest checkpoint path each trial
+    reported) and ``configs``. The weights are read from the trial's newest complete checkpoint folder, whichever
+    one Tune names (:func:`~distmis.search.trial_checkpoints.newest_complete`).
     """
     from distmis.search.trial_checkpoints import newest_complete
 
-    found = []
+    in_grid = {}
     for result in grid:
         trial_id = (result.metrics or {}).get("trial_id")
-        if result.error is not None or trial_id not in best or trial_id not in finished:
-            continue
-        checkpoint = newest_complete(result.checkpoint) if result.checkpoint else last_checkpoint.get(trial_id)
-        if checkpoint is not None:
-            found.append(BestModel(trial_id, dict(result.config or {}), best[trial_id][0], checkpoint))
+        if trial_id is not None and result.error is None:
+            in_grid[trial_id] = result
+    found = []
+    for trial_id in sorted(finished & set(best)):
+        result = in_grid.get(trial_id)
+        checkpoint = (result.checkpoint if result is not None else None) or last_checkpoint.get(trial_id)
+        config = dict(result.config or {}) if result is not None else configs.get(trial_id)
+        if checkpoint is not None and config is not None:
+            found.append(BestModel(trial_id, config, best[trial_id][0], newest_complete(checkpoint)))
     found.sort(key=lambda model: model.best_value, reverse=mode == "max")
     return found[:top]
 
@@ -98,11 +103,8 @@ def loaded_trainer(model: BestModel, spec: Spec, data: PreparedData) -> Iterator
 
     trial, layout = resolve_trial(spec, model.config)
     trainer = build_trainer(trial, replace(layout, dp=1, sp=1, pp=1, distributed=False), data.tfrecord_dir)
-    if isinstance(model.checkpoint, (str, Path)):
-        trainer.load(model.checkpoint)
-    else:
-        with model.checkpoint.as_directory() as directory:
-            trainer.load(directory)
+    with model.checkpoint.as_directory() as directory:
+        trainer.load(directory)
     yield trainer
 
 

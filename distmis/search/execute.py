@@ -68,6 +68,7 @@ class SearchOutcome:
     model: PublishedModel | None = None  # where the best trial's model went
     problems: tuple[str, ...] = ()  # what the search's end could not do: load, score or publish a model (exit 1)
     failed_trials: tuple[str, ...] = ()  # the ids of the trials that did not finish
+    search_error: str = ""  # why Ray Tune itself stopped the search, if it did: ``--resume`` continues it
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -408,12 +409,19 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         )
     logger.info("running %d trial(s) of %s: %s", num_trials(spec.search), spec.name, plan.label)
     start = time.perf_counter()
+    tune_failure = ""  # why Ray Tune itself stopped, if it did (e.g. it could not write a trial's error file)
+    received: dict[str, int] = {}
     try:
         with signals_stop_tune() as received:
             grid = tuner.fit()
     except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: Tune did not stop gracefully
         _record_interruption(callback, search_run)
         raise SearchInterrupted(received.get("signal", signal.SIGINT)) from None
+    except Exception as exc:  # noqa: BLE001 - Tune's own failure: the trials' records are kept, the rest fail
+        logger.warning("Ray Tune stopped the search", exc_info=True)
+        tune_failure = f"Ray Tune stopped the search: {_last_line(exc)}"
+        grid = _results_so_far(tuner)
+        callback.fail_unfinished(tune_failure)
     except BaseException:
         callback.close(timeout=30)
         search_run.finish("FAILED", timeout=30)
@@ -421,7 +429,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     finally:  # the workers died with the last trial's process; their placement group outlives it
         if plan.distributed and runs_on_worker_group(spec):
             release_groups(experiment)
-    if received or callback.unfinished:  # Tune stopped on Ctrl-C or SIGTERM
+    if (received or callback.unfinished) and not tune_failure:  # Tune stopped on Ctrl-C or SIGTERM
         _record_interruption(callback, search_run)
         raise SearchInterrupted(received.get("signal", signal.SIGINT))
     search_seconds = time.perf_counter() - start
@@ -436,6 +444,9 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
                           "val_dice_curves.png")
     test, test_note, model, problems = _finish_with_best_models(
         search_run, grid, callback, spec, data, output_dir / LOCAL_MODEL_FOLDER if keep_model else None)
+    if tune_failure:
+        problems.insert(0, f"{tune_failure} (the same command with --resume continues it)")
+        search_run.set_tag("distmis.search_error", tune_failure[:500])
     search_run.writer.close(timeout=60)  # the test scores written before the table reads them
     results = results_frame(client, client.get_run(search_run.run_id))  # with the test dice of those scored
     search_run.log_text(format_results(results, "csv"), "results.csv")
@@ -448,9 +459,25 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     best_column = results.get(f"best_{spec.search.metric}")
     if best_column is not None and best_column.notna().any():
         search_run.log_metrics({f"best_{spec.search.metric}": float(best_column.iloc[0])})
-    elapsed = search_run.finish("FINISHED")
+    elapsed = search_run.finish("FAILED" if tune_failure else "FINISHED")
     return SearchOutcome(results, failed, elapsed, search_seconds, search_run.tracking_uri, spec.experiment_name,
-                         search_run.run_id, data, test, test_note, model, tuple(problems), failed_trials)
+                         search_run.run_id, data, test, test_note, model, tuple(problems), failed_trials, tune_failure)
+
+
+def _last_line(exc: BaseException) -> str:
+    """An exception's reason on one line: a TuneError carries the whole traceback of what failed; its last line
+    names it (``PermissionError: ... error.pkl``)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:400]
+
+
+def _results_so_far(tuner: Any) -> Any:
+    """The trials' results as Tune saved them, after ``Tuner.fit`` failed (``[]`` when they cannot be read)."""
+    try:
+        return tuner.get_results()
+    except Exception:  # noqa: BLE001 - nothing saved to read: no trial is scored
+        logger.warning("could not read the results Ray Tune saved", exc_info=True)
+        return []
 
 
 def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowTrialCallback, spec: Spec,
@@ -468,8 +495,8 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
     """
     top = spec.search.evaluate_top
     finished = callback.finished
-    models = best_models(grid, callback.last_checkpoint, callback.best, spec.search.mode, top=max(top, 1),
-                         finished=finished)
+    models = best_models(grid, callback.last_checkpoint, callback.configs, callback.best, spec.search.mode,
+                         top=max(top, 1), finished=finished)
     problems: list[str] = []
     notes: list[str] = [] if top else ["search.evaluate_top is 0: the test split was not evaluated"]
 

@@ -45,6 +45,9 @@ def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None
         else:
             search_run = reopen_search_run(spec, output_dir, state.run_id)
         with recorded(state, output_dir):
-            return execute_search(spec, data, plan, search_run, output_dir, experiment=str(state.experiment),
-                                  resume=resume, progress=progress, trainable=trainable)
+            outcome = execute_search(spec, data, plan, search_run, output_dir, experiment=str(state.experiment),
+                                     resume=resume, progress=progress, trainable=trainable)
+            if outcome.search_error:  # Tune stopped: its unfinished trials failed, --resume runs them again
+                state.status = "failed"
+            return outcome
 

@@ -165,7 +165,8 @@ def check_resume_matches(state: SearchState, *, dataset: dict[str, list[int]], t
 
 @contextmanager
 def recorded(state: SearchState, output_dir: str | Path) -> Iterator[SearchState]:
-    """Keep ``search_state.json`` saying how the work inside went: running, then finished, interrupted or failed."""
+    """Keep ``search_state.json`` saying how the work inside went: running, then finished, interrupted or failed
+    (raised, or set on the state by the work)."""
     state.status = "running"
     state.save(output_dir)
     try:
@@ -178,5 +179,6 @@ def recorded(state: SearchState, output_dir: str | Path) -> Iterator[SearchState
         state.status = "failed"
         state.save(output_dir)
         raise
-    state.status = "finished"
+    if state.status == "running":  # the work may have said otherwise ("failed": a search --resume continues)
+        state.status = "finished"
     state.save(output_dir)

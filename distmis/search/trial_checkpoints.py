@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+from pathlib import Path
 from typing import Any
 
 from distmis.train.checkpoint import CHECKPOINT_PREFIX, complete_folders
@@ -62,7 +63,12 @@ def resume_candidates(checkpoint: Any | None, trial_folder: tuple[Any, str] | No
 
 def newest_complete(checkpoint: Any) -> Any:
     """The trial's checkpoint holding the latest epoch (its best weights so far at the root), whichever one Tune
-    names: after a resume, Tune's record of a trial's latest checkpoint may be an older, emptied folder."""
+    names: after a resume, Tune's record of a trial's latest checkpoint may be an older, emptied folder.
+    ``checkpoint``: one of the trial's checkpoints, a Ray ``Checkpoint`` or a local path (as Ray Train reports it)."""
+    from ray import tune
+
+    if isinstance(checkpoint, (str, Path)):
+        checkpoint = tune.Checkpoint(str(checkpoint))
     candidates = resume_candidates(checkpoint)
     return candidates[0] if candidates else checkpoint
 

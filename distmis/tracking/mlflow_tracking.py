@@ -320,7 +320,8 @@ class MLflowTrialCallback(tune.Callback):
         self.spec = spec
         self.volume = volume
         self.writer = writer or ResilientWriter()
-        self.last_checkpoint: dict[str, str] = {}  # trial id -> its latest checkpoint (Ray Train trials)
+        self.last_checkpoint: dict[str, str] = {}  # trial id -> the path of its latest checkpoint
+        self.configs: dict[str, dict[str, Any]] = {}  # trial id -> its config (searched paths), as Tune gave it
         self.run_ids: dict[str, str] = {}  # filled when the (possibly delayed) create_run has been made
         self.started: set[str] = set()
         self.ended: set[str] = set()  # completed or errored
@@ -398,6 +399,7 @@ class MLflowTrialCallback(tune.Callback):
     def _start(self, trial: Any) -> None:
         trial_id, config = trial.trial_id, dict(trial.config)
         self.started.add(trial_id)
+        self.configs[trial_id] = config
         try:  # the trial's spec and layout as the trial itself resolves them ("1e-3" in YAML is logged as 0.001)
             spec, layout = resolve_trial(self.spec, config)
         except SpecError as exc:  # the trial fails alone, with this reason; the search goes on
@@ -445,6 +447,19 @@ class MLflowTrialCallback(tune.Callback):
                                lambda trial_id=trial_id: self.client.set_terminated(self.run_ids[trial_id], killed))
             self.ended.add(trial_id)
             self.statuses[trial_id] = killed
+
+    def fail_unfinished(self, reason: str) -> None:
+        """Ray Tune itself stopped: mark the runs of trials that started and never ended FAILED, saying why."""
+        failed = RunStatus.to_string(RunStatus.FAILED)
+        summary = f"the search stopped before this trial ended: {reason}"[:500]
+        for trial_id in sorted(self.started - self.ended):
+            def write(trial_id: str = trial_id) -> None:
+                self.client.set_tag(self.run_ids[trial_id], "error", summary)
+                self.client.set_terminated(self.run_ids[trial_id], failed)
+
+            self.writer.submit(f"status ({trial_id})", write)
+            self.ended.add(trial_id)
+            self.statuses[trial_id] = failed
 
     @property
     def finished(self) -> set[str]:
@@ -545,7 +560,8 @@ class MLflowTrialCallback(tune.Callback):
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         for trial in trials:
-            if trial.trial_id not in self.ended and trial.status in ("TERMINATED", "ERROR"):
+            restored_ended = trial.trial_id in self.adopted and trial.trial_id not in self.reopened  # not run here
+            if restored_ended and trial.trial_id not in self.ended and trial.status in ("TERMINATED", "ERROR"):
                 self._settle(trial)
         self.unfinished = [t.trial_id for t in trials if t.trial_id not in self.ended]
 

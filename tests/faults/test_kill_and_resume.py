@@ -66,13 +66,17 @@ def distmis(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def kill_driver_when(process: subprocess.Popen, ready: Callable[[], bool], timeout: float = 600) -> None:
-    """SIGKILL the driver and everything it started (its local Ray) once ``ready()``: as a node loss would."""
+def kill_driver_when(process: subprocess.Popen, ready: Callable[[], bool], timeout: float = 600, *,
+                     kill: bool = True) -> None:
+    """SIGKILL the driver and everything it started (its local Ray) once ``ready()``: as a node loss would
+    (``kill`` False: only wait for that moment)."""
     deadline = time.monotonic() + timeout
     while not ready():
         assert process.poll() is None, process.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the search did not reach the point to kill it in time"
-        time.sleep(0.5)
+        time.sleep(0.2)
+    if not kill:
+        return
     os.killpg(process.pid, signal.SIGKILL)  # Tune's saved state may be up to 2 s old: the trials cope with that
     process.wait(timeout=60)
 
@@ -215,3 +219,46 @@ def test_a_search_killed_three_times_ends_as_an_uninterrupted_one(tmp_path: Path
     assert (out / "model" / "MLmodel").is_file()
     version = client.get_model_version_by_alias("tiny", "best")
     assert version.run_id == by_trial[parent.data.tags["distmis.model_trial"]].info.run_id
+
+
+
+def chattr(flag: str, path: Path) -> None:
+    subprocess.run(["chattr", flag, str(path)], check=True)
+
+
+def test_a_trial_whose_finished_write_was_held_back_at_the_kill_finishes_on_resume(tmp_path: Path):
+    """Issue 32, item 8: the driver is killed after Tune saved a trial as ended but before the store took its last
+    epoch and its FINISHED status (the store is made read-only for that while: ``chattr +i``, real sqlite). A resumed
+    search does not run the trial again; its run gets the missing epoch from the trial's checkpoint and ends
+    FINISHED, and the trial is scored and published."""
+    tree = yaml.safe_load(write_spec(tmp_path, "torch").read_text())
+    tree["training"]["epochs"] = 4
+    tree["search"]["space"] = {"training.optimizer.lr": {"grid": [2.0e-3]}}
+    spec, out = tmp_path / "spec.yaml", tmp_path / "out"
+    spec.write_text(yaml.safe_dump(tree))
+    db = out / "mlflow.db"
+    client = MlflowClient(f"sqlite:///{db}")
+
+    def tune_saved_it_ended() -> bool:  # the one trial's status in Tune's saved experiment state
+        return any("TERMINATED" in path.read_text(errors="ignore")
+                   for path in (out / "ray_results").glob("*/experiment_state-*.json"))
+
+    process = distmis("run", str(spec), "--output", str(out))
+    try:
+        kill_driver_when(process, lambda: max(running_trial_epochs(db).values(), default=0) >= 2, kill=False)
+        chattr("+i", db)  # the last epoch's metrics and the FINISHED status wait in the driver's writer
+        kill_driver_when(process, tune_saved_it_ended)
+    finally:
+        chattr("-i", db)
+    (run,) = trial_runs(client, find_search_run(client, "tiny"))
+    assert run.info.status == "RUNNING"
+    assert len(client.get_metric_history(run.info.run_id, "epoch_seconds")) < 4  # the last epoch never reached it
+
+    finish(distmis("run", str(spec), "--output", str(out), "--resume"))
+    run = client.get_run(run.info.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["epochs_completed"] == 4
+    assert_one_point_per_epoch(client, run.info.run_id, epochs=4)
+    reports = reported_epochs(out)[run.data.tags["distmis.trial_id"]]
+    assert len({attempt for attempt, _ in reports}) == 1  # not run again
+    parent = find_search_run(client, "tiny")
+    assert "test_dice_WT" in parent.data.metrics and (out / "model" / "MLmodel").is_file()
