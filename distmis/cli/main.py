@@ -466,6 +466,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``distmis`` command; its exit code (see the module's docstring). Ctrl-C at any moment is exit 130 with
+    one line, not a traceback, even while the libraries a command needs are still being imported."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # before the command's own handling (imports), or a second Ctrl-C in it
+        print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 130))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     for var, value in tensorflow_env().items():  # before anything imports TensorFlow
         os.environ.setdefault(var, value)
     args = build_parser().parse_args(argv)

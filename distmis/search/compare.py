@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from distmis.search.execute import (
-    execute_search, experiment_name, open_search_run, prepare_output, ray_connection, reopen_search_run,
+    ended_unless_recorded, execute_search, experiment_name, open_search_run, prepare_output, ray_connection,
+    reopen_search_run,
 )
 from distmis.search.plan import fit_problems, node_resources, plan_search, trial_layouts
 from distmis.search.preflight import new_state, preflight
@@ -111,7 +112,9 @@ def run_compare(
         if state is None:
             compare_run = open_search_run(spec, output_dir, data, run_name=f"{spec.name} compare", role="compare",
                                           tags={"distmis.workers": ",".join(map(str, counts))})
-            state = new_state("compare", spec, output_dir, compare_run.run_id)
+            with ended_unless_recorded(compare_run):
+                state = new_state("compare", spec, output_dir, compare_run.run_id)
+                state.save(output_dir)
         else:
             compare_run = reopen_search_run(spec, output_dir, state.run_id)
         try:

@@ -296,15 +296,28 @@ def open_search_run(spec: Spec, output_dir: Path, data: PreparedData, *, run_nam
     run = SearchRun(uri, spec.experiment_name, run_name=run_name or spec.name, searched=list(spec.search.space),
                     metric=spec.search.metric, mode=spec.search.mode, artifact_location=artifacts,
                     role=role, parent_run_id=parent_run_id, tags=tags)
-    resolved = spec_to_dict(spec)
-    # The spec's fields as params, except the search space (a tag) and the tracking URI (may hold credentials).
-    run.log_params({k: v for k, v in flatten(resolved).items() if not k.startswith(("search.space", "tracking.uri"))})
-    if resolved["tracking"]["uri"]:
-        resolved["tracking"]["uri"] = redact_uri(resolved["tracking"]["uri"])
-    run.log_text(yaml.safe_dump(resolved, sort_keys=False), "spec.yaml")
-    run.log_dict(data.split, "split.json")
-    run.log_dict(data.manifest, "tfrecord_manifest.json")
+    with ended_unless_recorded(run):
+        resolved = spec_to_dict(spec)
+        # The spec's fields as params, except the search space (a tag) and the tracking URI (may hold credentials).
+        run.log_params({k: v for k, v in flatten(resolved).items()
+                        if not k.startswith(("search.space", "tracking.uri"))})
+        if resolved["tracking"]["uri"]:
+            resolved["tracking"]["uri"] = redact_uri(resolved["tracking"]["uri"])
+        run.log_text(yaml.safe_dump(resolved, sort_keys=False), "spec.yaml")
+        run.log_dict(data.split, "split.json")
+        run.log_dict(data.manifest, "tfrecord_manifest.json")
     return run
+
+
+@contextmanager
+def ended_unless_recorded(run: SearchRun) -> Iterator[SearchRun]:
+    """While a new search's run is set up, before ``search_state.json`` names it: a Ctrl-C or a failure ends the run
+    (KILLED or FAILED) rather than leaving it RUNNING with no state that could resume it."""
+    try:
+        yield run
+    except BaseException as exc:
+        run.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED", timeout=10)
+        raise
 
 
 def reopen_search_run(spec: Spec, output_dir: Path, run_id: str) -> SearchRun:

@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from distmis.search.compare import run_compare
 from distmis.search.execute import (
-    execute_search, experiment_name, open_search_run, prepare_output, ray_connection, reopen_search_run,
+    ended_unless_recorded, execute_search, experiment_name, open_search_run, prepare_output, ray_connection,
+    reopen_search_run,
 )
 from distmis.search.plan import check_fit, node_resources, plan_search, trial_layouts, worker_slots
 from distmis.search.preflight import new_state, preflight
@@ -40,8 +41,10 @@ def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None
         plan = plan_search(spec, cluster_slots=worker_slots(trial_layouts(spec)[0], node_resources()))
         if state is None:
             search_run = open_search_run(spec, output_dir, data)
-            state = new_state("search", spec, output_dir, search_run.run_id)
-            state.experiment = experiment_name(spec, plan, search_run.run_id)
+            with ended_unless_recorded(search_run):
+                state = new_state("search", spec, output_dir, search_run.run_id)
+                state.experiment = experiment_name(spec, plan, search_run.run_id)
+                state.save(output_dir)
         else:
             search_run = reopen_search_run(spec, output_dir, state.run_id)
         with recorded(state, output_dir):

@@ -229,3 +229,18 @@ def test_ctrl_c_in_every_phase_of_a_run(tmp_path: Path):
     finally:
         for run in runs:
             run.kill()
+
+
+def test_ctrl_c_while_the_command_is_still_importing_is_one_line_and_130(tmp_path: Path):
+    """The first seconds of any command import its libraries (``distmis.cli.main``, then those ``main()`` imports):
+    a Ctrl-C then is exit 130 with one line, no traceback."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(small_spec_tree(tmp_path / "data")))
+    for delay in (0.3, 1.0):  # while distmis.cli.main is imported; while main() imports what the command needs
+        process = subprocess.Popen([sys.executable, "-m", "distmis", "validate", str(spec)], cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=EXIT_WITHIN_S)
+        assert process.returncode == 130, err[-2000:]
+        assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted", err[-2000:]
