@@ -1,9 +1,11 @@
 import sys
 
 try:
-    from distmis.cli.main import main
+    from distmis.cli.main import run
 except KeyboardInterrupt:  # Ctrl-C while the command is still being imported
-    print("interrupted", file=sys.stderr)
-    sys.exit(130)
+    import os
 
-sys.exit(main())
+    print("interrupted", file=sys.stderr, flush=True)
+    os._exit(130)
+
+run()

@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from distmis.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, BadInput
 from distmis.data.layouts import Layout
@@ -465,6 +466,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run() -> NoReturn:
+    """The ``distmis`` console script (and ``python -m distmis``): :func:`main`, then exit with its code.
+
+    An interrupted command (130, 143) ends at once, its own clean-up done: Python would otherwise report the
+    interrupt as its own death by SIGINT (exit status -2) whenever a library's C code had seen the
+    KeyboardInterrupt pass through it before distmis caught it (as imports run through such code)."""
+    code = main()
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``distmis`` command; its exit code (see the module's docstring). Ctrl-C at any moment is exit 130 with
     one line, not a traceback, even while the libraries a command needs are still being imported."""
@@ -515,4 +531,4 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

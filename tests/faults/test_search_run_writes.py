@@ -35,7 +35,7 @@ def test_a_read_only_store_delays_the_search_runs_writes_and_loses_none(tmp_path
         run.log_figure(figure, "curves.png")
         run.log_text("a,b\n", "results.csv")
         assert len(run.writer.pending) == 5 and run.writer.failed_attempts > 0  # held, in order, none raised
-        assert not plt.get_fignums()  # the figure was drawn and closed at once
+        assert not plt.fignum_exists(figure.number)  # the figure was drawn and closed at once
     finally:
         assert chattr("-i", db)
     run.finish("FINISHED", timeout=30)
