@@ -50,7 +50,8 @@ def output_path(output_dir: str | Path, case_id: str) -> Path:
 def check_output_folder(output_dir: str | Path) -> Path:
     """``output_dir`` as a folder segmentations can be written to: an existing folder, or one that can be made
     in the nearest folder above it that exists. DataError naming the path when it, or a path above it, is a file
-    (or anything else that is not a folder), or that folder is not writable. Nothing is created here."""
+    (or anything else that is not a folder), or that folder is not writable. Nothing is left here: whether the folder
+    takes a file is tried with an empty file, removed at once."""
     output_dir = Path(output_dir)
     allowed = "--output must be a folder: an existing one, or a new one in a folder you can write to"
     existing = output_dir
@@ -62,10 +63,24 @@ def check_output_folder(output_dir: str | Path) -> Path:
         where = "is a file" if existing.is_file() else "is not a folder"
         what = f"{str(existing)!r} {where}" if existing == output_dir else f"{str(existing)!r}, above it, {where}"
         raise DataError(f"--output {str(output_dir)!r}: {what}; {allowed}")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not os.access(existing, os.W_OK | os.X_OK) or not _can_create_in(existing):
         raise DataError(f"--output {str(output_dir)!r}: the folder {str(existing)!r} is not writable by this user; "
                         f"{allowed}")
     return output_dir
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be made in ``folder``, tried for real: permission bits do not tell root, a read-only
+    mount or an immutable folder apart from a writable one. The probe (an empty hidden file) is removed at once."""
+    import tempfile
+
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".distmis-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(handle)
+    os.unlink(probe)
+    return True
 
 
 def check_outputs(scans: Sequence[Any], output_dir: str | Path, *, overwrite: bool) -> list[Path]:

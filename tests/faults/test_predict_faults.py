@@ -49,21 +49,22 @@ def test_an_output_that_is_a_file_exits_2_naming_it(tmp_path: Path, model_dir: P
 
 
 def test_an_output_under_a_read_only_folder_exits_2_naming_it(tmp_path: Path, model_dir: Path, capsys):
-    import os
+    """Read-only for every user, root included: mode 555 and the immutable attribute (``chattr +i``)."""
+    import subprocess
 
     images = msd_images(tmp_path / "data", count=1)
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o555)
+    assert subprocess.run(["chattr", "+i", str(locked)]).returncode == 0, "chattr +i needs CAP_LINUX_IMMUTABLE"
     try:
-        if os.access(locked, os.W_OK):  # root writes anywhere
-            pytest.skip("this user can write to a mode-555 folder")
         code = main(["predict", str(model_dir), str(images), "--output", str(locked / "segs"), "--quiet"])
         err = capsys.readouterr().err
         assert code == 2, err
         assert str(locked) in err and "writ" in err and "Traceback" not in err
         assert written(locked) == []
     finally:
+        subprocess.run(["chattr", "-i", str(locked)], check=True)
         locked.chmod(0o755)
 
 
