@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-# pip, not uv/poetry: torch must come from the local CPU wheel that constraints.txt pins (torch==2.13.0+cpu).
+# pip, not uv/poetry: on this project's machines torch==2.13.0 (constraints.txt) comes from a local CPU wheel only pip finds.
 # constraints.txt is the exact tested set; pyproject.toml states the compatible ranges.
 CONSTRAINTS ?= constraints.txt
 EXTRAS ?= cpu,test

@@ -1,7 +1,7 @@
 """A ViT encoder with a convolutional decoder for 3D segmentation (UNETR without skip connections).
 
 The model of *Efficient Distributed Sequence Parallelism for Transformer-based Image Segmentation*
-(Lyngaas et al.; ``../shared/seeds/sp-vit-segmentation.txt``), in plain PyTorch. It holds no
+(Lyngaas et al.; docs/references.md), in plain PyTorch. It holds no
 distribution logic: :mod:`distmis.parallel.sequence` splits its token sequence between ranks from
 outside, through the pieces this module exposes.
 

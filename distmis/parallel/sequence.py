@@ -1,7 +1,7 @@
 """Sequence parallelism for :class:`~distmis.models.vit_seg.ViTSeg`, applied from outside (torchtitan style).
 
 The ranks of one sequence-parallel (SP) group all hold the same tile and split its ``N`` tokens between them
-(Lyngaas et al., ``../shared/seeds/sp-vit-segmentation.txt``). :func:`parallelize_vit_seg` swaps the
+(Lyngaas et al., docs/references.md). :func:`parallelize_vit_seg` swaps the
 attention core of every transformer block of a plain model for a parallel one and wraps the model in a
 :class:`SequenceParallelViTSeg`, whose ``forward(tile)`` runs the rank's share.
 

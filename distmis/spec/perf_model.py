@@ -1,6 +1,6 @@
 """The performance model of a ViT-seg trial (issue 14): parameters, FLOPs, bytes and memory per rank. Pure arithmetic.
 
-The seed (``../shared/seeds/perf-model-3d-vit.txt``, Sastry and Ku) counts, for a 3D ViT with ``s = HWD/p^3``
+The seed (Sastry and Ku, docs/references.md) counts, for a 3D ViT with ``s = HWD/p^3``
 tokens of width ``d`` under sequence parallelism of degree ``SP``, the forward multiply-accumulates of one
 transformer block and one sample (its equations 4-20)::
 
