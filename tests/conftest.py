@@ -33,6 +33,17 @@ def small_spec_tree(data_path: str | Path, **sections: Any) -> dict[str, Any]:
     return tree
 
 
+def query(db: Path, sql: str) -> list[tuple]:
+    """Rows of ``sql`` on the sqlite MLflow store at ``db``, read directly (``[]`` while it is missing or locked)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(db, timeout=1) as conn:
+            return conn.execute(sql).fetchall()
+    except sqlite3.Error:  # not created yet, or locked
+        return []
+
+
 def has_epoch_metric(db: Path) -> bool:
     """True once a trial has logged a validation dice to the sqlite MLflow store at ``db`` (read directly)."""
     import sqlite3

@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -33,20 +32,12 @@ import pytest
 import yaml
 
 from distmis.data.synthetic import synthesize_dataset
-from tests.conftest import small_spec_tree
+from tests.conftest import query, small_spec_tree
 
 pytestmark = pytest.mark.slow  # real searches, each with its own local Ray
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_WITHIN_S = 30
-
-
-def query(db: Path, sql: str) -> list[tuple]:
-    try:
-        with sqlite3.connect(db, timeout=1) as conn:
-            return conn.execute(sql).fetchall()
-    except sqlite3.Error:  # not created yet, or locked
-        return []
 
 
 def run_statuses(db: Path) -> dict[str, list[str]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -26,20 +25,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from distmis.tracking.results import find_search_run, trial_runs
-from tests.conftest import small_spec_tree
+from tests.conftest import query, small_spec_tree
 
 pytestmark = pytest.mark.slow  # whole searches in their own processes, each with its own local Ray
 
 ROOT = Path(__file__).resolve().parents[2]
 EPOCHS = 8  # on 32^3 volumes: about a second an epoch here, long enough to kill a search midway
-
-
-def query(db: Path, sql: str) -> list[tuple]:
-    try:
-        with sqlite3.connect(db, timeout=1) as conn:
-            return conn.execute(sql).fetchall()
-    except sqlite3.Error:  # not created yet, or locked
-        return []
 
 
 def trial_statuses(db: Path) -> list[str]:
