@@ -9,6 +9,9 @@ A network predicts on the preprocessed grid (centre-cropped or padded to ``crop`
 2. :func:`target_to_labels` turns the thresholded target channels into one label map in a layout's
    convention: whole tumour as 0/1; the three nested BraTS regions (WT, TC, ET) recombined to the layout's
    label values (BraTS 2018-2021: edema 2, necrotic core 1, enhancing 4; MSD: 1, 2, 3; BraTS 2023: 2, 1, 3).
+
+Both are implemented once, in the code of the model a search registers (:mod:`distmis.pyfunc_model`, which
+does not import distmis); these take distmis's :class:`~distmis.data.preprocess.PreprocessConfig` and enums.
 """
 
 from __future__ import annotations
@@ -17,11 +20,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from distmis import pyfunc_model
 from distmis.data.layouts import Layout, coerce_layout
-from distmis.data.preprocess import (
-    _CORE_ONLY_VALUE, _EDEMA_VALUE, _ENHANCING_VALUE, LabelMode, PreprocessConfig, _check_shape3,
-    center_crop_or_pad, coerce_label_mode, resize,
-)
+from distmis.data.preprocess import LabelMode, PreprocessConfig, coerce_label_mode
 
 __all__ = ["restore_geometry", "target_to_labels"]
 
@@ -34,21 +35,9 @@ def restore_geometry(prob: np.ndarray, shape: Sequence[int], config: PreprocessC
     then the centre crop / pad. :func:`~distmis.data.preprocess.center_crop_or_pad` is its own inverse:
     cropping an axis from ``n`` to ``m`` starts at ``(n - m) // 2``, the same offset at which padding from
     ``m`` back to ``n`` places it, so a voxel returns exactly to where it came from; the cropped-away
-    border comes back as 0.
+    border comes back as 0. (:func:`distmis.pyfunc_model.restore_geometry`.)
     """
-    original = _check_shape3(tuple(shape), "scan shape")
-    if prob.ndim != 4:
-        raise ValueError(f"prob must be channels-last (h, w, d, C), got shape {prob.shape}")
-    expected = config.resize or config.crop or original
-    if tuple(prob.shape[:3]) != tuple(expected):
-        raise ValueError(f"prob has spatial shape {prob.shape[:3]}, but preprocessing {config.to_dict()} of a "
-                         f"{list(original)} scan gives {list(expected)}")
-    out = np.asarray(prob, dtype=np.float32)
-    if config.resize is not None:
-        out = resize(out, config.crop or original, order=1)
-    if config.crop is not None:
-        out = center_crop_or_pad(out, original)
-    return np.ascontiguousarray(out, dtype=np.float32)
+    return pyfunc_model.restore_geometry(prob, shape, config.crop, config.resize)
 
 
 def target_to_labels(target: np.ndarray, layout: Layout | str, mode: LabelMode | str) -> np.ndarray:
@@ -59,17 +48,6 @@ def target_to_labels(target: np.ndarray, layout: Layout | str, mode: LabelMode |
     enhancing voxel is enhancing tumour, a core voxel that is not enhancing is the core's other label, a
     whole-tumour voxel outside the core is edema. This inverts
     :func:`~distmis.data.preprocess.labels_to_target` for any label map of the layout.
+    (:func:`distmis.pyfunc_model.target_to_labels`.)
     """
-    layout = coerce_layout(layout)
-    mode = coerce_label_mode(mode)
-    channels = 1 if mode is LabelMode.WHOLE_TUMOUR else 3
-    if target.ndim != 4 or target.shape[-1] != channels:
-        raise ValueError(f"target must be (H, W, D, {channels}) for labels {mode.value!r}, got shape {target.shape}")
-    on = np.asarray(target) > 0
-    if mode is LabelMode.WHOLE_TUMOUR:
-        return on[..., 0].astype(np.uint8)
-    labels = np.zeros(target.shape[:3], dtype=np.uint8)
-    labels[on[..., 0]] = _EDEMA_VALUE[layout]
-    labels[on[..., 1]] = _CORE_ONLY_VALUE[layout]
-    labels[on[..., 2]] = _ENHANCING_VALUE[layout]
-    return labels
+    return pyfunc_model.target_to_labels(target, coerce_layout(layout).value, coerce_label_mode(mode).value)

@@ -14,6 +14,10 @@ The pipeline applied by :func:`preprocess_case` is, in order:
 
 What to do is described by a :class:`PreprocessConfig`, which is stored in the
 TFRecord manifest so that a trained model knows how its inputs were made.
+
+Steps 1-3 (and the layouts' label values) are implemented once, in the code of the
+model a search registers (:mod:`distmis.pyfunc_model`, which does not import distmis):
+training data and predictions are made by the same functions, re-exported here.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from typing import Any
 import numpy as np
 
 from distmis.data.layouts import LABEL_VALUES, Layout, _coerce_enum, coerce_layout, label_counts
+from distmis.pyfunc_model import (
+    CORE_VALUES, ENHANCING_VALUE, center_crop_or_pad, check_shape3, resize, zscore_nonzero,
+)
+from distmis.pyfunc_model import preprocess_image as _preprocess_image
 
 __all__ = [
     "LabelMode",
@@ -57,127 +65,7 @@ def coerce_label_mode(mode: LabelMode | str) -> LabelMode:
     return _coerce_enum(LabelMode, mode, "label mode")
 
 
-# Label values that make up the tumour core (TC) and the enhancing tumour (ET).
-_CORE_VALUES: dict[Layout, tuple[int, ...]] = {Layout.MSD: (2, 3), Layout.BRATS: (1, 4), Layout.BRATS2023: (1, 3)}
-_ENHANCING_VALUE: dict[Layout, int] = {Layout.MSD: 3, Layout.BRATS: 4, Layout.BRATS2023: 3}
-# The value of each nested region's outermost part, to write a prediction back in the layout's convention:
-# whole tumour outside the core (edema), core outside the enhancing tumour, and the enhancing tumour.
-_EDEMA_VALUE: dict[Layout, int] = {Layout.MSD: 1, Layout.BRATS: 2, Layout.BRATS2023: 2}
-_CORE_ONLY_VALUE: dict[Layout, int] = {Layout.MSD: 2, Layout.BRATS: 1, Layout.BRATS2023: 1}
-
-
-def _check_shape3(shape: Sequence[int], what: str) -> tuple[int, int, int]:
-    """Validate a 3-D target shape of positive integers and return it as a tuple."""
-    try:
-        values = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be 3 positive integers, got {shape!r}") from None
-    if len(values) != 3 or any(s <= 0 for s in values) or any(float(s) != float(o) for s, o in zip(values, shape)):
-        raise ValueError(f"{what} must be 3 positive integers, got {shape!r}")
-    return values  # type: ignore[return-value]
-
-
-def _check_volume(array: np.ndarray, what: str) -> None:
-    if array.ndim < 3:
-        raise ValueError(f"{what} must have at least 3 (spatial) axes, got shape {array.shape}")
-
-
-# --------------------------------------------------------------------------- intensity
-
-
-def zscore_nonzero(image: np.ndarray) -> np.ndarray:
-    """Z-score each modality (last axis) over its non-zero voxels.
-
-    For every channel, the mean and standard deviation are computed over the
-    voxels where that channel is non-zero (the brain); those voxels become
-    ``(x - mean) / std`` and the background stays 0.  A channel that is constant
-    over the brain (std 0) becomes 0 there instead of dividing by zero, and an
-    all-zero channel stays all zero.
-
-    Args:
-        image: ``(H, W, D, C)`` array.
-
-    Returns:
-        float32 array of the same shape.
-    """
-    if image.ndim != 4:
-        raise ValueError(f"zscore_nonzero expects an (H, W, D, C) image, got shape {image.shape}")
-    out = np.zeros(image.shape, dtype=np.float32)
-    for c in range(image.shape[-1]):
-        channel = image[..., c]
-        mask = channel != 0
-        if not mask.any():
-            continue
-        values = channel[mask].astype(np.float64)
-        mean = values.mean()
-        std = values.std()
-        normalised = (values - mean) / std if std > 0 else np.zeros_like(values)
-        out[..., c][mask] = normalised.astype(np.float32)
-    return out
-
-
-# --------------------------------------------------------------------------- geometry
-
-
-def center_crop_or_pad(array: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """Centre-crop the first three axes to ``shape``; zero-pad axes that are smaller.
-
-    Cropping removes ``(size - target) // 2`` voxels at the start of an axis
-    and the rest at the end; padding adds ``(target - size) // 2`` zeros at the
-    start and the rest at the end.  Trailing (channel) axes are untouched and
-    the dtype is kept.
-    """
-    target = _check_shape3(shape, "crop shape")
-    _check_volume(array, "array")
-    slices = []
-    pads = []
-    for size, want in zip(array.shape[:3], target):
-        if size >= want:
-            start = (size - want) // 2
-            slices.append(slice(start, start + want))
-            pads.append((0, 0))
-        else:
-            slices.append(slice(None))
-            before = (want - size) // 2
-            pads.append((before, want - size - before))
-    out = array[tuple(slices)]
-    if any(p != (0, 0) for p in pads):
-        pads.extend([(0, 0)] * (array.ndim - 3))
-        out = np.pad(out, pads, mode="constant", constant_values=0)
-    return np.ascontiguousarray(out)
-
-
-def resize(array: np.ndarray, shape: Sequence[int], *, order: int) -> np.ndarray:
-    """Resample the first three axes to exactly ``shape`` with ``scipy.ndimage.zoom``.
-
-    Args:
-        array: ``(H, W, D)`` or ``(H, W, D, C)``; channels are resampled one by one.
-        shape: target ``(h, w, d)``.
-        order: spline order: 1 (linear) for images, 0 (nearest) for label maps.
-
-    Returns:
-        an array of shape ``(h, w, d, ...)`` and the input dtype.
-    """
-    from scipy import ndimage
-
-    target = _check_shape3(shape, "resize shape")
-    _check_volume(array, "array")
-    if order not in range(6):
-        raise ValueError(f"order must be an integer spline order 0-5, got {order!r}")
-    if tuple(array.shape[:3]) == target:
-        return array.copy()
-    factors = [want / size for want, size in zip(target, array.shape[:3])]
-    if array.ndim == 3:
-        out = ndimage.zoom(array, factors, order=order, mode="nearest", grid_mode=False)
-    else:
-        flat = array.reshape(array.shape[:3] + (-1,))
-        out = np.stack(
-            [ndimage.zoom(flat[..., i], factors, order=order, mode="nearest", grid_mode=False) for i in range(flat.shape[-1])],
-            axis=-1,
-        ).reshape(target + array.shape[3:])
-    if tuple(out.shape[:3]) != target:  # zoom rounds the output size; guard against an off-by-one
-        raise AssertionError(f"resize produced {out.shape[:3]} instead of {target}")
-    return out
+_check_shape3 = check_shape3  # a 3-D shape of positive integers, or ValueError naming ``what``
 
 
 # --------------------------------------------------------------------------- labels
@@ -215,8 +103,8 @@ def labels_to_target(label: np.ndarray, layout: Layout | str, mode: LabelMode | 
     whole = label > 0
     if mode is LabelMode.WHOLE_TUMOUR:
         return whole[..., None].astype(np.uint8)
-    core = np.isin(label, _CORE_VALUES[layout])
-    enhancing = label == _ENHANCING_VALUE[layout]
+    core = np.isin(label, CORE_VALUES[layout.value])
+    enhancing = label == ENHANCING_VALUE[layout.value]
     return np.stack([whole, core, enhancing], axis=-1).astype(np.uint8)
 
 
@@ -303,13 +191,9 @@ def preprocess_case(image: np.ndarray, label: np.ndarray, config: PreprocessConf
 
 def preprocess_image(image: np.ndarray, config: PreprocessConfig) -> np.ndarray:
     """The image half of :func:`preprocess_case` (z-score, crop / pad, resize): what a model's input is made of,
-    in training and in ``distmis predict``. Returns float32 ``(h, w, d, C)``."""
-    image = zscore_nonzero(image)
-    if config.crop is not None:
-        image = center_crop_or_pad(image, config.crop)
-    if config.resize is not None:
-        image = resize(image, config.resize, order=1).astype(np.float32, copy=False)
-    return np.ascontiguousarray(image, dtype=np.float32)
+    in training and in ``distmis predict`` (the model's own code, :func:`distmis.pyfunc_model.preprocess_image`).
+    Returns float32 ``(h, w, d, C)``."""
+    return _preprocess_image(image, config.crop, config.resize)
 
 
 def preprocessed_spacing(shape: Sequence[int], spacing: Sequence[float],

@@ -1,10 +1,15 @@
 """The model a search ends in: saved as an MLflow model, logged on its trial's run, registered under the search.
 
-An MLflow model folder holds the network in its framework's flavour (``mlflow.pytorch``: the module, pickled;
-``mlflow.tensorflow``: the Keras model as ``model.keras``), a tensor signature (the window the network takes and
-the channels it returns) and, in ``extra_files/``, the recipe that says how to use it
-(:class:`~distmis.predict.recipe.ModelRecipe`: modalities, normalisation, crop, resize, label mode, window and
-inference settings). ``distmis predict`` needs nothing else.
+The model is an MLflow ``python_function`` model from code: its code is :mod:`distmis.pyfunc_model` (one
+self-contained file that imports no distmis, copied into the model folder; nothing is pickled) and its artifacts are
+the recipe (``artifacts/preprocessing.json``, :class:`~distmis.predict.recipe.ModelRecipe`: modalities,
+normalisation, crop, resize, label mode, window and inference settings) and the network in a form that needs only its
+framework (torch: a ``torch.export`` program, ``artifacts/network.pt2``; TensorFlow: the Keras model file,
+``artifacts/model.keras``). ``mlflow.pyfunc.load_model(uri).predict(image)`` takes ONE case's raw image
+``(H, W, D, C)`` and returns its label map, without distmis installed; ``distmis predict`` runs that same
+``predict``. The folder also holds a signature (float32 ``(-1, -1, -1, C)`` in, uint8 ``(-1, -1, -1)`` out; params
+``spacing`` and ``layout``), a small input example and its pip requirements, public versions only
+(:func:`model_requirements`).
 
 Registered model versions carry the test metrics as tags. The alias ``best`` (``models:/<name>@best``) names the
 version with the best score so far: the test dice (the mean over regions) when the test split was evaluated,
@@ -28,8 +33,8 @@ from distmis.predict.recipe import RECIPE_FILE, ModelRecipe
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BEST_ALIAS", "MODEL_NAME", "PublishedModel", "log_model", "register_model", "save_model",
-           "model_signature", "fluent_tracking_uri"]
+__all__ = ["BEST_ALIAS", "MODEL_NAME", "PublishedModel", "ModelFiles", "log_model", "model_files", "register_model",
+           "save_model", "model_signature", "model_requirements", "input_example", "fluent_tracking_uri"]
 
 #: The name of the logged model on its trial's run.
 MODEL_NAME = "model"
@@ -57,66 +62,133 @@ class PublishedModel:
 
 
 def model_signature(recipe: ModelRecipe) -> Any:
-    """The network's tensor signature: a batch of windows in, a batch of per-channel maps out (float32)."""
+    """The model's signature: ONE case's raw image ``(H, W, D, C)`` (float32) in, its label map ``(H, W, D)``
+    (uint8) out; parameters ``spacing`` (the case's voxel spacing in mm; optional) and ``layout`` (whose label values;
+    default the training data's)."""
     from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import Schema, TensorSpec
+    from mlflow.types.schema import ParamSchema, ParamSpec, Schema, TensorSpec
 
-    channels, window = len(recipe.modalities), tuple(recipe.window)
-    if recipe.channels_last:
-        inputs, outputs = (-1, *window, channels), (-1, *window, recipe.num_classes)
-    else:
-        inputs, outputs = (-1, channels, *window), (-1, recipe.num_classes, *window)
-    return ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.float32), inputs, "image")]),
-                          outputs=Schema([TensorSpec(np.dtype(np.float32), outputs, recipe.output)]))
+    channels = len(recipe.modalities)
+    return ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, -1, -1, channels))]),
+                          outputs=Schema([TensorSpec(np.dtype(np.uint8), (-1, -1, -1))]),
+                          params=ParamSchema([ParamSpec("spacing", "double", [], (-1,)),
+                                              ParamSpec("layout", "string", recipe.layout)]))
 
 
-def _requirements(recipe: ModelRecipe) -> list[str]:
-    """The packages the model needs, pinned to this process's versions (given, so MLflow does not infer them)."""
+def input_example(recipe: ModelRecipe) -> np.ndarray:
+    """A small raw image ``(8, 8, 8, C)`` (stored as JSON beside the model, and predicted once when it is logged):
+    a head of intensity about 100 in every channel with a brighter cube in its middle."""
+    example = np.zeros((8, 8, 8, len(recipe.modalities)), dtype=np.float32)
+    example[1:7, 1:7, 1:7] = 100.0 + np.random.default_rng(0).normal(0, 5, (6, 6, 6, example.shape[-1]))
+    example[3:5, 3:5, 3:5] += 150.0
+    return example
+
+
+def _public_version(names: tuple[str, ...]) -> str | None:
+    """The public version (no local label: ``2.13.0``, not ``2.13.0+cpu``) of the first of ``names`` installed."""
     from importlib.metadata import PackageNotFoundError, version
 
-    names = ["torch", "monai"] if recipe.framework == "torch" else ["tensorflow-cpu", "tensorflow", "keras"]
-    names += ["numpy", "nibabel", "scipy"]
-    pins = []
+    from packaging.version import Version
+
     for name in names:
         try:
-            pins.append(f"{name}=={version(name)}")
+            return Version(version(name)).public
         except PackageNotFoundError:
             continue
+    return None
+
+
+def model_requirements(recipe: ModelRecipe) -> list[str]:
+    """What the model needs, pinned to this process's versions by their public names and versions
+    (``tensorflow==2.21.0`` where ``tensorflow-cpu`` is installed, ``torch==2.13.0`` for ``2.13.0+cpu``): mlflow,
+    numpy, scipy (the resize), torch and monai (the sliding windows, for both frameworks), and tensorflow and keras
+    for a Keras model. Given, so that MLflow does not infer them."""
+    wanted: list[tuple[str, tuple[str, ...]]] = [("mlflow", ("mlflow", "mlflow-skinny")), ("numpy", ("numpy",)),
+                                                 ("scipy", ("scipy",)), ("torch", ("torch",)), ("monai", ("monai",))]
+    if recipe.framework == "tensorflow":
+        wanted += [("tensorflow", ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel")),
+                   ("keras", ("keras",))]
+    pins = []
+    for name, distributions in wanted:
+        found = _public_version(distributions)
+        pins.append(f"{name}=={found}" if found else name)
     return pins
 
 
-def _flavour_arguments(network: Any, recipe: ModelRecipe, recipe_file: Path) -> tuple[Any, dict[str, Any]]:
-    common = {"signature": model_signature(recipe), "pip_requirements": _requirements(recipe),
-              "extra_files": [str(recipe_file)]}
-    if recipe.framework == "torch":
-        import mlflow.pytorch
+#: The network's file in the model's artifacts, per framework.
+NETWORK_FILES = {"torch": "network.pt2", "tensorflow": "model.keras"}
 
-        logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)  # its warning about pickles, every time
-        # pickle: the module object itself (distmis must be importable where it is loaded, as distmis predict is)
-        return mlflow.pytorch, {"serialization_format": "pickle", **common}
-    import mlflow.tensorflow
 
-    return mlflow.tensorflow, common
+def _write_network(network: Any, recipe: ModelRecipe, folder: Path) -> Path:
+    """The network as a file that needs only its framework: a ``torch.export`` program of the network in eval mode
+    on the CPU, for a batch of any number of windows (``.pt2``), or the Keras model file."""
+    path = folder / NETWORK_FILES[recipe.framework]
+    if recipe.framework == "tensorflow":
+        network.save(str(path))
+        return path
+    import copy
+
+    import torch
+
+    module = copy.deepcopy(network).to("cpu").eval()  # the caller's network stays where and as it is
+    windows = torch.randn(2, len(recipe.modalities), *recipe.window, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        program = torch.export.export(module, (windows,), dynamic_shapes=({0: torch.export.Dim("windows", min=1)},))
+    torch.export.save(program, str(path))
+    return path
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A model's artifacts, written once (:func:`model_files`) for :func:`save_model` and :func:`log_model`."""
+
+    recipe: ModelRecipe
+    recipe_file: Path
+    network_file: Path
+
+    def arguments(self) -> dict[str, Any]:
+        """The keyword arguments of ``mlflow.pyfunc.save_model`` / ``log_model`` for this model."""
+        from distmis import pyfunc_model
+
+        return {"python_model": str(Path(pyfunc_model.__file__)),  # models from code: this file, nothing pickled
+                "artifacts": {pyfunc_model.RECIPE_ARTIFACT: str(self.recipe_file),
+                              pyfunc_model.NETWORK_ARTIFACT: str(self.network_file)},
+                "signature": model_signature(self.recipe), "input_example": input_example(self.recipe),
+                "pip_requirements": model_requirements(self.recipe)}
 
 
 @contextmanager
-def _recipe_file(recipe: ModelRecipe) -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="distmis-recipe-") as tmp:
-        yield recipe.write(Path(tmp) / RECIPE_FILE)
+def model_files(network: Any, recipe: ModelRecipe) -> Iterator[ModelFiles]:
+    """The recipe and the network written to a temporary folder (removed afterwards)."""
+    with tempfile.TemporaryDirectory(prefix="distmis-model-") as tmp:
+        yield ModelFiles(recipe, recipe.write(Path(tmp) / RECIPE_FILE), _write_network(network, recipe, Path(tmp)))
 
 
-def save_model(network: Any, recipe: ModelRecipe, folder: str | Path) -> Path:
+@contextmanager
+def _files(network: Any, recipe: ModelRecipe, files: ModelFiles | None) -> Iterator[ModelFiles]:
+    if files is not None:
+        if files.recipe != recipe:
+            raise ValueError("files were written for another recipe")
+        yield files
+        return
+    with model_files(network, recipe) as written:
+        yield written
+
+
+def save_model(network: Any, recipe: ModelRecipe, folder: str | Path, *, files: ModelFiles | None = None) -> Path:
     """Write the MLflow model folder ``folder`` whole: built beside it, then moved into place (an earlier model
-    folder there, one distmis wrote, is replaced; any other existing path is refused)."""
+    folder there, one distmis wrote, is replaced; any other existing path is refused). ``files``: the artifacts,
+    when :func:`model_files` wrote them already."""
+    import mlflow.pyfunc
+
     folder = Path(folder)
     if folder.exists() and not (folder / "MLmodel").is_file():
         raise FileExistsError(f"{str(folder)!r} exists and is not a model folder distmis wrote: not replacing it")
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        with _recipe_file(recipe) as recipe_file:
-            flavour, arguments = _flavour_arguments(network, recipe, recipe_file)
-            flavour.save_model(network, str(staging / "model"), **arguments)
+        with _files(network, recipe, files) as written:
+            mlflow.pyfunc.save_model(str(staging / "model"), **written.arguments())
         old = None
         if folder.exists():
             old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
@@ -142,19 +214,25 @@ def fluent_tracking_uri(uri: str) -> Iterator[None]:
         mlflow.set_tracking_uri(previous)  # None: unset again
 
 
-def log_model(network: Any, recipe: ModelRecipe, tracking_uri: str, run_id: str) -> str:
+def log_model(network: Any, recipe: ModelRecipe, tracking_uri: str, run_id: str, *,
+              files: ModelFiles | None = None) -> str:
     """Log the model on the (finished) run ``run_id`` as an MLflow model named :data:`MODEL_NAME`, in the run's
-    experiment; the recipe also as a run artifact, to read in the UI. Returns the model's URI (``models:/m-...``)."""
+    experiment; the recipe also as a run artifact, to read in the UI. Returns the model's URI (``models:/m-...``).
+    MLflow checks the input example on the logged model (loads it and predicts the small example once)."""
+    import mlflow.pyfunc
+    from mlflow.models import Model
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
     run = client.get_run(run_id)
     logged = client.create_logged_model(experiment_id=run.info.experiment_id, name=MODEL_NAME, source_run_id=run_id,
                                         tags={"distmis.recipe": RECIPE_FILE})
-    with fluent_tracking_uri(tracking_uri), _recipe_file(recipe) as recipe_file:
-        flavour, arguments = _flavour_arguments(network, recipe, recipe_file)
-        info = flavour.log_model(network, name=MODEL_NAME, run_id=run_id, model_id=logged.model_id, **arguments)
-        client.log_artifact(run_id, str(recipe_file))
+    with fluent_tracking_uri(tracking_uri), _files(network, recipe, files) as written:
+        # Model.log, which mlflow.pyfunc.log_model calls, with the run: logging does not reopen the finished run
+        info = Model.log(artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id,
+                         model_id=logged.model_id,
+                         **written.arguments())
+        client.log_artifact(run_id, str(written.recipe_file))
     return info.model_uri
 
 

@@ -1,11 +1,12 @@
 """Segment scans with a model: the scan's own grid and header in, a label map in its data set's convention out.
 
-Per case: read the modalities (:func:`~distmis.data.scans.read_scan`), preprocess them as the model's recipe
-says (z-score over the brain, centre crop / pad, resize), predict by sliding windows
-(:meth:`~distmis.predict.model.SegmentationModel.probabilities`), undo the resize and the crop / pad on the
-probabilities (:func:`~distmis.data.postprocess.restore_geometry`), threshold, recombine the regions into the
-layout's label values (:func:`~distmis.data.postprocess.target_to_labels`) and write ``<case>_seg.nii.gz`` with
-the scan's affine and header. Every file appears whole or not at all (written under a temporary name, then
+Per case: read the modalities (:func:`~distmis.data.scans.read_scan`) and hand the raw image to the model
+(:meth:`~distmis.predict.model.SegmentationModel.segment`): for a model saved as an MLflow python_function model,
+its own ``predict`` - exactly what ``mlflow.pyfunc.load_model(...).predict(image)`` returns; for a model saved
+before, the same functions (:mod:`distmis.pyfunc_model`) around its network. Either way the recipe is followed:
+z-score over the brain, centre crop / pad, resize, sliding windows, the resize and the crop / pad undone on the
+probabilities, threshold, regions recombined into the layout's label values. Then ``<case>_seg.nii.gz`` is written
+with the scan's affine and header. Every file appears whole or not at all (written under a temporary name, then
 renamed). With ``score``, the written labels are scored against the case's own label file.
 """
 
@@ -21,13 +22,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from distmis.data.errors import DataError
-from distmis.data.postprocess import restore_geometry, target_to_labels
-from distmis.data.preprocess import labels_to_target, preprocess_image
+from distmis.data.preprocess import labels_to_target
 from distmis.predict.model import SegmentationModel
 from distmis.predict.recipe import ModelRecipe
 
 __all__ = ["CaseResult", "output_path", "check_output_folder", "check_outputs", "check_scans", "segment",
-           "write_segmentation", "predict_scans"]
+           "scan_spacing", "write_segmentation", "predict_scans"]
 
 SEG_SUFFIX = "_seg.nii.gz"
 
@@ -102,12 +102,16 @@ def check_outputs(scans: Sequence[Any], output_dir: str | Path, *, overwrite: bo
     return outputs
 
 
-def segment(model: SegmentationModel, image: np.ndarray, layout: str) -> np.ndarray:
-    """The uint8 label map ``(H, W, D)`` of a scan's image ``(H, W, D, 4)``, in ``layout``'s label values."""
-    recipe = model.recipe
-    prob = model.probabilities(preprocess_image(image, recipe.preprocess_config))
-    prob = restore_geometry(prob, image.shape[:3], recipe.preprocess_config)
-    return target_to_labels(prob >= recipe.threshold, layout, recipe.labels)
+def segment(model: SegmentationModel, image: np.ndarray, layout: str,
+            spacing: Sequence[float] | None = None) -> np.ndarray:
+    """The uint8 label map ``(H, W, D)`` of a scan's image ``(H, W, D, 4)``, in ``layout``'s label values;
+    ``spacing``: the scan's voxel spacing (mm)."""
+    return model.segment(image, layout, spacing)
+
+
+def scan_spacing(reference: Any) -> tuple[float, float, float]:
+    """The voxel spacing (mm) of a scan, from its NIfTI header (1.0 for a missing axis)."""
+    return tuple(float(z) for z in (tuple(reference.header.get_zooms()) + (1.0, 1.0, 1.0))[:3])  # type: ignore
 
 
 def write_segmentation(labels: np.ndarray, reference: Any, path: str | Path) -> Path:
@@ -141,9 +145,8 @@ def _scores(labels: np.ndarray, scan: Any, reference: Any, recipe: ModelRecipe) 
 
     truth = labels_to_target(read_scan_label(scan, labels.shape), scan.layout, recipe.labels)
     pred = labels_to_target(labels.astype(np.int16), scan.layout, recipe.labels)
-    spacing = tuple(float(z) for z in (tuple(reference.header.get_zooms()) + (1.0, 1.0, 1.0))[:3])
     names = region_names(recipe.labels, recipe.num_classes)
-    return case_metrics(pred.astype(np.float32), truth, spacing, names)
+    return case_metrics(pred.astype(np.float32), truth, scan_spacing(reference), names)
 
 
 def check_scans(scans: Sequence[Any], *, labels: bool = False, progress: bool = False) -> None:
@@ -179,7 +182,7 @@ def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: st
     for scan, path in zip(tqdm(scans, desc="predict", unit="case", disable=not progress, file=sys.stderr), outputs):
         start = time.perf_counter()
         image, reference = read_scan(scan)
-        labels = segment(model, image, scan.layout)
+        labels = segment(model, image, scan.layout, scan_spacing(reference))
         write_segmentation(labels, reference, path)
         scores = _scores(labels, scan, reference, model.recipe) if score and scan.label is not None else None
         results.append(CaseResult(scan.case_id, path, time.perf_counter() - start, scores))

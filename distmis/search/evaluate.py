@@ -139,28 +139,29 @@ def publish_model(trainer: Any, model: BestModel, spec: Spec, data: PreparedData
                   trial_run_id: str | None, search_run_id: str, evaluation: TestEvaluation | None,
                   folder: Path | None, register: bool) -> PublishedModel:
     """Make the trial's loaded model usable: an MLflow model folder at ``folder`` (a copy that needs no tracking
-    store), the model logged on the trial's run, and, with ``register``, a new version of the search's registered
+    store; a python_function model that needs no distmis either), the model logged on the trial's run, and, with ``register``, a new version of the search's registered
     model with the test metrics as tags (see :mod:`distmis.predict.registry`).
 
     The local copy is written first, so a tracking store that is away costs the logging and registration (the
     returned model's ``error`` says why), not the model.
     """
     from distmis.predict.recipe import ModelRecipe
-    from distmis.predict.registry import log_model, save_model
+    from distmis.predict.registry import log_model, model_files, save_model
 
     recipe = ModelRecipe.from_spec(trainer.spec, data.manifest)
-    local = save_model(trainer.model, recipe, folder) if folder is not None else None
-    if trial_run_id is None:
-        return PublishedModel(local, None)
-    model_uri = None
-    try:
-        model_uri = log_model(trainer.model, recipe, tracking_uri, trial_run_id)
-        if not register:
-            return PublishedModel(local, model_uri)
-        return _register(model_uri, model, spec, local, evaluation, tracking_uri, trial_run_id, search_run_id)
-    except Exception as exc:  # noqa: BLE001  (the store's errors, whatever its kind)
-        logger.warning("could not log or register the model of trial %s", model.trial_id, exc_info=True)
-        return PublishedModel(local, model_uri, error=f"{type(exc).__name__}: {exc}")
+    with model_files(trainer.model, recipe) as files:  # the network exported once, for the copy and the store
+        local = save_model(trainer.model, recipe, folder, files=files) if folder is not None else None
+        if trial_run_id is None:
+            return PublishedModel(local, None)
+        model_uri = None
+        try:
+            model_uri = log_model(trainer.model, recipe, tracking_uri, trial_run_id, files=files)
+            if not register:
+                return PublishedModel(local, model_uri)
+            return _register(model_uri, model, spec, local, evaluation, tracking_uri, trial_run_id, search_run_id)
+        except Exception as exc:  # noqa: BLE001  (the store's errors, whatever its kind)
+            logger.warning("could not log or register the model of trial %s", model.trial_id, exc_info=True)
+            return PublishedModel(local, model_uri, error=f"{type(exc).__name__}: {exc}")
 
 
 def _register(model_uri: str, model: BestModel, spec: Spec, local: Path | None, evaluation: TestEvaluation | None,

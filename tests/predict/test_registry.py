@@ -109,7 +109,7 @@ def test_the_best_alias_moves_only_to_a_better_score(tmp_path: Path):
 def test_a_model_folder_is_written_whole_and_only_over_a_model_folder(tmp_path: Path):
     net, recipe = network("unet3d"), recipe_for("unet3d")
     folder = save_model(net, recipe, tmp_path / "model")
-    assert (folder / "MLmodel").is_file() and (folder / "extra_files" / "preprocessing.json").is_file()
+    assert (folder / "MLmodel").is_file() and (folder / "artifacts" / "preprocessing.json").is_file()
     save_model(net, recipe, folder)  # replaces its own earlier model
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no staging folder left behind
     (tmp_path / "notes").mkdir()

@@ -1,0 +1,488 @@
+"""A search's model as MLflow loads it, and the one implementation of its recipe: scan in, label map out.
+
+This file is the code of the MLflow ``python_function`` model a search logs, saves to ``OUTPUT/model`` and registers
+("models from code": MLflow copies it into the model folder and runs it when it loads the model, where it calls
+``mlflow.models.set_model``). It is self-contained: it imports the standard library and numpy at the top, and
+mlflow, scipy, MONAI, torch or TensorFlow/Keras inside the functions that need them - never ``distmis``, so
+``mlflow.pyfunc.load_model("models:/<search>@best").predict(image)`` works where distmis is not installed.
+
+The model folder's artifacts: ``recipe`` (``preprocessing.json``, the dict of
+:class:`distmis.predict.recipe.ModelRecipe`) and ``network``: the weights in a form that needs only the framework
+(torch: a ``torch.export`` program for a batch of windows of any size, ``network.pt2``; TensorFlow: the Keras model,
+``model.keras``).
+
+:meth:`SegmentationModel.predict` takes ONE case's raw image ``(H, W, D, C)`` (channels in the recipe's
+``modalities`` order) and returns its uint8 label map ``(H, W, D)``: z-score over the non-zero voxels, centre crop /
+pad and resize as the recipe says (:func:`preprocess_image`), probabilities by sliding windows of the network's
+input (:func:`sliding_window`, MONAI's), the resize and crop undone (:func:`restore_geometry`), thresholded, and the
+regions recombined into the layout's label values (:func:`target_to_labels`).
+
+These functions are the only copy in distmis: :mod:`distmis.data.preprocess`, :mod:`distmis.data.postprocess`
+and :mod:`distmis.train.inference` (training, validation) and ``distmis predict`` call them, so a label map from
+the MLflow model and one from ``distmis predict`` are equal by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import types
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "RECIPE_ARTIFACT", "NETWORK_ARTIFACT", "CORE_VALUES", "ENHANCING_VALUE", "EDEMA_VALUE", "CORE_ONLY_VALUE",
+    "check_shape3", "zscore_nonzero", "center_crop_or_pad", "resize", "preprocess_image", "restore_geometry",
+    "target_to_labels", "sliding_window", "predict_channels_last", "network_probabilities", "segment",
+    "load_network", "check_image", "check_params", "SegmentationModel", "pyfunc_class",
+]
+
+#: The model folder's artifacts (``artifacts/`` of the MLflow model): the recipe JSON and the network.
+RECIPE_ARTIFACT, NETWORK_ARTIFACT = "recipe", "network"
+
+# Label values, per layout ("msd", "brats" = BraTS 2018-2021, "brats2023"), of the tumour core (TC), the enhancing
+# tumour (ET), and of each nested region's outermost part: whole tumour outside the core (edema), core outside the
+# enhancing tumour. String keys: distmis's Layout members (a str Enum) look them up as well.
+CORE_VALUES: dict[str, tuple[int, ...]] = {"msd": (2, 3), "brats": (1, 4), "brats2023": (1, 3)}
+ENHANCING_VALUE: dict[str, int] = {"msd": 3, "brats": 4, "brats2023": 3}
+EDEMA_VALUE: dict[str, int] = {"msd": 1, "brats": 2, "brats2023": 2}
+CORE_ONLY_VALUE: dict[str, int] = {"msd": 2, "brats": 1, "brats2023": 1}
+LABEL_MODES = ("whole-tumour", "regions")
+MODES = ("gaussian", "constant")
+
+
+# --------------------------------------------------------------------------- geometry and intensity
+
+
+def check_shape3(shape: Sequence[int], what: str) -> tuple[int, int, int]:
+    """Validate a 3-D target shape of positive integers and return it as a tuple."""
+    try:
+        values = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be 3 positive integers, got {shape!r}") from None
+    if len(values) != 3 or any(s <= 0 for s in values) or any(float(s) != float(o) for s, o in zip(values, shape)):
+        raise ValueError(f"{what} must be 3 positive integers, got {shape!r}")
+    return values  # type: ignore[return-value]
+
+
+def _check_volume(array: np.ndarray, what: str) -> None:
+    if array.ndim < 3:
+        raise ValueError(f"{what} must have at least 3 (spatial) axes, got shape {array.shape}")
+
+
+def zscore_nonzero(image: np.ndarray) -> np.ndarray:
+    """Z-score each modality (last axis) over its non-zero voxels.
+
+    For every channel, the mean and standard deviation are computed over the voxels where that channel is non-zero
+    (the brain); those voxels become ``(x - mean) / std`` and the background stays 0. A channel that is constant over
+    the brain (std 0) becomes 0 there instead of dividing by zero, and an all-zero channel stays all zero.
+
+    Args:
+        image: ``(H, W, D, C)`` array.
+
+    Returns:
+        float32 array of the same shape.
+    """
+    if image.ndim != 4:
+        raise ValueError(f"zscore_nonzero expects an (H, W, D, C) image, got shape {image.shape}")
+    out = np.zeros(image.shape, dtype=np.float32)
+    for c in range(image.shape[-1]):
+        channel = image[..., c]
+        mask = channel != 0
+        if not mask.any():
+            continue
+        values = channel[mask].astype(np.float64)
+        mean = values.mean()
+        std = values.std()
+        normalised = (values - mean) / std if std > 0 else np.zeros_like(values)
+        out[..., c][mask] = normalised.astype(np.float32)
+    return out
+
+
+def center_crop_or_pad(array: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Centre-crop the first three axes to ``shape``; zero-pad axes that are smaller.
+
+    Cropping removes ``(size - target) // 2`` voxels at the start of an axis and the rest at the end; padding adds
+    ``(target - size) // 2`` zeros at the start and the rest at the end. Trailing (channel) axes are untouched and
+    the dtype is kept.
+    """
+    target = check_shape3(shape, "crop shape")
+    _check_volume(array, "array")
+    slices = []
+    pads = []
+    for size, want in zip(array.shape[:3], target):
+        if size >= want:
+            start = (size - want) // 2
+            slices.append(slice(start, start + want))
+            pads.append((0, 0))
+        else:
+            slices.append(slice(None))
+            before = (want - size) // 2
+            pads.append((before, want - size - before))
+    out = array[tuple(slices)]
+    if any(p != (0, 0) for p in pads):
+        pads.extend([(0, 0)] * (array.ndim - 3))
+        out = np.pad(out, pads, mode="constant", constant_values=0)
+    return np.ascontiguousarray(out)
+
+
+def resize(array: np.ndarray, shape: Sequence[int], *, order: int) -> np.ndarray:
+    """Resample the first three axes to exactly ``shape`` with ``scipy.ndimage.zoom``.
+
+    Args:
+        array: ``(H, W, D)`` or ``(H, W, D, C)``; channels are resampled one by one.
+        shape: target ``(h, w, d)``.
+        order: spline order: 1 (linear) for images, 0 (nearest) for label maps.
+
+    Returns:
+        an array of shape ``(h, w, d, ...)`` and the input dtype.
+    """
+    from scipy import ndimage
+
+    target = check_shape3(shape, "resize shape")
+    _check_volume(array, "array")
+    if order not in range(6):
+        raise ValueError(f"order must be an integer spline order 0-5, got {order!r}")
+    if tuple(array.shape[:3]) == target:
+        return array.copy()
+    factors = [want / size for want, size in zip(target, array.shape[:3])]
+    if array.ndim == 3:
+        out = ndimage.zoom(array, factors, order=order, mode="nearest", grid_mode=False)
+    else:
+        flat = array.reshape(array.shape[:3] + (-1,))
+        out = np.stack(
+            [ndimage.zoom(flat[..., i], factors, order=order, mode="nearest", grid_mode=False)
+             for i in range(flat.shape[-1])],
+            axis=-1,
+        ).reshape(target + array.shape[3:])
+    if tuple(out.shape[:3]) != target:  # zoom rounds the output size; guard against an off-by-one
+        raise AssertionError(f"resize produced {out.shape[:3]} instead of {target}")
+    return out
+
+
+def preprocess_image(image: np.ndarray, crop: Sequence[int] | None = None,
+                     resize_to: Sequence[int] | None = None) -> np.ndarray:
+    """What a network's input is made of, in training and prediction: :func:`zscore_nonzero`, then the centre
+    crop / pad to ``crop`` and the (linear) resize to ``resize_to`` where given. Returns float32 ``(h, w, d, C)``."""
+    image = zscore_nonzero(image)
+    if crop is not None:
+        image = center_crop_or_pad(image, crop)
+    if resize_to is not None:
+        image = resize(image, resize_to, order=1).astype(np.float32, copy=False)
+    return np.ascontiguousarray(image, dtype=np.float32)
+
+
+def restore_geometry(prob: np.ndarray, shape: Sequence[int], crop: Sequence[int] | None = None,
+                     resize_to: Sequence[int] | None = None) -> np.ndarray:
+    """Per-channel values ``(h, w, d, C)`` on the preprocessed grid -> ``(H, W, D, C)`` on the scan's grid.
+
+    ``shape``: the scan's spatial shape ``(H, W, D)`` before preprocessing; ``crop`` and ``resize_to``: the
+    preprocessing's. The resize is undone first (linear interpolation of the values, from ``resize_to`` back to
+    ``crop`` or ``shape``), then the centre crop / pad. :func:`center_crop_or_pad` is its own inverse: cropping an
+    axis from ``n`` to ``m`` starts at ``(n - m) // 2``, the same offset at which padding from ``m`` back to ``n``
+    places it, so a voxel returns exactly to where it came from; the cropped-away border comes back as 0.
+    """
+    original = check_shape3(tuple(shape), "scan shape")
+    crop = check_shape3(crop, "crop shape") if crop is not None else None
+    resize_to = check_shape3(resize_to, "resize shape") if resize_to is not None else None
+    if prob.ndim != 4:
+        raise ValueError(f"prob must be channels-last (h, w, d, C), got shape {prob.shape}")
+    expected = resize_to or crop or original
+    if tuple(prob.shape[:3]) != tuple(expected):
+        steps = {"crop": list(crop) if crop else None, "resize": list(resize_to) if resize_to else None}
+        raise ValueError(f"prob has spatial shape {prob.shape[:3]}, but preprocessing {steps} of a "
+                         f"{list(original)} scan gives {list(expected)}")
+    out = np.asarray(prob, dtype=np.float32)
+    if resize_to is not None:
+        out = resize(out, crop or original, order=1)
+    if crop is not None:
+        out = center_crop_or_pad(out, original)
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def target_to_labels(target: np.ndarray, layout: str, mode: str) -> np.ndarray:
+    """Binary target channels ``(H, W, D, C)`` -> a uint8 label map ``(H, W, D)`` in ``layout``'s values.
+
+    ``whole-tumour`` (one channel): 0 background, 1 tumour, whatever the layout. ``regions`` (WT, TC, ET): the
+    nesting ET within TC within WT is imposed from the inside out, as BraTS defines the regions: an enhancing voxel is
+    enhancing tumour, a core voxel that is not enhancing is the core's other label, a whole-tumour voxel outside the
+    core is edema (BraTS 2018-2021: edema 2, necrotic core 1, enhancing 4; MSD: 1, 2, 3; BraTS 2023: 2, 1, 3).
+    """
+    if layout not in EDEMA_VALUE:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {list(EDEMA_VALUE)}")
+    if mode not in LABEL_MODES:
+        raise ValueError(f"unknown label mode {mode!r}; expected one of {list(LABEL_MODES)}")
+    channels = 1 if mode == "whole-tumour" else 3
+    if target.ndim != 4 or target.shape[-1] != channels:
+        raise ValueError(f"target must be (H, W, D, {channels}) for labels {mode!r}, got shape {target.shape}")
+    on = np.asarray(target) > 0
+    if mode == "whole-tumour":
+        return on[..., 0].astype(np.uint8)
+    labels = np.zeros(target.shape[:3], dtype=np.uint8)
+    labels[on[..., 0]] = EDEMA_VALUE[layout]
+    labels[on[..., 1]] = CORE_ONLY_VALUE[layout]
+    labels[on[..., 2]] = ENHANCING_VALUE[layout]
+    return labels
+
+
+# --------------------------------------------------------------------------- sliding windows
+
+
+def _window(window: int | Sequence[int]) -> tuple[int, int, int]:
+    triple = (window,) * 3 if isinstance(window, int) else tuple(window)
+    if len(triple) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in triple):
+        raise ValueError(f"window must be a positive int or three positive ints, got {window!r}")
+    return triple  # type: ignore[return-value]
+
+
+def sliding_window(predictor: Callable[[Any], Any], volume: Any, window: int | Sequence[int], *,
+                   overlap: float = 0.5, mode: str = "gaussian", sigma_scale: float = 0.125,
+                   batch_size: int = 1) -> Any:
+    """Float32 predictions ``(B, K, *spatial)`` of a ``(B, C, *spatial)`` torch volume from ``window``-sized windows.
+
+    ``predictor`` maps windows ``(n, C, *window)`` to ``(n, K, *window)`` (logits or probabilities; they are averaged
+    as given); it runs under ``torch.no_grad()`` on up to ``batch_size`` windows at a time (windows of different
+    volumes of the batch may share a call). A volume smaller than the window along an axis is zero-padded on both
+    sides (MONAI's centred padding) and the prediction cropped back to its shape. When ``window`` equals the volume's
+    shape the result is ``predictor(volume)`` (one window; the weights cancel).
+
+    Windows are visited in a fixed order that depends only on the shapes and the arguments (volume by volume,
+    row-major over window positions, last axis fastest), so the ranks of a sequence-parallel group calling this with
+    a collective-running predictor run the same windows in the same order.
+    """
+    import torch  # here, not at the top: a TensorFlow trial that predicts whole volumes never loads it
+
+    if not isinstance(volume, torch.Tensor) or volume.dim() != 5:
+        raise ValueError(f"volume must be a 5-D tensor (B, C, *3 spatial), got shape {tuple(np.shape(volume))}")
+    window = _window(window)
+    if not 0.0 <= overlap < 1.0:
+        raise ValueError(f"overlap must lie in [0, 1), got {overlap!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not (math.isfinite(sigma_scale) and sigma_scale > 0):
+        raise ValueError(f"sigma_scale must be a positive number, got {sigma_scale!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+
+    def checked(windows: torch.Tensor) -> torch.Tensor:
+        out = predictor(windows)
+        if not isinstance(out, torch.Tensor) or out.dim() != 5 or out.shape[0] != windows.shape[0] \
+                or tuple(out.shape[2:]) != window:
+            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"predictor must map windows {tuple(windows.shape)} to (n, K, *window) = "
+                             f"({windows.shape[0]}, K, {', '.join(map(str, window))}), got {shape}")
+        # MONAI weights the output in place: never let that write into the input (a predictor returning a view)
+        if out.untyped_storage().data_ptr() == windows.untyped_storage().data_ptr():
+            out = out.clone()
+        return out
+
+    from monai.inferers import sliding_window_inference  # imported here: importing MONAI takes seconds
+
+    # MONAI accumulates in the input's dtype and returns the input's type (a MetaTensor for a MetaTensor)
+    inputs = volume.as_subclass(torch.Tensor).to(torch.float32)
+    with torch.no_grad():
+        out = sliding_window_inference(inputs, roi_size=window, sw_batch_size=batch_size, predictor=checked,
+                                       overlap=overlap, mode=mode, sigma_scale=sigma_scale)
+    return out.as_subclass(torch.Tensor).to(torch.float32)
+
+
+def predict_channels_last(predict: Callable[[np.ndarray], np.ndarray], image: np.ndarray,
+                          window: int | Sequence[int] | None, *, inference: Any, batch_size: int) -> np.ndarray:
+    """Float32 probabilities ``(H, W, D, K)`` of ONE channels-last volume ``image`` ``(H, W, D, C)``.
+
+    ``predict`` maps a numpy batch of channels-last windows ``(n, h, w, d, C)`` to ``(n, h, w, d, K)``;
+    ``batch_size`` windows go through it at once, and ``inference`` (anything with ``overlap``, ``mode`` and
+    ``sigma_scale``: a spec's ``InferenceSpec``, a recipe's inference settings) sets those of :func:`sliding_window`.
+    ``window=None`` means the whole volume is the network input: one ``predict`` call.
+    """
+    image = np.asarray(image)
+    if image.ndim != 4:
+        raise ValueError(f"image must be one channels-last volume (H, W, D, C), got shape {image.shape}")
+    if window is None:
+        return np.asarray(predict(image[None])[0], dtype=np.float32)
+    import torch
+
+    def predictor(windows: torch.Tensor) -> torch.Tensor:
+        out = np.asarray(predict(np.ascontiguousarray(windows.cpu().numpy().transpose(0, 2, 3, 4, 1))))
+        if out.ndim != 5:
+            raise ValueError(f"predict must return (n, h, w, d, K) windows, got shape {out.shape}")
+        return torch.from_numpy(np.array(np.moveaxis(out, -1, 1), dtype=np.float32, order="C"))  # a writable copy
+
+    volume = torch.from_numpy(np.ascontiguousarray(np.moveaxis(image, -1, 0)[None], dtype=np.float32))
+    prob = sliding_window(predictor, volume, window, overlap=inference.overlap, mode=inference.mode,
+                          sigma_scale=inference.sigma_scale, batch_size=batch_size)
+    return np.ascontiguousarray(prob[0].numpy().transpose(1, 2, 3, 0))
+
+
+# --------------------------------------------------------------------------- a recipe applied with a network
+
+
+def _settings(recipe: dict[str, Any]) -> types.SimpleNamespace:
+    defaults = {"overlap": 0.5, "mode": "gaussian", "sigma_scale": 0.125, "batch_size": 1}
+    return types.SimpleNamespace(**{**defaults, **(recipe.get("inference") or {})})
+
+
+def network_probabilities(network: Any, image: np.ndarray, recipe: dict[str, Any], device: str = "cpu") -> np.ndarray:
+    """Float32 probabilities ``(h, w, d, K)`` of one preprocessed channels-last volume ``(h, w, d, C)``, predicted by
+    windows of ``recipe["window"]`` with its ``inference`` settings. ``network``: a Keras model (channels-last) when
+    ``recipe["framework"]`` is ``tensorflow``, else a torch module (channels-first, on ``device``); its ``logits``
+    (``recipe["output"]``) go through a sigmoid."""
+    channels = len(recipe["modalities"])
+    if image.ndim != 4 or image.shape[-1] != channels:
+        raise ValueError(f"image must be (h, w, d, {channels}), got shape {image.shape}")
+    settings, window = _settings(recipe), tuple(int(v) for v in recipe["window"])
+    if recipe["framework"] == "tensorflow":
+        def predict(batch: np.ndarray) -> np.ndarray:
+            return np.asarray(network(batch, training=False))
+
+        return predict_channels_last(predict, image, window, inference=settings, batch_size=settings.batch_size)
+    import torch
+
+    logits = recipe["output"] == "logits"
+
+    def predictor(windows: torch.Tensor) -> torch.Tensor:
+        out = network(windows)
+        return torch.sigmoid(out) if logits else out
+
+    volume = torch.from_numpy(np.ascontiguousarray(np.moveaxis(image, -1, 0)[None], dtype=np.float32))
+    with torch.no_grad():
+        prob = sliding_window(predictor, volume.to(device), window, overlap=settings.overlap, mode=settings.mode,
+                              sigma_scale=settings.sigma_scale, batch_size=settings.batch_size)
+    return np.ascontiguousarray(prob[0].cpu().numpy().transpose(1, 2, 3, 0))
+
+
+def segment(image: np.ndarray, recipe: dict[str, Any], probabilities: Callable[[np.ndarray], np.ndarray],
+            layout: str | None = None) -> np.ndarray:
+    """The uint8 label map ``(H, W, D)`` of a raw image ``(H, W, D, C)``, in ``layout``'s label values (default: the
+    recipe's, the training data's): preprocessed, ``probabilities`` (a preprocessed volume -> its ``(h, w, d, K)``
+    probabilities), geometry restored, thresholded at ``recipe["threshold"]``, regions recombined."""
+    crop, resize_to = recipe.get("crop"), recipe.get("resize")
+    prob = probabilities(preprocess_image(image, crop, resize_to))
+    prob = restore_geometry(prob, image.shape[:3], crop, resize_to)
+    return target_to_labels(prob >= float(recipe.get("threshold", 0.5)), str(layout or recipe["layout"]),
+                            recipe["labels"])
+
+
+def load_network(path: str, framework: str) -> tuple[Any, str]:
+    """The network saved at ``path`` and the device it runs on: a ``torch.export`` program's module (on the GPU
+    when torch sees one) or a Keras model (``keras.saving.load_model``, not compiled: inference only)."""
+    if framework == "torch":
+        import torch
+
+        program = torch.export.load(path)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device != "cpu":
+            from torch.export.passes import move_to_device_pass
+
+            program = move_to_device_pass(program, device)
+        return program.module(), device
+    if framework != "tensorflow":
+        raise ValueError(f"framework must be 'tensorflow' or 'torch', got {framework!r}")
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    return keras.saving.load_model(path, compile=False), "cpu"
+
+
+def check_image(model_input: Any, modalities: Sequence[str]) -> np.ndarray:
+    """``model_input`` as one case's float32 image ``(H, W, D, C)``; a batch of one ``(1, H, W, D, C)`` is taken as
+    that case. ValueError naming what is expected otherwise."""
+    channels, names = len(modalities), ", ".join(modalities)
+    expected = (f"ONE case's raw image as a numpy array (H, W, D, {channels}), channels {names} in that order "
+                f"(or a batch of one, (1, H, W, D, {channels}))")
+    try:
+        array = np.asarray(model_input)
+    except Exception as exc:  # noqa: BLE001  (whatever np.asarray refuses)
+        raise ValueError(f"the model takes {expected}; got {type(model_input).__name__} ({exc})") from None
+    if array.ndim == 5 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim != 4:
+        raise ValueError(f"the model takes {expected}; got shape {array.shape}")
+    if array.shape[-1] != channels:
+        raise ValueError(f"the model takes {channels} channels ({names}) on the last axis; got shape {array.shape} "
+                         f"({array.shape[-1]} channel(s))")
+    if min(array.shape[:3]) < 1:
+        raise ValueError(f"the image is empty: shape {array.shape}")
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"the image must hold numbers (intensities), got dtype {array.dtype}")
+    array = array.astype(np.float32, copy=False)
+    if not np.isfinite(array).all():
+        raise ValueError("the image holds NaN or infinite values")
+    return array
+
+
+def check_params(params: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[str, Any]:
+    """The prediction's parameters: ``spacing`` (the case's voxel spacing in mm, three positive numbers; optional,
+    None when not given: today's recipes do not resample) and ``layout`` (whose label values to write; default the
+    recipe's). ValueError for anything else."""
+    params = dict(params or {})
+    unknown = sorted(set(params) - {"spacing", "layout"})
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {unknown}; the model takes 'spacing' (3 numbers, mm) and 'layout'")
+    spacing = params.get("spacing")
+    if spacing is not None and not (isinstance(spacing, (list, tuple, np.ndarray)) and len(spacing) == 0):
+        try:
+            values = tuple(float(v) for v in np.asarray(spacing, dtype=object).reshape(-1))
+        except (TypeError, ValueError):
+            values = ()
+        if len(values) != 3 or not all(math.isfinite(v) and v > 0 for v in values) \
+                or np.asarray(spacing, dtype=object).ndim != 1:
+            raise ValueError(f"spacing must be the case's voxel spacing: 3 positive numbers (mm), got {spacing!r}")
+        spacing = values
+    else:
+        spacing = None
+    layout = params.get("layout") or recipe["layout"]
+    if layout not in EDEMA_VALUE:
+        raise ValueError(f"layout must be one of {list(EDEMA_VALUE)}, got {layout!r}")
+    return {"spacing": spacing, "layout": str(layout)}
+
+
+class SegmentationModel:
+    """The recipe applied with its network: what MLflow's ``predict`` runs (see the module docstring).
+
+    A plain class, so that importing this module does not import MLflow (distmis's training imports it for the
+    functions above); :func:`pyfunc_class` makes it an ``mlflow.pyfunc.PythonModel``.
+    """
+
+    recipe: dict[str, Any]
+    network: Any
+    device: str
+
+    def load_context(self, context: Any) -> None:
+        """Read the recipe and load the network from the model's ``artifacts`` (``context.artifacts``)."""
+        with open(context.artifacts[RECIPE_ARTIFACT], encoding="utf-8") as handle:
+            self.recipe = json.load(handle)
+        self.network, self.device = load_network(context.artifacts[NETWORK_ARTIFACT], self.recipe["framework"])
+
+    def probabilities(self, image: np.ndarray) -> np.ndarray:
+        """Float32 probabilities ``(h, w, d, K)`` of one preprocessed volume ``(h, w, d, C)``."""
+        return network_probabilities(self.network, image, self.recipe, self.device)
+
+    def predict(self, context, model_input, params=None):  # no type hints: MLflow would read a signature from them
+        """The uint8 label map ``(H, W, D)`` of ONE case's raw image ``model_input`` ``(H, W, D, C)``.
+
+        ``params``: ``spacing`` (the case's voxel spacing, 3 numbers in mm; optional, checked, not needed by today's
+        recipes) and ``layout`` (``msd``, ``brats`` or ``brats2023``: whose label values to return; default the
+        training data's)."""
+        image = check_image(model_input, self.recipe["modalities"])
+        settings = check_params(params, self.recipe)
+        return segment(image, self.recipe, self.probabilities, settings["layout"])
+
+
+def pyfunc_class() -> type:
+    """:class:`SegmentationModel` as a subclass of ``mlflow.pyfunc.PythonModel`` (imports MLflow)."""
+    from mlflow.pyfunc import PythonModel
+
+    return type("SegmentationPyfunc", (SegmentationModel, PythonModel), {"__module__": __name__,
+                                                                         "__doc__": SegmentationModel.__doc__})
+
+
+# MLflow runs this file as the model's code under a module name of its own (code_model_<hex>): there, and only
+# there (distmis imports it as distmis.pyfunc_model), the model is set.
+if __name__ != "distmis.pyfunc_model":
+    import mlflow.models
+
+    mlflow.models.set_model(pyfunc_class()())
