@@ -1,8 +1,10 @@
 """From a trained model to segmentations of new scans (``distmis predict``).
 
-* :mod:`~distmis.predict.recipe` - what a model expects (``preprocessing.json``, logged beside it).
-* :mod:`~distmis.predict.registry` - the model in MLflow: saved, logged on its trial's run, registered.
-* :mod:`~distmis.predict.model` - a logged model loaded with its recipe; probabilities of a preprocessed volume.
+* :mod:`~distmis.predict.recipe` - what a model expects (``preprocessing.json``, one of its artifacts).
+* :mod:`~distmis.predict.registry` - the model in MLflow: an MLflow python_function model from code
+  (:mod:`distmis.pyfunc_model`, usable without distmis), saved, logged on its trial's run, registered.
+* :mod:`~distmis.predict.model` - a model folder loaded (the python_function model, or a pytorch / tensorflow one
+  saved before) with its recipe; the label map of a raw image.
 * :mod:`~distmis.predict.resolve` - a registry URI, run URI or search folder -> the model's local folder.
 * :mod:`~distmis.predict.segment` - a scan -> a label map on its own grid, written as NIfTI.
 """

@@ -1,9 +1,11 @@
-"""What a trained model expects of a scan and how it is applied: the ``preprocessing.json`` beside every model.
+"""What a trained model expects of a scan and how it is applied: the ``preprocessing.json`` of every model.
 
 A network alone cannot segment a scan: it needs its input made as its training data were (modalities in
 order, z-scored over the brain, cropped or padded and resized to the training grid) and it sees one window
 (the training tile) at a time. :class:`ModelRecipe` records all of that from the search's spec and the
-TFRecord manifest when the model is logged, and :mod:`distmis.predict.segment` follows it to the letter.
+TFRecord manifest when the model is logged (an artifact of the MLflow model, ``artifacts/preprocessing.json``;
+``extra_files/`` in folders saved before), and the model's code, :mod:`distmis.pyfunc_model`, follows it to the
+letter (it reads the file as a plain dict: the model needs no distmis).
 """
 
 from __future__ import annotations
