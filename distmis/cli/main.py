@@ -17,12 +17,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
+from distmis.cli.console import console
 from distmis.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, BadInput
 from distmis.data.layouts import Layout
 from distmis.train.threads import tensorflow_env
 
 EXIT_TRIALS_FAILED = EXIT_FAILED
 LAYOUT_CHOICES = [layout.value for layout in Layout]  # the layouts distmis.data reads
+NATIVE_FILTERED = frozenset({"run", "compare", "predict", "data"})  # see distmis.cli.console
 
 
 def _shape(text: str) -> tuple[int, int, int]:
@@ -90,10 +92,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec, parse_set_options(args.set))
     output = Path(args.output) if args.output else default_output_dir(spec)
-    outcome = run_search(spec, output, address=args.address, progress=not args.quiet, resume=args.resume)
+    outcome = run_search(spec, output, address=args.address, progress=not args.quiet, verbose=args.verbose,
+                         resume=args.resume)
     if spec.parallelism.mode == "compare":
-        return print_comparison(spec, outcome)
-    return print_search(spec, outcome)
+        return print_comparison(spec, outcome, output)
+    return print_search(spec, outcome, output)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -107,11 +110,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         overrides["parallelism.workers"] = args.workers
     spec = load_spec(args.spec, overrides)
     output = Path(args.output) if args.output else default_output_dir(spec)
-    outcome = run_compare(spec, output, address=args.address, progress=not args.quiet, resume=args.resume)
-    return print_comparison(spec, outcome)
+    outcome = run_compare(spec, output, address=args.address, progress=not args.quiet, verbose=args.verbose,
+                          resume=args.resume)
+    return print_comparison(spec, outcome, output)
 
 
-def print_comparison(spec: Any, outcome: Any) -> int:
+def print_comparison(spec: Any, outcome: Any, output: Path) -> int:
     from distmis.tracking.results import format_results
     from distmis.tracking.uri import redact_uri
 
@@ -121,11 +125,12 @@ def print_comparison(spec: Any, outcome: Any) -> int:
         print(f"\nFailed cells: {', '.join(outcome.failed_cells)}")
     uri = redact_uri(outcome.tracking_uri)
     print(f"\nMLflow: experiment {outcome.experiment!r}, comparison run {outcome.parent_run_id}")
-    print(f"  distmis results --tracking-uri {uri} --experiment {outcome.experiment}")
+    print(f"  tracking URI: {uri}")
+    print(f"  distmis results {output}")
     return EXIT_TRIALS_FAILED if outcome.failed_cells else EXIT_OK
 
 
-def print_search(spec: Any, outcome: Any) -> int:
+def print_search(spec: Any, outcome: Any, output: Path) -> int:
     from distmis.predict.registry import BEST_ALIAS
     from distmis.tracking.results import format_results
     from distmis.tracking.uri import redact_uri
@@ -150,7 +155,7 @@ def print_search(spec: Any, outcome: Any) -> int:
         print(f"  distmis predict {source} SCANS --output SEGMENTATIONS")
     print(f"\nMLflow: experiment {outcome.experiment!r}, parent run {outcome.parent_run_id}")
     print(f"  tracking URI: {uri}")
-    print(f"  distmis results --tracking-uri {uri} --experiment {outcome.experiment}")
+    print(f"  distmis results {output}")
     if outcome.failed_trials:
         print(f"error: {outcome.failed} trial(s) did not finish: {', '.join(outcome.failed_trials)}", file=sys.stderr)
     for problem in outcome.problems:  # the search's model could not be loaded, scored or published
@@ -240,12 +245,12 @@ def cmd_results(args: argparse.Namespace) -> int:
         ResultsNotFound, comparison_frame, find_search_run, format_results, results_frame,
     )
 
-    uri = args.tracking_uri
+    uri, experiment, run_id = _results_source(args)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise BadInput(f"--tracking-uri {uri}: no such sqlite file")
     client = MlflowClient(tracking_uri=uri)
     try:
-        parent = find_search_run(client, args.experiment, args.run_id)
+        parent = find_search_run(client, experiment, run_id) if experiment else client.get_run(str(run_id))
     except ResultsNotFound as exc:
         raise BadInput(str(exc)) from None
     is_comparison = parent.data.tags.get(ROLE_TAG) == "compare"
@@ -255,6 +260,30 @@ def cmd_results(args: argparse.Namespace) -> int:
         print(f"{kind} run {parent.info.run_id} ({parent.info.run_name}, {parent.info.status})")
     print(format_results(frame, args.format))
     return EXIT_OK
+
+
+def _results_source(args: argparse.Namespace) -> tuple[str, str | None, str | None]:
+    """The tracking URI, experiment and run of ``distmis results``: from a search's output folder (its
+    ``search_state.json`` names its run and store), or from ``--tracking-uri`` and ``--experiment``."""
+    from distmis.search.state import SearchState
+    from distmis.tracking.mlflow_tracking import default_tracking_uri
+    from distmis.tracking.uri import is_redacted
+
+    if args.output is None:
+        if not args.tracking_uri or not args.experiment:
+            raise BadInput("distmis results needs a search's output folder (distmis results runs/quickstart), or "
+                           "--tracking-uri and --experiment")
+        return args.tracking_uri, args.experiment, args.run_id
+    folder = Path(args.output)
+    state = SearchState.load(folder) if folder.is_dir() else None
+    if state is None:
+        raise BadInput(f"{str(folder)!r} is not a search's output folder (it holds no search_state.json); give a "
+                       "folder a `distmis run` wrote, or --tracking-uri and --experiment")
+    uri = args.tracking_uri or state.tracking_store or default_tracking_uri(folder)
+    if is_redacted(uri) and not args.tracking_uri:
+        raise BadInput(f"the search in {str(folder)!r} logs to {uri}, whose password is not kept: give "
+                       "--tracking-uri (or set MLFLOW_TRACKING_URI)")
+    return uri, args.experiment, args.run_id or state.run_id
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -357,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="distmis",
         description="Hyperparameter search for 3D medical image segmentation on Ray, tracked in MLflow.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, and the libraries' own output (Ray Tune, TensorFlow, MLflow)")
     parser.add_argument("--version", action="version", version=f"distmis {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -374,7 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--output", help="output folder (default: runs/<spec name>, or $DISTMIS_OUTPUT/<name>)")
         p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
                        help="Ray cluster address (default: $RAY_ADDRESS, else start a local Ray)")
-        p.add_argument("--quiet", action="store_true", help="no progress output")
+        p.add_argument("--quiet", action="store_true", help="no progress output (the results table only)")
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="Ray Tune's reporter, the trial processes' output and the libraries' logs as well")
         p.add_argument("--resume", action="store_true",
                        help="continue the interrupted search in --output (same spec): finished trials are kept, "
                             "unfinished ones go on from their last epoch")
@@ -406,10 +438,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("results", help="print a search's results table (or a comparison's speedup table) from MLflow")
-    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"), required="MLFLOW_TRACKING_URI" not in os.environ,
-                   help="MLflow tracking URI, e.g. sqlite:///runs/quickstart/mlflow.db (default: $MLFLOW_TRACKING_URI)")
-    p.add_argument("--experiment", required=True, help="MLflow experiment name (the spec's name by default)")
-    p.add_argument("--run-id", help="a specific search (parent) run; default: the newest")
+    p.add_argument("output", nargs="?", help="a search's output folder, e.g. runs/quickstart (it knows its store and "
+                                             "run); or give --tracking-uri and --experiment")
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                   help="MLflow tracking URI, e.g. sqlite:///runs/quickstart/mlflow.db (default: the output folder's "
+                        "store, else $MLFLOW_TRACKING_URI)")
+    p.add_argument("--experiment", help="MLflow experiment name (the spec's name by default): its newest search")
+    p.add_argument("--run-id", help="a specific search (parent) run; default: the output folder's, else the newest")
     p.add_argument("--format", choices=["table", "csv", "json", "markdown"], default="table")
     p.set_defaults(func=cmd_results)
 
@@ -497,6 +532,13 @@ def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    # before the libraries are imported: they read its settings then. TensorFlow's native notices are filtered for
+    # the commands that import it, which start no process that outlives them (a server's would lose its stderr).
+    with console(verbose=args.verbose, native=args.command in NATIVE_FILTERED):
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
     from distmis.data.errors import DataError
     from distmis.service.cluster import ClusterError
     from distmis.service.jobs import SubmitError

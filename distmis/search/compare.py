@@ -92,11 +92,13 @@ def run_compare(
     workers: Sequence[int] | None = None,
     address: str | None = None,
     progress: bool = True,
+    verbose: bool = False,
     trainable: Callable[..., None] | None = None,
     resume: bool = False,
 ) -> ComparisonOutcome:
     """Run the search in both modes for every worker count and record the speedup table.
 
+    ``progress`` and ``verbose``: what each cell prints (see :func:`execute_search`).
     ``trainable`` replaces the Tune function of every trial (see :func:`execute_search`). ``resume`` continues
     an interrupted comparison in ``output_dir``: the cells done are kept, the one under way is resumed (its
     results count, its time does not: status RESUMED), and the rest run.
@@ -106,7 +108,7 @@ def run_compare(
         raise SpecError(spec.name, [("parallelism.workers", f"worker counts must be >= 1, got {counts}")])
     output_dir = Path(output_dir).resolve()
     state = preflight(spec, output_dir, "compare", resume=resume)  # before any data is converted or Ray starts
-    with ray_connection(address):
+    with ray_connection(address, verbose=verbose):
         check_capacity(spec, counts)  # before any data is converted
         data = prepare_output(spec, output_dir, progress=progress)
         if state is None:
@@ -124,7 +126,7 @@ def run_compare(
                         if any(c["mode"] == mode and c["workers"] == n for c in state.cells):
                             continue  # done before the comparison was interrupted
                         state.cells.append(_run_cell(spec, data, mode, n, compare_run, output_dir, progress,
-                                                     trainable, state))
+                                                     verbose, trainable, state))
                         state.current = None
                         state.save(output_dir)
                 table = speedup_table(state.cells)
@@ -143,7 +145,8 @@ def run_compare(
 
 
 def _run_cell(spec: Spec, data: Any, mode: str, workers: int, compare_run: SearchRun, output_dir: Path,
-              progress: bool, trainable: Callable[..., None] | None, state: SearchState) -> dict[str, Any]:
+              progress: bool, verbose: bool, trainable: Callable[..., None] | None,
+              state: SearchState) -> dict[str, Any]:
     """One (mode, workers) search as a child run of the comparison; a crash is recorded, not raised.
 
     The cell under way is named in ``state.current``; a resumed comparison continues that cell's search.
@@ -168,7 +171,7 @@ def _run_cell(spec: Spec, data: Any, mode: str, workers: int, compare_run: Searc
     try:
         # a cell's best model is logged on its trial's run; registering each cell's would fill the registry
         outcome = execute_search(search, data, plan, run, output_dir, experiment=experiment, resume=resume,
-                                 progress=progress, keep_model=False, trainable=trainable)
+                                 progress=progress, verbose=verbose, keep_model=False, trainable=trainable)
     except Exception as exc:  # noqa: BLE001 - the comparison goes on and says which cell failed
         logger.error("comparison cell %s x%d failed: %s", mode, workers, exc)
         logger.debug("comparison cell %s x%d", mode, workers, exc_info=True)  # the traceback with --verbose

@@ -25,6 +25,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from distmis.predict.resolve import LOCAL_MODEL_FOLDER
+from distmis.search.console import SearchConsole
 from distmis.search.evaluate import (
     TestEvaluation, best_models, evaluate_on_test, loaded_trainer, publish_model, test_spacings,
 )
@@ -169,8 +170,12 @@ def local_ray_options(dashboard_port: int | None = None) -> dict[str, Any]:
 
 
 @contextmanager
-def ray_connection(address: str | None = None) -> Iterator[None]:
+def ray_connection(address: str | None = None, *, verbose: bool = False) -> Iterator[None]:
     """Join ``address`` or start a local Ray, unless one is already up; shut down only what this started.
+
+    Unless ``verbose``, what the trial processes print is not forwarded to this process's console (it stays in
+    Ray's log files) and Ray's own notices below ERROR are not shown: the search's console
+    (:class:`~distmis.search.console.SearchConsole`) says what happens.
 
     Without an address this starts a new local Ray ("local"), rather than Ray's default of joining
     whatever ``ray start`` cluster runs on the machine: ``--address`` says which cluster to use. The local
@@ -182,14 +187,15 @@ def ray_connection(address: str | None = None) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    console = {"log_to_driver": verbose, "logging_level": logging.WARNING if verbose else logging.ERROR}
     if address in (None, "local"):
         prepare_local_token()  # made 0600 before Ray writes one readable by everybody
         try:
-            _start_local_ray(local_ray_options())
+            _start_local_ray({**local_ray_options(), **console})
         except Exception:  # noqa: BLE001 - another local Ray took the dashboard's port between check and bind
-            _start_local_ray(local_ray_options(free_port(LOOPBACK)))
+            _start_local_ray({**local_ray_options(free_port(LOOPBACK)), **console})
     else:
-        ray.init(address=address, runtime_env={"env_vars": TRIAL_ENV}, logging_level=logging.WARNING)
+        ray.init(address=address, runtime_env={"env_vars": TRIAL_ENV}, **console)
     try:
         yield
     finally:
@@ -232,7 +238,7 @@ def _start_local_ray(options: dict[str, Any]) -> None:
     before = set(me.children(recursive=True))
     try:
         with loopback_node():
-            ray.init(**options, logging_level=logging.WARNING)
+            ray.init(**{"logging_level": logging.WARNING, **options})
     except BaseException:
         ray.shutdown()
         _stop_processes([p for p in _descendants(me) if p not in before])
@@ -281,11 +287,22 @@ def prepare_output(spec: Spec, output_dir: Path, *, progress: bool) -> PreparedD
 
 def tracking_location(spec: Spec, output_dir: Path) -> tuple[str, str | None]:
     """The tracking URI (``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else a sqlite store in the output folder)
-    and, for that default local store, the artifact location beside it."""
-    uri = spec.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri, None
-    return default_tracking_uri(output_dir), (output_dir / "mlartifacts").as_uri()
+    and the artifact location of the experiment, should the search create it (:func:`artifact_location`)."""
+    uri = spec.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(output_dir)
+    return uri, artifact_location(uri, spec.tracking.artifact_location)
+
+
+def artifact_location(uri: str, given: str | None = None) -> str | None:
+    """Where a new experiment of the store ``uri`` keeps its artifacts: ``given`` (a folder, made absolute, or a
+    URI); for a local sqlite store, ``mlartifacts/`` beside its database file, whatever the working directory
+    (MLflow's own default, ``./mlruns``, is relative to it); otherwise None: a tracking server's own artifact
+    store (or a database's default)."""
+    if given:
+        return given if "://" in given or given.startswith("file:") else Path(given).resolve().as_uri()
+    if uri.startswith("sqlite:///") and uri.removeprefix("sqlite:///") not in ("", ":memory:"):
+        database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+        return (database.resolve().parent / "mlartifacts").as_uri()
+    return None
 
 
 def open_search_run(spec: Spec, output_dir: Path, data: PreparedData, *, run_name: str | None = None,
@@ -367,9 +384,12 @@ def trial_function(plan: SearchPlan, spec: Spec, data: PreparedData, output_dir:
 
 @_search_run_killed_on_interrupt
 def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run: SearchRun, output_dir: Path, *,
-                   experiment: str, resume: bool = False, progress: bool = True, keep_model: bool = True,
-                   trainable: Callable[..., None] | None = None) -> SearchOutcome:
+                   experiment: str, resume: bool = False, progress: bool = True, verbose: bool = False,
+                   keep_model: bool = True, trainable: Callable[..., None] | None = None) -> SearchOutcome:
     """Run the spec's trials with ``plan`` (Ray must be connected) and record the results on ``search_run``.
+
+    ``progress``: print the search's header and a line per trial epoch, end, failure and retry
+    (:class:`~distmis.search.console.SearchConsole`); ``verbose``: Ray Tune's own reporter too.
 
     ``experiment``: the Tune experiment's folder name under ``OUTPUT/ray_results``. With ``resume``, a search
     that was interrupted goes on (``Tuner.restore``): finished trials stay as they are, unfinished and failed
@@ -388,7 +408,10 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
     function = trial_function(plan, spec, data, output_dir, experiment, trainable)
     storage = output_dir / "ray_results"
-    handle = callback.handle()
+    console = SearchConsole(spec) if progress else None
+    if not verbose:  # Tune's newer output prints its experiment box and paths even at verbose=0; the older is silent
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    handle = callback.handle(*([console] if console else []))
     if resume and tune.Tuner.can_restore(storage / experiment):
         tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=param_space(spec.search),
                                    resume_unfinished=True, resume_errored=True)
@@ -417,10 +440,13 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
                 # Every folder stays for Tune's saved state to name; the trials empty the old ones (trial_checkpoints).
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
                 failure_config=tune.FailureConfig(max_failures=retries),
-                verbose=1 if progress else 0,
+                verbose=1 if verbose else 0,  # Tune's boxed tables: --verbose only
             ),
         )
     logger.info("running %d trial(s) of %s: %s", num_trials(spec.search), spec.name, plan.label)
+    if console is not None:
+        console.header(spec, trials=num_trials(spec.search), layout=plan.label,
+                       store=redact_uri(search_run.tracking_uri), experiment=spec.experiment_name)
     start = time.perf_counter()
     tune_failure = ""  # why Ray Tune itself stopped, if it did (e.g. it could not write a trial's error file)
     received: dict[str, int] = {}

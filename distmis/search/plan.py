@@ -56,13 +56,13 @@ class SearchPlan:
 
     @property
     def label(self) -> str:
-        at_once = self.max_concurrent_trials or "as many as fit"
+        at_once = f"{self.max_concurrent_trials} trial(s)" if self.max_concurrent_trials else "as many trials as fit"
         workers = "/".join(str(n) for n in sorted({layout.world_size for layout in self.layouts}))
         if self.mode == "data":
             return f"data-parallel, {workers} worker(s) per trial"
         if self.distributed:
-            return f"hybrid: {at_once} trial(s) x {workers} workers"
-        return f"experiment-parallel, {at_once} trial(s) at once"
+            return f"hybrid: {at_once} x {workers} workers"
+        return f"experiment-parallel, {at_once} at once"
 
 
 def trial_layouts(spec: Spec) -> tuple[TrialLayout, ...]:

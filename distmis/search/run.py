@@ -23,19 +23,21 @@ from distmis.spec.schema import Spec
 
 
 def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None, progress: bool = True,
-               trainable: Callable[..., None] | None = None, resume: bool = False) -> Any:
+               verbose: bool = False, trainable: Callable[..., None] | None = None, resume: bool = False) -> Any:
     """Run the spec's search in its ``parallelism.mode``; returns its results (best first).
 
     ``resume``: continue the interrupted search in ``output_dir`` (started with the same spec) instead of
-    starting a new one. ``trainable`` replaces the Tune function run for each trial (it receives the same
+    starting a new one. ``progress``: print a line per trial epoch (and the data preparation's progress);
+    ``verbose``: Ray Tune's reporter and the trial processes' output too. ``trainable`` replaces the Tune function run for each trial (it receives the same
     keyword arguments as :func:`~distmis.search.trainable.single_process_trial` or
     :func:`~distmis.search.trainable.data_parallel_trial`).
     """
     if spec.parallelism.mode == "compare":
-        return run_compare(spec, output_dir, address=address, progress=progress, trainable=trainable, resume=resume)
+        return run_compare(spec, output_dir, address=address, progress=progress, verbose=verbose,
+                           trainable=trainable, resume=resume)
     output_dir = Path(output_dir).resolve()
     state = preflight(spec, output_dir, "search", resume=resume)  # before any data is converted or Ray starts
-    with ray_connection(address):
+    with ray_connection(address, verbose=verbose):
         check_fit(spec)  # before any data is converted: a trial that cannot fit would wait forever
         data = prepare_output(spec, output_dir, progress=progress)
         plan = plan_search(spec, cluster_slots=worker_slots(trial_layouts(spec)[0], node_resources()))
@@ -49,7 +51,7 @@ def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None
             search_run = reopen_search_run(spec, output_dir, state.run_id)
         with recorded(state, output_dir):
             outcome = execute_search(spec, data, plan, search_run, output_dir, experiment=str(state.experiment),
-                                     resume=resume, progress=progress, trainable=trainable)
+                                     resume=resume, progress=progress, verbose=verbose, trainable=trainable)
             if outcome.search_error:  # Tune stopped: its unfinished trials failed, --resume runs them again
                 state.status = "failed"
             return outcome

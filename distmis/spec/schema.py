@@ -586,6 +586,10 @@ class ParallelismSpec(StrictModel):
 class TrackingSpec(StrictModel):
     uri: str | None = None
     experiment: str | None = None
+    artifact_location: str | None = Field(
+        None, min_length=1,
+        description="where a new experiment keeps its artifacts (a folder or a URI: s3://..., file:///...); default: "
+                    "mlartifacts/ beside a local sqlite store, a tracking server's own artifact store")
     register_model: bool = Field(True, description="register the search's best model in the MLflow model registry")
     model_name: str | None = Field(None, min_length=1, description="its registered name (default: the search's name)")
 

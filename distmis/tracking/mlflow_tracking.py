@@ -102,12 +102,16 @@ def short_name(path: str) -> str:
     return ".".join(parts[-2:]) if parts[-1] in GENERIC_FIELDS and len(parts) > 1 else parts[-1]
 
 
+def searched_values(config: Mapping[str, Any]) -> str:
+    """A trial's searched values as a person reads them: ``"lr=0.005 norm=group"``."""
+    return " ".join(f"{short_name(path)}={value:g}" if isinstance(value, float)
+                    else f"{short_name(path)}={value}" for path, value in config.items())
+
+
 def trial_run_name(trial_id: str, config: Mapping[str, Any]) -> str:
     """A child run's name that says which trial it is: ``"00003 lr=0.005 norm=group"``."""
     index = trial_id.rsplit("_", 1)[-1]
-    values = " ".join(f"{short_name(path)}={value:g}" if isinstance(value, float)
-                      else f"{short_name(path)}={value}" for path, value in config.items())
-    return f"{index} {values}".strip()
+    return f"{index} {searched_values(config)}".strip()
 
 
 def error_summary(text: str | None) -> str:
@@ -123,7 +127,7 @@ def error_summary(text: str | None) -> str:
     return lines[-1][:500] if lines else "unknown error"
 
 
-def _trial_error_text(trial: Any) -> str | None:
+def trial_error_text(trial: Any) -> str | None:
     """The traceback Tune wrote for a failed trial: the driver-side error file, else the synced copy."""
     try:
         local = trial.error_file
@@ -340,9 +344,10 @@ class MLflowTrialCallback(tune.Callback):
         """Flush the writes still waiting for the store; False if some could not be made."""
         return self.writer.close(timeout)
 
-    def handle(self) -> TrialCallbackHandle:
-        """What to give Tune's ``RunConfig(callbacks=...)`` (see the class docstring)."""
-        return TrialCallbackHandle(self)
+    def handle(self, *others: tune.Callback) -> TrialCallbackHandle:
+        """What to give Tune's ``RunConfig(callbacks=...)`` (see the class docstring); Tune's calls also reach
+        ``others`` (the console's), in this driver process, after this callback's."""
+        return TrialCallbackHandle(self, *others)
 
     # -- a resumed search
     def adopt_existing_runs(self) -> None:
@@ -581,7 +586,7 @@ class MLflowTrialCallback(tune.Callback):
         self._finish(trial, RunStatus.to_string(RunStatus.FINISHED))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        text = _trial_error_text(trial)
+        text = trial_error_text(trial)
         summary = error_summary(text)
         self._write(trial, "error", lambda run_id: self.client.set_tag(run_id, "error", summary))
         if text:
@@ -615,23 +620,27 @@ def _checkpoint_history(checkpoint: Any) -> list[dict[str, Any]]:
 
 
 class TrialCallbackHandle(tune.Callback):
-    """What Tune holds for a search's :class:`MLflowTrialCallback`: the search run's id, nothing secret.
+    """What Tune holds for a search's :class:`MLflowTrialCallback` (and the console's callback): the search run's
+    id, nothing secret.
 
     Tune pickles its callbacks into the experiment folder (``tuner.pkl``) and ``Tuner.restore`` brings them back;
-    this handle forwards Tune's calls to the callback registered under its id in this (driver) process, so a
-    restored search reports to the callback the resumed driver made.
+    this handle forwards Tune's calls to the callbacks registered under its id in this (driver) process, so a
+    restored search reports to the callbacks the resumed driver made.
     """
 
-    _registry: dict[str, MLflowTrialCallback] = {}
+    _registry: dict[str, tuple[tune.Callback, ...]] = {}
 
-    def __init__(self, callback: MLflowTrialCallback) -> None:
+    def __init__(self, callback: MLflowTrialCallback, *others: tune.Callback) -> None:
         self.key = callback.search.run_id
-        self._registry[self.key] = callback
+        self._registry[self.key] = (callback, *others)
 
     def _forward(self, hook: str, *args: Any, **kwargs: Any) -> None:
-        target = self._registry.get(self.key)
-        if target is not None:  # none in a process that did not register one: nothing to record there
+        # none in a process that did not register them: nothing to record there
+        for target in self._registry.get(self.key, ()):
             getattr(target, hook)(*args, **kwargs)
+
+    def on_trial_recover(self, *args: Any, **kwargs: Any) -> None:
+        self._forward("on_trial_recover", *args, **kwargs)
 
     def on_trial_start(self, *args: Any, **kwargs: Any) -> None:
         self._forward("on_trial_start", *args, **kwargs)

@@ -50,7 +50,7 @@ def test_best_weights_that_cannot_be_loaded_fail_the_search_naming_the_trial(ray
     (run,) = trial_runs(client, client.get_run(outcome.parent_run_id))
     assert f"trial {run.data.tags['distmis.trial_id']}'s best weights could not be loaded" in problem
     assert "model.weights.h5" in problem or "OSError" in problem or "HDF5" in problem, problem
-    assert print_search(spec, outcome) == 1
+    assert print_search(spec, outcome, tmp_path / "out") == 1
     assert problem in capsys.readouterr().err
     assert not (tmp_path / "out" / "model").exists()
     assert "could not be loaded" in client.get_run(outcome.parent_run_id).data.tags["distmis.test_error"]

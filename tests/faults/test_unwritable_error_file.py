@@ -75,7 +75,7 @@ def test_a_trial_whose_error_file_cannot_be_written_counts_as_failed_and_is_not_
     assert not (Path(locked[0]) / "error.txt").exists()  # Tune could not write the trial's error
 
     assert outcome.failed == 1 and len(outcome.failed_trials) == 1
-    assert print_search(spec, outcome) == 1
+    assert print_search(spec, outcome, tmp_path / "out") == 1
     printed = capsys.readouterr()
     assert "2 trial(s), 1 failed" in printed.out and outcome.failed_trials[0] in printed.err
     by_status = {row["status"]: row for row in outcome.results.to_dict("records")}

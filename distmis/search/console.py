@@ -1,0 +1,113 @@
+"""What a search prints while it runs, for a person to read (Ray Tune's own reporter is off unless ``--verbose``).
+
+A header when the trials start; then, per trial, one line each epoch and one when it ends, fails or is retried,
+the trial named by its searched values::
+
+    search quickstart: 4 trials, experiment-parallel: 2 trials at a time, 1 CPU each
+      store sqlite:///.../runs/quickstart/mlflow.db, experiment 'quickstart'
+      lr=0.001 norm=batch    epoch  1/10  train_loss 0.8123  val_dice 0.1234  elapsed 0:12
+      ...
+      lr=0.001 norm=batch    finished: best val_dice 0.9012 at epoch 9, 2:03
+
+The results table that follows is the command's (:func:`distmis.cli.main.print_search`). Lines go to stdout, plain
+text (no colours, nothing redrawn), so a log file reads as the console did.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, Mapping
+
+from ray import tune
+
+from distmis.spec.schema import Spec
+from distmis.tracking.mlflow_tracking import error_summary, searched_values, trial_error_text
+
+__all__ = ["SearchConsole", "clock", "trial_label"]
+
+
+def clock(seconds: float) -> str:
+    """``75.2`` -> ``1:15``; ``3725`` -> ``1:02:05``."""
+    seconds = int(round(max(seconds, 0.0)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def trial_label(trial_id: str, config: Mapping[str, Any]) -> str:
+    """A trial by its searched values (``lr=0.005 norm=group``); by its number when nothing is searched."""
+    return searched_values(config) or f"trial {trial_id.rsplit('_', 1)[-1]}"
+
+
+class SearchConsole(tune.Callback):
+    """Prints a search's progress (see the module's docstring). It holds no stream or client (Tune may pickle its
+    callbacks), only what it printed: the last epoch shown per trial, so a restarted trial's replayed epochs and a
+    resumed search's finished ones are not printed twice."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.metric, self.mode = spec.search.metric, spec.search.mode
+        self.epochs = spec.training.epochs
+        self.shown: dict[str, int] = {}  # trial id -> last epoch printed
+        self.best: dict[str, tuple[float, int]] = {}  # trial id -> (best metric value, its epoch)
+        self.attempts: dict[str, set[str]] = {}
+        self.width = 0
+
+    # ------------------------------------------------------------------ lines
+    @staticmethod
+    def print(line: str) -> None:
+        print(line, file=sys.stdout, flush=True)
+
+    def header(self, spec: Spec, *, trials: int, layout: str, store: str, experiment: str) -> None:
+        self.print(f"search {spec.name}: {trials} trial(s), {layout}")
+        self.print(f"  store {store}, experiment {experiment!r}")
+
+    def _line(self, trial: Any, text: str) -> None:
+        label = trial_label(trial.trial_id, getattr(trial, "config", {}) or {})
+        self.width = max(self.width, len(label))
+        self.print(f"  {label:<{self.width}}  {text}")
+
+    def _total_epochs(self, trial: Any) -> int:
+        return int((getattr(trial, "config", {}) or {}).get("training.epochs", self.epochs))
+
+    # ------------------------------------------------------------------ Tune's calls
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.width = max([self.width, *(len(trial_label(t.trial_id, t.config or {})) for t in trials)])
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        attempt = result.get("attempt")
+        if attempt:  # a data-parallel trial's workers restarted by Ray Train: a new attempt id
+            seen = self.attempts.setdefault(trial.trial_id, set())
+            if seen and str(attempt) not in seen:
+                self._line(trial, f"retried (attempt {len(seen) + 1}), from its last checkpoint")
+            seen.add(str(attempt))
+        epoch = int(result.get("epoch", result.get("training_iteration", 0)))
+        if epoch <= self.shown.get(trial.trial_id, 0):
+            return
+        self.shown[trial.trial_id] = epoch
+        value = result.get(self.metric)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            best = self.best.get(trial.trial_id)
+            if best is None or (value > best[0] if self.mode == "max" else value < best[0]):
+                self.best[trial.trial_id] = (float(value), epoch)
+        keys = ["train_loss", "val_dice"] + ([self.metric] if self.metric not in ("train_loss", "val_dice") else [])
+        figures = "  ".join(f"{key} {float(result[key]):.4f}" for key in keys
+                            if isinstance(result.get(key), (int, float)))
+        total = self._total_epochs(trial)
+        self._line(trial, f"epoch {epoch:>{len(str(total))}}/{total}  {figures}  "
+                          f"elapsed {clock(float(result.get('time_total_s', 0.0)))}")
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._line(trial, f"failed, retried from its last checkpoint: {error_summary(trial_error_text(trial))}")
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        elapsed = clock(float((trial.last_result or {}).get("time_total_s", 0.0)))
+        best = self.best.get(trial.trial_id)
+        text = f"best {self.metric} {best[0]:.4f} at epoch {best[1]}, " if best else ""
+        self._line(trial, f"finished: {text}{elapsed}")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        done = self.shown.get(trial.trial_id, 0)
+        self._line(trial, f"FAILED after {done} epoch(s): {error_summary(trial_error_text(trial))}")
+
