@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from distmis.cli.main import build_parser, main
-from tests.conftest import small_spec_tree
+from tests.conftest import query, small_spec_tree
 from tests.search.test_prepare import SHORT_CASES, msd_dataset, real_data_tree
 
 
@@ -48,24 +52,62 @@ def test_bad_set_exits_2(tmp_path, capsys):
     assert main(["validate", str(spec), "--set", "training.epochs=3"]) == 0
 
 
-def test_run_then_results(ray_local, tmp_path, capsys):
-    tree = small_spec_tree(tmp_path / "data")
-    tree["training"]["epochs"] = 1
-    spec = write_spec(tmp_path / "s.yaml", tree)
-    out = tmp_path / "out"
-    code = main(["run", str(spec), "--output", str(out), "--quiet", "--set", "name=cli-run"])
-    printed = capsys.readouterr().out
-    assert code == 0
-    assert "Best trial:" in printed and "best_val_dice" in printed
+#: What the console of a search must not show (issue: TensorFlow's absl and oneDNN notices, MLflow's INFO lines and
+#: download bars); and Ray Tune's boxed tables (box-drawing characters).
+NOISE = re.compile(r"absl|oneDNN|port\.cc|INFO mlflow|Downloading artifacts")
+BOX = re.compile("[\u2500-\u257f]")
 
-    uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
-    assert main(["results", "--tracking-uri", uri, "--experiment", "cli-run", "--format", "json"]) == 0
+
+@pytest.mark.slow  # one search of 2 trials x 2 epochs on 16^3 volumes, its own local Ray: about a minute
+def test_a_search_from_the_command_line_prints_what_a_person_reads(tmp_path: Path, capsys):
+    """``distmis run`` as a person runs it, stdout piped: a header, one line per trial epoch, the results table
+    and the test figures, nothing else; the store in a folder other than the working directory gets the artifacts
+    beside it; ``distmis results OUTPUT`` reads the search back from its output folder."""
+    work, store, out = tmp_path / "work", tmp_path / "store", tmp_path / "out"
+    work.mkdir()
+    tree = small_spec_tree(tmp_path / "data", name="cli-run")
+    tree["tracking"] = {"uri": f"sqlite:///{store / 'mlflow.db'}"}
+    spec = write_spec(tmp_path / "s.yaml", tree)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    store.mkdir()
+    done = subprocess.run([sys.executable, "-m", "distmis", "run", str(spec), "--output", str(out)], cwd=work,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("search cli-run: 2 trial(s), experiment-parallel")
+    assert not [line for line in lines if NOISE.search(line) or BOX.search(line) or "\x1b" in line]
+    assert not [line for line in done.stderr.splitlines() if NOISE.search(line)]
+    epochs = [re.match(r"\s+(lr=\S+)\s+epoch (\d+)/2  train_loss \d\.\d{4}  val_dice \d\.\d{4}  elapsed \d+:\d\d$", line)
+              for line in lines]
+    assert sorted((m[1], int(m[2])) for m in epochs if m) == [("lr=0.001", 1), ("lr=0.001", 2),
+                                                              ("lr=0.005", 1), ("lr=0.005", 2)]
+    assert sum("finished: best val_dice" in line for line in lines) == 2
+    printed = done.stdout
+    assert "Search 'cli-run': 2 trial(s), 0 failed" in printed and "best_val_dice" in printed
+    assert "Best trial:" in printed and "Test split, best trial:" in printed and "dice WT" in printed
+    assert f"distmis results {out}" in printed
+
+    # artifacts beside the store, none in the working directory
+    assert list(work.iterdir()) == []
+    beside = (store / "mlartifacts").as_uri()
+    db = store / "mlflow.db"
+    locations = [row[0] for sql in ("SELECT artifact_location FROM experiments WHERE name = 'cli-run'",
+                                    "SELECT artifact_uri FROM runs", "SELECT artifact_location FROM logged_models")
+                 for row in query(db, sql)]
+    assert len(locations) >= 5 and all(loc.startswith(beside) for loc in locations), locations
+    parent = query(db, "SELECT artifact_uri FROM runs r JOIN tags t ON r.run_uuid = t.run_uuid "
+                       "WHERE t.key = 'distmis.role' AND t.value = 'search'")[0][0]
+    assert (Path(parent.removeprefix("file://")) / "results.csv").is_file()
+
+    assert main(["results", str(out), "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 2 and {r["status"] for r in rows} == {"FINISHED"}
     assert {r["lr"] for r in rows} == {"0.001", "0.005"}
-
-    assert main(["results", "--tracking-uri", uri, "--experiment", "nope"]) == 2
+    assert main(["results", "--tracking-uri", f"sqlite:///{db}", "--experiment", "nope"]) == 2
     assert "cli-run" in capsys.readouterr().err  # lists the experiments that do exist
+    assert main(["results", str(tmp_path)]) == 2
+    assert "search_state.json" in capsys.readouterr().err
 
 
 def test_data_commands(tmp_path, capsys):
