@@ -1,5 +1,6 @@
 """From a search to segmentations of scans it never saw: the registered model, applied by ``distmis predict``,
-scored by reading the written NIfTI files back with nibabel, independently of distmis."""
+scored by reading the written NIfTI files back with nibabel, independently of distmis; and the same model loaded
+by MLflow in a process that cannot import distmis, giving the same label maps (a TensorFlow and a torch search)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,25 @@ import pytest
 
 from distmis.cli.main import main
 from distmis.data.synthetic import synthesize_dataset
+from distmis.predict.resolve import model_folder
 from distmis.search.run import run_search
 from distmis.spec import validate_spec
+from tests.predict.test_pyfunc import assert_python_function_from_code, run_without_distmis
 
 
-def quickstart_like(data: Path) -> dict:
+def quickstart_like(data: Path, framework: str = "tensorflow") -> dict:
     """search_spaces/quickstart.yaml's synthetic data (at 32^3, not 64^3, to keep the test short), model (one
-    level fewer for the smaller volume) and training, with its best trial's values alone."""
+    level fewer for the smaller volume) and training, with its best trial's values alone; ``framework``: the
+    U-Net's (the torch one trains 4 epochs: this is about the model's format, not its dice)."""
     return {
-        "name": "e2e",
+        "name": "e2e" if framework == "tensorflow" else f"e2e-{framework}",
         "dataset": {"path": str(data), "layout": "msd", "labels": "whole-tumour",
                     "split": {"train": 0.7, "val": 0.15, "test": 0.15, "seed": 0},
                     "synthetic": {"cases": 12, "shape": [32, 32, 32], "seed": 0}},
-        "model": {"name": "unet3d", "framework": "tensorflow",
+        "model": {"name": "unet3d", "framework": framework,
                   "params": {"base_filters": 8, "levels": 3, "norm": "group"}},
-        "training": {"epochs": 8, "batch_size": 2, "optimizer": {"lr": 5.0e-3}, "seed": 0},
+        "training": {"epochs": 8 if framework == "tensorflow" else 4, "batch_size": 2, "optimizer": {"lr": 5.0e-3},
+                     "seed": 0},
         "search": {"algorithm": "grid", "space": {"training.optimizer.lr": {"grid": [5.0e-3]}}},
         "parallelism": {"resources_per_trial": {"cpu": 1}},
     }
@@ -41,12 +46,24 @@ def dice_from_files(segmentations: Path, labels: Path) -> dict[str, float]:
     return out
 
 
-@pytest.mark.slow  # one trial (8 epochs of 32^3 volumes) and two predictions: about 2 minutes
-def test_a_searched_model_segments_held_out_scans(ray_local, tmp_path: Path, capsys):
-    outcome = run_search(validate_spec(quickstart_like(tmp_path / "data")), tmp_path / "out", progress=False)
+@pytest.fixture(scope="module", params=["tensorflow", "torch"])
+def searched(request, ray_local, tmp_path_factory) -> tuple[str, Path, object]:
+    """One tiny search per framework (one trial of 32^3 volumes) and three held-out scans: ``(framework, folder,
+    outcome)``, the held-out data in ``folder / "heldout"``."""
+    folder = tmp_path_factory.mktemp(f"search-{request.param}")
+    outcome = run_search(validate_spec(quickstart_like(folder / "data", request.param)), folder / "out",
+                         progress=False)
     assert outcome.failed == 0 and outcome.model is not None and outcome.model.best
-    synthesize_dataset(tmp_path / "heldout", "msd", cases=3, shape=(32, 32, 32), seed=7, progress=False)
-    images, labels = tmp_path / "heldout" / "imagesTr", tmp_path / "heldout" / "labelsTr"
+    synthesize_dataset(folder / "heldout", "msd", cases=3, shape=(32, 32, 32), seed=7, progress=False)
+    return request.param, folder, outcome
+
+
+@pytest.mark.slow  # one trial (8 epochs of 32^3 volumes) and two predictions: about 2 minutes
+def test_a_searched_model_segments_held_out_scans(searched, tmp_path: Path, capsys):
+    framework, folder, outcome = searched
+    if framework != "tensorflow":
+        pytest.skip("the dice of the quickstart's model (TensorFlow) only")
+    images, labels = folder / "heldout" / "imagesTr", folder / "heldout" / "labelsTr"
 
     # by the registry's alias, from the search's tracking store
     code = main(["predict", "models:/e2e@best", str(images), "--output", str(tmp_path / "by-alias"),
@@ -60,7 +77,37 @@ def test_a_searched_model_segments_held_out_scans(ray_local, tmp_path: Path, cap
         assert written.shape == scan.shape[:3] and np.allclose(written.affine, scan.affine)
 
     # the same model from the search's output folder: the same segmentations
-    assert main(["predict", str(tmp_path / "out"), str(images), "--output", str(tmp_path / "by-folder"), "--quiet"]) == 0
+    assert main(["predict", str(folder / "out"), str(images), "--output", str(tmp_path / "by-folder"), "--quiet"]) == 0
     for case in dice:
         same = [np.asarray(nib.load(str(tmp_path / d / f"{case}_seg.nii.gz")).dataobj) for d in ("by-alias", "by-folder")]
         np.testing.assert_array_equal(*same)
+
+
+@pytest.mark.slow  # the search of the fixture, distmis predict, and a fresh Python loading the model: about 1 minute
+def test_the_registered_model_predicts_without_distmis_as_distmis_predict_does(searched, tmp_path: Path):
+    framework, folder, outcome = searched
+    name = "e2e" if framework == "tensorflow" else f"e2e-{framework}"
+    model_uri = f"models:/{name}@best"
+    with model_folder(model_uri, outcome.tracking_uri) as local:  # the registered model, as logged
+        assert_python_function_from_code(local)
+        assert (local / "artifacts" / ("model.keras" if framework == "tensorflow" else "network.pt2")).is_file()
+        requirements = {r.split("==")[0] for r in (local / "requirements.txt").read_text().split()}
+        assert requirements >= ({"tensorflow", "keras"} if framework == "tensorflow" else {"torch"})
+
+    images = folder / "heldout" / "imagesTr"
+    assert main(["predict", model_uri, str(images), "--output", str(tmp_path / "segs"),
+                 "--tracking-uri", outcome.tracking_uri, "--quiet"]) == 0
+    cases = sorted(images.glob("*.nii.gz"))
+    (tmp_path / "elsewhere").mkdir()
+    run_without_distmis(model_uri, outcome.tracking_uri, [str(c) for c in cases], tmp_path / "labels",
+                        tmp_path / "elsewhere")
+    found = 0
+    for case in cases:
+        stem = case.name.removesuffix(".nii.gz")
+        written = np.asarray(nib.load(str(tmp_path / "segs" / f"{stem}_seg.nii.gz")).dataobj)
+        predicted = np.load(tmp_path / "labels" / f"{stem}.npy")
+        assert predicted.dtype == np.uint8 and predicted.shape == written.shape
+        assert np.array_equal(predicted, written), f"{framework} {stem}: {(predicted != written).sum()} voxels differ"
+        found += int(predicted.any())
+    if framework == "tensorflow":
+        assert found == len(cases)  # the quickstart's model finds every tumour: the comparison is not of zeros
