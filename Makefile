@@ -9,8 +9,9 @@ BIN := $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-# pip, not uv/poetry: on this project's machines torch==2.13.0 (constraints.txt) comes from a local CPU wheel only pip finds.
-# constraints.txt is the exact tested set; pyproject.toml states the compatible ranges.
+# pip, because the exact tested set (constraints.txt) goes in as a constraints file, -c; pyproject.toml states the
+# compatible ranges. Which index or local wheel supplies torch==2.13.0 is pip's configuration, not the Makefile's
+# (docs/install.md: the PyPI, CPU-index and GPU routes).
 CONSTRAINTS ?= constraints.txt
 EXTRAS ?= cpu,test
 
