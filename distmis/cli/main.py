@@ -564,7 +564,7 @@ def _command(args: argparse.Namespace) -> int:
         if exc.name not in ("tensorflow", "keras"):
             raise
         print(f"error: {exc.name} is not installed; distmis needs TensorFlow to convert data sets to TFRecords and to "
-              "train the Keras U-Net: pip install 'distmis[cpu]' (CPU builds) or 'distmis[gpu]' (CUDA builds)",
+              "train the Keras U-Net: pip install 'distmis[cpu]' (CPU builds), 'distmis[gpu-torch]' or 'distmis[gpu-tf]' (CUDA builds; docs/install.md)",
               file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a search (SearchInterrupted): runs are KILLED
