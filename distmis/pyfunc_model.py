@@ -423,17 +423,16 @@ def check_params(params: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[
     if unknown:
         raise ValueError(f"unknown parameter(s) {unknown}; the model takes 'spacing' (3 numbers, mm) and 'layout'")
     spacing = params.get("spacing")
-    if spacing is not None and not (isinstance(spacing, (list, tuple, np.ndarray)) and len(spacing) == 0):
-        try:
-            values = tuple(float(v) for v in np.asarray(spacing, dtype=object).reshape(-1))
-        except (TypeError, ValueError):
-            values = ()
-        if len(values) != 3 or not all(math.isfinite(v) and v > 0 for v in values) \
-                or np.asarray(spacing, dtype=object).ndim != 1:
-            raise ValueError(f"spacing must be the case's voxel spacing: 3 positive numbers (mm), got {spacing!r}")
-        spacing = values
-    else:
+    if spacing is not None and np.size(spacing) == 0:  # MLflow's default for a spacing not given: []
         spacing = None
+    if spacing is not None:
+        try:
+            values = np.asarray(spacing, dtype=np.float64)
+        except (TypeError, ValueError):
+            values = np.empty(0)
+        if values.shape != (3,) or not (np.isfinite(values).all() and (values > 0).all()):
+            raise ValueError(f"spacing must be the case's voxel spacing: 3 positive numbers (mm), got {spacing!r}")
+        spacing = tuple(float(v) for v in values)
     layout = params.get("layout") or recipe["layout"]
     if layout not in EDEMA_VALUE:
         raise ValueError(f"layout must be one of {list(EDEMA_VALUE)}, got {layout!r}")
