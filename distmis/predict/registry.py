@@ -18,11 +18,12 @@ else the search metric's best value; a version whose score is of another kind th
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -252,8 +253,10 @@ def register_model(tracking_uri: str, model_uri: str, name: str, *, run_id: str,
     all_tags = {key: str(value) for key, value in tags.items()}
     if score is not None:
         all_tags.update({SCORE_KIND_TAG: score[0], SCORE_TAG: repr(float(score[1]))})
-    with fluent_tracking_uri(tracking_uri):
+    said = io.StringIO()  # MLflow prints "Successfully registered model ..." to stderr: the search's console says it
+    with fluent_tracking_uri(tracking_uri), redirect_stderr(said):
         version = mlflow.register_model(model_uri, name, tags=all_tags, await_registration_for=60).version
+    logger.debug("%s", said.getvalue().strip())
     if description:
         client.update_model_version(name, version, description=description)
     try:

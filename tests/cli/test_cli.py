@@ -77,7 +77,7 @@ def test_a_search_from_the_command_line_prints_what_a_person_reads(tmp_path: Pat
     lines = done.stdout.splitlines()
     assert lines[0].startswith("search cli-run: 2 trial(s), experiment-parallel")
     assert not [line for line in lines if NOISE.search(line) or BOX.search(line) or "\x1b" in line]
-    assert not [line for line in done.stderr.splitlines() if NOISE.search(line)]
+    assert not [line for line in done.stderr.splitlines() if NOISE.search(line) or "Successfully registered" in line]
     epochs = [re.match(r"\s+(lr=\S+)\s+epoch (\d+)/2  train_loss \d\.\d{4}  val_dice \d\.\d{4}  elapsed \d+:\d\d$", line)
               for line in lines]
     assert sorted((m[1], int(m[2])) for m in epochs if m) == [("lr=0.001", 1), ("lr=0.001", 2),
