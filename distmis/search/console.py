@@ -52,6 +52,7 @@ class SearchConsole(tune.Callback):
         self.shown: dict[str, int] = {}  # trial id -> last epoch printed
         self.best: dict[str, tuple[float, int]] = {}  # trial id -> (best metric value, its epoch)
         self.attempts: dict[str, set[str]] = {}
+        self.seen: dict[str, set[str]] = {}  # label -> the trials printed under it
         self.width = 0
 
     # ------------------------------------------------------------------ lines
@@ -65,6 +66,9 @@ class SearchConsole(tune.Callback):
 
     def _line(self, trial: Any, text: str) -> None:
         label = trial_label(trial.trial_id, getattr(trial, "config", {}) or {})
+        self.seen.setdefault(label, set()).add(trial.trial_id)
+        if len(self.seen[label]) > 1:  # the same values drawn twice (random search): the trial's number says which
+            label = f"{trial.trial_id.rsplit('_', 1)[-1]} {label}"
         self.width = max(self.width, len(label))
         self.print(f"  {label:<{self.width}}  {text}")
 

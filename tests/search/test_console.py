@@ -64,3 +64,13 @@ def test_the_header_names_the_spec_the_trials_the_mode_and_the_store(tmp_path: P
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "search tiny: 2 trial(s), experiment-parallel, 2 trial(s) at once"
     assert "sqlite:///x/mlflow.db" in out and "'tiny'" in out
+
+
+def test_trials_that_drew_the_same_values_are_told_apart_by_their_number(tmp_path: Path, capsys):
+    spec = validate_spec(small_spec_tree(tmp_path / "data", training={"epochs": 3, "batch_size": 2}))
+    console = SearchConsole(spec)
+    a, b = Trial("f_00000", {"training.optimizer.lr": 0.001}), Trial("f_00001", {"training.optimizer.lr": 0.001})
+    console.on_trial_result(0, [a, b], a, epoch(1, 0.5))
+    console.on_trial_result(0, [a, b], b, epoch(1, 0.6))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[0] == "lr=0.001" and lines[1].split()[:2] == ["00001", "lr=0.001"]
