@@ -2,8 +2,10 @@
 
 Read top-down, the modules are:
 
-* :mod:`~distmis.data.layouts` - the MSD, BraTS and BraTS 2023 on-disk layouts;
-  :func:`discover_cases` and :func:`read_case`.
+* :mod:`~distmis.data.description` - what a data set holds (channels, classes,
+  nnU-Net regions), from its own ``dataset.json``; :func:`describe_dataset`.
+* :mod:`~distmis.data.layouts` - the MSD, nnU-Net v2, BraTS and BraTS 2023 on-disk
+  layouts; :func:`discover_cases`, :func:`check_cases` and :func:`read_case`.
 * :mod:`~distmis.data.scans` - the scans to segment (one case or a data set,
   labels optional); :func:`discover_scans`, :func:`read_scan` and :func:`read_scan_label`.
 * :mod:`~distmis.data.preprocess` - z-score, crop / pad, resize, label ->
@@ -12,24 +14,35 @@ Read top-down, the modules are:
 * :mod:`~distmis.data.synthetic` - small synthetic data sets in any layout.
 * :mod:`~distmis.data.tfrecord` - offline conversion to sharded TFRecords and
   the tf.data input pipeline.
-* :mod:`~distmis.data.inspect` - a per-case summary table of a raw data set.
+* :mod:`~distmis.data.inspect` - a summary of a raw data set (classes, spacings,
+  orientations, intensities) and its per-case table.
 
 Importing this package does not import TensorFlow or pandas.
 """
 
 from __future__ import annotations
 
+from distmis.data.description import DatasetDescription, Region, describe_dataset, layout_description
 from distmis.data.errors import DataError
-from distmis.data.inspect import format_inspection, inspect_dataset
+from distmis.data.inspect import (
+    DatasetSummary,
+    format_inspection,
+    format_summary,
+    inspect_dataset,
+    summarize_dataset,
+)
 from distmis.data.layouts import (
     CASE_FOLDER_LAYOUTS,
     LABEL_VALUES,
     MODALITIES,
     CaseFiles,
     Layout,
+    case_affine,
     case_file_stems,
+    case_orientation,
     case_spacing,
     case_spatial_shape,
+    check_cases,
     coerce_layout,
     discover_cases,
     label_counts,
@@ -60,6 +73,10 @@ from distmis.data.tfrecord import (
 
 __all__ = [
     "DataError",
+    "DatasetDescription",
+    "Region",
+    "describe_dataset",
+    "layout_description",
     "Layout",
     "MODALITIES",
     "LABEL_VALUES",
@@ -69,6 +86,9 @@ __all__ = [
     "case_file_stems",
     "discover_cases",
     "read_case",
+    "check_cases",
+    "case_affine",
+    "case_orientation",
     "ScanFiles",
     "discover_scans",
     "read_scan",
@@ -97,4 +117,7 @@ __all__ = [
     "iter_cases",
     "inspect_dataset",
     "format_inspection",
+    "summarize_dataset",
+    "format_summary",
+    "DatasetSummary",
 ]

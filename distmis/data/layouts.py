@@ -1,14 +1,26 @@
-"""On-disk layouts of brain-tumour data sets, and reading one case.
+"""On-disk layouts of segmentation data sets, and reading one case.
 
-Three layouts are supported (see :class:`Layout`):
+Four layouts are supported (see :class:`Layout`):
 
 ``msd``
-    Medical Segmentation Decathlon, Task01_BrainTumour::
+    Medical Segmentation Decathlon: any task, described by its ``dataset.json``
+    (:mod:`~distmis.data.description`: channels from ``modality``, classes from ``labels``)::
 
         root/dataset.json                 # its "training" list names the cases
-        root/imagesTr/BRATS_001.nii.gz    # (H, W, D, 4): FLAIR, T1w, T1gd, T2w
-        root/labelsTr/BRATS_001.nii.gz    # (H, W, D): 0 bg, 1 edema,
-                                          #   2 non-enhancing tumour, 3 enhancing
+        root/imagesTr/BRATS_001.nii.gz    # (H, W, D, C) with C = the number of "modality" entries,
+                                          #   or (H, W, D) for a one-channel task (e.g. CT)
+        root/labelsTr/BRATS_001.nii.gz    # (H, W, D): the values of "labels"
+
+    Task01_BrainTumour: FLAIR, T1w, T1gd, T2w; 0 bg, 1 edema, 2 non-enhancing tumour, 3 enhancing.
+
+``nnunet``
+    nnU-Net v2 raw data set, described by its ``dataset.json`` (``channel_names``, ``labels``,
+    ``numTraining``, ``file_ending``: NIfTI only)::
+
+        root/dataset.json
+        root/imagesTr/prostate_00_0000.nii.gz   # <case>_<XXXX><file_ending>: one 3-D file per channel,
+        root/imagesTr/prostate_00_0001.nii.gz   #   XXXX the channel index 0000, 0001, ...
+        root/labelsTr/prostate_00.nii.gz        # <case><file_ending>
 
 ``brats``
     BraTS challenge (2018-2021), one folder per case::
@@ -37,29 +49,47 @@ Three layouts are supported (see :class:`Layout`):
 
 :func:`discover_cases` lists the cases of a data set as :class:`CaseFiles`, and
 :func:`read_case` loads one of them as numpy arrays, in a layout-independent
-form: a float32 image ``(H, W, D, 4)`` whose channels follow
-:data:`MODALITIES`, an int16 label ``(H, W, D)`` that keeps the layout's own
-label values, and the voxel spacing.  Arrays are returned as stored in the
-file (no reorientation), so that cases of one data set stay comparable with
-each other.
+form: a float32 image ``(H, W, D, C)`` whose channels follow the data set's
+description (:class:`~distmis.data.description.DatasetDescription`; for the
+BraTS layouts and a bare MSD Task01, :data:`MODALITIES`), an int16 label
+``(H, W, D)`` that keeps the data set's own label values, and the voxel spacing.
+Arrays are returned as stored in the file (no reorientation), so that cases of
+one data set stay comparable with each other; :func:`case_affine` and
+:func:`case_orientation` give a case's geometry from its header.
+:func:`check_cases` checks every case against its description from the headers
+alone, before anything is converted.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
+# Layout, its names and the NIfTI endings live with the data set's description (which this module reads cases
+# with); they are this module's too.
+from distmis.data.description import (
+    LAYOUT_NAMES,
+    NIFTI_SUFFIXES,
+    DatasetDescription,
+    Layout,
+    _coerce_enum,
+    coerce_layout,
+    describe_dataset,
+    layout_description,
+)
 from distmis.data.errors import DataError
 
 __all__ = [
     "Layout",
+    "LAYOUT_NAMES",
+    "NIFTI_SUFFIXES",
     "MODALITIES",
     "LABEL_VALUES",
     "CASE_FOLDER_LAYOUTS",
@@ -69,24 +99,23 @@ __all__ = [
     "case_file_stems",
     "discover_cases",
     "read_case",
+    "check_cases",
     "case_spatial_shape",
+    "case_spacing",
+    "case_affine",
+    "case_orientation",
+    "affine_orientation",
+    "channel_file_name",
     "label_counts",
 ]
 
 
-class Layout(str, Enum):
-    """How a data set is organised on disk (see the module docstring)."""
-
-    MSD = "msd"
-    BRATS = "brats"
-    BRATS2023 = "brats2023"
-
-
-#: Channel order of every image array returned by this package; this is the
+#: Channel order of the image arrays of the BraTS layouts and MSD Task01; this is the
 #: order of the four channels of an MSD Task01 image (FLAIR, T1w, T1gd, T2w).
 MODALITIES: tuple[str, ...] = ("flair", "t1", "t1ce", "t2")
 
-#: Label values that may appear in a label map of each layout.
+#: Label values that may appear in a label map of each brain-tumour layout (an MSD task or nnU-Net data set
+#: other than Task01 has its own: :attr:`~distmis.data.description.DatasetDescription.label_values`).
 LABEL_VALUES: dict[Layout, tuple[int, ...]] = {
     Layout.MSD: (0, 1, 2, 3),  # 1 edema, 2 non-enhancing tumour, 3 enhancing tumour
     Layout.BRATS: (0, 1, 2, 4),  # 1 necrotic/non-enhancing core, 2 edema, 4 enhancing
@@ -103,24 +132,14 @@ _CASE_FOLDER_NAMING: dict[Layout, tuple[str, tuple[str, ...], str]] = {
     Layout.BRATS2023: ("-", ("t2f", "t1n", "t1c", "t2w"), "seg"),
 }
 
-#: A human-readable name of each layout, for messages.
-LAYOUT_NAMES: dict[Layout, str] = {
-    Layout.MSD: "MSD",
-    Layout.BRATS: "BraTS 2018-2021",
-    Layout.BRATS2023: "BraTS 2023",
-}
-
-#: File name endings accepted for NIfTI files, preferred first.
-NIFTI_SUFFIXES: tuple[str, ...] = (".nii.gz", ".nii")
-
-
 @dataclass(frozen=True)
 class CaseFiles:
     """The files that make up one case.
 
     Attributes:
         case_id: name of the case, e.g. ``"BRATS_001"``, ``"BraTS2021_00000"`` or ``"BraTS-GLI-00000-000"``.
-        images: MSD: one 4-D image file; BraTS / BraTS 2023: four files in :data:`MODALITIES` order.
+        images: MSD: one image file (4-D, or 3-D for one channel); nnU-Net: one 3-D file per channel, in channel
+            order; BraTS / BraTS 2023: four files in :data:`MODALITIES` order.
         label: the label (segmentation) file.
     """
 
@@ -129,25 +148,7 @@ class CaseFiles:
     label: Path
 
 
-# --------------------------------------------------------------------------- enums
-
-E = TypeVar("E", bound=Enum)
-
-
-def _coerce_enum(enum_cls: type[E], value: E | str, what: str) -> E:
-    """Return ``value`` as a member of ``enum_cls``, or raise a ValueError listing the options."""
-    if isinstance(value, enum_cls):
-        return value
-    try:
-        return enum_cls(value)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in enum_cls)  # type: ignore[attr-defined]
-        raise ValueError(f"unknown {what} {value!r}; expected one of {allowed}") from None
-
-
-def coerce_layout(layout: Layout | str) -> Layout:
-    """Return ``layout`` as a :class:`Layout` (accepts ``"msd"`` / ``"brats"`` / ``"brats2023"``)."""
-    return _coerce_enum(Layout, layout, "layout")
+# --------------------------------------------------------------------------- case folders
 
 
 def case_file_stems(layout: Layout | str, case_id: str) -> tuple[tuple[str, ...], str]:
@@ -216,7 +217,9 @@ def _msd_training(root: Path, manifest: Path, meta: dict) -> list[CaseFiles]:
     """The cases of the manifest's "training" list, in listed order; every listed file must exist."""
     training = meta.get("training")
     if not isinstance(training, list):
-        raise DataError(f"{str(manifest)!r} has no 'training' list of {{'image': ..., 'label': ...}} entries")
+        hint = ("; it has 'channel_names': an nnU-Net v2 dataset.json, use layout='nnunet'"
+                if "channel_names" in meta and "training" not in meta else "")
+        raise DataError(f"{str(manifest)!r} has no 'training' list of {{'image': ..., 'label': ...}} entries{hint}")
     cases: dict[str, CaseFiles] = {}
     for index, entry in enumerate(training):
         if not (isinstance(entry, dict) and isinstance(entry.get("image"), str) and isinstance(entry.get("label"), str)):
@@ -242,6 +245,91 @@ def _msd_training(root: Path, manifest: Path, meta: dict) -> list[CaseFiles]:
 def _discover_msd(root: Path) -> list[CaseFiles]:
     manifest, meta = _msd_manifest(root)
     return sorted(_msd_training(root, manifest, meta), key=lambda case: case.case_id)
+
+
+# nnU-Net: <case>_<XXXX><file_ending>, XXXX the 4-digit channel index
+_CHANNEL_FILE = re.compile(r"^(?P<case>.+)_(?P<index>\d{4})$")
+
+
+def channel_file_name(case_id: str, index: int, file_ending: str = ".nii.gz") -> str:
+    """The nnU-Net file name of channel ``index`` of a case: ``channel_file_name("la_003", 1)`` is
+    ``"la_003_0001.nii.gz"``."""
+    return f"{case_id}_{index:04d}{file_ending}"
+
+
+def _channel_files(folder: Path, file_ending: str) -> tuple[dict[str, dict[int, Path]], list[Path]]:
+    """The nnU-Net channel files in ``folder``, as ``{case: {channel index: file}}``, and the non-hidden files
+    ending with ``file_ending`` that are not named ``<case>_XXXX<file_ending>``."""
+    groups: dict[str, dict[int, Path]] = {}
+    misnamed = []
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(".") or not path.is_file() or not path.name.endswith(file_ending):
+            continue
+        match = _CHANNEL_FILE.match(path.name[: -len(file_ending)])
+        if match is None:
+            misnamed.append(path)
+            continue
+        groups.setdefault(match["case"], {})[int(match["index"])] = path
+    return groups, misnamed
+
+
+def _nnunet_case_images(case_id: str, found: dict[int, Path], folder: Path, channels: Sequence[str],
+                        file_ending: str, source: str) -> tuple[Path, ...]:
+    """The channel files of one nnU-Net case in channel order; DataError naming the missing or extra file.
+
+    ``source`` says where the channel count comes from, for messages (e.g. "dataset.json lists").
+    """
+    listing = ", ".join(f"{i:04d} {name}" for i, name in enumerate(channels))
+    for index in range(len(channels)):
+        if index not in found:
+            expected = folder / channel_file_name(case_id, index, file_ending)
+            raise DataError(f"case {case_id!r}: missing channel file {str(expected)!r} (channel {index:04d}, "
+                            f"{channels[index]!r}); {source} {len(channels)} channel(s): {listing}")
+    extra = sorted(i for i in found if i >= len(channels))
+    if extra:
+        raise DataError(f"case {case_id!r}: channel file {str(found[extra[0]])!r} has the channel index "
+                        f"{extra[0]:04d}, but {source} {len(channels)} channel(s): {listing}")
+    return tuple(found[i] for i in range(len(channels)))
+
+
+def _discover_nnunet(root: Path) -> list[CaseFiles]:
+    description = describe_dataset(root, Layout.NNUNET)
+    ending = description.file_ending
+    images_dir, labels_dir = root / "imagesTr", root / "labelsTr"
+    for folder in (images_dir, labels_dir):
+        if not folder.is_dir():
+            raise DataError(f"{str(folder)!r} not found: an nnU-Net v2 data set root holds dataset.json, imagesTr/ "
+                            f"(<case>_XXXX{ending}, one file per channel) and labelsTr/ (<case>{ending})")
+    groups, misnamed = _channel_files(images_dir, ending)
+    if misnamed:
+        raise DataError(f"image file {str(misnamed[0])!r} is not named <case>_XXXX{ending}: an nnU-Net image file "
+                        f"holds one channel, XXXX its 4-digit index (0000 for {description.channels[0]!r})")
+    source = f"{str(root / 'dataset.json')!r} lists"
+    cases = []
+    for case_id in sorted(groups):
+        images = _nnunet_case_images(case_id, groups[case_id], images_dir, description.channels, ending, source)
+        label = labels_dir / f"{case_id}{ending}"
+        if not label.is_file():
+            raise DataError(f"case {case_id!r}: missing label file {str(label)!r} (an nnU-Net training case has "
+                            f"its label in labelsTr/<case>{ending})")
+        cases.append(CaseFiles(case_id=case_id, images=images, label=label))
+    for label in sorted(labels_dir.iterdir()):
+        if label.name.startswith(".") or not label.name.endswith(ending) or not label.is_file():
+            continue
+        case_id = label.name[: -len(ending)]
+        if case_id not in groups:
+            expected = images_dir / channel_file_name(case_id, 0, ending)
+            raise DataError(f"label file {str(label)!r} has no image: missing channel file {str(expected)!r} "
+                            f"(channel 0000, {description.channels[0]!r})")
+    if cases and description.num_training is not None and len(cases) != description.num_training:
+        raise DataError(f"{str(root / 'dataset.json')!r} states numTraining {description.num_training}, but "
+                        f"{str(images_dir)!r} holds {len(cases)} case(s) with their labels; they must agree")
+    if not cases:
+        others = [s for s in NIFTI_SUFFIXES if s != ending and any(images_dir.glob(f"*{s}"))]
+        if others:
+            raise DataError(f"no cases found in {str(images_dir)!r}: dataset.json's file_ending is {ending!r}, but "
+                            f"the files there end with {others[0]!r}")
+    return cases
 
 
 def _find_nifti(folder: Path, stem: str) -> Path | None:
@@ -316,8 +404,14 @@ def _discover_case_folders(root: Path, layout: Layout) -> list[CaseFiles]:
 
 def _wrong_layout_hint(root: Path, layout: Layout) -> str:
     """A hint naming the layout ``root`` looks like, when that is not ``layout``; "" when there is none."""
-    if layout is not Layout.MSD and (root / "dataset.json").is_file():
-        return "it contains dataset.json: is it an MSD data set? use layout='msd'"
+    if (root / "dataset.json").is_file():
+        try:
+            meta = json.loads((root / "dataset.json").read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            meta = None
+        looks = Layout.NNUNET if isinstance(meta, dict) and "channel_names" in meta else Layout.MSD
+        if looks is not layout:
+            return f"it contains dataset.json: is it an {LAYOUT_NAMES[looks]} data set? use layout={looks.value!r}"
     if not root.is_dir():
         return ""
     own = _folder_layouts(root)
@@ -340,15 +434,26 @@ def discover_cases(root: str | Path, layout: Layout | str) -> list[CaseFiles]:
 
     Raises:
         DataError: if ``root`` or ``dataset.json`` is missing, a listed file does
-            not exist, a BraTS case folder lacks a file, or no case is found.
+            not exist, a BraTS case folder lacks a file, an nnU-Net case lacks a
+            channel file or its label (naming the file), an nnU-Net image file is
+            misnamed, the number of nnU-Net cases differs from ``numTraining``
+            (naming both), or no case is found.
     """
     layout = coerce_layout(layout)
     root = Path(root)
     _check_root(root)
-    cases = _discover_msd(root) if layout is Layout.MSD else _discover_case_folders(root, layout)
+    if layout is Layout.MSD:
+        cases = _discover_msd(root)
+    elif layout is Layout.NNUNET:
+        if not (root / "dataset.json").is_file() and (hint := _wrong_layout_hint(root, layout)):
+            raise DataError(f"{str(root / 'dataset.json')!r} not found: an nnU-Net v2 data set root holds "
+                            f"dataset.json, imagesTr/ and labelsTr/ ({hint})")
+        cases = _discover_nnunet(root)
+    else:
+        cases = _discover_case_folders(root, layout)
     if not cases:
         hint = _wrong_layout_hint(root, layout)
-        if not hint and layout is not Layout.MSD:
+        if not hint and layout in CASE_FOLDER_LAYOUTS:
             hint = f"a {LAYOUT_NAMES[layout]} data set has one sub-folder per case"
         raise DataError(f"no cases found in {str(root)!r} for layout {layout.value!r}" + (f" ({hint})" if hint else ""))
     return cases
@@ -457,14 +562,31 @@ def _as_image(array: np.ndarray, path: Path) -> np.ndarray:
     return image
 
 
-def _as_label(array: np.ndarray, path: Path, layout: Layout) -> np.ndarray:
-    """Validate label values against the layout and return them as int16."""
-    allowed = LABEL_VALUES[layout]
+def _as_description(dataset: DatasetDescription | Layout | str) -> DatasetDescription:
+    """``dataset`` as a description: itself, or its layout's own
+    (:func:`~distmis.data.description.layout_description`)."""
+    if isinstance(dataset, DatasetDescription):
+        return dataset
+    return layout_description(coerce_layout(dataset))
+
+
+def _label_hint(description: DatasetDescription) -> str:
+    """What a wrong label value may mean: for the brain-tumour layouts' own values, the other layouts' values."""
+    layout = description.layout
+    if layout in (Layout.MSD, *CASE_FOLDER_LAYOUTS) and description == layout_description(layout):
+        return "; MSD and BraTS 2023 use 0-3, BraTS 2018-2021 uses 0, 1, 2, 4: is the layout right?"
+    return "; the allowed values are the data set's labels in its dataset.json"
+
+
+def _as_label(array: np.ndarray, path: Path, description: DatasetDescription) -> np.ndarray:
+    """Validate label values against the description's :attr:`label_values` and return them as int16."""
+    allowed = description.label_values
+    layout = description.layout
     if array.dtype.kind == "f":
         if not np.isfinite(array).all() or not np.array_equal(array, np.round(array)):
             raise DataError(
                 f"label file {str(path)!r} contains non-integer values; allowed values for "
-                f"layout {layout.value!r} are {list(allowed)}"
+                f"layout {layout.value!r} are {list(allowed)} ({description.describe_values()})"
             )
         found = sorted(float(v) for v in np.unique(array))
         found_int = [int(v) for v in found]
@@ -476,39 +598,50 @@ def _as_label(array: np.ndarray, path: Path, layout: Layout) -> np.ndarray:
     if bad:
         raise DataError(
             f"label file {str(path)!r} contains values {bad} not allowed for layout {layout.value!r} "
-            f"(found {found_int}, allowed {list(allowed)}; MSD and BraTS 2023 use 0-3, BraTS 2018-2021 "
-            f"uses 0, 1, 2, 4: is the layout right?)"
+            f"(found {found_int}, allowed {list(allowed)}: {description.describe_values()}{_label_hint(description)})"
         )
     return array.astype(np.int16)
 
 
-def _read_images(case_id: str, images: Sequence[Path], layout: Layout) -> tuple[np.ndarray, Any]:
-    """A case's float32 ``(H, W, D, 4)`` image in MODALITIES order, and the nibabel image of ``images[0]``.
+def _article(layout: Layout) -> str:
+    """"an MSD", "an nnU-Net v2", "a BraTS ..."."""
+    return "an" if layout in (Layout.MSD, Layout.NNUNET) else "a"
+
+
+def _channel_list(channels: Sequence[str]) -> str:
+    return ", ".join(channels)
+
+
+def _read_images(case_id: str, images: Sequence[Path], layout: Layout,
+                 channels: Sequence[str] = MODALITIES) -> tuple[np.ndarray, Any]:
+    """A case's float32 ``(H, W, D, C)`` image, C = ``len(channels)`` in file order, and the nibabel image of
+    ``images[0]``.
+
+    MSD: one file, 4-D ``(H, W, D, C)``, or 3-D when C is 1. nnU-Net and BraTS: one 3-D file per channel, stacked.
 
     Raises:
-        DataError: naming the file, if a file cannot be read, an MSD image is not ``(H, W, D, 4)``,
-            a modality of a case-folder layout is not 3-D or differs in shape from the first, or the
-            image holds NaN/inf.
+        DataError: naming the file, if a file cannot be read, an MSD image does not hold C channels, a channel
+            file is not 3-D or differs in shape from the first, or the image holds NaN/inf.
     """
+    count = len(channels)
     if layout is Layout.MSD:
         if len(images) != 1:
-            raise DataError(f"case {case_id!r}: an MSD case has exactly one 4-D image file, got {len(images)}")
+            raise DataError(f"case {case_id!r}: an MSD case has exactly one image file, got {len(images)}")
         path = images[0]
         reference = _load_image(path)
         data = _image_data(reference, path)
-        if data.ndim != 4 or data.shape[3] != len(MODALITIES):
-            hint = (" (a BraTS case is a folder of four 3-D files, one per modality: pass that folder)"
-                    if data.ndim == 3 else "")
-            raise DataError(
-                f"image file {str(path)!r} has shape {data.shape}; an MSD image must be 4-D "
-                f"(H, W, D, {len(MODALITIES)}) with channels {', '.join(MODALITIES)}{hint}"
-            )
+        if count == 1 and data.ndim == 3:
+            data = data[..., np.newaxis]
+        if data.ndim != 4 or data.shape[3] != count:
+            raise DataError(f"image file {str(path)!r} has shape {data.shape}; {_msd_shape_rule(channels, data.ndim)}")
         return _as_image(data, path), reference
 
-    if len(images) != len(MODALITIES):
+    what, kind, plural = (("channel file", "channel file", "channel files") if layout is Layout.NNUNET
+                          else ("modality file", "modality", "modalities"))
+    if len(images) != count:
         raise DataError(
-            f"case {case_id!r}: a {LAYOUT_NAMES[layout]} case has {len(MODALITIES)} image files "
-            f"({', '.join(MODALITIES)}), got {len(images)}"
+            f"case {case_id!r}: {_article(layout)} {LAYOUT_NAMES[layout]} case of this data set has {count} image "
+            f"files ({_channel_list(channels)}), got {len(images)}"
         )
     volumes: list[np.ndarray] = []
     reference = None
@@ -517,20 +650,33 @@ def _read_images(case_id: str, images: Sequence[Path], layout: Layout) -> tuple[
         data = _squeeze_trailing(_image_data(img, path), 3)
         if data.ndim != 3:
             raise DataError(
-                f"image file {str(path)!r} has shape {data.shape}; a {LAYOUT_NAMES[layout]} modality must be 3-D"
+                f"image file {str(path)!r} has shape {data.shape}; {_article(layout)} {LAYOUT_NAMES[layout]} {kind} "
+                "must be 3-D"
             )
         if volumes and data.shape != volumes[0].shape:
             raise DataError(
-                f"case {case_id!r}: modality file {str(path)!r} has shape {data.shape} but "
-                f"{str(images[0])!r} has shape {volumes[0].shape}; all modalities must match"
+                f"case {case_id!r}: {what} {str(path)!r} has shape {data.shape} but "
+                f"{str(images[0])!r} has shape {volumes[0].shape}; all {plural} must match"
             )
         reference = img if reference is None else reference
         volumes.append(_as_image(data, path))
     return np.stack(volumes, axis=-1), reference
 
 
-def _read_label(path: Path, shape: Sequence[int], layout: Layout, case_id: str, image_path: Path) -> np.ndarray:
-    """A case's int16 label map, validated against ``layout`` and the image's spatial ``shape``."""
+def _msd_shape_rule(channels: Sequence[str], ndim: int) -> str:
+    """What an MSD image of ``channels`` must look like, for messages."""
+    if len(channels) == 1:
+        return (f"an MSD image of one channel ({channels[0]}) must be 3-D (H, W, D) or (H, W, D, 1); does the "
+                "data set's dataset.json list its channels in 'modality'?")
+    hint = (" (a BraTS case is a folder of four 3-D files, one per modality: pass that folder)"
+            if ndim == 3 and tuple(channels) in (MODALITIES, ("FLAIR", "T1w", "t1gd", "T2w")) else "")
+    return (f"an MSD image must be 4-D (H, W, D, {len(channels)}) with channels "
+            f"{_channel_list(channels)}{hint}")
+
+
+def _read_label(path: Path, shape: Sequence[int], description: DatasetDescription, case_id: str,
+                image_path: Path) -> np.ndarray:
+    """A case's int16 label map, validated against ``description`` and the image's spatial ``shape``."""
     data, _ = _load_nifti(path)
     data = _squeeze_trailing(data, 3)
     if data.shape != tuple(shape):
@@ -538,26 +684,159 @@ def _read_label(path: Path, shape: Sequence[int], layout: Layout, case_id: str, 
             f"label file {str(path)!r} has shape {data.shape} but the image of case "
             f"{case_id!r} ({str(image_path)!r}) has spatial shape {tuple(shape)}"
         )
-    return _as_label(data, path, layout)
+    return _as_label(data, path, description)
 
 
 def read_case(
-    case: CaseFiles, layout: Layout | str
+    case: CaseFiles, dataset: DatasetDescription | Layout | str
 ) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:
     """Read one case as ``(image, label, spacing)``.
 
+    Args:
+        case: from :func:`discover_cases`.
+        dataset: the data set's :class:`~distmis.data.description.DatasetDescription`
+            (:func:`~distmis.data.description.describe_dataset`), or a layout, which stands for its own
+            description (:func:`~distmis.data.description.layout_description`: BraTS, BraTS 2023, MSD Task01).
+
     Returns:
-        image: float32 ``(H, W, D, 4)``, channels in :data:`MODALITIES` order.
-        label: int16 ``(H, W, D)`` with the layout's own values (:data:`LABEL_VALUES`).
+        image: float32 ``(H, W, D, C)``, the description's channels in order (nnU-Net: its channel files stacked).
+        label: int16 ``(H, W, D)`` with the data set's own values (``description.label_values``).
         spacing: voxel size of the first three axes, from the (first) image's header.
 
     Raises:
-        DataError: naming the file, if a file cannot be read, an MSD image is not
-            ``(H, W, D, 4)``, BraTS modalities differ in shape, image and label
-            shapes differ, the image holds NaN/inf, or a label value is not
-            allowed for ``layout``.
+        DataError: naming the file, if a file cannot be read, an MSD image does not hold the description's
+            channels, channel files differ in shape, image and label shapes differ, the image holds NaN/inf,
+            or a label value is not one of the description's (naming the bad values and the allowed ones).
+        ValueError: if ``dataset`` is the layout ``nnunet`` (its description comes from its dataset.json).
     """
-    layout = coerce_layout(layout)
-    image, reference = _read_images(case.case_id, case.images, layout)
-    label = _read_label(case.label, image.shape[:3], layout, case.case_id, case.images[0])
+    description = _as_description(dataset)
+    image, reference = _read_images(case.case_id, case.images, description.layout, description.channels)
+    label = _read_label(case.label, image.shape[:3], description, case.case_id, case.images[0])
     return image, label, _header_spacing(reference)
+
+
+# --------------------------------------------------------------------------- headers: checks and geometry
+
+
+def _header_shape(path: Path) -> tuple[int, ...]:
+    """The data shape in a NIfTI header; DataError naming the file when it cannot be read."""
+    return tuple(int(s) for s in _load_image(path).header.get_data_shape())
+
+
+def _squeezed(shape: tuple[int, ...], ndim: int = 3) -> tuple[int, ...]:
+    """``shape`` without trailing singleton axes beyond ``ndim`` (some tools write (H, W, D, 1))."""
+    while len(shape) > ndim and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def _mm(spacing: Sequence[float]) -> str:
+    return "(" + ", ".join(f"{float(v):g}" for v in spacing) + ") mm"
+
+
+def _same_spacing(a: Sequence[float], b: Sequence[float]) -> bool:
+    return bool(np.allclose(a, b, rtol=1e-4, atol=1e-6))
+
+
+def _check_headers(case_id: str, images: Sequence[Path], label: Path | None, layout: Layout,
+                   channels: Sequence[str], source: str = "the data set has") -> tuple[int, int, int]:
+    """Check one case's files against its channels from their headers alone, and return its spatial shape.
+
+    Refused (DataError naming the file and the values): a file that is not a readable NIfTI file; an image
+    whose channel count is not ``len(channels)`` (MSD: the 4-D last axis, 3-D for one channel; else the number
+    of channel files); a channel file that is not 3-D, or whose shape or spacing differs from the first's;
+    a label whose spatial shape or spacing differs from the image's.
+    """
+    count = len(channels)
+    if layout is Layout.MSD:
+        if len(images) != 1:
+            raise DataError(f"case {case_id!r}: an MSD case has exactly one image file, got {len(images)}")
+        path = images[0]
+        img = _load_image(path)
+        shape = tuple(int(s) for s in img.header.get_data_shape())
+        found = 1 if len(shape) == 3 else (shape[3] if len(shape) == 4 else None)
+        if found != count:
+            got = (f"{found} channel(s)" if found is not None else f"{len(shape)} axes")
+            raise DataError(f"image file {str(path)!r} has shape {shape}, {got}, but {source} {count} "
+                            f"channel(s) ({_channel_list(channels)}); {_msd_shape_rule(channels, len(shape))}")
+        spatial, spacing, first = shape[:3], _header_spacing(img), path
+    else:
+        what = "channel file" if layout is Layout.NNUNET else "modality file"
+        if len(images) != count:
+            raise DataError(f"case {case_id!r} has {len(images)} image file(s) ({', '.join(p.name for p in images)}) "
+                            f"but {source} {count} channel(s) ({_channel_list(channels)}): one 3-D file each")
+        spatial = spacing = None
+        first = images[0]
+        for path in images:
+            img = _load_image(path)
+            shape = _squeezed(tuple(int(s) for s in img.header.get_data_shape()))
+            if len(shape) != 3:
+                raise DataError(f"image file {str(path)!r} has shape {shape}; {_article(layout)} "
+                                f"{LAYOUT_NAMES[layout]} {what.removesuffix(' file')} must be 3-D")
+            zooms = _header_spacing(img)
+            if spatial is None:
+                spatial, spacing = shape, zooms
+            elif shape != spatial:
+                raise DataError(f"case {case_id!r}: {what} {str(path)!r} has shape {shape} but {str(first)!r} has "
+                                f"shape {spatial}; all {'modalities' if what == 'modality file' else what + 's'} "
+                                "must match")
+            elif not _same_spacing(zooms, spacing):  # type: ignore[arg-type]
+                raise DataError(f"case {case_id!r}: {what} {str(path)!r} has voxel spacing {_mm(zooms)} but "
+                                f"{str(first)!r} has {_mm(spacing)}; a case's channels must lie on one grid")
+    if label is not None:
+        img = _load_image(label)
+        shape = _squeezed(tuple(int(s) for s in img.header.get_data_shape()))
+        if shape != tuple(spatial):  # type: ignore[arg-type]
+            raise DataError(f"label file {str(label)!r} has shape {shape} but the image of case {case_id!r} "
+                            f"({str(first)!r}) has spatial shape {tuple(spatial)}")  # type: ignore[arg-type]
+        zooms = _header_spacing(img)
+        if not _same_spacing(zooms, spacing):  # type: ignore[arg-type]
+            raise DataError(f"label file {str(label)!r} has voxel spacing {_mm(zooms)} but the image of case "
+                            f"{case_id!r} ({str(first)!r}) has {_mm(spacing)}; image and label must lie on one grid")
+    return tuple(spatial)  # type: ignore[return-value, arg-type]
+
+
+def check_cases(cases: Sequence[CaseFiles], dataset: DatasetDescription | Layout | str) -> None:
+    """Check every case against its data set's description from the NIfTI headers alone (no voxel data is read,
+    so this is cheap for a whole data set): run it before a conversion starts.
+
+    Refused, naming the file and the values: a channel count that differs from the description's (an MSD
+    image's 4-D last axis, 3-D meaning one channel; the number of nnU-Net or BraTS channel files); channel files
+    whose shapes or spacings differ; a label whose spatial shape or voxel spacing differs from its image's; a
+    file whose header cannot be read. Label values outside the description's labels need the voxel data:
+    :func:`read_case` refuses them, naming the file.
+
+    Raises:
+        DataError: for the first bad case.
+        ValueError: if ``dataset`` is the layout ``nnunet`` (pass its description).
+    """
+    description = _as_description(dataset)
+    for case in cases:
+        _check_headers(case.case_id, case.images, case.label, description.layout, description.channels)
+
+
+def case_affine(case: CaseFiles) -> np.ndarray:
+    """The 4x4 voxel-to-world affine of a case's (first) image file, from its NIfTI header only.
+
+    Raises:
+        DataError: naming the file, if its header cannot be read.
+    """
+    return np.array(_load_image(case.images[0]).affine, dtype=np.float64)
+
+
+def case_orientation(case: CaseFiles) -> str:
+    """The anatomical orientation of a case's image axes, from its header's affine: nibabel's axis codes
+    joined, e.g. ``"RAS"`` or ``"LPS"`` (``"?"`` for an axis the affine leaves undefined).
+
+    Raises:
+        DataError: naming the file, if its header cannot be read.
+    """
+    return affine_orientation(case_affine(case))
+
+
+def affine_orientation(affine: np.ndarray) -> str:
+    """``"RAS"``, ``"LPS"``, ...: the axis codes of a 4x4 affine (nibabel's ``aff2axcodes``), ``"?"`` for an
+    axis it leaves undefined."""
+    import nibabel as nib
+
+    return "".join(code or "?" for code in nib.aff2axcodes(np.asarray(affine)))

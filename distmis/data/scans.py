@@ -6,31 +6,45 @@ a whole data set, whose labels may be absent (a challenge's validation set has
 none), so :func:`discover_scans` accepts any of these inputs and detects its
 layout from the file names:
 
-* one MSD 4-D image file (``.nii`` / ``.nii.gz``): one case named after the file;
+* one MSD image file (``.nii`` / ``.nii.gz``; 4-D, or 3-D for a one-channel
+  model): one case named after the file;
 * an MSD data set folder (with ``dataset.json``): its "training" cases and its
   "test" images;
 * a folder of MSD image files and nothing case-like, e.g. ``imagesTs/``: one
   case per file;
+* an nnU-Net v2 data set folder (``dataset.json`` with ``channel_names``): the
+  cases of its ``imagesTr`` and ``imagesTs`` folders;
+* a folder of nnU-Net channel files ``<case>_XXXX.nii.gz`` (every case with its
+  ``_0000``), e.g. an nnU-Net ``imagesTs/``: one case per ``<case>``;
+* one nnU-Net channel file (the case's other channel files are taken from its
+  folder), or a list of channel files: their case(s);
 * one BraTS (2018-2021) or BraTS 2023 case folder (see
   :mod:`~distmis.data.layouts`): one case;
 * a BraTS or BraTS 2023 data set folder: every sub-folder that is a case folder,
   all of one layout.
 
-An MSD image in a folder ``images<X>`` (``imagesTr``, ``imagesTs``) has the
-label of the same name in the sibling folder ``labels<X>``, when that file
-exists; a case folder's label is its ``seg`` file, when present.
+Files named ``<case>_XXXX`` are taken for nnU-Net channel files when their
+case has its ``_0000`` beside them (``BRATS_0001.nii.gz`` alone stays an MSD
+image); pass ``layout="msd"`` to read them as MSD images instead.
+
+An MSD image (or nnU-Net channel file) in a folder ``images<X>`` (``imagesTr``,
+``imagesTs``) has the label of its case's name in the sibling folder
+``labels<X>``, when that file exists; a case folder's label is its ``seg`` file,
+when present.
 
 :func:`read_scan` reads the image of a :class:`ScanFiles` as
-:func:`~distmis.data.layouts.read_case` does, and returns the nibabel image of
-its (first) file, whose affine and header a written prediction copies;
-:func:`read_scan_label` reads its label, when it has one.
+:func:`~distmis.data.layouts.read_case` does, with the number of channels the
+model takes, and returns the nibabel image of its (first) file, whose affine and
+header a written prediction copies; :func:`read_scan_label` reads its label, when
+it has one.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,38 +54,47 @@ import numpy as np
 from distmis.data.errors import DataError
 from distmis.data.layouts import (
     CASE_FOLDER_LAYOUTS,
-    LABEL_VALUES,
     LAYOUT_NAMES,
     MODALITIES,
     NIFTI_SUFFIXES,
     Layout,
-    _case_folder_files,
-    _case_folder_layout,
+    _CHANNEL_FILE,
+    _as_description,
     _as_image,
     _as_label,
+    _case_folder_files,
+    _case_folder_layout,
     _case_id_from_file,
+    _channel_files,
+    _check_headers,
     _folder_layouts,
     _is_nifti,
     _msd_manifest,
     _msd_training,
+    _nnunet_case_images,
     _read_images,
     _read_label,
     _subfolders,
     case_file_stems,
+    channel_file_name,
     coerce_layout,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     import nibabel as nib
 
+    from distmis.data.description import DatasetDescription
+
 __all__ = ["ACCEPTED_INPUTS", "ScanFiles", "check_scan", "check_scan_data", "detect_layout", "discover_scans",
-           "read_scan", "read_scan_label"]
+           "read_scan", "read_scan_label", "scan_channels"]
 
 #: What :func:`discover_scans` accepts, for messages.
 ACCEPTED_INPUTS = (
-    "accepted inputs: an MSD 4-D image file (.nii or .nii.gz), an MSD data set folder (with dataset.json), "
-    "a folder of MSD image files (e.g. imagesTs), a BraTS case folder (<case>_flair, _t1, _t1ce, _t2 .nii.gz) "
-    "or BraTS 2023 case folder (<case>-t2f, -t1n, -t1c, -t2w .nii.gz), or a folder of such case folders"
+    "accepted inputs: an MSD image file (.nii or .nii.gz; 4-D, or 3-D for one channel), an MSD data set folder "
+    "(with dataset.json), a folder of MSD image files (e.g. imagesTs), an nnU-Net v2 data set folder (dataset.json "
+    "with channel_names), a folder of nnU-Net channel files (<case>_0000.nii.gz, <case>_0001.nii.gz, ...) or some "
+    "of those files, a BraTS case folder (<case>_flair, _t1, _t1ce, _t2 .nii.gz) or BraTS 2023 case folder "
+    "(<case>-t2f, -t1n, -t1c, -t2w .nii.gz), or a folder of such case folders"
 )
 
 
@@ -80,9 +103,10 @@ class ScanFiles:
     """The files of one case to segment.
 
     Attributes:
-        case_id: name of the case, e.g. ``"BRATS_485"`` or ``"BraTS-GLI-00000-000"``.
+        case_id: name of the case, e.g. ``"BRATS_485"``, ``"BraTS-GLI-00000-000"`` or ``"prostate_00"``.
         layout: the convention its files, and its label values, follow.
-        images: MSD: one 4-D image file; BraTS / BraTS 2023: four files in :data:`MODALITIES` order.
+        images: MSD: one image file (4-D, or 3-D for one channel); nnU-Net: one 3-D file per channel, in channel
+            order; BraTS / BraTS 2023: four files in :data:`MODALITIES` order.
         label: its label file, or None when it has none.
 
     A string layout and string paths are accepted and normalised on construction.
@@ -99,6 +123,10 @@ class ScanFiles:
         object.__setattr__(self, "images", tuple(Path(p) for p in self.images))
         if self.label is not None:
             object.__setattr__(self, "label", Path(self.label))
+        if layout is Layout.NNUNET:
+            if not self.images:
+                raise ValueError(f"case {self.case_id!r}: an nnU-Net case has one image file per channel, got none")
+            return
         expected = 1 if layout is Layout.MSD else len(MODALITIES)
         if len(self.images) != expected:
             raise ValueError(
@@ -110,12 +138,13 @@ class ScanFiles:
 # --------------------------------------------------------------------------- discovery
 
 
-def _sibling_label(image: Path) -> Path | None:
-    """``root/imagesTr/X.nii.gz`` -> ``root/labelsTr/X.nii.gz`` when that file exists, else None."""
+def _sibling_label(image: Path, name: str | None = None) -> Path | None:
+    """``root/imagesTr/X.nii.gz`` -> ``root/labelsTr/X.nii.gz`` (or ``labelsTr/<name>``) when that file exists,
+    else None."""
     folder = image.parent
     if not folder.name.startswith("images"):
         return None
-    candidate = folder.parent / f"labels{folder.name[len('images'):]}" / image.name
+    candidate = folder.parent / f"labels{folder.name[len('images'):]}" / (name or image.name)
     return candidate if candidate.is_file() else None
 
 
@@ -153,6 +182,136 @@ def _scans_of_msd_root(root: Path) -> list[ScanFiles]:
     return scans
 
 
+# ---- nnU-Net
+
+
+def _channel_groups(files: Sequence[Path]) -> tuple[dict[str, dict[int, Path]], list[Path], str]:
+    """``files`` (NIfTI) grouped as nnU-Net channel files ``{case: {index: file}}``, the files not named
+    ``<case>_XXXX``, and the files' ending. DataError when one case's channel is given twice, or the files mix
+    ``.nii`` and ``.nii.gz``."""
+    groups: dict[str, dict[int, Path]] = {}
+    misnamed = []
+    endings = {next(s for s in NIFTI_SUFFIXES if p.name.endswith(s)) for p in files}
+    for path in files:
+        stem = _case_id_from_file(path)
+        match = _CHANNEL_FILE.match(stem)
+        if match is None:
+            misnamed.append(path)
+            continue
+        found = groups.setdefault(match["case"], {})
+        index = int(match["index"])
+        if index in found:
+            raise DataError(f"channel {index:04d} of case {match['case']!r} is given twice: {str(found[index])!r} and "
+                            f"{str(path)!r}")
+        found[index] = path
+    return groups, misnamed, (endings.pop() if len(endings) == 1 else "")
+
+
+def _looks_nnunet(groups: dict[str, dict[int, Path]], misnamed: list[Path]) -> bool:
+    """Whether NIfTI files grouped by :func:`_channel_groups` are nnU-Net channel files: all named
+    ``<case>_XXXX``, and every case has its channel 0000."""
+    return bool(groups) and not misnamed and all(0 in found for found in groups.values())
+
+
+def _folder_description(folder: Path) -> DatasetDescription | None:
+    """The nnU-Net description of the data set ``folder`` (e.g. its imagesTs) lies in, when its parent holds an
+    nnU-Net dataset.json that reads."""
+    from distmis.data.description import dataset_json_layout, describe_dataset
+
+    manifest = folder.parent / "dataset.json"
+    if not manifest.is_file():
+        return None
+    try:
+        meta = json.loads(manifest.read_text())
+        if not isinstance(meta, dict) or dataset_json_layout(meta) is not Layout.NNUNET:
+            return None
+        return describe_dataset(folder.parent, Layout.NNUNET)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, DataError):
+        return None
+
+
+def _nnunet_scans(groups: dict[str, dict[int, Path]], ending: str, *,
+                  description: DatasetDescription | None = None, where: str = "") -> list[ScanFiles]:
+    """One scan per case of ``groups`` (from :func:`_channel_groups`), its channel files complete: the
+    description's channels, else as many as the folder's cases have. Labels from the ``labels<X>`` sibling."""
+    if description is not None:
+        channels = description.channels
+        source = f"the data set's dataset.json ({str(description.name)!r}) lists"
+    else:
+        count = max(max(found) for found in groups.values()) + 1
+        channels = tuple(f"channel {i}" for i in range(count))
+        source = f"the cases {where}have" if where else "the cases given have"
+    scans = []
+    for case_id in sorted(groups):
+        found = groups[case_id]
+        folder = next(iter(found.values())).parent
+        images = _nnunet_case_images(case_id, found, folder, channels, ending, source)
+        scans.append(ScanFiles(case_id, Layout.NNUNET, images, _sibling_label(images[0], f"{case_id}{ending}")))
+    return scans
+
+
+def _scans_of_nnunet_root(root: Path) -> list[ScanFiles]:
+    """The cases of an nnU-Net data set's imagesTr (with their labels) and imagesTs (with labelsTs, if any)."""
+    from distmis.data.description import describe_dataset
+
+    description = describe_dataset(root, Layout.NNUNET)
+    ending = description.file_ending
+    scans: list[ScanFiles] = []
+    for name in ("imagesTr", "imagesTs"):
+        folder = root / name
+        if not folder.is_dir():
+            continue
+        groups, misnamed = _channel_files(folder, ending)
+        if misnamed:
+            raise DataError(f"image file {str(misnamed[0])!r} is not named <case>_XXXX{ending}: an nnU-Net image file "
+                            f"holds one channel, XXXX its 4-digit index (0000 for {description.channels[0]!r})")
+        scans += _nnunet_scans(groups, ending, description=description)
+    return scans
+
+
+def _nnunet_folder(folder: Path, nifti_files: list[Path]) -> Callable[[], list[ScanFiles]]:
+    """The scans of a folder of nnU-Net channel files."""
+    def collect() -> list[ScanFiles]:
+        groups, misnamed, ending = _channel_groups(nifti_files)
+        if misnamed:
+            raise DataError(f"{str(misnamed[0])!r} is not named <case>_XXXX.nii.gz, as an nnU-Net channel file is "
+                            f"(e.g. {nifti_files[0].name!r}); a folder holds either nnU-Net channel files or MSD "
+                            "images")
+        if not ending:
+            raise DataError(f"{str(folder)!r} mixes .nii and .nii.gz channel files; an nnU-Net data set has one "
+                            "file_ending")
+        return _nnunet_scans(groups, ending, description=_folder_description(folder), where=f"in {str(folder)!r} ")
+    return collect
+
+
+def _nnunet_files(paths: Sequence[Path]) -> list[ScanFiles]:
+    """The scans of a list of nnU-Net channel files (one case, or several)."""
+    groups, misnamed, ending = _channel_groups(paths)
+    if misnamed:
+        raise DataError(f"{str(misnamed[0])!r} is not named <case>_XXXX.nii.gz: several files are read as the channel "
+                        "files of nnU-Net cases, <case>_0000.nii.gz, <case>_0001.nii.gz, ...")
+    if not ending:
+        raise DataError("the files given mix .nii and .nii.gz; an nnU-Net case's channel files share one ending")
+    folders = {p.parent for p in paths}
+    description = _folder_description(folders.pop()) if len(folders) == 1 else None
+    return _nnunet_scans(groups, ending, description=description)
+
+
+def _case_of_channel_file(path: Path) -> Callable[[], list[ScanFiles]]:
+    """The nnU-Net case one of whose channel files ``path`` is: its channel files from the file's folder."""
+    def collect() -> list[ScanFiles]:
+        ending = next(s for s in NIFTI_SUFFIXES if path.name.endswith(s))
+        case_id = _CHANNEL_FILE.match(_case_id_from_file(path))["case"]  # type: ignore[index]
+        groups, _ = _channel_files(path.parent, ending)
+        description = _folder_description(path.parent)
+        return _nnunet_scans({case_id: groups[case_id]}, ending, description=description,
+                             where=f"{case_id!r} in {str(path.parent)!r} ")
+    return collect
+
+
+# ---- classification
+
+
 def _one_layout(root: Path, folders: list[tuple[Path, Layout]]) -> Layout:
     """The layout of a data set's case folders; DataError, with an example of each, when they differ."""
     layouts = {layout for _, layout in folders}
@@ -179,8 +338,23 @@ def _misnamed_case(files: list[Path]) -> tuple[Layout, str] | None:
     return None
 
 
-def _classify_folder(folder: Path) -> tuple[str, Layout, Callable[[], list[ScanFiles]]]:
+def _dataset_json_layout(folder: Path) -> Layout:
+    """``nnunet`` when ``folder/dataset.json`` has ``channel_names``, else ``msd`` (an unreadable file is left to
+    the MSD reader, which names the problem)."""
+    from distmis.data.description import dataset_json_layout
+
+    try:
+        meta = json.loads((folder / "dataset.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return Layout.MSD
+    return dataset_json_layout(meta) if isinstance(meta, dict) else Layout.MSD
+
+
+def _classify_folder(folder: Path, wanted: Layout | None = None) -> tuple[str, Layout, Callable[[], list[ScanFiles]]]:
     if (folder / "dataset.json").is_file():
+        if _dataset_json_layout(folder) is Layout.NNUNET:
+            return ("an nnU-Net v2 data set with dataset.json", Layout.NNUNET,
+                    functools.partial(_scans_of_nnunet_root, folder))
         return "an MSD data set with dataset.json", Layout.MSD, functools.partial(_scans_of_msd_root, folder)
     own = _case_folder_layout(folder)
     if own is not None:
@@ -204,14 +378,23 @@ def _classify_folder(folder: Path) -> tuple[str, Layout, Callable[[], list[ScanF
                 f"{str(folder)!r} holds the modality files of {LAYOUT_NAMES[layout]} case {case_id!r}, but a case "
                 f"folder must be named after its case: rename the folder to {case_id!r}"
             )
+        if wanted is Layout.NNUNET or (wanted is not Layout.MSD and _looks_nnunet(*_channel_groups(nifti_files)[:2])):
+            return "a folder of nnU-Net channel files", Layout.NNUNET, _nnunet_folder(folder, nifti_files)
         return "a folder of MSD image files", Layout.MSD, lambda: [_msd_scan(p) for p in nifti_files]
     images = [sub.name for sub in _subfolders(folder) if sub.name.startswith("images")]
-    hint = f" (to read the MSD images in {images[0]!r}, pass that folder)" if images else ""
+    hint = ""
+    if images:
+        inside = [p for p in _visible_files(folder / images[0]) if _is_nifti(p)]
+        try:
+            kind = "nnU-Net channel files" if _looks_nnunet(*_channel_groups(inside)[:2]) else "MSD images"
+        except DataError:  # a channel given twice: the folder itself says so when passed
+            kind = "images"
+        hint = f" (to read the {kind} in {images[0]!r}, pass that folder)"
     raise DataError(f"found no scans in {str(folder)!r}: it holds no dataset.json, case folder or NIfTI file{hint}; "
                     f"{ACCEPTED_INPUTS}")
 
 
-def _classify_file(path: Path) -> tuple[str, Layout, Callable[[], list[ScanFiles]]]:
+def _classify_file(path: Path, wanted: Layout | None = None) -> tuple[str, Layout, Callable[[], list[ScanFiles]]]:
     if not _is_nifti(path):
         raise DataError(f"{str(path)!r} is not a NIfTI file (.nii or .nii.gz); {ACCEPTED_INPUTS}")
     for layout in _folder_layouts(path.parent):
@@ -221,28 +404,59 @@ def _classify_file(path: Path) -> tuple[str, Layout, Callable[[], list[ScanFiles
                 f"{str(path)!r} is one file of the {LAYOUT_NAMES[layout]} case folder {str(path.parent)!r}: "
                 f"pass that folder to read the case's {len(MODALITIES)} modalities"
             )
+    match = _CHANNEL_FILE.match(_case_id_from_file(path))
+    if match is not None and wanted is not Layout.MSD:
+        ending = next(s for s in NIFTI_SUFFIXES if path.name.endswith(s))
+        if wanted is Layout.NNUNET or 0 in _channel_files(path.parent, ending)[0].get(match["case"], {}):
+            return "an nnU-Net channel file", Layout.NNUNET, _case_of_channel_file(path)
     return "an MSD image file", Layout.MSD, lambda: [_msd_scan(path)]
 
 
-def discover_scans(path: str | Path, layout: Layout | str | None = None) -> list[ScanFiles]:
+def _classify_files(paths: Sequence[Path], wanted: Layout | None) -> tuple[str, Layout, Callable[[], list[ScanFiles]]]:
+    """Several paths: nnU-Net channel files (grouped by case), or MSD image files (one case each)."""
+    for path in paths:
+        if not path.is_file():
+            raise DataError(f"{str(path)!r} is not a file: several paths given are the image files of the cases; "
+                            f"{ACCEPTED_INPUTS}")
+        if not _is_nifti(path):
+            raise DataError(f"{str(path)!r} is not a NIfTI file (.nii or .nii.gz); {ACCEPTED_INPUTS}")
+    if wanted is Layout.NNUNET or (wanted is None and _looks_nnunet(*_channel_groups(paths)[:2])):
+        return "a list of nnU-Net channel files", Layout.NNUNET, lambda: _nnunet_files(paths)
+    return "a list of MSD image files", Layout.MSD, lambda: [_msd_scan(p) for p in paths]
+
+
+def discover_scans(path: str | Path | Sequence[str | Path], layout: Layout | str | None = None) -> list[ScanFiles]:
     """List the scans at ``path``, one case or a whole data set (see the module docstring), sorted by case id.
 
     Args:
-        path: an image file, a case folder or a data set folder.
-        layout: the layout ``path`` must follow; None: detect it from the file names.
+        path: an image file, a case folder or a data set folder; or several image files (nnU-Net channel files,
+            grouped by case, or MSD images).
+        layout: the layout ``path`` must follow; None: detect it from the file names. ``msd`` reads files named
+            ``<case>_XXXX`` as MSD images, ``nnunet`` as channel files.
 
     Raises:
         DataError: naming the path, if it does not exist, is not a NIfTI file, holds no scan, holds case folders
-            of several layouts or a mix of case folders and image files, a case folder lacks a modality (naming
-            the expected file), a file listed in dataset.json is missing, two scans have one case id, or
-            ``layout`` is not the layout found.
+            of several layouts or a mix of case folders and image files, a case folder lacks a modality or an
+            nnU-Net case a channel file (naming the expected file), a file listed in dataset.json is missing,
+            two scans have one case id, or ``layout`` is not the layout found.
         ValueError: if ``layout`` is not a known layout.
     """
     wanted = None if layout is None else coerce_layout(layout)
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{str(path)!r} does not exist; {ACCEPTED_INPUTS}")
-    what, found, collect = _classify_folder(path) if path.is_dir() else _classify_file(path)
+    if isinstance(path, (str, os.PathLike)):
+        paths = [Path(path)]
+    else:
+        paths = [Path(p) for p in path]
+        if not paths:
+            raise DataError(f"no path given; {ACCEPTED_INPUTS}")
+    for one in paths:
+        if not one.exists():
+            raise DataError(f"{str(one)!r} does not exist; {ACCEPTED_INPUTS}")
+    if len(paths) > 1:
+        what, found, collect = _classify_files(paths, wanted)
+        path = paths[0].parent
+    else:
+        path = paths[0]
+        what, found, collect = _classify_folder(path, wanted) if path.is_dir() else _classify_file(path, wanted)
     if wanted is not None and wanted is not found:
         raise DataError(f"{str(path)!r} is {what} (layout {found.value!r}), but layout {wanted.value!r} was given")
     scans = collect()
@@ -262,84 +476,111 @@ def discover_scans(path: str | Path, layout: Layout | str | None = None) -> list
 # --------------------------------------------------------------------------- reading
 
 
-def read_scan(scan: ScanFiles) -> tuple[np.ndarray, nib.Nifti1Image]:
+def scan_channels(scan: ScanFiles, channels: int | Sequence[str] | None = None) -> tuple[str, ...]:
+    """The channel names a scan is read with: ``channels`` (names, or a count, named ``channel 0``, ...), or by
+    default the layout's: the four modalities for MSD and BraTS, one per file for nnU-Net."""
+    if channels is None:
+        if scan.layout is Layout.NNUNET:
+            return tuple(f"channel {i}" for i in range(len(scan.images)))
+        return _as_description(scan.layout).channels
+    if isinstance(channels, int):
+        if isinstance(channels, bool) or channels < 1:
+            raise ValueError(f"channels must be a positive number or the channel names, got {channels!r}")
+        return tuple(f"channel {i}" for i in range(channels))
+    names = tuple(str(c) for c in channels)
+    if not names:
+        raise ValueError("channels must name at least one channel")
+    return names
+
+
+def read_scan(scan: ScanFiles, channels: int | Sequence[str] | None = None) -> tuple[np.ndarray, nib.Nifti1Image]:
     """Read a scan's image, validated like :func:`~distmis.data.layouts.read_case`.
 
+    Args:
+        scan: from :func:`discover_scans`.
+        channels: the channels the model takes (the recipe's channel names, or their number); None: the
+            layout's (:func:`scan_channels`: MSD and BraTS the four modalities, nnU-Net one per file).
+
     Returns:
-        ``(image, reference)``: the float32 ``(H, W, D, 4)`` image, channels in :data:`MODALITIES` order and
-        as stored (no reorientation), and the nibabel image of ``scan.images[0]`` (header and affine; its
-        voxel data is not cached), whose geometry a prediction written for the scan copies.
+        ``(image, reference)``: the float32 ``(H, W, D, C)`` image, channels in file order and as stored (no
+        reorientation), and the nibabel image of ``scan.images[0]`` (header and affine; its voxel data is not
+        cached), whose geometry a prediction written for the scan copies.
 
     Raises:
-        DataError: naming the file, if it is not a readable NIfTI file, an MSD image is not ``(H, W, D, 4)``,
-            a BraTS modality is not 3-D (trailing singleton axes aside) or differs in shape from the first,
-            or the image holds NaN/inf.
+        DataError: naming the file, if it is not a readable NIfTI file, an MSD image does not hold C channels
+            (3-D is one channel), the number of nnU-Net channel files is not C, a BraTS modality or nnU-Net channel
+            file is not 3-D (trailing singleton axes aside) or differs in shape from the first, or the image holds
+            NaN/inf.
     """
-    return _read_images(scan.case_id, scan.images, scan.layout)
+    names = scan_channels(scan, channels)
+    if scan.layout is Layout.NNUNET and len(scan.images) != len(names):
+        raise DataError(_channel_count_message(scan, names))
+    return _read_images(scan.case_id, scan.images, scan.layout, names)
 
 
-def read_scan_label(scan: ScanFiles, shape: tuple[int, int, int]) -> np.ndarray:
-    """Read a scan's label as int16 ``(H, W, D)``, with the values of ``scan.layout`` (:data:`LABEL_VALUES`).
+def _channel_count_message(scan: ScanFiles, names: Sequence[str]) -> str:
+    files = ", ".join(repr(p.name) for p in scan.images)
+    return (f"case {scan.case_id!r} has {len(scan.images)} channel file(s) ({files}) but the model takes "
+            f"{len(names)} channel(s) ({', '.join(names)}): one file each, "
+            f"{channel_file_name(scan.case_id, 0)} to {channel_file_name(scan.case_id, len(names) - 1)}")
+
+
+def _scan_description(scan: ScanFiles, dataset: DatasetDescription | Layout | str | None) -> DatasetDescription:
+    if dataset is not None:
+        return _as_description(dataset)
+    if scan.layout is Layout.NNUNET:
+        raise ValueError(f"case {scan.case_id!r} is an nnU-Net case: its label values come from its data set's "
+                         "description (pass dataset=, e.g. describe_dataset(root, 'nnunet'))")
+    return _as_description(scan.layout)
+
+
+def read_scan_label(scan: ScanFiles, shape: tuple[int, int, int],
+                    dataset: DatasetDescription | Layout | str | None = None) -> np.ndarray:
+    """Read a scan's label as int16 ``(H, W, D)``, with the values its data set allows.
 
     Args:
         scan: a scan with a label file.
         shape: the spatial shape of its image (``read_scan(scan)[0].shape[:3]``), which the label must have.
+        dataset: the description whose ``label_values`` the label may hold (the model's data set), or a layout
+            (its own description); None: the scan's layout's (:data:`~distmis.data.layouts.LABEL_VALUES`).
 
     Raises:
         DataError: naming the file, if the scan has no label, the label cannot be read, has another shape,
-            or holds a value that is not allowed for the scan's layout.
+            or holds a value that is not allowed.
+        ValueError: if ``dataset`` is None for an nnU-Net scan (it has no fixed label values).
     """
     if scan.label is None:
         if scan.layout is Layout.MSD:
             where = f"an MSD label lies in labelsTr/ beside imagesTr/, named like the image {scan.images[0].name!r}"
+        elif scan.layout is Layout.NNUNET:
+            ending = next((s for s in NIFTI_SUFFIXES if scan.images[0].name.endswith(s)), NIFTI_SUFFIXES[0])
+            where = f"an nnU-Net label lies in labelsTr/ beside imagesTr/, named {scan.case_id}{ending}"
         else:
             where = f"its folder holds no {case_file_stems(scan.layout, scan.case_id)[1]}{NIFTI_SUFFIXES[0]}"
         raise DataError(f"case {scan.case_id!r} ({str(scan.images[0])!r}) has no label file ({where})")
     spatial = tuple(int(s) for s in shape)
     if len(spatial) != 3:
         raise ValueError(f"shape must be the 3 spatial sizes (H, W, D) of the image, got {tuple(shape)!r}")
-    return _read_label(scan.label, spatial, scan.layout, scan.case_id, scan.images[0])
+    return _read_label(scan.label, spatial, _scan_description(scan, dataset), scan.case_id, scan.images[0])
 
 
-def check_scan(scan: ScanFiles) -> tuple[int, int, int]:
+def check_scan(scan: ScanFiles, channels: int | Sequence[str] | None = None) -> tuple[int, int, int]:
     """Check a scan from its files' headers alone (no voxel data is read) and return its spatial shape.
 
     What :func:`read_scan` would refuse for its shape is refused here, so that a command over many scans stops
-    before it has done anything: a file that is not a readable NIfTI file, an MSD image that is not
-    ``(H, W, D, 4)``, a modality that is not 3-D or differs in shape from the first, a label of another shape.
+    before it has done anything: a file that is not a readable NIfTI file, an image that does not hold the
+    ``channels`` (:func:`scan_channels`) - an MSD image's last axis, the number of channel files -, a modality or
+    channel file that is not 3-D or differs in shape or spacing from the first, a label of another shape or
+    spacing than its image.
 
     Raises:
         DataError: naming the file.
     """
-    from distmis.data.layouts import _load_image
-
-    def shape_of(path: Path) -> tuple[int, ...]:
-        shape = tuple(int(s) for s in _load_image(path).header.get_data_shape())
-        while len(shape) > 3 and shape[-1] == 1:  # some tools write (H, W, D, 1)
-            shape = shape[:-1]
-        return shape
-
-    if scan.layout is Layout.MSD:
-        path = scan.images[0]
-        shape = tuple(int(s) for s in _load_image(path).header.get_data_shape())
-        if len(shape) != 4 or shape[3] != len(MODALITIES):
-            raise DataError(f"image file {str(path)!r} has shape {shape}; an MSD image must be 4-D "
-                            f"(H, W, D, {len(MODALITIES)}) with channels {', '.join(MODALITIES)}")
-        spatial = shape[:3]
-    else:
-        shapes = [shape_of(path) for path in scan.images]
-        for path, shape in zip(scan.images, shapes):
-            if len(shape) != 3:
-                raise DataError(f"image file {str(path)!r} has shape {shape}; a {LAYOUT_NAMES[scan.layout]} "
-                                "modality must be 3-D")
-            if shape != shapes[0]:
-                raise DataError(f"case {scan.case_id!r}: modality file {str(path)!r} has shape {shape} but "
-                                f"{str(scan.images[0])!r} has shape {shapes[0]}; all modalities must match")
-        spatial = shapes[0]
-    if scan.label is not None and shape_of(scan.label) != spatial:
-        raise DataError(f"label file {str(scan.label)!r} has shape {shape_of(scan.label)} but the image of case "
-                        f"{scan.case_id!r} ({str(scan.images[0])!r}) has spatial shape {spatial}")
-    return spatial  # type: ignore[return-value]
+    names = scan_channels(scan, channels)
+    if scan.layout is Layout.NNUNET and len(scan.images) != len(names):
+        raise DataError(_channel_count_message(scan, names))
+    source = "the model takes" if channels is not None else "the layout's images have"
+    return _check_headers(scan.case_id, scan.images, scan.label, scan.layout, names, source)
 
 
 #: Bytes of decompressed voxel data :func:`check_scan_data` holds at a time.
@@ -388,32 +629,38 @@ def _voxel_chunks(path: Path) -> Iterator[np.ndarray]:
                         "again")
 
 
-def check_scan_data(scan: ScanFiles, *, label: bool = False) -> None:
+def check_scan_data(scan: ScanFiles, *, label: bool = False,
+                    dataset: DatasetDescription | Layout | str | None = None) -> None:
     """Read the voxel data of every image file of ``scan`` (and, with ``label``, of its label file) once, in
     chunks, holding no whole volume: what :func:`read_scan` (and :func:`read_scan_label`) would refuse for the
     data is refused here, so that a command over many scans stops before it writes anything. A file that
     nibabel opens by its header alone may still be cut short or corrupt in its data.
 
     Refused: data shorter than the header promises, a corrupt compressed stream (gzip's checksum and end marker
-    are checked), image values that are NaN or infinite as float32, label values the layout does not allow.
+    are checked), image values that are NaN or infinite as float32, label values that ``dataset`` (as
+    :func:`read_scan_label` takes it; None: the scan's layout's) does not allow.
 
     Raises:
         DataError: naming the file.
+        ValueError: with ``label``, if ``dataset`` is None for an nnU-Net scan that has a label.
     """
+    description = _scan_description(scan, dataset) if label and scan.label is not None else None
     for path in scan.images:
         for values in _voxel_chunks(path):
             _as_image(values, path)
-    if label and scan.label is not None:
-        allowed = set(LABEL_VALUES[scan.layout])
+    if description is not None and scan.label is not None:
+        allowed = set(description.label_values)
         for values in _voxel_chunks(scan.label):
             if values.dtype.kind in "iub" and set(np.unique(values).tolist()) <= allowed:
                 continue  # the common case, without _as_label's int16 copy
-            _as_label(values, scan.label, scan.layout)
+            _as_label(values, scan.label, description)
 
 
 def detect_layout(root: str | Path) -> Layout:
-    """The layout of the data set (or case) at ``root``, from its file names alone: ``msd`` for a folder with
-    dataset.json or of MSD image files, ``brats`` or ``brats2023`` for a case folder or a folder of them.
+    """The layout of the data set (or case) at ``root``, from its file names alone: ``nnunet`` for a folder whose
+    dataset.json has ``channel_names`` or of nnU-Net channel files (``<case>_0000.nii.gz``, ...), ``msd`` for a
+    folder with another dataset.json or of MSD image files, ``brats`` or ``brats2023`` for a case folder or a
+    folder of them.
 
     Raises:
         DataError: naming ``root``, as :func:`discover_scans` does, when it holds no scan or a mix of layouts.

@@ -110,6 +110,38 @@ def test_a_search_from_the_command_line_prints_what_a_person_reads(tmp_path: Pat
     assert "search_state.json" in capsys.readouterr().err
 
 
+def test_data_inspect_of_an_nnunet_data_set(tmp_path, capsys):
+    """``distmis data inspect`` on an nnU-Net v2 data set, its layout detected from dataset.json's channel_names:
+    channels, classes with voxel counts, spacings, orientations and intensities above the per-case table."""
+    import numpy as np
+
+    from tests.data.test_description import write_nnunet_dataset
+
+    label = np.zeros((6, 5, 4), np.uint8)
+    label[1:3, 1:3, 1:3] = 1
+    label[4:6, 3:5, 2:4] = 2
+    ct = np.arange(120, dtype=np.int16).reshape(6, 5, 4) - 1000
+    root = write_nnunet_dataset(tmp_path / "Dataset009_Abdomen", {
+        "abd_0": ([ct], label), "abd_1": ([ct], label)},
+        {"channel_names": {"0": "CT"}, "labels": {"background": 0, "liver": 1, "spleen": 2}, "file_ending": ".nii.gz"},
+        affines={"abd_1": np.diag([-0.5, -0.5, 3.0, 1.0])})
+    assert main(["data", "inspect", str(root), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "layout: nnunet (detected" in captured.err and captured.err.count("\n") == 1  # nothing else on stderr
+    out = captured.out
+    assert out.startswith("Dataset009_Abdomen: 2 cases, layout nnunet (nnU-Net v2)\nchannels: 0 CT\n")
+    assert re.search(r"^  1 liver +16 voxels \(6\.67%\) in 2/2 cases$", out, re.M), out
+    assert re.search(r"^  2 spleen +16 voxels", out, re.M) and re.search(r"^  0 background +208 voxels", out, re.M)
+    assert "spacing (mm): min 0.5 x 0.5 x 1, median 0.75 x 0.75 x 2, max 1 x 1 x 3" in out
+    assert "orientations: LPS x1, RAS x1" in out
+    voxels, inside = np.concatenate([ct.ravel()] * 2), np.concatenate([ct[label > 0]] * 2)
+    figures = [voxels.min(), *np.percentile(voxels, [0.5, 99.5]), voxels.max()]
+    row = "  0 CT " + " ".join(f"{v:>11.4g}" for v in figures)
+    low, high = np.percentile(inside, [0.5, 99.5])
+    assert f"{row}   {low:.4g} .. {high:.4g}\n" in out, out
+    assert re.search(r"^ *abd_1 +\(6, 5, 4\) +\(0.5, 0.5, 3.0\) +LPS ", out, re.M)  # the per-case table
+
+
 def test_data_commands(tmp_path, capsys):
     data = tmp_path / "brats"
     assert main(["data", "synth", str(data), "--layout", "brats", "--cases", "4", "--shape", "16x16x16", "--quiet"]) == 0
@@ -132,7 +164,7 @@ def test_data_commands(tmp_path, capsys):
     assert main(["data", "inspect", str(data2023)]) == 0
     captured = capsys.readouterr()
     assert "layout: brats2023 (detected" in captured.err and "BraTS-GLI-00002-000" in captured.out
-    assert "3 (" in captured.out  # BraTS 2023's enhancing label, 3, was read as allowed
+    assert re.search(r"^  3 enhancing tumour +[\d,]+ voxels", captured.out, re.M)  # BraTS 2023's ET, 3, allowed
     # --overwrite replaces only what distmis wrote: a manifest beside an unrelated file is not enough.
     (out / "results.xlsx").write_text("a user's file")
     capsys.readouterr()

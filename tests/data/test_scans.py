@@ -81,7 +81,10 @@ def test_scan_files_normalises_and_checks_the_image_count(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="MSD cases have 1 image file"):
         ScanFiles("c", "msd", scan.images, None)
     with pytest.raises(ValueError, match="unknown layout"):
-        ScanFiles("c", "nnunet", scan.images[:1], None)
+        ScanFiles("c", "decathlon", scan.images[:1], None)
+    assert ScanFiles("c", "nnunet", scan.images[:2]).images == scan.images[:2]  # one file per channel, any number
+    with pytest.raises(ValueError, match="one image file per channel, got none"):
+        ScanFiles("c", "nnunet", ())
 
 
 # --------------------------------------------------------------------------- discovery: MSD
@@ -241,8 +244,10 @@ def test_a_given_layout_must_agree(msd_root: Path, brats_root: Path, brats2023_r
         discover_scans(msd_root, "brats")
     with pytest.raises(DataError, match=r"is an MSD image file \(layout 'msd'\), but layout 'brats2023'"):
         discover_scans(msd_root / "imagesTr" / "BRATS_001.nii.gz", "brats2023")
-    with pytest.raises(ValueError, match="unknown layout 'nnunet'"):
+    with pytest.raises(DataError, match=r"is an MSD data set with dataset.json \(layout 'msd'\), but layout 'nnunet'"):
         discover_scans(msd_root, "nnunet")
+    with pytest.raises(ValueError, match="unknown layout 'decathlon'"):
+        discover_scans(msd_root, "decathlon")
 
 
 def test_missing_path(tmp_path: Path) -> None:
@@ -418,3 +423,177 @@ def test_a_validation_set_reads_without_labels(brats2023_root: Path, tmp_path: P
     scans = discover_scans(root, "brats2023")
     assert len(scans) == 3 and all(s.label is None for s in scans)
     assert read_scan(scans[0])[0].shape == SHAPE + (4,)
+
+
+# --------------------------------------------------------------------------- nnU-Net scans, one-channel MSD scans
+
+from distmis.data import describe_dataset  # noqa: E402
+from distmis.data.scans import check_scan, check_scan_data, detect_layout  # noqa: E402
+
+from .test_description import BRATS_REGIONS_JSON, PROSTATE_NNUNET_JSON, write_nnunet_dataset  # noqa: E402
+
+
+def _channels(count: int, shape: tuple[int, int, int] = SMALL) -> list[np.ndarray]:
+    return [np.full(shape, 10 * (c + 1), np.int16) for c in range(count)]
+
+
+def _nnunet_root(root: Path) -> Path:
+    """Two training cases (T2, ADC; labels 0-2) and two test cases, one of them with a label in labelsTs."""
+    write_nnunet_dataset(root, {"p_02": (_channels(2), _label((0, 1, 2))), "p_01": (_channels(2), _label((0, 1)))})
+    write_nnunet_dataset(root, {"p_90": (_channels(2), _label((0, 2)))}, {**PROSTATE_NNUNET_JSON, "numTraining": 2},
+                         folder="Ts")
+    for c in range(2):
+        write_nifti(root / "imagesTs" / f"p_91_{c:04d}.nii.gz", _channels(2)[c])
+    return root
+
+
+def test_nnunet_root_lists_its_training_and_test_cases(tmp_path: Path) -> None:
+    root = _nnunet_root(tmp_path / "Dataset005_Prostate")
+    assert detect_layout(root) is Layout.NNUNET
+    assert _summary(discover_scans(root)) == [
+        ("p_01", "nnunet", 2, "p_01.nii.gz"), ("p_02", "nnunet", 2, "p_02.nii.gz"),
+        ("p_90", "nnunet", 2, "p_90.nii.gz"), ("p_91", "nnunet", 2, None)]
+    scan = discover_scans(root, "nnunet")[3]
+    assert scan.images == (root / "imagesTs" / "p_91_0000.nii.gz", root / "imagesTs" / "p_91_0001.nii.gz")
+    with pytest.raises(DataError, match=r"is an nnU-Net v2 data set with dataset.json \(layout 'nnunet'\), but layout "
+                                        r"'msd' was given"):
+        discover_scans(root, "msd")
+
+
+def test_folder_of_nnunet_channel_files_groups_them_by_case(tmp_path: Path) -> None:
+    root = _nnunet_root(tmp_path / "Dataset005_Prostate")
+    assert detect_layout(root / "imagesTs") is Layout.NNUNET
+    assert _summary(discover_scans(root / "imagesTs")) == [("p_90", "nnunet", 2, "p_90.nii.gz"),
+                                                           ("p_91", "nnunet", 2, None)]
+    (root / "imagesTs" / "p_91_0001.nii.gz").unlink()
+    with pytest.raises(DataError) as info:
+        discover_scans(root / "imagesTs")
+    message = str(info.value)  # the channel names come from the data set's dataset.json
+    assert f"missing channel file {str(root / 'imagesTs' / 'p_91_0001.nii.gz')!r} (channel 0001, 'ADC')" in message
+    alone = tmp_path / "elsewhere"  # no dataset.json above: the other cases tell the channel count
+    for case_id, count in (("a", 3), ("b", 2)):
+        for c in range(count):
+            write_nifti(alone / f"{case_id}_{c:04d}.nii.gz", _channels(3)[c])
+    with pytest.raises(DataError, match=r"case 'b': missing channel file .*b_0002\.nii\.gz' \(channel 0002, "
+                                        r"'channel 2'\); the cases in .*elsewhere' have 3 channel\(s\)"):
+        discover_scans(alone)
+
+
+def test_one_nnunet_channel_file_is_its_whole_case(tmp_path: Path) -> None:
+    root = _nnunet_root(tmp_path / "d")
+    for name in ("p_90_0001.nii.gz", "p_90_0000.nii.gz"):
+        (scan,) = discover_scans(root / "imagesTs" / name)
+        assert scan == ScanFiles("p_90", Layout.NNUNET, (root / "imagesTs" / "p_90_0000.nii.gz",
+                                                         root / "imagesTs" / "p_90_0001.nii.gz"),
+                                 root / "labelsTs" / "p_90.nii.gz")
+
+
+def test_a_list_of_channel_files_is_their_case(tmp_path: Path) -> None:
+    root = _nnunet_root(tmp_path / "d")
+    files = [root / "imagesTr" / "p_02_0001.nii.gz", root / "imagesTr" / "p_02_0000.nii.gz"]
+    (scan,) = discover_scans(files)
+    assert scan.case_id == "p_02" and scan.images == tuple(reversed(files)) and scan.label.name == "p_02.nii.gz"
+    (scan,) = discover_scans([str(files[1]), str(files[0])], "nnunet")  # strings too
+    assert len(scan.images) == 2
+    with pytest.raises(DataError, match=r"case 'p_01': missing channel file .*p_01_0001\.nii\.gz' \(channel 0001, "
+                                        r"'ADC'\)"):
+        discover_scans([root / "imagesTr" / "p_01_0000.nii.gz", *files])
+    with pytest.raises(DataError, match="channel 0001 of case 'p_02' is given twice"):
+        discover_scans([files[0], files[0]])
+    two_msd = [_msd_image(tmp_path / "m" / "BRATS_001.nii.gz"), _msd_image(tmp_path / "m" / "BRATS_002.nii.gz")]
+    assert _summary(discover_scans(two_msd)) == [("BRATS_001", "msd", 1, None), ("BRATS_002", "msd", 1, None)]
+
+
+def test_msd_files_named_like_channel_files(tmp_path: Path) -> None:
+    path = write_nifti(tmp_path / "scans" / "ct_0000.nii.gz", np.ones(SMALL, np.float32))
+    assert _summary(discover_scans(path)) == [("ct", "nnunet", 1, None)]  # nnU-Net's naming wins by default
+    assert _summary(discover_scans(path, "msd")) == [("ct_0000", "msd", 1, None)]
+    assert _summary(discover_scans(tmp_path / "scans", "msd")) == [("ct_0000", "msd", 1, None)]
+    numbered = tmp_path / "numbered"  # no case has a channel 0000: MSD images that end in 4 digits
+    for name in ("BRATS_0001.nii.gz", "BRATS_0002.nii.gz"):
+        _msd_image(numbered / name)
+    assert _summary(discover_scans(numbered)) == [("BRATS_0001", "msd", 1, None), ("BRATS_0002", "msd", 1, None)]
+    assert detect_layout(numbered) is Layout.MSD
+    assert _summary(discover_scans(numbered / "BRATS_0001.nii.gz")) == [("BRATS_0001", "msd", 1, None)]
+
+
+def test_read_scan_with_the_models_channels(tmp_path: Path) -> None:
+    affine = np.diag([-0.7, -0.7, 3.0, 1.0])
+    data = np.random.default_rng(0).integers(-1000, 1000, SMALL).astype(np.int16)
+    (scan,) = discover_scans(write_nifti(tmp_path / "ct" / "spleen_1.nii.gz", data, affine))
+    image, reference = read_scan(scan, ["CT"])
+    assert image.shape == SMALL + (1,) and image.dtype == np.float32
+    np.testing.assert_array_equal(image[..., 0], data)
+    np.testing.assert_allclose(reference.affine, affine)
+    assert check_scan(scan, 1) == SMALL
+    with pytest.raises(DataError, match=r"spleen_1\.nii\.gz' has shape \(12, 10, 8\), 1 channel\(s\), but the model "
+                                        r"takes 2 channel\(s\) \(T2, ADC\)"):
+        check_scan(scan, ["T2", "ADC"])
+    with pytest.raises(DataError, match=r"spleen_1\.nii\.gz' has shape \(12, 10, 8\); an MSD image must be 4-D "
+                                        r"\(H, W, D, 2\)"):
+        read_scan(scan, 2)
+
+    root = _nnunet_root(tmp_path / "d")
+    scan = discover_scans(root / "imagesTs" / "p_91_0000.nii.gz")[0]
+    image, reference = read_scan(scan, ("T2", "ADC"))
+    assert [float(image[0, 0, 0, c]) for c in range(2)] == [10.0, 20.0]
+    assert reference.get_filename() == str(scan.images[0]) and read_scan(scan)[0].shape == SMALL + (2,)
+    assert check_scan(scan, 2) == SMALL
+    for call in (read_scan, check_scan):
+        with pytest.raises(DataError, match=r"case 'p_91' has 2 channel file\(s\) \('p_91_0000\.nii\.gz', "
+                                            r"'p_91_0001\.nii\.gz'\) but the model takes 3 channel\(s\) \(T2, ADC, "
+                                            r"PD\): one file each, p_91_0000\.nii\.gz to p_91_0002\.nii\.gz"):
+            call(scan, ["T2", "ADC", "PD"])
+    with pytest.raises(ValueError, match="channels must be a positive number"):
+        read_scan(scan, 0)
+
+
+def test_check_scan_refuses_channel_files_that_differ(tmp_path: Path) -> None:
+    folder = tmp_path / "imagesTs"
+    write_nifti(folder / "c_0000.nii.gz", np.ones(SMALL, np.float32))
+    write_nifti(folder / "c_0001.nii.gz", np.ones(SMALL, np.float32), np.diag([1.0, 1.0, 2.0, 1.0]))
+    (scan,) = discover_scans(folder)
+    with pytest.raises(DataError, match=r"c_0001\.nii\.gz' has voxel spacing \(1, 1, 2\) mm but .*c_0000\.nii\.gz' "
+                                        r"has \(1, 1, 1\) mm"):
+        check_scan(scan, 2)
+    write_nifti(folder / "c_0001.nii.gz", np.ones((12, 10, 7), np.float32))
+    with pytest.raises(DataError, match=r"c_0001\.nii\.gz' has shape \(12, 10, 7\) but .* all channel files "
+                                        r"must match"):
+        check_scan(scan, 2)
+
+
+def test_read_scan_label_with_the_models_classes(tmp_path: Path) -> None:
+    label = _label((0, 1, 2, 3))
+    write_nnunet_dataset(tmp_path / "d", {"b_1": (_channels(4), label)}, BRATS_REGIONS_JSON)
+    description = describe_dataset(tmp_path / "d", "nnunet")
+    (scan,) = discover_scans(tmp_path / "d" / "imagesTr")
+    np.testing.assert_array_equal(read_scan_label(scan, SMALL, description), label)
+    check_scan_data(scan, label=True, dataset=description)
+    with pytest.raises(ValueError, match="nnU-Net case: its label values come from its data set's description"):
+        read_scan_label(scan, SMALL)
+    with pytest.raises(DataError) as info:
+        read_scan_label(scan, SMALL, "brats")  # BraTS 2018-2021 has no 3
+    assert "b_1.nii.gz" in str(info.value) and "values [3]" in str(info.value)
+    with pytest.raises(DataError, match=r"b_1\.nii\.gz' contains values \[3\]"):
+        check_scan_data(scan, label=True, dataset="brats")
+    check_scan_data(scan)  # the images alone need no description
+    (tmp_path / "d" / "labelsTr" / "b_1.nii.gz").unlink()
+    (scan,) = discover_scans(tmp_path / "d" / "imagesTr")
+    with pytest.raises(DataError, match=r"has no label file \(an nnU-Net label lies in labelsTr/ beside imagesTr/, "
+                                        r"named b_1\.nii\.gz\)"):
+        read_scan_label(scan, SMALL, description)
+
+
+def test_one_channel_msd_task_round_trip(tmp_path: Path) -> None:
+    """A spleen-like MSD task: its training cases and test images are found and read with the task's description."""
+    from .test_description import write_msd_task
+
+    ct = np.random.default_rng(3).integers(-1000, 1000, SMALL).astype(np.int16)
+    root = write_msd_task(tmp_path / "Task09_Spleen", {"spleen_1": (ct, _label((0, 1)))})
+    description = describe_dataset(root, "msd")
+    (scan,) = discover_scans(root)
+    (case,) = discover_cases(root, "msd")
+    image, _ = read_scan(scan, description.channels)
+    expected, label, _ = read_case(case, description)
+    np.testing.assert_array_equal(image, expected)
+    np.testing.assert_array_equal(read_scan_label(scan, SMALL, description), label)
