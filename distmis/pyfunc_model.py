@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import types
 from typing import Any, Callable, Sequence
 
@@ -128,13 +129,16 @@ def center_crop_or_pad(array: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
-def resize(array: np.ndarray, shape: Sequence[int], *, order: int) -> np.ndarray:
+def resize(array: np.ndarray, shape: Sequence[int], *, order: int, grid_mode: bool = False) -> np.ndarray:
     """Resample the first three axes to exactly ``shape`` with ``scipy.ndimage.zoom``.
 
     Args:
         array: ``(H, W, D)`` or ``(H, W, D, C)``; channels are resampled one by one.
         shape: target ``(h, w, d)``.
         order: spline order: 1 (linear) for images, 0 (nearest) for label maps.
+        grid_mode: False (``resize``): the first and last voxel centres stay where they are; True (resampling to a
+            spacing): the voxels are cells and the volume's extent stays, so the new grid's spacing is exactly
+            ``old spacing * old size / new size`` (scipy's ``grid_mode``).
 
     Returns:
         an array of shape ``(h, w, d, ...)`` and the input dtype.
@@ -149,11 +153,11 @@ def resize(array: np.ndarray, shape: Sequence[int], *, order: int) -> np.ndarray
         return array.copy()
     factors = [want / size for want, size in zip(target, array.shape[:3])]
     if array.ndim == 3:
-        out = ndimage.zoom(array, factors, order=order, mode="nearest", grid_mode=False)
+        out = ndimage.zoom(array, factors, order=order, mode="nearest", grid_mode=grid_mode)
     else:
         flat = array.reshape(array.shape[:3] + (-1,))
         out = np.stack(
-            [ndimage.zoom(flat[..., i], factors, order=order, mode="nearest", grid_mode=False)
+            [ndimage.zoom(flat[..., i], factors, order=order, mode="nearest", grid_mode=grid_mode)
              for i in range(flat.shape[-1])],
             axis=-1,
         ).reshape(target + array.shape[3:])
@@ -225,6 +229,234 @@ def target_to_labels(target: np.ndarray, layout: str, mode: str) -> np.ndarray:
     labels[on[..., 1]] = CORE_ONLY_VALUE[layout]
     labels[on[..., 2]] = ENHANCING_VALUE[layout]
     return labels
+
+
+# --------------------------------------------------------------------------- targets: what the output channels mean
+
+
+def metric_key(name: str) -> str:
+    """A label's name as it appears in metric names (``val_dice_<key>``): letters, digits, ``_``, ``.`` and ``-``
+    kept, every other run of characters one ``_`` (``"non-enhancing tumor"`` -> ``"non-enhancing_tumor"``)."""
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name)).strip("_")
+    return key or "label"
+
+
+def _channel(name: str, values: Sequence[int], paint: int) -> dict[str, Any]:
+    return {"name": str(name), "key": metric_key(name), "values": [int(v) for v in values], "paint": int(paint)}
+
+
+def legacy_targets(layout: str, mode: str) -> dict[str, Any]:
+    """The target scheme of the brain-tumour label modes on a brain-tumour layout (``msd`` meaning MSD Task01):
+    ``whole-tumour``: one channel WT, every tumour label; ``regions``: the nested BraTS regions WT, TC, ET, painted
+    back as edema, the core's other label and enhancing tumour. Both sigmoid. (Recipes written before the target
+    scheme was recorded mean this.)"""
+    if layout not in EDEMA_VALUE:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {list(EDEMA_VALUE)}")
+    if mode not in LABEL_MODES:
+        raise ValueError(f"unknown label mode {mode!r}; expected one of {list(LABEL_MODES)}")
+    tumour = sorted({EDEMA_VALUE[layout], *CORE_VALUES[layout]})
+    if mode == "whole-tumour":
+        return {"mode": mode, "activation": "sigmoid", "channels": [_channel("WT", tumour, 1)]}
+    return {"mode": mode, "activation": "sigmoid", "channels": [
+        _channel("WT", tumour, EDEMA_VALUE[layout]),
+        _channel("TC", CORE_VALUES[layout], CORE_ONLY_VALUE[layout]),
+        _channel("ET", (ENHANCING_VALUE[layout],), ENHANCING_VALUE[layout]),
+    ]}
+
+
+def recipe_targets(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The target scheme a recipe (or a TFRecord manifest's ``preprocess``) records; for one written before it was
+    recorded, :func:`legacy_targets` of its layout and label mode."""
+    targets = recipe.get("targets")
+    return targets if targets else legacy_targets(str(recipe["layout"]), str(recipe["labels"]))
+
+
+def foreground(targets: dict[str, Any]) -> list[dict[str, Any]]:
+    """The channels that are scored: all of them, but the background channel of a softmax (``classes``) scheme."""
+    channels = list(targets["channels"])
+    return channels[1:] if targets["activation"] == "softmax" else channels
+
+
+def labels_to_channels(label: np.ndarray, targets: dict[str, Any]) -> np.ndarray:
+    """uint8 ``(H, W, D, C)``: channel ``c`` is 1 where the label map holds one of the channel's ``values``
+    (``classes``: the one-hot encoding, background first; ``regions``: the overlapping regions)."""
+    label = np.asarray(label)
+    return np.stack([np.isin(label, channel["values"]) for channel in targets["channels"]], axis=-1).astype(np.uint8)
+
+
+def channel_masks(prob: np.ndarray, targets: dict[str, Any], threshold: float = 0.5) -> np.ndarray:
+    """Boolean ``(..., C)``: what a prediction's channels hold. Sigmoid: each channel at or above ``threshold``;
+    softmax: the one-hot encoding of the argmax over the channels (the first of equal ones)."""
+    prob = np.asarray(prob)
+    if prob.shape[-1] != len(targets["channels"]):
+        raise ValueError(f"the prediction has {prob.shape[-1]} channel(s), the target scheme "
+                         f"{len(targets['channels'])}: {[c['name'] for c in targets['channels']]}")
+    if targets["activation"] == "softmax":
+        winner = np.argmax(prob, axis=-1)
+        return winner[..., None] == np.arange(prob.shape[-1])
+    return prob >= threshold
+
+
+def probabilities_to_labels(prob: np.ndarray, targets: dict[str, Any], threshold: float = 0.5) -> np.ndarray:
+    """A label map ``(H, W, D)`` in the data set's values from per-channel probabilities ``(H, W, D, C)``. Softmax:
+    each voxel takes the ``paint`` value of its most probable channel. Sigmoid: 0, then each channel at or above
+    ``threshold`` painted with its value in order, so a later (inner) region wins, as nnU-Net's
+    ``regions_class_order``. uint8 when every value fits, else uint16."""
+    masks = channel_masks(prob, targets, threshold)
+    paints = [int(channel["paint"]) for channel in targets["channels"]]
+    dtype = np.uint8 if max(paints + [0]) <= 255 else np.uint16
+    if targets["activation"] == "softmax":
+        return np.asarray(paints, dtype=dtype)[np.argmax(masks, axis=-1)]
+    labels = np.zeros(masks.shape[:-1], dtype=dtype)
+    for index, paint in enumerate(paints):
+        labels[masks[..., index]] = paint
+    return labels
+
+
+# --------------------------------------------------------------------------- intensities, orientation, spacing
+
+
+def normalize_channels(image: np.ndarray, normalization: Sequence[dict[str, Any]] | None) -> np.ndarray:
+    """Each channel of ``(H, W, D, C)`` normalised by its scheme: ``zscore`` (:func:`zscore_nonzero`, per case over
+    the channel's non-zero voxels) or ``ct`` (clipped to ``[lower, upper]``, the training cases' foreground 0.5 and
+    99.5 percentiles, then ``(x - mean) / std`` with their foreground mean and standard deviation, as nnU-Net's CT
+    normalisation). ``None``: every channel ``zscore``. Returns float32."""
+    if image.ndim != 4:
+        raise ValueError(f"normalize_channels expects an (H, W, D, C) image, got shape {image.shape}")
+    if normalization is None:
+        return zscore_nonzero(image)
+    if len(normalization) != image.shape[-1]:
+        raise ValueError(f"the image has {image.shape[-1]} channel(s), the normalisation names {len(normalization)}")
+    out = np.empty(image.shape, dtype=np.float32)
+    for c, scheme in enumerate(normalization):
+        channel = image[..., c:c + 1]
+        if scheme["scheme"] == "zscore":
+            out[..., c:c + 1] = zscore_nonzero(channel)
+        elif scheme["scheme"] == "ct":
+            std = max(float(scheme["std"]), 1e-8)
+            clipped = np.clip(channel.astype(np.float64), float(scheme["lower"]), float(scheme["upper"]))
+            out[..., c:c + 1] = ((clipped - float(scheme["mean"])) / std).astype(np.float32)
+        else:
+            raise ValueError(f"unknown normalisation scheme {scheme['scheme']!r}; expected 'zscore' or 'ct'")
+    return out
+
+
+_AXIS_PAIRS = ("RL", "AP", "SI")
+
+
+def check_axcodes(axcodes: str, what: str = "orientation") -> str:
+    """``axcodes`` as three upper-case letters naming where each array axis points (nibabel's ``aff2axcodes``,
+    e.g. ``"RAS"``, ``"LPS"``), one of R/L, one of A/P and one of S/I; ValueError otherwise."""
+    codes = str(axcodes).upper()
+    if len(codes) != 3 or sorted(next((i for i, pair in enumerate(_AXIS_PAIRS) if c in pair), 9) for c in codes) \
+            != [0, 1, 2]:
+        raise ValueError(f"{what} must be three axis codes, one of R/L, A/P and S/I (e.g. 'RAS', 'LPS'), "
+                         f"got {axcodes!r}")
+    return codes
+
+
+def _orientation(source: str, target: str) -> tuple[list[int], list[bool]]:
+    """For each target axis: the source axis it comes from, and whether it is flipped."""
+    source, target = check_axcodes(source), check_axcodes(target)
+    order, flips = [], []
+    for code in target:
+        pair = next(p for p in _AXIS_PAIRS if code in p)
+        axis = next(i for i, c in enumerate(source) if c in pair)
+        order.append(axis)
+        flips.append(source[axis] != code)
+    return order, flips
+
+
+def reorient(array: np.ndarray, source: str, target: str) -> np.ndarray:
+    """The first three axes of ``array`` (oriented ``source``, e.g. ``"LPS"``) permuted and flipped to ``target``
+    (e.g. ``"RAS"``); trailing axes kept. ``reorient(reorient(a, s, t), t, s)`` is ``a``."""
+    order, flips = _orientation(source, target)
+    out = np.transpose(array, order + list(range(3, array.ndim)))
+    for axis, flip in enumerate(flips):
+        if flip:
+            out = np.flip(out, axis=axis)
+    return np.ascontiguousarray(out)
+
+
+def reoriented_spacing(spacing: Sequence[float], source: str, target: str) -> tuple[float, float, float]:
+    """The voxel spacing of an array after :func:`reorient` (the axes permuted alike)."""
+    order, _ = _orientation(source, target)
+    return tuple(float(spacing[axis]) for axis in order)  # type: ignore[return-value]
+
+
+def resampled_shape(shape: Sequence[int], spacing: Sequence[float], target: Sequence[float]) -> tuple[int, int, int]:
+    """The shape a volume of ``shape`` voxels at ``spacing`` mm has at ``target`` mm: ``round(n * s / t)``, at
+    least 1 (the field of view kept, as nnU-Net computes it)."""
+    return tuple(max(1, int(round(int(n) * float(s) / float(t))))  # type: ignore[return-value]
+                 for n, s, t in zip(tuple(shape)[:3], spacing, target))
+
+
+INTERPOLATION_ORDER = {"linear": 1, "bspline": 3}
+
+
+def preprocess_geometry(shape: Sequence[int], preprocess: dict[str, Any], spacing: Sequence[float] | None = None,
+                        axcodes: str | None = None) -> dict[str, Any]:
+    """Where each step of :func:`prepare_image` takes a scan of spatial ``shape`` (``spacing`` mm, oriented
+    ``axcodes``): the shapes after reorientation and resampling, and what the restore needs to go back."""
+    shape = check_shape3(tuple(shape)[:3], "scan shape")
+    orientation = preprocess.get("orientation")
+    target_spacing = preprocess.get("spacing")
+    if orientation and axcodes is None:
+        raise ValueError(f"this model reorients every scan to {orientation}: give the scan's orientation "
+                         f"(params={{'orientation': 'LPS'}}, nibabel.aff2axcodes of its affine)")
+    if target_spacing and spacing is None:
+        raise ValueError(f"this model resamples every scan to a {list(target_spacing)} mm grid: give the scan's "
+                         "voxel spacing (params={'spacing': [x, y, z]}, in mm, along the array's axes)")
+    oriented, oriented_spacing = shape, tuple(spacing) if spacing is not None else None
+    if orientation:
+        order, _ = _orientation(axcodes, orientation)  # type: ignore[arg-type]
+        oriented = tuple(shape[axis] for axis in order)
+        if oriented_spacing is not None:
+            oriented_spacing = reoriented_spacing(oriented_spacing, axcodes, orientation)  # type: ignore[arg-type]
+    resampled = resampled_shape(oriented, oriented_spacing, target_spacing) if target_spacing else oriented
+    return {"shape": list(shape), "axcodes": axcodes, "oriented": list(oriented), "resampled": list(resampled)}
+
+
+def prepare_volume(array: np.ndarray, preprocess: dict[str, Any], geometry: dict[str, Any], *, label: bool) -> np.ndarray:
+    """The geometry steps of the preprocessing on an image ``(H, W, D, C)`` (already normalised) or a label map
+    ``(H, W, D)``: reorientation, resampling to the target spacing (images linearly or by B-spline, labels by
+    nearest neighbour), centre crop / pad, resize (images linearly, labels by nearest neighbour)."""
+    orientation, crop, resize_to = preprocess.get("orientation"), preprocess.get("crop"), preprocess.get("resize")
+    order = 0 if label else INTERPOLATION_ORDER[preprocess.get("interpolation") or "linear"]
+    out = array
+    if orientation:
+        out = reorient(out, geometry["axcodes"], orientation)
+    if tuple(geometry["resampled"]) != tuple(out.shape[:3]):
+        out = resize(out, geometry["resampled"], order=order, grid_mode=True)
+    if crop is not None:
+        out = center_crop_or_pad(out, crop)
+    if resize_to is not None:
+        out = resize(out, resize_to, order=0 if label else 1)
+    return np.ascontiguousarray(out)
+
+
+def prepare_image(image: np.ndarray, preprocess: dict[str, Any], spacing: Sequence[float] | None = None,
+                  axcodes: str | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    """What a network's input is made of, in training and prediction: each channel normalised
+    (:func:`normalize_channels`), then :func:`prepare_volume`. Returns the float32 ``(h, w, d, C)`` input and the
+    geometry (:func:`preprocess_geometry`) that :func:`restore_probabilities` undoes."""
+    geometry = preprocess_geometry(image.shape[:3], preprocess, spacing, axcodes)
+    normalised = normalize_channels(image, preprocess.get("normalization"))
+    out = prepare_volume(normalised, preprocess, geometry, label=False)
+    return np.ascontiguousarray(out, dtype=np.float32), geometry
+
+
+def restore_probabilities(prob: np.ndarray, preprocess: dict[str, Any], geometry: dict[str, Any]) -> np.ndarray:
+    """Per-channel values ``(h, w, d, C)`` on the network's grid -> ``(H, W, D, C)`` on the scan's own grid: the
+    resize and crop undone (:func:`restore_geometry`), the values resampled linearly back to the scan's shape before
+    resampling, and the reorientation undone."""
+    orientation = preprocess.get("orientation")
+    out = restore_geometry(prob, geometry["resampled"], preprocess.get("crop"), preprocess.get("resize"))
+    if tuple(geometry["oriented"]) != tuple(out.shape[:3]):
+        out = resize(out, geometry["oriented"], order=1, grid_mode=True)
+    if orientation:
+        out = reorient(out, orientation, geometry["axcodes"])
+    return np.ascontiguousarray(out, dtype=np.float32)
 
 
 # --------------------------------------------------------------------------- sliding windows
@@ -328,7 +560,7 @@ def network_probabilities(network: Any, image: np.ndarray, recipe: dict[str, Any
     """Float32 probabilities ``(h, w, d, K)`` of one preprocessed channels-last volume ``(h, w, d, C)``, predicted by
     windows of ``recipe["window"]`` with its ``inference`` settings. ``network``: a Keras model (channels-last) when
     ``recipe["framework"]`` is ``tensorflow``, else a torch module (channels-first, on ``device``); its ``logits``
-    (``recipe["output"]``) go through a sigmoid."""
+    (``recipe["output"]``) go through the target scheme's activation (sigmoid, or softmax over the channels)."""
     channels = len(recipe["modalities"])
     if image.ndim != 4 or image.shape[-1] != channels:
         raise ValueError(f"image must be (h, w, d, {channels}), got shape {image.shape}")
@@ -341,10 +573,13 @@ def network_probabilities(network: Any, image: np.ndarray, recipe: dict[str, Any
     import torch
 
     logits = recipe["output"] == "logits"
+    softmax = recipe_targets(recipe)["activation"] == "softmax"
 
     def predictor(windows: torch.Tensor) -> torch.Tensor:
         out = network(windows)
-        return torch.sigmoid(out) if logits else out
+        if not logits:
+            return out
+        return torch.softmax(out, dim=1) if softmax else torch.sigmoid(out)
 
     volume = torch.from_numpy(np.ascontiguousarray(np.moveaxis(image, -1, 0)[None], dtype=np.float32))
     with torch.no_grad():
@@ -354,15 +589,21 @@ def network_probabilities(network: Any, image: np.ndarray, recipe: dict[str, Any
 
 
 def segment(image: np.ndarray, recipe: dict[str, Any], probabilities: Callable[[np.ndarray], np.ndarray],
-            layout: str | None = None) -> np.ndarray:
-    """The uint8 label map ``(H, W, D)`` of a raw image ``(H, W, D, C)``, in ``layout``'s label values (default: the
-    recipe's, the training data's): preprocessed, ``probabilities`` (a preprocessed volume -> its ``(h, w, d, K)``
-    probabilities), geometry restored, thresholded at ``recipe["threshold"]``, regions recombined."""
-    crop, resize_to = recipe.get("crop"), recipe.get("resize")
-    prob = probabilities(preprocess_image(image, crop, resize_to))
-    prob = restore_geometry(prob, image.shape[:3], crop, resize_to)
-    return target_to_labels(prob >= float(recipe.get("threshold", 0.5)), str(layout or recipe["layout"]),
-                            recipe["labels"])
+            layout: str | None = None, spacing: Sequence[float] | None = None,
+            axcodes: str | None = None) -> np.ndarray:
+    """The label map ``(H, W, D)`` of a raw image ``(H, W, D, C)`` in the data set's label values: preprocessed as the
+    recipe says (:func:`prepare_image`: normalisation, reorientation, resampling to the target spacing, crop / pad,
+    resize), ``probabilities`` (a preprocessed volume -> its ``(h, w, d, K)`` probabilities), every geometric step
+    undone on the probabilities (:func:`restore_probabilities`), then thresholded or argmaxed and painted in the
+    data set's label values (:func:`probabilities_to_labels`). ``spacing`` (mm) and ``axcodes`` (e.g. ``"LPS"``) describe
+    the scan; a recipe that resamples or reorients needs them. ``layout``: for the brain-tumour label modes, whose
+    label values to write (default the training data's)."""
+    inputs, geometry = prepare_image(image, recipe, spacing, axcodes)
+    prob = restore_probabilities(probabilities(inputs), recipe, geometry)
+    targets = recipe_targets(recipe)
+    if layout and layout != recipe.get("layout"):
+        targets = legacy_targets(str(layout), str(targets["mode"]))
+    return probabilities_to_labels(prob, targets, float(recipe.get("threshold", 0.5)))
 
 
 def load_network(path: str, framework: str) -> tuple[Any, str]:
@@ -415,13 +656,16 @@ def check_image(model_input: Any, modalities: Sequence[str]) -> np.ndarray:
 
 
 def check_params(params: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[str, Any]:
-    """The prediction's parameters: ``spacing`` (the case's voxel spacing in mm, three positive numbers; optional,
-    None when not given: today's recipes do not resample) and ``layout`` (whose label values to write; default the
-    recipe's). ValueError for anything else."""
+    """The prediction's parameters: ``spacing`` (the case's voxel spacing in mm along the array's axes, three positive
+    numbers; needed when the recipe resamples to a target spacing), ``orientation`` (where the array's axes point,
+    e.g. ``"LPS"``: nibabel's ``aff2axcodes`` of the scan's affine; needed when the recipe reorients) and ``layout``
+    (brain-tumour label modes only: whose label values to write; default the recipe's). ValueError for anything
+    else."""
     params = dict(params or {})
-    unknown = sorted(set(params) - {"spacing", "layout"})
+    unknown = sorted(set(params) - {"spacing", "layout", "orientation"})
     if unknown:
-        raise ValueError(f"unknown parameter(s) {unknown}; the model takes 'spacing' (3 numbers, mm) and 'layout'")
+        raise ValueError(f"unknown parameter(s) {unknown}; the model takes 'spacing' (3 numbers, mm), 'orientation' "
+                         "(axis codes such as 'LPS') and 'layout'")
     spacing = params.get("spacing")
     if spacing is not None and np.size(spacing) == 0:  # MLflow's default for a spacing not given: []
         spacing = None
@@ -433,10 +677,17 @@ def check_params(params: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[
         if values.shape != (3,) or not (np.isfinite(values).all() and (values > 0).all()):
             raise ValueError(f"spacing must be the case's voxel spacing: 3 positive numbers (mm), got {spacing!r}")
         spacing = tuple(float(v) for v in values)
+    orientation = params.get("orientation") or None  # MLflow's default for a string not given: ""
+    if orientation is not None:
+        orientation = check_axcodes(orientation, "the orientation parameter")
     layout = params.get("layout") or recipe["layout"]
-    if layout not in EDEMA_VALUE:
-        raise ValueError(f"layout must be one of {list(EDEMA_VALUE)}, got {layout!r}")
-    return {"spacing": spacing, "layout": str(layout)}
+    if layout != recipe["layout"]:
+        if recipe_targets(recipe)["mode"] not in LABEL_MODES:
+            raise ValueError(f"layout {layout!r}: the layout parameter picks the label values of a brain-tumour "
+                             f"layout; this model writes its data set's own label values")
+        if layout not in EDEMA_VALUE:
+            raise ValueError(f"layout must be one of {list(EDEMA_VALUE)}, got {layout!r}")
+    return {"spacing": spacing, "layout": str(layout), "orientation": orientation}
 
 
 class SegmentationModel:
@@ -468,7 +719,8 @@ class SegmentationModel:
         training data's)."""
         image = check_image(model_input, self.recipe["modalities"])
         settings = check_params(params, self.recipe)
-        return segment(image, self.recipe, self.probabilities, settings["layout"])
+        return segment(image, self.recipe, self.probabilities, settings["layout"], settings["spacing"],
+                       settings["orientation"])
 
 
 def pyfunc_class() -> type:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -293,18 +294,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from distmis.predict.resolve import ModelNotFound, model_folder
     from distmis.predict.segment import check_output_folder, check_outputs, check_scans, predict_scans
 
-    # Bad input is refused before the model is loaded or a file written: the output folder, the scans' headers,
-    # the files to write, then every scan's voxel data (read once, not kept).
+    # Bad input is refused before a file is written: the output folder, the scans found, the files to write; then,
+    # with the model loaded (it says which channels and label values a scan holds), every scan's headers and voxel
+    # data (read once, not kept).
     check_output_folder(args.output)
     scans = discover_scans(args.input, args.layout)
     check_outputs(scans, args.output, overwrite=args.overwrite)
-    check_scans(scans, labels=args.labels, progress=not args.quiet)
     start = time.perf_counter()
     try:
         with model_folder(args.model, args.tracking_uri) as folder:
             model = SegmentationModel.load(folder)
     except (ModelNotFound, RecipeError) as exc:
         raise BadInput(str(exc)) from None
+    check_scans(scans, labels=args.labels, progress=not args.quiet, recipe=model.recipe)
     results = predict_scans(model, scans, args.output, score=args.labels, progress=not args.quiet,
                             overwrite=args.overwrite, checked=True)
     seconds = time.perf_counter() - start
@@ -323,39 +325,77 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def cmd_data_synth(args: argparse.Namespace) -> int:
     from distmis.data.synthetic import synthesize_dataset
 
+    if args.lps_cases > args.cases:
+        raise BadInput(f"data synth: --lps-cases {args.lps_cases} is more than --cases {args.cases}")
     try:
         ids = synthesize_dataset(args.out, args.layout, cases=args.cases, shape=args.shape, seed=args.seed,
-                                 progress=not args.quiet)
-    except ValueError as exc:  # the generator's own argument checks: bad input, not a crash
+                                 progress=not args.quiet, kind=args.kind, lps_cases=args.lps_cases)
+    except ValueError as exc:  # the generator's own argument checks (e.g. --kind ct with --layout brats): bad input
         raise BadInput(f"data synth: {exc}") from None
-    print(f"wrote {len(ids)} synthetic {args.layout} cases to {args.out}")
+    lps = f", the last {args.lps_cases} in LPS orientation" if args.lps_cases else ""
+    print(f"wrote {len(ids)} synthetic {args.kind} cases in the {args.layout} layout to {args.out}{lps}")
     return EXIT_OK
 
 
 def cmd_data_tfrecord(args: argparse.Namespace) -> int:
-    from distmis.data.layouts import Layout, discover_cases
-    from distmis.data.preprocess import LabelMode, PreprocessConfig
+    from pydantic import ValidationError
+
+    from distmis.data.layouts import Layout, check_cases, discover_cases
     from distmis.data.split import make_split
+    from distmis.search.prepare import dataset_description, preprocess_config, with_statistics
+    from distmis.spec.schema import DatasetSpec
 
     layout = _layout_of(args)
+    try:
+        dataset = DatasetSpec(path=str(args.dataset), layout=layout, labels=args.labels, crop=args.crop,
+                              resize=args.resize, orientation=args.orientation, spacing=args.spacing,
+                              normalization=args.normalization)
+    except ValidationError as exc:
+        raise BadInput(f"data tfrecord: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+    description = dataset_description(dataset)
     cases = discover_cases(args.dataset, layout)
+    check_cases(cases, description)
     train, val, test = args.split
     try:
         split = make_split([c.case_id for c in cases], train=train, val=val, test=test, seed=args.seed)
     except ValueError as exc:
         raise BadInput(f"--split {train} {val} {test}: {exc}") from None
-    config = PreprocessConfig(layout=Layout(layout), labels=LabelMode(args.labels),
-                              crop=args.crop, resize=args.resize)
+    config = preprocess_config(dataset, description, cases, split)
+    config = with_statistics(config, cases, split, description, progress=not args.quiet)
     from distmis.data.tfrecord import convert_to_tfrecords
 
     manifest = convert_to_tfrecords(cases, split, config, args.out, shards_per_split=args.shards,
-                                    workers=args.workers, progress=not args.quiet, overwrite=args.overwrite)
+                                    workers=args.workers, progress=not args.quiet, overwrite=args.overwrite,
+                                    description=description)
     counts = ", ".join(f"{name}: {manifest['splits'][name]['num_cases']}" for name in ("train", "val", "test"))
     print(f"wrote TFRecords to {args.out} ({counts}; image shape {manifest['image_shape']})")
     return EXIT_OK
+
+
+def _spacing(text: str) -> str | tuple[float, float, float]:
+    """``auto`` or ``X,Y,Z``: three positive numbers (mm)."""
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected 'auto' or three positive numbers X,Y,Z (mm), got {text!r}")
+    return values  # type: ignore[return-value]
 
 
 def _layout_of(args: argparse.Namespace) -> str:
@@ -370,13 +410,13 @@ def _layout_of(args: argparse.Namespace) -> str:
 
 
 def cmd_data_inspect(args: argparse.Namespace) -> int:
-    from distmis.data.inspect import format_inspection, inspect_dataset
+    from distmis.data.inspect import format_summary, summarize_dataset
 
-    frame = inspect_dataset(args.dataset, _layout_of(args))
-    per_case = frame.drop(columns=[c for c in frame.columns if c == "label_counts"])
-    print(per_case.to_string(index=False))
-    print()
-    print(format_inspection(frame))
+    summary = summarize_dataset(args.dataset, _layout_of(args), progress=not args.quiet)
+    print(format_summary(summary))
+    if len(summary.cases):
+        print()
+        print(summary.cases.drop(columns=["label_counts"]).to_string(index=False))
     return EXIT_OK
 
 
@@ -470,12 +510,19 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="dataset tools: synth, tfrecord, inspect")
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
 
-    p = dsub.add_parser("synth", help="write a synthetic NIfTI dataset in MSD, BraTS or BraTS 2023 layout")
+    p = dsub.add_parser("synth", help="write a synthetic NIfTI dataset (brain tumour MRI or CT-like organs) in the "
+                                      "MSD, nnU-Net, BraTS or BraTS 2023 layout")
     p.add_argument("out", help="folder to create")
-    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="msd")
+    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="msd",
+                   help="on-disk layout (default msd); --kind ct is written as msd or nnunet only")
+    p.add_argument("--kind", choices=["brain", "ct"], default="brain",
+                   help="brain: four MRI channels, 1 mm, a tumour with three labels (default); ct: one CT channel in "
+                        "HU, liver/spleen/kidney classes 1-3, anisotropic spacings that differ between cases")
     p.add_argument("--cases", type=_positive_int, default=10)
     p.add_argument("--shape", type=_synthetic_shape, default=(64, 64, 64), help="H,W,D, each >= 8 (default 64,64,64)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lps-cases", type=_non_negative_int, default=0, metavar="K",
+                   help="write the last K cases in LPS orientation instead of RAS, same world anatomy (default 0)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_data_synth)
 
@@ -483,7 +530,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dataset", help="dataset folder")
     p.add_argument("out", help="TFRecord folder to create")
     p.add_argument("--layout", choices=LAYOUT_CHOICES, help="the data set's layout (default: detected from its files)")
-    p.add_argument("--labels", choices=["whole-tumour", "regions"], default="whole-tumour")
+    p.add_argument("--labels", choices=["whole-tumour", "regions", "classes"], default="whole-tumour",
+                   help="classes: the data set's labels one-hot with background; regions: BraTS WT/TC/ET or "
+                        "nnU-Net's region-based labels")
+    p.add_argument("--normalization", choices=["zscore", "ct"],
+                   help="every channel's scheme (default: by channel name, CT -> ct, else zscore)")
+    p.add_argument("--orientation", choices=["RAS"], help="reorient every case first")
+    p.add_argument("--spacing", type=_spacing, help="resample to X,Y,Z mm, or 'auto' (the median of the non-test "
+                                                    "cases)")
     p.add_argument("--crop", type=_shape, help="centre crop H,W,D (zero-padded where smaller)")
     p.add_argument("--resize", type=_shape, help="resize to H,W,D after cropping")
     p.add_argument("--split", type=float, nargs=3, default=(0.7, 0.15, 0.15), metavar=("TRAIN", "VAL", "TEST"))
@@ -494,9 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_data_tfrecord)
 
-    p = dsub.add_parser("inspect", help="cases, shapes, spacing, dtypes and label counts of a dataset")
-    p.add_argument("dataset", help="dataset folder")
+    p = dsub.add_parser("inspect", help="channels, classes with voxel counts, shapes, spacings, orientations and "
+                                        "intensity ranges of a dataset, then one row per case")
+    p.add_argument("dataset", help="dataset folder (MSD or nnU-Net v2 root with dataset.json, or a BraTS folder)")
     p.add_argument("--layout", choices=LAYOUT_CHOICES, help="the data set's layout (default: detected from its files)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_data_inspect)
     return parser
 

@@ -204,11 +204,16 @@ def _ctrl_c_ignored_by_new_readers() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
-def _load_case(case: CaseFiles, config: PreprocessConfig) -> tuple[str, np.ndarray, np.ndarray]:
-    """Worker: read and preprocess one case (numpy / nibabel / scipy only)."""
-    image, label, _ = read_case(case, config.layout)
+def _load_case(case: CaseFiles, job: tuple[PreprocessConfig, Any]) -> tuple[str, np.ndarray, np.ndarray]:
+    """Worker: read and preprocess one case (numpy / nibabel / scipy only). ``job``: the preprocessing and the data
+    set's description (None: the layout's own)."""
+    from distmis.data.layouts import case_orientation
+
+    config, description = job
+    image, label, spacing = read_case(case, description if description is not None else config.layout)
+    axcodes = case_orientation(case) if config.orientation is not None else None
     try:
-        image, target = preprocess_case(image, label, config)
+        image, target = preprocess_case(image, label, config, spacing, axcodes)
     except DataError:
         raise
     except ValueError as exc:
@@ -216,7 +221,7 @@ def _load_case(case: CaseFiles, config: PreprocessConfig) -> tuple[str, np.ndarr
     return case.case_id, image, target
 
 
-def _ordered_map(fn: Callable[..., R], items: Sequence[T], config: PreprocessConfig, workers: int) -> Iterator[R]:
+def _ordered_map(fn: Callable[..., R], items: Sequence[T], config: Any, workers: int) -> Iterator[R]:
     """``fn(item, config)`` for every item, in order, with at most ``2 * workers`` results in flight.
 
     Uses a *spawn* process pool, so that workers start clean even if the parent
@@ -587,6 +592,7 @@ def convert_to_tfrecords(
     workers: int | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    description: Any = None,
 ) -> dict[str, Any]:
     """Read, preprocess and write the cases of ``split`` as sharded TFRecords.
 
@@ -600,6 +606,8 @@ def convert_to_tfrecords(
             Always clamped to ``[1, number of cases in the split]``.
         workers: reader processes; default ``min(cpu count, 4)``; 1 = in-process.
         progress: show a tqdm progress bar on stderr.
+        description: the data set's :class:`~distmis.data.description.DatasetDescription` (its channels and
+            labels); None: the layout's own (the BraTS layouts, MSD Task01).
         overwrite: replace an existing TFRecord folder at ``out_dir``: an
             empty folder, or one that holds only its manifest and the plain
             files the manifest lists (all that is deleted). Anything else in
@@ -641,7 +649,7 @@ def convert_to_tfrecords(
         os.rmdir(tmp)
         raise
     try:
-        results = _ordered_map(_load_case, ordered, config, workers)
+        results = _ordered_map(_load_case, ordered, (config, description), workers)
         bar = tqdm(total=len(ordered), desc="tfrecords", unit="case", disable=not progress, file=sys.stderr)
         try:
             image_shape: tuple[int, ...] | None = None
@@ -677,7 +685,10 @@ def convert_to_tfrecords(
             manifest = {
                 "format_version": FORMAT_VERSION,
                 "preprocess": config.to_dict(),
-                "modalities": list(MODALITIES),
+                "modalities": list(config.channels or MODALITIES),
+                "channels": list(config.channels or MODALITIES),
+                "targets": config.scheme,
+                "dataset": description.to_dict() if description is not None else None,
                 "image_shape": list(image_shape),
                 "label_shape": list(label_shape),
                 "image_dtype": "float32",
@@ -833,8 +844,9 @@ def make_dataset(
         shard: ``(num_shards, index)`` keeps every ``num_shards``-th case
             starting at ``index`` (one data-parallel worker's part).
         repeat: make the dataset endless (take a fixed number of batches per epoch).
-        tile_sampling: the fraction of tiles centred on a foreground voxel (any label channel), drawn at
-            random; the others at a uniform random offset (``training.tile_sampling``).
+        tile_sampling: the fraction of tiles centred on a foreground voxel (any label channel but a one-hot's
+            background: any class), drawn at random; the others at a uniform random offset
+            (``training.tile_sampling``).
         augment: ``training.augment``: random transforms of each element after its tile is cut
             (:mod:`distmis.data.augment_tf`; training pipelines only), seeded by ``seed`` and the epoch.
 
@@ -882,7 +894,10 @@ def make_dataset(
     else:  # each element drawn a random integer, re-drawn each epoch: its tile's and its transforms' seed
         ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)))
         if tile3 is not None:
-            crop = _tiler(tf, tile3, image_shape, label_shape, seed, tile_sampling)
+            from distmis.data.targets import manifest_targets
+
+            first = 1 if manifest_targets(manifest)["activation"] == "softmax" else 0  # a one-hot's background
+            crop = _tiler(tf, tile3, image_shape, label_shape, seed, tile_sampling, first_foreground=first)
             ds = ds.map(lambda pair, draw: (crop(pair, draw), draw), num_parallel_calls=autotune, deterministic=True)
         ds = ds.map(lambda pair, draw: (pair[0], tf.cast(pair[1], tf.float32), draw), num_parallel_calls=autotune,
                     deterministic=True)
@@ -922,12 +937,13 @@ def _parser(tf: Any, image_shape: list[int], label_shape: list[int]) -> Callable
 
 def _tiler(
     tf: Any, tile: tuple[int, int, int], image_shape: list[int], label_shape: list[int], seed: int,
-    tile_sampling: float = 0.0,
+    tile_sampling: float = 0.0, first_foreground: int = 0,
 ) -> Callable[[Any, Any], tuple[Any, Any]]:
     """Random crop of ``tile`` at one offset for image and label, from a per-element random int: a uniform
-    offset, or with probability ``tile_sampling`` the tile centred on a random foreground voxel (moved inside
-    the volume where it would stick out; a case without foreground keeps its uniform offset). The foreground
-    draws come from a stream of their own, so the uniform offsets are those of ``tile_sampling`` 0."""
+    offset, or with probability ``tile_sampling`` the tile centred on a random foreground voxel (a voxel of any
+    label channel from ``first_foreground`` on: 1 skips a one-hot's background; moved inside the volume where it
+    would stick out; a case without foreground keeps its uniform offset). The foreground draws come from a stream
+    of their own, so the uniform offsets are those of ``tile_sampling`` 0."""
     max_offset = tf.constant([s - t for s, t in zip(image_shape[:3], tile)], tf.float32)
     half = tf.constant([t // 2 for t in tile], tf.int32)
     if not 0.0 <= tile_sampling <= 1.0:
@@ -940,7 +956,8 @@ def _tiler(
         if tile_sampling > 0:
             coin, pick = tf.unstack(tf.random.stateless_uniform(
                 [2], seed=tf.stack([tf.constant(seed, tf.int64) + 1, draw]), dtype=tf.float32))
-            foreground = tf.cast(tf.where(tf.reduce_any(label > 0, axis=-1)), tf.int32)  # (N, 3) voxels
+            held = label[..., first_foreground:]
+            foreground = tf.cast(tf.where(tf.reduce_any(held > 0, axis=-1)), tf.int32)  # (N, 3) voxels
             count = tf.shape(foreground)[0]
 
             def centred() -> Any:

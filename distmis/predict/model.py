@@ -114,14 +114,27 @@ class SegmentationModel:
             return self.pyfunc.unwrap_python_model().probabilities(image)
         return pyfunc_model.network_probabilities(self.network, image, self.recipe.to_dict(), self.device)
 
+    def _written_layout(self, layout: Layout | str | None) -> str:
+        """Whose label values to write: a brain-tumour model (the BraTS regions or whole tumour of a BraTS layout or
+        MSD Task01) writes a brain-tumour scan's ``layout``'s; any other model its own data set's."""
+        own = self.recipe.layout
+        if layout is None:
+            return own
+        wanted = coerce_layout(layout).value
+        return wanted if self.recipe.brain_tumour and wanted in pyfunc_model.EDEMA_VALUE else own
+
     def segment(self, image: np.ndarray, layout: Layout | str | None = None,
-                spacing: Sequence[float] | None = None) -> np.ndarray:
-        """The uint8 label map ``(H, W, D)`` of a raw image ``(H, W, D, C)`` in ``layout``'s label values (default:
-        the training data's); ``spacing``: the scan's voxel spacing (mm), handed to the model."""
-        layout = coerce_layout(layout or self.recipe.layout).value
+                spacing: Sequence[float] | None = None, orientation: str | None = None) -> np.ndarray:
+        """The label map ``(H, W, D)`` of a raw image ``(H, W, D, C)`` in the data set's label values (brain-tumour
+        label modes: ``layout``'s, default the training data's); ``spacing``: the scan's voxel spacing (mm) and
+        ``orientation`` its axis codes (e.g. ``"LPS"``), handed to the model, which needs them when it resamples or
+        reorients."""
+        layout = self._written_layout(layout)
         if self.pyfunc is None:
-            return pyfunc_model.segment(image, self.recipe.to_dict(), self.probabilities, layout)
+            return pyfunc_model.segment(image, self.recipe.to_dict(), self.probabilities, layout, spacing, orientation)
         params: dict[str, Any] = {"layout": layout}
         if spacing is not None:
             params["spacing"] = [float(s) for s in spacing]
+        if orientation is not None:
+            params["orientation"] = str(orientation)
         return np.asarray(self.pyfunc.predict(np.asarray(image, dtype=np.float32), params=params))

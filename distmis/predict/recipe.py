@@ -1,8 +1,9 @@
 """What a trained model expects of a scan and how it is applied: the ``preprocessing.json`` of every model.
 
-A network alone cannot segment a scan: it needs its input made as its training data were (modalities in
-order, z-scored over the brain, cropped or padded and resized to the training grid) and it sees one window
-(the training tile) at a time. :class:`ModelRecipe` records all of that from the search's spec and the
+A network alone cannot segment a scan: it needs its input made as its training data were (channels in
+order, each normalised by its scheme, reoriented and resampled to the training spacing where asked, cropped or
+padded and resized to the training grid), it sees one window (the training tile) at a time, and its output
+channels mean what the target scheme says (sigmoid regions or softmax classes, and the label values to write). :class:`ModelRecipe` records all of that from the search's spec and the
 TFRecord manifest when the model is logged (an artifact of the MLflow model, ``artifacts/preprocessing.json``;
 ``extra_files/`` in folders saved before), and the model's code, :mod:`distmis.pyfunc_model`, follows it to the
 letter (it reads the file as a plain dict: the model needs no distmis).
@@ -22,7 +23,7 @@ __all__ = ["RECIPE_FILE", "ModelRecipe", "RecipeError"]
 
 #: File name of the recipe, in the model's folder (``extra_files/``) and on its trial run.
 RECIPE_FILE = "preprocessing.json"
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: channels of any data set, per-channel normalisation, orientation, spacing, target scheme
 
 
 class RecipeError(ValueError):
@@ -47,17 +48,28 @@ class ModelRecipe:
     Attributes:
         framework: ``tensorflow`` (a Keras model, channels-last input) or ``torch`` (channels-first).
         model: the architecture's name in the spec (``unet3d``, ``vit-seg``).
-        modalities: the input channels, in order (the MSD Task01 order, whatever the data set's layout).
-        normalisation: ``zscore-nonzero``: each channel z-scored over its non-zero voxels, background 0.
-        layout: label convention of the data the model was trained on.
-        labels: ``whole-tumour`` (1 channel) or ``regions`` (WT, TC, ET).
+        modalities: the input channels' names, in order (the data set's ``modality`` / ``channel_names``; the
+            four BraTS modalities for the BraTS layouts).
+        normalisation: ``zscore-nonzero`` in recipes of version 1 (every channel z-scored over its non-zero
+            voxels); version 2 records ``normalization`` instead.
+        normalization: per channel, ``{"scheme": "zscore"}`` or ``{"scheme": "ct", "lower", "upper", "mean",
+            "std"}`` (None: every channel ``zscore``).
+        orientation: ``RAS`` when every scan is reoriented there first (None: kept as stored).
+        spacing: the voxel spacing (mm) every scan is resampled to (None: kept).
+        interpolation: ``linear`` or ``bspline``: how images are resampled to ``spacing``.
+        layout: on-disk layout of the data the model was trained on.
+        labels: ``whole-tumour``, ``regions`` or ``classes``.
+        targets: the target scheme (:mod:`distmis.data.targets`): what each output channel means and which label
+            value it is written back with (None in version 1: the BraTS scheme of ``layout`` and ``labels``).
+        dataset: the training data set's description (:class:`~distmis.data.description.DatasetDescription`
+            as a dict: its channels and labels; None in version 1: the layout's own).
         crop: centre crop / zero pad of the scan before the resize (None: none).
         resize: shape the cropped scan is resampled to (None: none).
         window: the network's input (training tile, or the whole training volume); larger volumes are
             predicted by sliding windows of it, smaller ones zero-padded to it.
         inference: the sliding-window settings.
-        output: what the network returns: ``probabilities`` (sigmoid inside) or ``logits``.
-        threshold: probability at or above which a voxel belongs to a channel's region.
+        output: what the network returns: ``probabilities`` (its activation inside) or ``logits``.
+        threshold: probability at or above which a voxel belongs to a sigmoid channel's region.
         spec_name: the search the model comes from.
     """
 
@@ -72,10 +84,18 @@ class ModelRecipe:
     resize: tuple[int, int, int] | None = None
     modalities: tuple[str, ...] = MODALITIES
     normalisation: str = "zscore-nonzero"
+    normalization: tuple[dict[str, Any], ...] | None = None
+    orientation: str | None = None
+    spacing: tuple[float, float, float] | None = None
+    interpolation: str = "linear"
+    targets: dict[str, Any] | None = None
+    dataset: dict[str, Any] | None = None
     inference: InferenceSettings = field(default_factory=InferenceSettings)
     threshold: float = 0.5
     spec_name: str = ""
     version: int = RECIPE_VERSION
+
+    __hash__ = None  # type: ignore[assignment]  # holds dicts
 
     def __post_init__(self) -> None:
         if self.framework not in ("tensorflow", "torch"):
@@ -84,22 +104,51 @@ class ModelRecipe:
             raise RecipeError(f"output must be 'probabilities' or 'logits', got {self.output!r}")
         if self.normalisation != "zscore-nonzero":
             raise RecipeError(f"normalisation {self.normalisation!r} is not one distmis applies ('zscore-nonzero')")
-        if tuple(self.modalities) != MODALITIES:
-            raise RecipeError(f"modalities must be {list(MODALITIES)}, got {list(self.modalities)}")
+        if not self.modalities or not all(isinstance(m, str) and m for m in self.modalities):
+            raise RecipeError(f"modalities must name the input channels, got {list(self.modalities)}")
         if self.version > RECIPE_VERSION:
             raise RecipeError(f"recipe version {self.version} is newer than this distmis reads ({RECIPE_VERSION}): "
                               "upgrade distmis")
-        self.preprocess_config  # validates layout, labels, crop and resize
-        if self.preprocess_config.num_classes != self.num_classes:
-            raise RecipeError(f"labels {self.labels!r} means {self.preprocess_config.num_classes} channel(s), "
+        config = self.preprocess_config  # validates layout, labels, crop, resize, normalisation, geometry, targets
+        if config.num_classes != self.num_classes:
+            raise RecipeError(f"labels {self.labels!r} means {config.num_classes} channel(s), "
                               f"but num_classes is {self.num_classes}")
 
     @property
     def preprocess_config(self) -> PreprocessConfig:
         try:
-            return PreprocessConfig(layout=self.layout, labels=self.labels, crop=self.crop, resize=self.resize)
+            return PreprocessConfig(layout=self.layout, labels=self.labels, crop=self.crop, resize=self.resize,
+                                    channels=self.modalities, normalization=self.normalization,
+                                    orientation=self.orientation, spacing=self.spacing,
+                                    interpolation=self.interpolation,  # type: ignore[arg-type]
+                                    targets=self.targets)
         except ValueError as exc:
             raise RecipeError(str(exc)) from None
+
+    @property
+    def scheme(self) -> dict[str, Any]:
+        """The target scheme (for a version-1 recipe, the BraTS one of its layout and label mode)."""
+        return self.preprocess_config.scheme
+
+    @property
+    def description(self) -> Any:
+        """The training data set's :class:`~distmis.data.description.DatasetDescription` (for a recipe that does
+        not record it, its layout's own)."""
+        from distmis.data.description import DatasetDescription, layout_description
+
+        if self.dataset is not None:
+            return DatasetDescription.from_dict(self.dataset)
+        return layout_description(self.layout)
+
+    @property
+    def brain_tumour(self) -> bool:
+        """Whether the model predicts the BraTS whole tumour or regions of a brain-tumour layout: it can write the
+        label values of another brain-tumour layout (a BraTS scan segmented by an MSD-trained model)."""
+        from distmis.pyfunc_model import EDEMA_VALUE, LABEL_MODES, legacy_targets
+
+        scheme = self.scheme
+        return scheme["mode"] in LABEL_MODES and self.layout in EDEMA_VALUE \
+            and scheme == legacy_targets(self.layout, scheme["mode"])
 
     @property
     def channels_last(self) -> bool:
@@ -110,13 +159,15 @@ class ModelRecipe:
         """The recipe of a model trained by ``spec`` (a trial's, resolved) on the data of ``manifest``."""
         from distmis.spec.curriculum import inference_window
 
-        training, made = spec.training, manifest["preprocess"]
+        training = spec.training
+        made = PreprocessConfig.from_dict(manifest["preprocess"])
         volume = tuple(int(v) for v in manifest["image_shape"][:3])
         return cls(
-            framework=spec.model.framework, model=spec.model.name, layout=made["layout"], labels=made["labels"],
-            num_classes=int(manifest["num_classes"]),
-            crop=tuple(made["crop"]) if made.get("crop") else None,
-            resize=tuple(made["resize"]) if made.get("resize") else None,
+            framework=spec.model.framework, model=spec.model.name, layout=made.layout.value,
+            labels=made.labels.value, num_classes=int(manifest["num_classes"]), crop=made.crop, resize=made.resize,
+            modalities=tuple(manifest.get("channels") or made.channels or MODALITIES),
+            normalization=made.normalization, orientation=made.orientation, spacing=made.spacing,
+            interpolation=made.interpolation, targets=made.scheme, dataset=manifest.get("dataset"),
             window=inference_window(training) or volume,  # the (last curriculum stage's) training input
             output="logits" if spec.model.name == "vit-seg" else "probabilities",
             inference=InferenceSettings(overlap=training.inference.overlap, mode=training.inference.mode,
@@ -128,7 +179,7 @@ class ModelRecipe:
     # ------------------------------------------------------------------ the file
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in ("window", "crop", "resize", "modalities"):
+        for key in ("window", "crop", "resize", "modalities", "spacing", "normalization"):
             out[key] = list(out[key]) if out[key] is not None else None
         return out
 
@@ -139,7 +190,7 @@ class ModelRecipe:
         data = dict(data)
         try:
             data["inference"] = InferenceSettings(**data.get("inference", {}))
-            for key in ("window", "crop", "resize", "modalities"):
+            for key in ("window", "crop", "resize", "modalities", "spacing", "normalization"):
                 if data.get(key) is not None:
                     data[key] = tuple(data[key])
             return cls(**data)

@@ -64,8 +64,9 @@ class PublishedModel:
 
 def model_signature(recipe: ModelRecipe) -> Any:
     """The model's signature: ONE case's raw image ``(H, W, D, C)`` (float32) in, its label map ``(H, W, D)``
-    (uint8) out; parameters ``spacing`` (the case's voxel spacing in mm; optional) and ``layout`` (whose label values;
-    default the training data's)."""
+    (uint8) out; parameters ``spacing`` (the case's voxel spacing in mm; needed when the model resamples),
+    ``orientation`` (the case's axis codes, e.g. ``LPS``; needed when the model reorients) and ``layout`` (for the
+    brain-tumour label modes: whose label values; default the training data's)."""
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec, Schema, TensorSpec
 
@@ -73,16 +74,23 @@ def model_signature(recipe: ModelRecipe) -> Any:
     return ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, -1, -1, channels))]),
                           outputs=Schema([TensorSpec(np.dtype(np.uint8), (-1, -1, -1))]),
                           params=ParamSchema([ParamSpec("spacing", "double", [], (-1,)),
+                                              ParamSpec("orientation", "string", ""),
                                               ParamSpec("layout", "string", recipe.layout)]))
 
 
-def input_example(recipe: ModelRecipe) -> np.ndarray:
+def input_example(recipe: ModelRecipe) -> np.ndarray | tuple[np.ndarray, dict[str, Any]]:
     """A small raw image ``(8, 8, 8, C)`` (stored as JSON beside the model, and predicted once when it is logged):
-    a head of intensity about 100 in every channel with a brighter cube in its middle."""
+    a head of intensity about 100 in every channel with a brighter cube in its middle; with the parameters a model
+    that resamples or reorients needs (the recipe's own spacing and orientation)."""
     example = np.zeros((8, 8, 8, len(recipe.modalities)), dtype=np.float32)
     example[1:7, 1:7, 1:7] = 100.0 + np.random.default_rng(0).normal(0, 5, (6, 6, 6, example.shape[-1]))
     example[3:5, 3:5, 3:5] += 150.0
-    return example
+    params: dict[str, Any] = {}
+    if recipe.spacing is not None:
+        params["spacing"] = [float(v) for v in recipe.spacing]
+    if recipe.orientation is not None:
+        params["orientation"] = recipe.orientation
+    return (example, params) if params else example
 
 
 def _public_version(names: tuple[str, ...]) -> str | None:

@@ -4,8 +4,9 @@ Per case: read the modalities (:func:`~distmis.data.scans.read_scan`) and hand t
 (:meth:`~distmis.predict.model.SegmentationModel.segment`): for a model saved as an MLflow python_function model,
 its own ``predict`` - exactly what ``mlflow.pyfunc.load_model(...).predict(image)`` returns; for a model saved
 before, the same functions (:mod:`distmis.pyfunc_model`) around its network. Either way the recipe is followed:
-z-score over the brain, centre crop / pad, resize, sliding windows, the resize and the crop / pad undone on the
-probabilities, threshold, regions recombined into the layout's label values. Then ``<case>_seg.nii.gz`` is written
+each channel normalised, reoriented and resampled where the model asks, centre crop / pad, resize, sliding
+windows, every geometric step undone on the probabilities, thresholded (regions) or argmaxed (classes) and
+written in the data set's label values. Then ``<case>_seg.nii.gz`` is written
 with the scan's affine and header. Every file appears whole or not at all (written under a temporary name, then
 renamed). With ``score``, the written labels are scored against the case's own label file.
 """
@@ -22,7 +23,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from distmis.data.errors import DataError
-from distmis.data.preprocess import labels_to_target
 from distmis.predict.model import SegmentationModel
 from distmis.predict.recipe import ModelRecipe
 
@@ -103,10 +103,10 @@ def check_outputs(scans: Sequence[Any], output_dir: str | Path, *, overwrite: bo
 
 
 def segment(model: SegmentationModel, image: np.ndarray, layout: str,
-            spacing: Sequence[float] | None = None) -> np.ndarray:
-    """The uint8 label map ``(H, W, D)`` of a scan's image ``(H, W, D, 4)``, in ``layout``'s label values;
-    ``spacing``: the scan's voxel spacing (mm)."""
-    return model.segment(image, layout, spacing)
+            spacing: Sequence[float] | None = None, orientation: str | None = None) -> np.ndarray:
+    """The label map ``(H, W, D)`` of a scan's image ``(H, W, D, C)``, in the data set's label values (brain-tumour
+    label modes: ``layout``'s); ``spacing``: the scan's voxel spacing (mm), ``orientation``: its axis codes."""
+    return model.segment(image, layout, spacing, orientation)
 
 
 def scan_spacing(reference: Any) -> tuple[float, float, float]:
@@ -114,17 +114,25 @@ def scan_spacing(reference: Any) -> tuple[float, float, float]:
     return tuple(float(z) for z in (tuple(reference.header.get_zooms()) + (1.0, 1.0, 1.0))[:3])  # type: ignore
 
 
+def scan_orientation(reference: Any) -> str:
+    """Where a scan's array axes point (e.g. ``"RAS"``, ``"LPS"``), from its NIfTI affine."""
+    import nibabel as nib
+
+    return "".join(nib.aff2axcodes(reference.affine))
+
+
 def write_segmentation(labels: np.ndarray, reference: Any, path: str | Path) -> Path:
-    """Write ``labels`` as NIfTI at ``path`` with ``reference``'s affine and header (data type uint8, no scaling,
+    """Write ``labels`` as NIfTI at ``path`` with ``reference``'s affine and header (data type uint8, or uint16 for label values above 255; no scaling,
     the spatial shape of the labels), whole or not at all."""
     import nibabel as nib
 
     path = Path(path)
     if tuple(labels.shape) != tuple(reference.shape[:3]):
         raise ValueError(f"labels {labels.shape} do not have the scan's spatial shape {reference.shape[:3]}")
+    dtype = np.uint8 if labels.size == 0 or int(labels.max()) <= 255 else np.uint16
     header = reference.header.copy()
-    header.set_data_dtype(np.uint8)
-    image = nib.Nifti1Image(np.asarray(labels, dtype=np.uint8), reference.affine, header)
+    header.set_data_dtype(dtype)
+    image = nib.Nifti1Image(np.asarray(labels, dtype=dtype), reference.affine, header)
     image.header.set_slope_inter(1, 0)
     image.header["cal_min"], image.header["cal_max"] = 0, float(labels.max()) if labels.size else 0
     if isinstance(reference, nib.Nifti1Image):  # keep how the scan states its orientation
@@ -140,27 +148,45 @@ def write_segmentation(labels: np.ndarray, reference: Any, path: str | Path) -> 
 
 
 def _scores(labels: np.ndarray, scan: Any, reference: Any, recipe: ModelRecipe) -> dict[str, float]:
+    """Dice and HD95 of each scored channel of the model's target scheme (``dice_<key>``, ``hd95_<key>``): the
+    written label map against the case's own, both in the data set's label values, at the scan's spacing."""
     from distmis.data.scans import read_scan_label
-    from distmis.train.evaluation import case_metrics, region_names
+    from distmis.data.targets import foreground, label_channels, legacy_targets
+    from distmis.pyfunc_model import EDEMA_VALUE
+    from distmis.train.evaluation import case_metrics
 
-    truth = labels_to_target(read_scan_label(scan, labels.shape), scan.layout, recipe.labels)
-    pred = labels_to_target(labels.astype(np.int16), scan.layout, recipe.labels)
-    names = region_names(recipe.labels, recipe.num_classes)
-    return case_metrics(pred.astype(np.float32), truth, scan_spacing(reference), names)
+    targets = recipe.scheme
+    if recipe.brain_tumour and scan.layout.value != recipe.layout and scan.layout.value in EDEMA_VALUE:
+        targets = legacy_targets(scan.layout.value, targets["mode"])  # written in the scan's layout's values
+    scored = foreground(targets)
+    first = len(targets["channels"]) - len(scored)  # a softmax scheme's background channel is not scored
+    truth = label_channels(read_scan_label(scan, labels.shape, scan_dataset(scan, recipe)), targets)[..., first:]
+    pred = label_channels(labels.astype(np.int32), targets)[..., first:]
+    return case_metrics(pred.astype(bool), truth.astype(bool), scan_spacing(reference), [c["key"] for c in scored])
 
 
-def check_scans(scans: Sequence[Any], *, labels: bool = False, progress: bool = False) -> None:
-    """Every scan's headers (:func:`~distmis.data.scans.check_scan`), then every scan's voxel data, read once and
-    not kept (:func:`~distmis.data.scans.check_scan_data`; with ``labels``, the label files' too). DataError
-    naming the first bad file."""
+def scan_dataset(scan: Any, recipe: ModelRecipe | None) -> Any:
+    """Whose label values a scan's label file holds: the scan's own layout's for a brain-tumour model (or none
+    known), else the model's training data set's (its description)."""
+    if recipe is None or recipe.brain_tumour:
+        return None
+    return recipe.description
+
+
+def check_scans(scans: Sequence[Any], *, labels: bool = False, progress: bool = False,
+                recipe: ModelRecipe | None = None) -> None:
+    """Every scan's headers (:func:`~distmis.data.scans.check_scan`: the channels ``recipe`` takes), then every
+    scan's voxel data, read once and not kept (:func:`~distmis.data.scans.check_scan_data`; with ``labels``, the
+    label files' too, in the model's data set's label values). DataError naming the first bad file."""
     from tqdm import tqdm
 
     from distmis.data.scans import check_scan, check_scan_data
 
+    channels = recipe.modalities if recipe is not None else None
     for scan in scans:  # the headers first: cheap, and most bad input shows there
-        check_scan(scan)
+        check_scan(scan, channels)
     for scan in tqdm(scans, desc="check", unit="case", disable=not progress, file=sys.stderr):
-        check_scan_data(scan, label=labels)
+        check_scan_data(scan, label=labels, dataset=scan_dataset(scan, recipe))
 
 
 def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: str | Path, *, score: bool = False,
@@ -176,13 +202,13 @@ def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: st
     output_dir = Path(output_dir)
     outputs = check_outputs(scans, output_dir, overwrite=overwrite)
     if not checked:  # every file before the first case: bad input stops the command before it writes
-        check_scans(scans, labels=score, progress=progress)
+        check_scans(scans, labels=score, progress=progress, recipe=model.recipe)
     output_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for scan, path in zip(tqdm(scans, desc="predict", unit="case", disable=not progress, file=sys.stderr), outputs):
         start = time.perf_counter()
-        image, reference = read_scan(scan)
-        labels = segment(model, image, scan.layout, scan_spacing(reference))
+        image, reference = read_scan(scan, model.recipe.modalities)
+        labels = segment(model, image, scan.layout, scan_spacing(reference), scan_orientation(reference))
         write_segmentation(labels, reference, path)
         scores = _scores(labels, scan, reference, model.recipe) if score and scan.label is not None else None
         results.append(CaseResult(scan.case_id, path, time.perf_counter() - start, scores))

@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from distmis.data.errors import DataError
 from distmis.data.layouts import CaseFiles, Layout, case_spatial_shape, discover_cases
@@ -20,7 +20,7 @@ from distmis.data.split import make_split
 from distmis.data.synthetic import synthesize_dataset
 from distmis.data.tfrecord import convert_to_tfrecords, read_manifest, verify_checksums
 from distmis.spec.load import SpecError, apply_config, check_input_shape
-from distmis.spec.schema import Spec
+from distmis.spec.schema import DatasetSpec, Spec
 
 
 @dataclass(frozen=True)
@@ -31,23 +31,128 @@ class PreparedData:
     generated: bool
 
 
-def preprocess_config(spec: Spec) -> PreprocessConfig:
-    data = spec.dataset
+def dataset_description(spec: Spec | DatasetSpec) -> Any:
+    """The data set's :class:`~distmis.data.description.DatasetDescription`: read from its ``dataset.json`` (MSD,
+    nnU-Net), the layout's own (BraTS), or, for a synthetic data set not generated yet, what it will hold."""
+    from distmis.data.description import describe_dataset, layout_description
+
+    data = spec.dataset if isinstance(spec, Spec) else spec
+    root = Path(data.path)
+    if root.exists():
+        return describe_dataset(root, data.layout)
+    synthetic = data.synthetic
+    if synthetic is not None and (synthetic.kind == "ct" or data.layout == "nnunet"):
+        return _synthetic_description(data.layout, synthetic.kind)
+    return layout_description(data.layout)
+
+
+def _synthetic_description(layout: str, kind: str) -> Any:
+    """What ``distmis data synth --kind KIND --layout LAYOUT`` writes into its dataset.json."""
+    from distmis.data.description import DatasetDescription, layout_description
+
+    if kind == "ct":
+        return DatasetDescription(layout=Layout(layout), channels=("CT",),
+                                  classes=(("background", 0), ("liver", 1), ("spleen", 2), ("kidney", 3)))
+    brain = layout_description("msd")
+    return DatasetDescription(layout=Layout(layout), channels=brain.channels, classes=brain.classes)
+
+
+def normalization_schemes(spec: Spec | DatasetSpec, channels: Sequence[str]) -> list[str]:
+    """Each channel's scheme (``zscore`` or ``ct``): ``dataset.normalization`` where it names one (a scheme for all,
+    a list, or ``{channel name: scheme}``), else the channel's name decides (``CT`` -> ``ct``; else ``zscore``).
+
+    Raises:
+        SpecError: a list of another length, or a name that is not one of the channels (naming them).
+    """
+    data = spec.dataset if isinstance(spec, Spec) else spec
+    name = spec.name if isinstance(spec, Spec) else "dataset"
+    given = data.normalization
+    default = ["ct" if channel.strip().upper() == "CT" else "zscore" for channel in channels]
+    if given is None:
+        return default
+    if isinstance(given, str):
+        return [given] * len(channels)
+    if isinstance(given, list):
+        if len(given) != len(channels):
+            raise SpecError(name, [("dataset.normalization", f"a list of {len(given)} scheme(s), but the data set "
+                                                                  f"has {len(channels)} channel(s): {list(channels)}")])
+        return list(given)
+    by_name = {name.strip().lower(): index for index, name in enumerate(channels)}
+    schemes = list(default)
+    for channel, scheme in given.items():
+        index = by_name.get(str(channel).strip().lower())
+        if index is None:
+            raise SpecError(name, [(f"dataset.normalization.{channel}", f"no channel {channel!r} in the data set; "
+                                                                        f"its channels are {list(channels)}")])
+        schemes[index] = scheme
+    return schemes
+
+
+def preprocess_config(spec: Spec | DatasetSpec, description: Any = None,
+                      cases: Sequence[CaseFiles] | None = None,
+                      split: dict[str, Any] | None = None) -> PreprocessConfig:
+    """The preprocessing of ``spec`` resolved for its data set: channels and target scheme from the data set's
+    description, each channel's normalisation scheme (without the CT statistics: :func:`with_statistics`), and
+    ``spacing: auto`` as the median spacing of the non-test cases (``cases`` and ``split`` needed then).
+
+    Raises:
+        DataError / SpecError: naming what does not fit the data set (a label mode, a normalisation channel).
+    """
+    from distmis.data.statistics import median_spacing
+    from distmis.data.targets import target_scheme
+
+    data = spec.dataset if isinstance(spec, Spec) else spec
+    description = description if description is not None else dataset_description(spec)
+    spacing = data.spacing
+    if spacing == "auto":
+        if cases is None or split is None:
+            raise ValueError("spacing 'auto' is resolved from the cases and the split: pass them")
+        test = set(split.get("test", []))
+        spacing = median_spacing([c for c in cases if c.case_id not in test], data.orientation)
+    schemes = normalization_schemes(spec, description.channels)
     return PreprocessConfig(
-        layout=Layout(data.layout), labels=LabelMode(data.labels), crop=data.crop, resize=data.resize
+        layout=Layout(data.layout), labels=LabelMode(data.labels), crop=data.crop, resize=data.resize,
+        channels=tuple(description.channels), normalization=tuple({"scheme": s} for s in schemes),
+        orientation=data.orientation, spacing=spacing, interpolation=data.interpolation,
+        targets=target_scheme(description, data.labels),
     )
+
+
+def with_statistics(config: PreprocessConfig, cases: Sequence[CaseFiles], split: dict[str, Any], description: Any,
+                    *, progress: bool = False) -> PreprocessConfig:
+    """``config`` with its CT channels' intensity statistics, learnt from the training split's foreground
+    (:func:`~distmis.data.statistics.ct_statistics`); unchanged when no channel is ``ct``."""
+    from dataclasses import replace
+
+    from distmis.data.statistics import ct_statistics
+
+    schemes = config.normalization or ()
+    ct = [index for index, scheme in enumerate(schemes) if scheme["scheme"] == "ct"]
+    if not ct:
+        return config
+    train = set(split.get("train", []))
+    statistics = ct_statistics([c for c in cases if c.case_id in train], description, ct, progress=progress)
+    normalization = tuple({"scheme": "ct", **statistics[index]} if index in statistics else dict(scheme)
+                          for index, scheme in enumerate(schemes))
+    return replace(config, normalization=normalization)
 
 
 def check_dataset_path(spec: Spec) -> None:
     """Before anything starts (no Ray, no output folder, no conversion): DataError when ``dataset.path`` is
-    missing and nothing would generate it; SpecError when a tile is larger than the volumes
+    missing and nothing would generate it, or its ``dataset.json`` is missing a key or does not fit the spec
+    (``dataset.labels``, a ``dataset.normalization`` channel); SpecError when a tile is larger than the volumes
     (:func:`check_tile_fits`)."""
+    from distmis.data.targets import target_scheme
+
     root = Path(spec.dataset.path)
     if not root.exists() and spec.dataset.synthetic is None:
         raise DataError(
-            f"dataset.path {str(root)!r} does not exist; point it at an MSD or BraTS folder, "
+            f"dataset.path {str(root)!r} does not exist; point it at an MSD, nnU-Net or BraTS folder, "
             "or add dataset.synthetic to generate a synthetic dataset there"
         )
+    description = dataset_description(spec)
+    target_scheme(description, spec.dataset.labels)
+    normalization_schemes(spec, description.channels)
     check_tile_fits(spec)
 
 
@@ -90,6 +195,10 @@ def tiles_to_check(spec: Spec) -> list[tuple[str, Any, tuple[int, int, int]]]:
 def _geometry(start: str, config: PreprocessConfig) -> str:
     """How a shape becomes the preprocessed one, e.g. ``stored shape [240, 240, 155] -> dataset.crop [...]``."""
     steps = [start]
+    if config.orientation is not None:
+        steps.append(f"dataset.orientation {config.orientation}")
+    if config.spacing is not None:
+        steps.append(f"dataset.spacing {[round(v, 4) for v in config.spacing]} mm")
     steps += [f"dataset.{name} {list(value)}" for name, value in (("crop", config.crop), ("resize", config.resize))
               if value is not None]
     return " -> ".join(steps) if len(steps) > 1 else f"{steps[0]}, no dataset.crop or dataset.resize"
@@ -98,22 +207,31 @@ def _geometry(start: str, config: PreprocessConfig) -> str:
 def preprocessed_volumes(spec: Spec) -> Iterator[Volume]:
     """The preprocessed shape of each case, from the NIfTI headers only (no voxel data is read).
 
-    A synthetic dataset not generated yet: the one shape ``dataset.synthetic.shape`` gives. Raises DataError
-    when the cases cannot be found or a header cannot be read.
+    A synthetic dataset not generated yet: the one shape ``dataset.synthetic.shape`` gives (nothing when it is
+    resampled: its spacings are not known before it is written). Raises DataError when the cases cannot be found
+    or a header cannot be read.
     """
-    config = preprocess_config(spec)
+    from distmis.data.layouts import case_spacing
+    from distmis.data.layouts import case_orientation
+
     root = Path(spec.dataset.path)
     synthetic = spec.dataset.synthetic
     if not root.exists():
-        if synthetic is not None:
+        if synthetic is not None and spec.dataset.spacing is None:
+            config = preprocess_config(spec)
             stored = tuple(synthetic.shape)
-            yield Volume(preprocessed_shape(stored, config),
+            yield Volume(preprocessed_shape(stored, config, axcodes="RAS"),
                          f"the synthetic cases dataset.synthetic will generate at {str(root)!r} "
                          f"({_geometry(f'dataset.synthetic.shape {list(stored)}', config)})")  # type: ignore[arg-type]
         return
-    for case in discover_cases(root, Layout(spec.dataset.layout)):
+    cases = discover_cases(root, Layout(spec.dataset.layout))
+    split = _split(spec, cases) if spec.dataset.spacing == "auto" else None
+    config = preprocess_config(spec, cases=cases, split=split)
+    for case in cases:
         stored = case_spatial_shape(case)
-        yield Volume(preprocessed_shape(stored, config),
+        geometry = {"spacing": case_spacing(case) if config.spacing is not None else None,
+                    "axcodes": case_orientation(case) if config.orientation is not None else None}
+        yield Volume(preprocessed_shape(stored, config, **geometry),
                      f"case file {str(case.images[0])!r} ({_geometry(f'stored shape {list(stored)}', config)})")
 
 
@@ -160,7 +278,7 @@ def ensure_dataset(spec: Spec, *, progress: bool = True) -> bool:
     assert synthetic is not None
     synthesize_dataset(
         root, Layout(spec.dataset.layout), cases=synthetic.cases, shape=synthetic.shape,
-        seed=synthetic.seed, progress=progress,
+        seed=synthetic.seed, progress=progress, kind=synthetic.kind, lps_cases=synthetic.lps_cases,
     )
     return True
 
@@ -207,8 +325,10 @@ def dataset_changes(before: dict[str, list[int]], now: dict[str, list[int]], lim
 
 
 def _fingerprint(cases: list[CaseFiles], config: PreprocessConfig, split: dict[str, Any]) -> str:
+    """What the TFRecords are a function of: the preprocessing (its learnt statistics follow from the rest), the
+    split and every source file (path, size, modification time)."""
     digest = hashlib.sha256()
-    digest.update(json.dumps(config.to_dict(), sort_keys=True).encode())
+    digest.update(json.dumps(config.to_dict(statistics=False), sort_keys=True).encode())
     digest.update(json.dumps({k: split[k] for k in ("train", "val", "test")}, sort_keys=True).encode())
     for case in cases:
         for path in (*case.images, case.label):
@@ -217,21 +337,34 @@ def _fingerprint(cases: list[CaseFiles], config: PreprocessConfig, split: dict[s
     return digest.hexdigest()[:16]
 
 
-def prepare_data(spec: Spec, output_dir: str | Path, *, progress: bool = True) -> PreparedData:
-    """Synthesize (if needed), split and convert the dataset; reuse an identical earlier conversion."""
-    generated = ensure_dataset(spec, progress=progress)
-    cases = discover_cases(Path(spec.dataset.path), Layout(spec.dataset.layout))
+def _split(spec: Spec, cases: Sequence[CaseFiles]) -> dict[str, Any]:
     s = spec.dataset.split
     try:
-        split = make_split([c.case_id for c in cases], train=s.train, val=s.val, test=s.test, seed=s.seed)
+        return make_split([c.case_id for c in cases], train=s.train, val=s.val, test=s.test, seed=s.seed)
     except ValueError as exc:
         raise DataError(f"dataset.split for {spec.dataset.path}: {exc}") from None
-    config = preprocess_config(spec)
+
+
+def prepare_data(spec: Spec, output_dir: str | Path, *, progress: bool = True) -> PreparedData:
+    """Synthesize (if needed), check, split and convert the dataset; reuse an identical earlier conversion.
+
+    The cases are checked against their ``dataset.json`` from their headers first (channel count and shapes,
+    image and label spacings: :func:`~distmis.data.layouts.check_cases`); the CT channels' intensity statistics
+    are learnt from the training split's foreground just before a conversion (:func:`with_statistics`)."""
+    from distmis.data.layouts import check_cases
+
+    generated = ensure_dataset(spec, progress=progress)
+    description = dataset_description(spec)
+    cases = discover_cases(Path(spec.dataset.path), Layout(spec.dataset.layout))
+    check_cases(cases, description)
+    split = _split(spec, cases)
+    config = preprocess_config(spec, description, cases, split)
     tfrecord_dir = Path(output_dir).resolve() / "tfrecords" / _fingerprint(cases, config, split)
     if (tfrecord_dir / "manifest.json").is_file():
         verify_checksums(tfrecord_dir)
     else:
-        convert_to_tfrecords(cases, split, config, tfrecord_dir, progress=progress)
+        config = with_statistics(config, cases, split, description, progress=progress)
+        convert_to_tfrecords(cases, split, config, tfrecord_dir, progress=progress, description=description)
     manifest = read_manifest(tfrecord_dir)
     shape = tuple(int(v) for v in manifest["image_shape"][:3])
     problems = check_input_shape(spec, shape)

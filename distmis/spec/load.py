@@ -519,12 +519,21 @@ def check_pipeline_combinations(spec: Spec) -> list[tuple[str, str]]:
     return problems[:5]
 
 
+def check_loss(spec: Spec) -> list[tuple[str, str]]:
+    """Binary cross-entropy is for sigmoid outputs: ``dataset.labels: classes`` (softmax) takes ``dice-ce``."""
+    if spec.dataset.labels == "classes" and spec.training.loss.name == "dice-bce":
+        return [("training.loss.name", "'dice-bce' adds binary cross-entropy, for sigmoid outputs; dataset.labels "
+                                       "'classes' predicts mutually exclusive classes (softmax): use 'dice-ce' "
+                                       "(dice + categorical cross-entropy) or 'dice'")]
+    return []
+
+
 def trial_problems(spec: Spec) -> list[tuple[str, str]]:
     """The rules every trial's spec must meet (checked for the spec and for every searched value)."""
     curriculum = check_curriculum(spec)
     refused = any(path == "training.curriculum" for path, _ in curriculum)  # its stages are not checked one by one
     shape = [] if refused else check_input_shape(spec)
-    return shape + curriculum + check_sequence_parallel(spec) + check_pipeline(spec)
+    return shape + curriculum + check_sequence_parallel(spec) + check_pipeline(spec) + check_loss(spec)
 
 
 def check_spec(spec: Spec) -> list[tuple[str, str]]:

@@ -46,19 +46,47 @@ class SplitSpec(StrictModel):
 
 
 class SyntheticSpec(StrictModel):
-    """Generate a synthetic dataset at ``dataset.path`` when that folder does not exist."""
+    """Generate a synthetic dataset at ``dataset.path`` when that folder does not exist.
+
+    ``kind``: ``brain`` (four MRI channels, a tumour with three nested labels) or ``ct`` (one CT-like channel, three
+    organ classes, anisotropic spacings that differ between cases; ``msd`` and ``nnunet`` layouts). ``lps_cases``:
+    how many of the cases (the last ones) are written in LPS orientation (the rest RAS)."""
 
     cases: int = Field(10, ge=3, le=10_000)
     shape: Shape3 = (64, 64, 64)
     seed: int = 0
+    kind: Literal["brain", "ct"] = "brain"
+    lps_cases: int = Field(0, ge=0)
 
     _shape = field_validator("shape")(_check_positive_shape)
 
+    @model_validator(mode="after")
+    def _lps_fits(self) -> SyntheticSpec:
+        if self.lps_cases > self.cases:
+            raise ValueError(f"lps_cases ({self.lps_cases}) must be at most cases ({self.cases})")
+        return self
+
+
+NormalizationScheme = Literal["zscore", "ct"]
+
 
 class DatasetSpec(StrictModel):
+    """The data: where and how it is laid out, what to predict, and how intensities and geometry are made uniform.
+
+    ``normalization``: one scheme for every channel, one per channel (a list), or ``{channel name: scheme}``; a
+    channel not named follows its name (``CT`` -> ``ct``, anything else ``zscore``, nnU-Net's rule).
+    ``orientation: RAS`` reorients every case first. ``spacing``: resample every case to this voxel spacing in mm,
+    ``[x, y, z]`` along the (reoriented) array axes, or ``auto``: the median spacing of the non-test cases, as
+    nnU-Net picks it. ``interpolation``: how images are resampled (labels: nearest neighbour).
+    """
+
     path: str = Field(min_length=1)
-    layout: Literal["msd", "brats", "brats2023"] = "msd"
-    labels: Literal["whole-tumour", "regions"] = "whole-tumour"
+    layout: Literal["msd", "nnunet", "brats", "brats2023"] = "msd"
+    labels: Literal["whole-tumour", "regions", "classes"] = "whole-tumour"
+    normalization: NormalizationScheme | list[NormalizationScheme] | dict[str, NormalizationScheme] | None = None
+    orientation: Literal["RAS"] | None = None
+    spacing: Literal["auto"] | tuple[float, float, float] | None = None
+    interpolation: Literal["linear", "bspline"] = "linear"
     crop: Shape3 | None = None
     resize: Shape3 | None = None
     split: SplitSpec = SplitSpec()
@@ -66,13 +94,31 @@ class DatasetSpec(StrictModel):
 
     _shapes = field_validator("crop", "resize")(_check_positive_shape)
 
+    @field_validator("spacing")
+    @classmethod
+    def _positive_spacing(cls, value: Any) -> Any:
+        if isinstance(value, tuple) and not all(math.isfinite(v) and v > 0 for v in value):
+            raise ValueError(f"spacing must be 'auto' or three positive numbers (mm), got {list(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _synthetic_fits_layout(self) -> DatasetSpec:
+        if self.synthetic is not None and self.synthetic.kind == "ct" and self.layout not in ("msd", "nnunet"):
+            raise ValueError(f"synthetic.kind 'ct' is written in the 'msd' or 'nnunet' layout, not {self.layout!r}")
+        return self
+
     @property
     def num_classes(self) -> int:
-        return 1 if self.labels == "whole-tumour" else 3
+        """Output channels as far as the spec alone tells (the performance model's estimate; the trainers read the
+        data's own): 1 for whole-tumour, 3 for regions, 4 for classes (the data set's classes + background)."""
+        return {"whole-tumour": 1, "regions": 3}.get(self.labels, 4)
 
     @property
     def in_channels(self) -> int:
-        """Image channels: every layout is read into the four modalities of :data:`distmis.data.layouts.MODALITIES`."""
+        """Image channels as far as the spec alone tells: 4 for the brain-tumour layouts and the synthetic brain,
+        1 for a synthetic CT, else 4 (the trainers read the data's own count)."""
+        if self.synthetic is not None and self.synthetic.kind == "ct":
+            return 1
         return 4
 
 
@@ -176,9 +222,11 @@ class OptimizerSpec(StrictModel):
 
 
 class LossSpec(StrictModel):
-    """Soft dice per sample (and per channel), averaged; ``dice-bce`` adds binary cross-entropy."""
+    """Soft dice per sample (and per channel), averaged; ``dice-bce`` adds binary cross-entropy; ``dice-ce`` adds
+    cross-entropy: categorical over the classes for ``dataset.labels: classes`` (dice over the foreground classes, as
+    nnU-Net), binary otherwise (the same as ``dice-bce``)."""
 
-    name: Literal["dice", "dice-bce"] = "dice"
+    name: Literal["dice", "dice-bce", "dice-ce"] = "dice"
     smooth: float = Field(1.0, ge=0)
 
 

@@ -181,7 +181,10 @@ def test_config_coerces_and_round_trips() -> None:
     assert config.layout is Layout.BRATS and config.labels is LabelMode.REGIONS
     assert config.crop == (16, 16, 12) and config.num_classes == 3
     data = json.loads(json.dumps(config.to_dict()))
-    assert data == {"layout": "brats", "labels": "regions", "crop": [16, 16, 12], "resize": [8, 8, 8]}
+    assert {k: data[k] for k in ("layout", "labels", "crop", "resize")} == {
+        "layout": "brats", "labels": "regions", "crop": [16, 16, 12], "resize": [8, 8, 8]}
+    assert [c["name"] for c in data["targets"]["channels"]] == ["WT", "TC", "ET"]
+    assert data["normalization"] is None and data["spacing"] is None and data["orientation"] is None
     assert PreprocessConfig.from_dict(data) == config
     default = PreprocessConfig(layout=Layout.MSD)
     assert default.num_classes == 1 and default.crop is None and default.resize is None
@@ -195,8 +198,8 @@ def test_config_errors() -> None:
         PreprocessConfig(layout="nifti")
     with pytest.raises(ValueError, match="PreprocessConfig.crop"):
         PreprocessConfig(layout="msd", crop=(16, 16))
-    with pytest.raises(ValueError, match=r"unknown PreprocessConfig field\(s\) \['spacing'\]"):
-        PreprocessConfig.from_dict({"layout": "msd", "spacing": [1, 1, 1]})
+    with pytest.raises(ValueError, match=r"unknown PreprocessConfig field\(s\) \['spacings'\]"):
+        PreprocessConfig.from_dict({"layout": "msd", "spacings": [1, 1, 1]})
 
 
 def test_preprocess_case_is_zscore_then_crop_then_resize() -> None:

@@ -118,7 +118,8 @@ def test_wrong_parameters_are_refused(params, message):
     with pytest.raises(ValueError, match=message):
         pyfunc_model.check_params(params, regions_model().recipe.to_dict())
     assert pyfunc_model.check_params({"spacing": [1, 2, 3]}, {"layout": "msd"}) == {"spacing": (1.0, 2.0, 3.0),
-                                                                                      "layout": "msd"}
+                                                                                      "layout": "msd",
+                                                                                      "orientation": None}
     assert pyfunc_model.check_params({"spacing": []}, {"layout": "brats"})["spacing"] is None
 
 
@@ -126,7 +127,7 @@ def test_the_model_code_imports_no_distmis_and_its_libraries_lazily():
     tree = ast.parse(Path(pyfunc_model.__file__).read_text())
     top = {alias.name.split(".")[0] for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
            for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])}
-    assert top <= {"__future__", "json", "math", "os", "types", "typing", "numpy"}, top
+    assert top <= {"__future__", "json", "math", "os", "re", "types", "typing", "numpy"}, top
     everywhere = {(node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
                   for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
                   for alias in node.names}

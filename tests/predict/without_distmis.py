@@ -1,10 +1,10 @@
 """Use a distmis model where distmis cannot be imported: a script the tests run in a subprocess.
 
 ``python without_distmis.py MODEL_URI TRACKING_URI OUT CASE ...`` (a ``CASE`` is an MSD 4-D NIfTI file, or a
-BraTS-like list of the four modality files joined by ``,``, in flair, t1, t1ce, t2 order) refuses every import of
+BraTS-like or nnU-Net list of the channel files joined by ``,``, in channel order) refuses every import of
 ``distmis`` (a finder first on ``sys.meta_path`` raises ImportError, ahead of the editable install's), loads the model
 with ``mlflow.pyfunc.load_model``, reads each case with nibabel, stacks its channels as distmis does, predicts it with
-``params={"spacing": ...}`` and saves the label map as ``OUT/<case>.npy``. It prints one JSON line: the model's
+``params={"spacing": ..., "orientation": ...}`` (the header's zooms and ``nibabel.aff2axcodes``) and saves the label map as ``OUT/<case>.npy``. It prints one JSON line: the model's
 requirements (``mlflow.pyfunc.get_model_dependencies``) and the distmis modules that were imported (none).
 """
 
@@ -47,12 +47,14 @@ def main(argv: list[str]) -> None:
     for case in argv[3:]:
         files = case.split(",")
         first = nib.load(files[0])
-        if len(files) == 1:  # MSD: one 4-D file, channels in order
+        if len(files) == 1:  # MSD: one 4-D file, channels in order (a one-channel 3-D file: one channel)
             image = np.asarray(first.dataobj, dtype=np.float32)
-        else:  # BraTS-like: one 3-D file per modality, stacked on a last axis
+            image = image[..., None] if image.ndim == 3 else image
+        else:  # BraTS-like or nnU-Net: one 3-D file per channel, stacked on a last axis
             image = np.stack([np.asarray(nib.load(f).dataobj, dtype=np.float32) for f in files], axis=-1)
         spacing = [float(z) for z in first.header.get_zooms()[:3]]
-        labels = model.predict(image, params={"spacing": spacing})
+        orientation = "".join(nib.aff2axcodes(first.affine))
+        labels = model.predict(image, params={"spacing": spacing, "orientation": orientation})
         name = Path(files[0]).name.removesuffix(".nii.gz")
         np.save(out / f"{name}.npy", np.asarray(labels))
     requirements = Path(mlflow.pyfunc.get_model_dependencies(model_uri)).read_text()

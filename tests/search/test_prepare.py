@@ -61,7 +61,10 @@ def msd_dataset(root: Path, shapes: dict[str, tuple[int, int, int]]) -> Path:
         write_nifti(root / "imagesTr" / f"{case_id}.nii.gz", image)
         write_nifti(root / "labelsTr" / f"{case_id}.nii.gz", label)
         training.append({"image": f"./imagesTr/{case_id}.nii.gz", "label": f"./labelsTr/{case_id}.nii.gz"})
-    (root / "dataset.json").write_text(json.dumps({"training": training}))
+    (root / "dataset.json").write_text(json.dumps({
+        "modality": {"0": "FLAIR", "1": "T1w", "2": "t1gd", "3": "T2w"},
+        "labels": {"0": "background", "1": "edema", "2": "non-enhancing tumor", "3": "enhancing tumour"},
+        "training": training}))
     return root
 
 

@@ -60,13 +60,14 @@ def test_unknown_top_level_section(spec_tree):
 
 
 def test_bad_enum_names_value_and_allowed(spec_tree):
-    spec_tree["dataset"]["layout"] = "nnunet"
+    spec_tree["dataset"]["layout"] = "nifti"
     [(path, message)] = problems_of(spec_tree)
     assert path == "dataset.layout"
-    assert "'msd'" in message and "'brats'" in message and "'brats2023'" in message and "nnunet" in message
+    assert "'msd'" in message and "'nnunet'" in message and "'brats'" in message and "'brats2023'" in message
+    assert "nifti" in message
 
 
-@pytest.mark.parametrize("layout", ["msd", "brats", "brats2023"])
+@pytest.mark.parametrize("layout", ["msd", "nnunet", "brats", "brats2023"])
 def test_every_data_layout_is_a_dataset_layout(spec_tree, layout):
     spec_tree["dataset"]["layout"] = layout
     assert validate_spec(spec_tree).dataset.layout == layout

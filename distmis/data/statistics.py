@@ -1,0 +1,86 @@
+"""What the preprocessing learns from the training data once, before conversion: nnU-Net's fingerprint, in part.
+
+* :func:`ct_statistics`: for each CT channel, the 0.5 and 99.5 percentiles, mean and standard deviation of its
+  intensities over the foreground voxels (label > 0) of the training cases, as nnU-Net's CT normalisation uses
+  them (clip to the percentiles, then z-score with the foreground mean and standard deviation, both of the
+  unclipped values).
+* :func:`median_spacing`: the per-axis median voxel spacing of the cases, read from their NIfTI headers (and
+  permuted as the reorientation permutes the axes): ``dataset.spacing: auto``.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from distmis.data.errors import DataError
+from distmis.data.layouts import CaseFiles, case_orientation, case_spacing, read_case
+
+__all__ = ["FOREGROUND_SAMPLES_PER_CASE", "ct_statistics", "median_spacing"]
+
+#: At most this many foreground voxels of a case enter the statistics (a seeded uniform sample of the case's
+#: foreground beyond that, so that a data set of large livers holds no more than this per case in memory).
+FOREGROUND_SAMPLES_PER_CASE = 1_000_000
+
+
+def _foreground_values(image: np.ndarray, label: np.ndarray, channels: Sequence[int], case_id: str) -> np.ndarray:
+    """``(n, len(channels))`` float64 intensities of the case's foreground voxels, sampled down to
+    :data:`FOREGROUND_SAMPLES_PER_CASE` with a generator seeded by the case id."""
+    mask = label > 0
+    values = image[mask][:, list(channels)].astype(np.float64)
+    if len(values) > FOREGROUND_SAMPLES_PER_CASE:
+        rng = np.random.default_rng(zlib.crc32(case_id.encode()))
+        values = values[np.sort(rng.choice(len(values), FOREGROUND_SAMPLES_PER_CASE, replace=False))]
+    return values
+
+
+def ct_statistics(cases: Sequence[CaseFiles], dataset: Any, channels: Sequence[int], *,
+                  progress: bool = False) -> dict[int, dict[str, float]]:
+    """``{channel index: {"lower", "upper", "mean", "std"}}`` over the foreground voxels of ``cases`` (the training
+    split's): the 0.5 / 99.5 percentiles (numpy's linear interpolation), mean and standard deviation of the channel's
+    intensities where the case's label is non-zero.
+
+    ``dataset``: the data set's description (or layout), as :func:`~distmis.data.layouts.read_case` takes it.
+
+    Raises:
+        DataError: when no training case has any foreground voxel (nothing to learn the statistics from).
+    """
+    from tqdm import tqdm
+
+    if not channels:
+        return {}
+    parts = []
+    for case in tqdm(cases, desc="ct statistics", unit="case", disable=not progress, file=sys.stderr):
+        image, label, _ = read_case(case, dataset)
+        parts.append(_foreground_values(image, label, channels, case.case_id))
+    values = np.concatenate(parts) if parts else np.empty((0, len(channels)))
+    if len(values) == 0:
+        raise DataError("dataset.normalization 'ct' needs foreground voxels (label > 0) in the training cases to "
+                        f"learn its intensity statistics from, and the {len(cases)} training case(s) have none")
+    out = {}
+    for column, channel in enumerate(channels):
+        column_values = values[:, column]
+        lower, upper = np.percentile(column_values, [0.5, 99.5])
+        out[int(channel)] = {"lower": float(lower), "upper": float(upper), "mean": float(column_values.mean()),
+                             "std": float(column_values.std())}
+    return out
+
+
+def median_spacing(cases: Sequence[CaseFiles], orientation: str | None = None) -> tuple[float, float, float]:
+    """The per-axis median voxel spacing (mm) of ``cases`` from their headers; with ``orientation``, each case's
+    spacing is first permuted as reorienting it there permutes its axes."""
+    from distmis.pyfunc_model import reoriented_spacing
+
+    if not cases:
+        raise DataError("dataset.spacing 'auto' needs cases to take the median spacing of, and there are none")
+    spacings = []
+    for case in cases:
+        spacing = case_spacing(case)
+        if orientation is not None:
+            spacing = reoriented_spacing(spacing, case_orientation(case), orientation)
+        spacings.append(spacing)
+    return tuple(float(v) for v in np.median(np.asarray(spacings, dtype=np.float64), axis=0))  # type: ignore[return-value]

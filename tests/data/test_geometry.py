@@ -1,0 +1,126 @@
+"""Intensities and geometry of the preprocessing (distmis.pyfunc_model): CT and MRI normalisation, reorientation,
+resampling to a spacing, and every step undone on a prediction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from distmis import pyfunc_model as pm
+from distmis.data.preprocess import PreprocessConfig, preprocess_case
+
+
+def test_ct_normalisation_equals_a_hand_computation():
+    rng = np.random.default_rng(0)
+    image = rng.normal(40, 300, (6, 5, 4, 1))
+    scheme = {"scheme": "ct", "lower": -150.0, "upper": 250.0, "mean": 60.0, "std": 35.0}
+    out = pm.normalize_channels(image, [scheme])
+    by_hand = (np.minimum(np.maximum(image, -150.0), 250.0) - 60.0) / 35.0
+    np.testing.assert_allclose(out, by_hand, atol=1e-6)
+    assert out.dtype == np.float32
+
+
+def test_mri_zscore_is_unchanged_and_channels_take_their_own_schemes():
+    rng = np.random.default_rng(1)
+    image = rng.uniform(0, 500, (5, 5, 5, 2)).astype(np.float32)
+    image[0] = 0
+    np.testing.assert_array_equal(pm.normalize_channels(image, None), pm.zscore_nonzero(image))
+    mixed = pm.normalize_channels(image, [{"scheme": "zscore"},
+                                          {"scheme": "ct", "lower": 0, "upper": 100, "mean": 50, "std": 10}])
+    np.testing.assert_array_equal(mixed[..., :1], pm.zscore_nonzero(image[..., :1]))
+    np.testing.assert_allclose(mixed[..., 1], (np.clip(image[..., 1], 0, 100) - 50) / 10, atol=1e-6)
+
+
+@pytest.mark.parametrize("source", ["LPS", "RAS", "ASL", "PIR"])
+def test_reorientation_points_the_axes_to_ras_and_back(source):
+    array = np.arange(2 * 3 * 4).reshape(2, 3, 4)
+    out = pm.reorient(array, source, "RAS")
+    np.testing.assert_array_equal(pm.reorient(out, "RAS", source), array)
+    # a voxel at the R, A, S end of each source axis lands at the high end of the RAS axes
+    codes = {"R": "L", "A": "P", "S": "I"}
+    assert sorted(out.shape) == sorted(array.shape)
+    if source == "LPS":
+        np.testing.assert_array_equal(out, array[::-1, ::-1, :])
+    assert pm.reoriented_spacing((1.0, 2.0, 3.0), source, "RAS") == tuple(
+        (1.0, 2.0, 3.0)[next(i for i, c in enumerate(source) if c in pair)] for pair in ("RL", "AP", "SI"))
+    assert codes  # the mapping above is what the assertion on LPS spells out
+
+
+def test_bad_axis_codes_are_refused():
+    with pytest.raises(ValueError, match="one of R/L, A/P and S/I"):
+        pm.reorient(np.zeros((2, 2, 2)), "RRS", "RAS")
+
+
+def test_resampled_shape_keeps_the_field_of_view():
+    assert pm.resampled_shape((100, 100, 40), (0.8, 0.8, 2.5), (1.0, 1.0, 1.0)) == (80, 80, 100)
+    assert pm.resampled_shape((3, 3, 3), (0.1, 0.1, 0.1), (1.0, 1.0, 1.0)) == (1, 1, 1)
+
+
+def _blobs(shape: tuple[int, int, int]) -> np.ndarray:
+    """A label map with three organ-like ellipsoids, values 1, 2 and 5."""
+    grid = np.stack(np.meshgrid(*[np.linspace(-1, 1, n) for n in shape], indexing="ij"), -1)
+    label = np.zeros(shape, np.int16)
+    for value, centre, radii in ((1, (-0.3, 0.0, 0.0), (0.5, 0.6, 0.6)), (2, (0.45, 0.3, 0.1), (0.3, 0.3, 0.45)),
+                                 (5, (0.45, -0.45, -0.2), (0.25, 0.25, 0.4))):
+        label[(((grid - centre) / radii) ** 2).sum(-1) <= 1] = value
+    return label
+
+
+def test_labels_go_through_the_preprocessing_and_back_to_their_own_grid():
+    label = _blobs((64, 56, 22))  # anisotropic: 0.8 x 0.9 x 2.5 mm, stored LPS
+    spacing, axcodes = (0.8, 0.9, 2.5), "LPS"
+    targets = {"mode": "classes", "activation": "softmax",
+               "channels": [{"name": n, "key": n, "values": [v], "paint": v}
+                            for n, v in (("background", 0), ("a", 1), ("b", 2), ("c", 5))]}
+    config = PreprocessConfig(layout="msd", labels="classes", channels=("CT",), orientation="RAS",
+                              spacing=(1.1, 1.0, 1.6), crop=(48, 48, 40), targets=targets)
+    image = np.random.default_rng(0).normal(0, 1, label.shape + (1,)).astype(np.float32)
+    prepared, target = preprocess_case(image, label, config, spacing, axcodes)
+    assert prepared.shape == (48, 48, 40, 1) and target.shape == (48, 48, 40, 4)
+    assert pm.preprocess_geometry(label.shape, config.to_dict(), spacing, axcodes)["resampled"] == [47, 50, 34]
+    recipe = config.to_dict()
+    geometry = pm.preprocess_geometry(label.shape, recipe, spacing, axcodes)
+    restored = pm.restore_probabilities(target.astype(np.float32), recipe, geometry)
+    assert restored.shape == label.shape + (4,)
+    back = pm.probabilities_to_labels(restored, targets)
+    for value in (1, 2, 5):
+        a, b = back == value, label == value
+        assert 2 * (a & b).sum() / (a.sum() + b.sum()) >= 0.95, value
+
+
+def test_synthetic_ct_labels_survive_the_preprocessing_at_the_median_spacing_and_back(tmp_path):
+    """The issue's round trip: anisotropic spacings that differ between cases, one case stored LPS; with
+    ``spacing: auto`` (the median spacing) and RAS, each label preprocessed and restored matches itself."""
+    from distmis.data.description import describe_dataset
+    from distmis.data.layouts import discover_cases, read_case
+    from distmis.data.layouts import case_orientation
+    from distmis.data.statistics import median_spacing
+    from distmis.data.synthetic import synthesize_dataset
+    from distmis.data.targets import target_scheme
+
+    root = tmp_path / "ct"
+    synthesize_dataset(root, "nnunet", cases=4, shape=(128, 128, 64), seed=3, kind="ct", lps_cases=1, progress=False)
+    description = describe_dataset(root, "nnunet")
+    cases = discover_cases(root, "nnunet")
+    assert sorted(case_orientation(c) for c in cases) == ["LPS", "RAS", "RAS", "RAS"]
+    spacing = median_spacing(cases, "RAS")
+    targets = target_scheme(description, "classes")
+    config = PreprocessConfig(layout="nnunet", labels="classes", channels=description.channels, orientation="RAS",
+                              spacing=spacing, targets=targets)
+    recipe = config.to_dict()
+    seen_spacings = set()
+    for case in cases:
+        image, label, case_spacing = read_case(case, description)
+        seen_spacings.add(tuple(round(s, 3) for s in case_spacing))
+        assert max(case_spacing) / min(case_spacing) > 1.4  # anisotropic
+        axcodes = case_orientation(case)
+        _, onehot = preprocess_case(image, label, config, case_spacing, axcodes)
+        geometry = pm.preprocess_geometry(label.shape, recipe, case_spacing, axcodes)
+        assert onehot.shape[:3] == tuple(geometry["resampled"]) != label.shape
+        back = pm.probabilities_to_labels(pm.restore_probabilities(onehot.astype(np.float32), recipe, geometry),
+                                          targets)
+        assert back.shape == label.shape
+        for value in (1, 2, 3):
+            a, b = back == value, label == value
+            assert b.any() and 2 * (a & b).sum() / (a.sum() + b.sum()) >= 0.95, (case.case_id, value)
+    assert len(seen_spacings) == len(cases)  # every case has its own spacing
