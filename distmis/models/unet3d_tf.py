@@ -3,7 +3,9 @@
 Resolution level ``s`` (1-based) has ``base_filters * 2**(s-1)`` filters; with the defaults that is
 8, 16, 32 and a 64-filter bottleneck. Each level is two 3x3x3 'same' convolutions, each followed by
 normalization and ReLU. Down: 2x2x2 max pooling. Up: 3x3x3 transposed convolution with stride 2,
-concatenated with the skip. Head: a 3x3x3 convolution to one sigmoid channel per class.
+concatenated with the skip. Head: a 3x3x3 convolution to one channel per class, through the output ``activation``:
+``sigmoid`` (each channel on its own: overlapping targets, the default) or ``softmax`` over the channels (mutually
+exclusive classes, background included). The head's parameters are the same either way.
 
 TensorFlow's CPU Conv3D has no channels-first kernel, so inputs are (B, H, W, D, C) where the paper
 transposed to channels-first for its GPUs; the arithmetic is the same.
@@ -20,6 +22,8 @@ import keras  # noqa: E402
 from keras import layers  # noqa: E402
 
 Norm = Literal["batch", "group"]
+Activation = Literal["sigmoid", "softmax"]
+ACTIVATIONS: tuple[str, ...] = ("sigmoid", "softmax")
 
 
 def _norm(norm: Norm, *, groups: int, momentum: float, name: str) -> layers.Layer:
@@ -51,8 +55,12 @@ def build_unet3d(
     norm_groups: int = 4,
     batch_norm_momentum: float = 0.9,
     input_shape: tuple[int | None, int | None, int | None] = (None, None, None),
+    activation: Activation = "sigmoid",
 ) -> keras.Model:
-    """Build the U-Net. Spatial input dims may be ``None`` (any size divisible by 2**(levels-1))."""
+    """Build the U-Net. Spatial input dims may be ``None`` (any size divisible by 2**(levels-1)). ``activation``: the
+    head's, ``sigmoid`` per channel or ``softmax`` over the channels (the last axis)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if levels < 2:
         raise ValueError(f"levels must be >= 2, got {levels}")
     if in_channels < 1 or num_classes < 1 or base_filters < 1:
@@ -80,7 +88,7 @@ def build_unet3d(
         x = conv_block(x, filters, name=f"up{s}", **block)
 
     outputs = layers.Conv3D(
-        num_classes, 3, padding="same", activation="sigmoid", kernel_initializer="truncated_normal", name="head"
+        num_classes, 3, padding="same", activation=activation, kernel_initializer="truncated_normal", name="head"
     )(x)
     return keras.Model(inputs, outputs, name="unet3d")
 

@@ -4,8 +4,9 @@ Same layers, filter counts and trainable parameters per layer as the Keras model
 level ``s`` (1-based) has ``base_filters * 2**(s-1)`` filters; with the defaults that is 8, 16, 32
 and a 64-filter bottleneck. Each level is a :class:`ConvBlock`: two 3x3x3 'same' convolutions,
 each followed by normalization and ReLU. Down: 2x2x2 max pooling. Up: 3x3x3 transposed convolution
-with stride 2, concatenated ``[up, skip]`` on channels. Head: a 3x3x3 convolution to one sigmoid
-channel per class, so :meth:`UNet3D.forward` returns probabilities, as the Keras model does.
+with stride 2, concatenated ``[up, skip]`` on channels. Head: a 3x3x3 convolution to one channel per class,
+through the output ``activation`` (``sigmoid`` per channel, the default, or ``softmax`` over the channels), so
+:meth:`UNet3D.forward` returns probabilities, as the Keras model does.
 
 Inputs are (B, C, H, W, D) and every spatial size must divide by ``2**(levels-1)``.
 
@@ -26,9 +27,21 @@ from torch import nn
 
 Norm = Literal["batch", "group"]
 NORMS: tuple[str, ...] = ("batch", "group")
+Activation = Literal["sigmoid", "softmax"]
+ACTIVATIONS: tuple[str, ...] = ("sigmoid", "softmax")
 
 KERAS_INIT_STD = 0.05  # keras.initializers.TruncatedNormal's default stddev
 KERAS_NORM_EPSILON = 1e-3  # BatchNormalization's and GroupNormalization's default epsilon
+
+
+def activate(logits: torch.Tensor, activation: Activation) -> torch.Tensor:
+    """Probabilities from channels-first ``(B, C, ...)`` logits: ``sigmoid`` of each channel, or ``softmax`` over the
+    channels (dim 1)."""
+    if activation == "sigmoid":
+        return torch.sigmoid(logits)
+    if activation == "softmax":
+        return torch.softmax(logits, dim=1)
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
 def init_like_keras(layer: nn.Conv3d | nn.ConvTranspose3d) -> None:
@@ -95,9 +108,11 @@ class UpBlock(nn.Module):
 
 def _check_arguments(
     *, in_channels: int, num_classes: int, base_filters: int, levels: int, norm: str, norm_groups: int,
-    batch_norm_momentum: float,
+    batch_norm_momentum: float, activation: str = "sigmoid",
 ) -> None:
     """Raise ValueError naming the first bad argument, before any layer is built."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if levels < 2:
         raise ValueError(f"levels must be >= 2, got {levels}")
     if in_channels < 1 or num_classes < 1 or base_filters < 1:
@@ -116,7 +131,9 @@ def _check_arguments(
 
 
 class UNet3D(nn.Module):
-    """The 3D U-Net: (B, in_channels, H, W, D) -> probabilities (B, num_classes, H, W, D)."""
+    """The 3D U-Net: (B, in_channels, H, W, D) -> probabilities (B, num_classes, H, W, D), through ``activation``
+    (``sigmoid`` per channel, or ``softmax`` over the channels). The activation has no parameters: a state dict
+    loads into either."""
 
     def __init__(
         self,
@@ -128,13 +145,15 @@ class UNet3D(nn.Module):
         norm: Norm = "batch",
         norm_groups: int = 4,
         batch_norm_momentum: float = 0.9,
+        activation: Activation = "sigmoid",
     ) -> None:
         super().__init__()
         _check_arguments(
             in_channels=in_channels, num_classes=num_classes, base_filters=base_filters, levels=levels,
-            norm=norm, norm_groups=norm_groups, batch_norm_momentum=batch_norm_momentum,
+            norm=norm, norm_groups=norm_groups, batch_norm_momentum=batch_norm_momentum, activation=activation,
         )
         self.levels = levels
+        self.activation: Activation = activation
         self.in_channels = in_channels
         block = dict(norm=norm, groups=norm_groups, batch_norm_momentum=batch_norm_momentum)
         filters = [base_filters * 2**s for s in range(levels)]  # last one is the bottleneck
@@ -169,7 +188,7 @@ class UNet3D(nn.Module):
         x = self.bottleneck(x)
         for up, skip in zip(self.up, reversed(skips)):
             x = up(x, skip)
-        return torch.sigmoid(self.head(x))
+        return activate(self.head(x), self.activation)
 
 
 def count_trainable_parameters(model: nn.Module) -> int:

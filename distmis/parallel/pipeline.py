@@ -10,8 +10,8 @@ This module builds that sequence from a :class:`~distmis.models.unet3d_torch.UNe
 
 - :func:`unet_cells`: the U-Net as ``2 * levels - 1`` cells, each ``cell(x, *skips) -> (x', *skips')``: an encoder
   level (its block, the skip pushed, the pooling), the bottleneck, a decoder level (the last skip popped and
-  concatenated); the head (and its sigmoid) ends the last decoder cell. Cells hold the model's own modules, so a
-  stage's parameters *are* the model's parameters, under the model's names.
+  concatenated); the head (and the model's output activation, sigmoid or softmax) ends the last decoder cell. Cells
+  hold the model's own modules, so a stage's parameters *are* the model's parameters, under the model's names.
 - :func:`cell_macs` and :func:`balanced_partition`: the forward multiply-accumulates of every cell at the tile, and
   the cut of the cells into ``K`` contiguous stages whose largest cost is smallest (the pipeline runs at the pace
   of its slowest stage).
@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from distmis.models.unet3d_torch import ConvBlock, UNet3D, UpBlock
+from distmis.models.unet3d_torch import Activation, ConvBlock, UNet3D, UpBlock, activate
 
 __all__ = [
     "PipelineSchedule",
@@ -98,18 +98,19 @@ class BottleneckCell(nn.Module):
 
 class DecoderCell(nn.Module):
     """Decoder level: pops the deepest skip, ``(x, *skips, s) -> (up(x, s), *skips)``; with ``head`` (the last
-    level) it returns ``sigmoid(head(up(x, s)))``, the model's probabilities."""
+    level) it returns ``activation(head(up(x, s)))``, the model's probabilities (the model's own activation:
+    sigmoid, or softmax over the channels)."""
 
-    def __init__(self, up: UpBlock, head: nn.Module | None = None) -> None:
+    def __init__(self, up: UpBlock, head: nn.Module | None = None, activation: Activation = "sigmoid") -> None:
         super().__init__()
-        self.up, self.head = up, head
+        self.up, self.head, self.activation = up, head, activation
 
     def forward(self, x: torch.Tensor, *skips: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if not skips:
             raise ValueError("a decoder cell needs the skip tensor of its level; none came with the activation")
         x = self.up(x, skips[-1])
         if self.head is not None:
-            return torch.sigmoid(self.head(x))
+            return activate(self.head(x), self.activation)
         return (x, *skips[:-1])
 
 
@@ -121,7 +122,7 @@ def unet_cells(model: UNet3D) -> list[nn.Module]:
     cells: list[nn.Module] = [EncoderCell(block, model.pool) for block in model.down]
     cells.append(BottleneckCell(model.bottleneck))
     last = len(model.up) - 1
-    cells += [DecoderCell(up, model.head if i == last else None) for i, up in enumerate(model.up)]
+    cells += [DecoderCell(up, model.head if i == last else None, model.activation) for i, up in enumerate(model.up)]
     return cells
 
 

@@ -4,8 +4,10 @@ model (logged, registered, and copied into the output folder), and a picture.
 Runs in the driver once the trials are done. Each of the ``search.evaluate_top`` best trials (by the best value of
 the search metric) is rebuilt in this process, on one device (its weights do not depend on the layout it trained
 in), loads its best epoch's weights from its last checkpoint (:mod:`distmis.train.checkpoint`), predicts every
-test case whole (by sliding windows of its tile, as ``training.inference`` says) and is scored per case and region
-(:mod:`distmis.train.evaluation`) at the voxel spacing of the preprocessed volume, read from the NIfTI headers.
+test case whole (by sliding windows of its tile, as ``training.inference`` says) and is scored per case and scored
+channel (:mod:`distmis.train.evaluation`: each foreground channel of the data's target scheme, named by its key: WT,
+TC, ET for the brain-tumour modes, the data set's classes for ``classes``) at the voxel spacing of the preprocessed
+volume, from the NIfTI headers and the preprocessing the data was converted with.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class BestModel:
 
 @dataclass(frozen=True)
 class TestEvaluation:
-    """One trial's scores on the test split: a row per case (``case``, ``dice_<region>``, ``hd95_<region>``)."""
+    """One trial's scores on the test split: a row per case (``case``, ``dice_<name>``, ``hd95_<name>``, a name per
+    scored channel: a region or a class)."""
 
     trial_id: str
     cases: pd.DataFrame
@@ -50,8 +53,8 @@ class TestEvaluation:
 
     @property
     def means(self) -> dict[str, float]:
-        """``test_dice_<region>`` and ``test_hd95_<region>`` over the cases; with several regions also their mean
-        (``test_dice_mean``, ``test_hd95_mean``), as BraTS reports."""
+        """``test_dice_<name>`` and ``test_hd95_<name>`` over the cases; with several scored channels (regions or
+        classes) also their mean (``test_dice_mean``, ``test_hd95_mean``), as BraTS reports."""
         out = {f"test_{column}": float(self.cases[column].mean()) for column in self.cases.columns if column != "case"}
         if len(self.regions) > 1:
             for metric in ("dice", "hd95"):
@@ -109,29 +112,48 @@ def loaded_trainer(model: BestModel, spec: Spec, data: PreparedData) -> Iterator
 
 
 def test_spacings(spec: Spec, data: PreparedData) -> dict[str, tuple[float, float, float]]:
-    """The voxel spacing (mm) of each test case after preprocessing, from its NIfTI header."""
+    """The voxel spacing (mm) of each test case after preprocessing, from its NIfTI header and the preprocessing the
+    TFRecords were made with (the manifest's: a target spacing ``auto`` resolved; the spec's for a manifest
+    without one)."""
     from distmis.data.layouts import Layout, case_spacing, case_spatial_shape, discover_cases
-    from distmis.data.preprocess import preprocessed_spacing
+    from distmis.data.preprocess import PreprocessConfig, preprocessed_spacing
 
     test = set(data.split.get("test", []))
-    config = preprocess_config(spec)
-    return {case.case_id: preprocessed_spacing(case_spatial_shape(case), case_spacing(case), config)
-            for case in discover_cases(Path(spec.dataset.path), Layout(spec.dataset.layout)) if case.case_id in test}
+    recorded = (data.manifest or {}).get("preprocess")
+    config = PreprocessConfig.from_dict(recorded) if recorded else preprocess_config(spec)
+    spacings = {}
+    for case in discover_cases(Path(spec.dataset.path), Layout(spec.dataset.layout)):
+        if case.case_id in test:
+            axcodes = _axcodes(case) if config.orientation is not None else None
+            spacings[case.case_id] = preprocessed_spacing(case_spatial_shape(case), case_spacing(case), config,
+                                                          axcodes)
+    return spacings
+
+
+def _axcodes(case: Any) -> str:
+    """Where the axes of a case's image point (e.g. ``"LPS"``), from its first file's header."""
+    import nibabel as nib
+
+    return "".join(nib.aff2axcodes(nib.load(str(case.images[0])).affine))
 
 
 def evaluate_on_test(trainer: Any, spec: Spec, data: PreparedData, trial_id: str,
                      spacings: dict[str, tuple[float, float, float]]) -> TestEvaluation | None:
     """Score ``trainer``'s model on every test case; None when the test split is empty."""
     from distmis.data.tfrecord import iter_cases
-    from distmis.train.evaluation import case_metrics, region_names
+    from distmis.train.epoch import trainer_targets
+    from distmis.train.evaluation import case_metrics, score_names
+    from distmis.train.metrics import foreground_indices, foreground_masks
 
     if not data.split.get("test"):
         return None
-    names = region_names(spec.dataset.labels, int(data.manifest["num_classes"]))
+    targets = trainer_targets(data.manifest, data.tfrecord_dir)
+    names, scored = score_names(targets), foreground_indices(targets)
     rows = []
     for case_id, image, label in iter_cases(data.tfrecord_dir, "test"):
         prob = trainer.predict_volume(image)
-        rows.append({"case": case_id, **case_metrics(prob, label.astype(np.float32), spacings[case_id], names)})
+        truth = np.asarray(label)[..., scored] > 0.5
+        rows.append({"case": case_id, **case_metrics(foreground_masks(prob, targets), truth, spacings[case_id], names)})
     return TestEvaluation(trial_id, pd.DataFrame(rows))
 
 

@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 INFERENCE_METRICS = ("whole_volume_dice", "whole_volume_seconds", "sliding_window_dice", "sliding_window_seconds")
 EPOCH_METRICS = ("train_loss", "val_loss", "val_dice", "epoch_seconds", "learning_rate", "step_seconds",
                  "peak_memory_mb", "fom", "curriculum_stage", "tile_h", "tile_w", "tile_d")
+# Each scored channel's validation dice, val_dice_<key> (the data set's class or region: distmis.data.targets), is
+# logged every epoch beside them.
+CLASS_DICE_PREFIX = "val_dice_"
 
 
 def default_tracking_uri(output_dir: str | Path) -> str:
@@ -537,7 +540,9 @@ class MLflowTrialCallback(tune.Callback):
         if epoch <= self.epochs.get(trial_id, 0):
             return  # a restarted trial repeats epochs its run already holds (its checkpoint was older)
         now = int(time.time() * 1000)
-        keys = [*EPOCH_METRICS, *INFERENCE_METRICS,  # the inference comparison: the last report only
+        keys = [*EPOCH_METRICS,
+                *(k for k in result if k.startswith(CLASS_DICE_PREFIX)),  # per scored channel: val_dice_<key>
+                *INFERENCE_METRICS,  # the inference comparison: the last report only
                 *(k for k in result if k.startswith(STARTUP_PREFIX))]  # start-up: first report only
         metrics = [
             Metric(key, float(result[key]), now, epoch)

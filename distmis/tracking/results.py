@@ -15,7 +15,8 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from distmis.tracking.mlflow_tracking import (
-    INFERENCE_METRICS, METRIC_TAG, MODE_TAG, PARENT_TAG, RESUMES_TAG, ROLE_TAG, SEARCHED_TAG, short_name,
+    CLASS_DICE_PREFIX, INFERENCE_METRICS, METRIC_TAG, MODE_TAG, PARENT_TAG, RESUMES_TAG, ROLE_TAG, SEARCHED_TAG,
+    short_name,
 )
 
 Format = Literal["table", "csv", "json", "markdown"]
@@ -56,9 +57,23 @@ def trial_runs(client: MlflowClient, parent: Run) -> list[Run]:
     )
 
 
+def best_epoch_values(client: MlflowClient, run: Run, names: Sequence[str], epoch: int | None) -> dict[str, float]:
+    """The values the trial ``run`` logged for each metric of ``names`` at ``epoch`` (its step); NaN where it logged
+    none (no best epoch, or a metric that epoch lacks)."""
+    values = {name: math.nan for name in names}
+    if epoch is None:
+        return values
+    for name in names:
+        at_epoch = [m.value for m in client.get_metric_history(run.info.run_id, name) if m.step == epoch]
+        if at_epoch:
+            values[name] = at_epoch[-1]
+    return values
+
+
 def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
-    """One row per trial: status, searched values, best metric and epoch, test dice (the trials scored on the test
-    split: ``search.evaluate_top``), epochs, seconds, error."""
+    """One row per trial: status, searched values, best metric and epoch, each scored channel's validation dice at
+    that best epoch (``val_dice_<key>``: the data set's classes or regions), test dice (the trials scored on the
+    test split: ``search.evaluate_top``), epochs, seconds, error."""
     searched: list[str] = json.loads(parent.data.tags.get(SEARCHED_TAG, "[]"))
     metric = parent.data.tags.get(METRIC_TAG, "val_dice")
     mode = parent.data.tags.get(MODE_TAG, "max")
@@ -70,6 +85,8 @@ def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
             row[short_name(path)] = p.get(path)
         row[f"best_{metric}"] = m.get(f"best_{metric}", math.nan)
         row["best_epoch"] = int(m["best_epoch"]) if "best_epoch" in m else None
+        per_class = sorted(name for name in m if name.startswith(CLASS_DICE_PREFIX))
+        row.update(best_epoch_values(client, run, per_class, row["best_epoch"]))
         row.update({name: value for name, value in sorted(m.items()) if name.startswith("test_dice_")})
         if any(name in m for name in INFERENCE_METRICS):  # training.inference.compare (no tile: no sliding window)
             row.update({name: m.get(name, math.nan) for name in INFERENCE_METRICS})

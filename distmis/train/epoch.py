@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping, Sequence
 
 from distmis.spec.curriculum import stage_at
 from distmis.spec.schema import TrainingSpec
@@ -15,14 +15,31 @@ class NonFiniteLossError(FloatingPointError):
     """Training diverged: the loss became NaN or infinite."""
 
 
+#: The prefix of a foreground channel's validation dice in an epoch's metrics: ``val_dice_<key>``.
+CLASS_DICE_PREFIX = "val_dice_"
+
+
+@dataclass(frozen=True)
+class ValidationScores:
+    """A validation pass: the mean loss over the cases, ``dice`` the mean over the cases of each case's mean dice over
+    the foreground channels, and ``class_dice`` each foreground channel's mean dice over the cases, by its key
+    (:func:`distmis.data.targets.metric_keys`; ``dice`` is their mean)."""
+
+    loss: float
+    dice: float
+    class_dice: Mapping[str, float] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class EpochMetrics:
     epoch: int
     train_loss: float
     val_loss: float
-    val_dice: float
+    val_dice: float  # the mean over the foreground channels of their dice
     epoch_seconds: float
     learning_rate: float  # at the epoch's first step (training.lr_schedule)
+    # Each foreground channel's validation dice, by its key: reported as val_dice_<key>
+    class_dice: Mapping[str, float] | None = None
     # Measured by the PyTorch trainers (None where a trainer does not measure them; left out of as_dict):
     step_seconds: float | None = None  # mean wall seconds of a training step, the batch's wait excluded
     peak_memory_mb: float | None = None  # a step's peak memory above what the process held before training, MiB
@@ -33,11 +50,19 @@ class EpochMetrics:
     tile_w: int | None = None
     tile_d: int | None = None
 
-    def as_dict(self) -> dict[str, float]:
-        return {key: value for key, value in asdict(self).items() if value is not None}
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that hold a value, flat: ``class_dice`` as ``val_dice_<key>`` after ``val_dice``."""
+        out: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is not None and item.name != "class_dice":
+                out[item.name] = value
+            if item.name == "val_dice":
+                out.update({f"{CLASS_DICE_PREFIX}{key}": float(dice) for key, dice in (self.class_dice or {}).items()})
+        return out
 
 
-def checked_epoch(epoch: int, train: Callable[[], float], validate: Callable[[], tuple[float, float]], *,
+def checked_epoch(epoch: int, train: Callable[[], float], validate: Callable[[], ValidationScores], *,
                   learning_rate: float) -> EpochMetrics:
     """Train one epoch, validate, and time both. Raises NonFiniteLossError if a loss is NaN or infinite.
     ``learning_rate``: the rate of the epoch's first step, reported with it."""
@@ -45,10 +70,11 @@ def checked_epoch(epoch: int, train: Callable[[], float], validate: Callable[[],
     train_loss = train()
     if not math.isfinite(train_loss):
         raise NonFiniteLossError(f"training loss became {train_loss} at epoch {epoch}")
-    val_loss, val_dice = validate()
-    if not math.isfinite(val_loss):
-        raise NonFiniteLossError(f"validation loss became {val_loss} at epoch {epoch}")
-    return EpochMetrics(epoch, train_loss, val_loss, val_dice, time.perf_counter() - start, learning_rate)
+    scores = validate()
+    if not math.isfinite(scores.loss):
+        raise NonFiniteLossError(f"validation loss became {scores.loss} at epoch {epoch}")
+    return EpochMetrics(epoch, train_loss, scores.loss, scores.dice, time.perf_counter() - start, learning_rate,
+                        class_dice=dict(scores.class_dice) or None)
 
 
 def curriculum_metrics(training: TrainingSpec, epoch: int, volume: Sequence[int]) -> dict[str, int]:
@@ -59,3 +85,20 @@ def curriculum_metrics(training: TrainingSpec, epoch: int, volume: Sequence[int]
     stage = stage_at(training, epoch)
     h, w, d = (int(v) for v in (stage.tile or volume)[:3])
     return {"curriculum_stage": stage.number, "tile_h": h, "tile_w": w, "tile_d": d}
+
+
+def trainer_targets(manifest: Mapping[str, Any], where: Any = "the TFRecord folder") -> dict[str, Any]:
+    """The target scheme of a TFRecord folder (:func:`distmis.data.targets.manifest_targets`), checked against its
+    ``num_classes``: what a trainer's head activation, loss and scored channels follow. ValueError naming ``where``
+    when the two disagree."""
+    from distmis.data.targets import manifest_targets
+
+    targets = manifest_targets(manifest)
+    channels = [channel["name"] for channel in targets["channels"]]
+    if len(channels) != int(manifest["num_classes"]):
+        raise ValueError(f"{where}: the manifest's num_classes is {manifest['num_classes']}, its target scheme has "
+                         f"{len(channels)} channel(s) {channels}")
+    if targets["activation"] not in ("sigmoid", "softmax"):
+        raise ValueError(f"{where}: the target scheme's activation must be 'sigmoid' or 'softmax', got "
+                         f"{targets['activation']!r}")
+    return targets

@@ -46,8 +46,6 @@ def compare_inference(trainer: Any, weights: str | Path) -> dict[str, float]:
     """Predict every validation case of ``trainer`` with the weights in ``weights`` (:meth:`save`'s folder), each
     way of :func:`inference_windows`; the mean dice and seconds per case of each. The trainer's own weights are
     back in place afterwards."""
-    from distmis.train.metrics import dice_score
-
     cases = trainer.val_cases
     if not len(cases):
         return {}
@@ -61,7 +59,7 @@ def compare_inference(trainer: Any, weights: str | Path) -> dict[str, float]:
                 start = time.perf_counter()
                 prob = trainer.predict_with_window(image, window)
                 seconds.append(time.perf_counter() - start)
-                dices.append(dice_score(prob, label))
+                dices.append(float(trainer.case_dice(prob, label).mean()))  # over the foreground channels
             results[f"{way}_dice"] = float(np.mean(dices))
             results[f"{way}_seconds"] = float(np.mean(seconds))
     return results

@@ -23,7 +23,9 @@ import numpy as np
 from distmis.spec.layout import TrialLayout, resolve_layout
 from distmis.spec.schema import Spec
 from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
-from distmis.train.epoch import EpochMetrics, NonFiniteLossError, checked_epoch, curriculum_metrics
+from distmis.train.epoch import (
+    EpochMetrics, NonFiniteLossError, ValidationScores, checked_epoch, curriculum_metrics, trainer_targets,
+)
 from distmis.train.inference import predict_channels_last
 from distmis.train.schedules import LearningRateSchedule
 
@@ -98,6 +100,7 @@ class UNetTrainer:
         import tensorflow as tf
 
         from distmis.data.cases import SplitCases
+        from distmis.data.targets import metric_keys
         from distmis.data.tfrecord import read_manifest
         from distmis.models.unet3d_tf import build_unet3d, count_trainable_parameters
         from distmis.parallel.tensorflow_cluster import broadcast_from_first_replica, variables_without_broadcast
@@ -108,6 +111,10 @@ class UNetTrainer:
         self.tfrecord_dir = Path(tfrecord_dir)
         manifest = read_manifest(self.tfrecord_dir)
         self.num_classes = int(manifest["num_classes"])
+        # What the output channels mean (distmis.data.targets): the head's activation, the loss, the scored channels
+        self.targets = trainer_targets(manifest, self.tfrecord_dir)
+        self.activation: str = self.targets["activation"]
+        self.metric_keys: list[str] = metric_keys(self.targets)
         training = spec.training
 
         self.strategy = strategy or tf.distribute.get_strategy()
@@ -122,7 +129,7 @@ class UNetTrainer:
         # The first worker's initial weights to all, in one collective (the optimizer's state starts at zero)
         broadcast_from_first_replica(self.strategy, self.model.weights)
         self.num_parameters = count_trainable_parameters(self.model)
-        self.loss_fn = make_loss(training.loss.name, smooth=training.loss.smooth)
+        self.loss_fn = make_loss(training.loss.name, smooth=training.loss.smooth, activation=self.activation)
         # training.lr_schedule at the layout's (data-parallel scaled) rate, assigned to the optimizer's
         # learning-rate variable at each epoch's start or step: no graph is traced again for it
         self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
@@ -212,7 +219,7 @@ class UNetTrainer:
 
     def _build_model(self, build_unet3d: Any, manifest: dict[str, Any]) -> Any:
         return build_unet3d(  # the builder takes model.params' fields by name
-            in_channels=int(manifest["image_shape"][-1]), num_classes=self.num_classes,
+            in_channels=int(manifest["image_shape"][-1]), num_classes=self.num_classes, activation=self.activation,
             **self.spec.model.params.model_dump(),
         )
 
@@ -347,16 +354,27 @@ class UNetTrainer:
         finally:
             self.model.set_weights(current)
 
-    def validate(self) -> tuple[float, float]:
-        """Mean validation loss and mean per-case dice over the validation split."""
-        from distmis.train.metrics import dice_score
+    def case_dice(self, prob: np.ndarray, label: np.ndarray) -> np.ndarray:
+        """Dice of one case's prediction ``prob`` against its target channels ``label`` (both ``(h, w, d, C)``), for
+        each foreground channel of the target scheme (:func:`~distmis.train.metrics.class_dice`: thresholded
+        sigmoid channels, or the softmax's argmax), in the order of :attr:`metric_keys`."""
+        from distmis.train.metrics import class_dice
 
-        losses, dices = [], []
+        return class_dice(prob, label, self.targets)
+
+    def validate(self) -> ValidationScores:
+        """Mean validation loss, mean per-case dice (each case's mean over the foreground channels) and each
+        foreground channel's mean dice, over the validation split (every worker validates all of it)."""
+        losses, dices, per_class = [], [], []
         for _case_id, image, label in self.val_cases:
             prob = self.predict_volume(image)
             losses.append(float(self.loss_fn(label[None], prob[None])))
-            dices.append(dice_score(prob, label))
-        return float(np.mean(losses)), float(np.mean(dices))
+            dice = self.case_dice(prob, label)
+            dices.append(float(dice.mean()))
+            per_class.append(dice)
+        class_means = np.mean(per_class, axis=0)
+        return ValidationScores(float(np.mean(losses)), float(np.mean(dices)),
+                                {key: float(value) for key, value in zip(self.metric_keys, class_means)})
 
     def run_epoch(self, epoch: int) -> EpochMetrics:
         """Train one epoch, validate, and time both. Raises NonFiniteLossError if training diverged."""

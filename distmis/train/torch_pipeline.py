@@ -44,6 +44,7 @@ from distmis.models.unet3d_torch import UNet3D
 from distmis.parallel.pipeline import UNetPipeline, batch_plan, pipeline_unet
 from distmis.spec.layout import TrialLayout
 from distmis.spec.schema import Spec
+from distmis.train.epoch import ValidationScores
 from distmis.train.torch_unet import TorchUNetTrainer, make_loss
 
 
@@ -85,7 +86,7 @@ class TorchPipelineUNetTrainer(TorchUNetTrainer):
                           schedule=pipe.schedule, stages=self.groups.pp_size)
         built = pipeline_unet(
             model, tile=self.tile or self.volume_shape, microbatches=plan.microbatches, schedule=plan.schedule,
-            batch_size=samples, loss_fn=make_loss(loss.name, loss.smooth),
+            batch_size=samples, loss_fn=make_loss(loss.name, loss.smooth, activation=self.activation),
             group=self.groups.pp_group, device=self.device)
         if self.pipeline is not None and built.bounds != self.pipeline.bounds:  # the cut depends on the tile only
             raise RuntimeError(f"a batch of {samples} cut the U-Net at {built.bounds}, the full batch at "
@@ -131,7 +132,7 @@ class TorchPipelineUNetTrainer(TorchUNetTrainer):
                                           (self.groups.dp_group, self.groups.dp_size)) if size > 1]
 
     # ------------------------------------------------------------------ validation, on the whole model
-    def validate(self) -> tuple[float, float]:
+    def validate(self) -> ValidationScores:
         """Gather every stage's weights on every rank, then validate with the whole model, the cases shared out
         over every rank of the trial."""
         self.pipe.gather_weights()

@@ -29,23 +29,35 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Literal, TypeVar
+from typing import Callable, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from distmis.data.augment_torch import TorchAugmenter
 from distmis.data.cases import SplitCases
-from distmis.models.unet3d_torch import UNet3D, count_trainable_parameters
+from distmis.data.targets import metric_keys
+from distmis.models.unet3d_torch import Activation, UNet3D, count_trainable_parameters
 from distmis.spec.layout import TrialLayout, resolve_layout
 from distmis.spec.schema import Spec
 from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
-from distmis.train.epoch import EpochMetrics, checked_epoch, curriculum_metrics
+from distmis.train.epoch import (
+    EpochMetrics, ValidationScores, checked_epoch, curriculum_metrics, trainer_targets,
+)
 from distmis.train.inference import predict_channels_last
 from distmis.train.schedules import LearningRateSchedule
+from distmis.train.torch_losses import (  # noqa: F401  (the losses' old home: imported from here too)
+    BCE_EPSILON,
+    LOSSES,
+    LossName,
+    dice_bce_loss,
+    dice_bce_with_logits_loss,
+    make_loss,
+    soft_dice_loss,
+    soft_dice_per_sample,
+)
 
 __all__ = [
     "LossName",
@@ -59,66 +71,6 @@ __all__ = [
     "StepMeter",
     "TorchUNetTrainer",
 ]
-
-LossName = Literal["dice", "dice-bce"]
-LOSSES: tuple[str, ...] = ("dice", "dice-bce")
-BCE_EPSILON = 1e-7  # Keras' clipping of probabilities before the logarithm
-
-
-# --------------------------------------------------------------------------- losses
-def soft_dice_per_sample(pred: torch.Tensor, target: torch.Tensor, smooth: float = 1.0) -> torch.Tensor:
-    """Soft dice for every sample and channel of channels-first (B, C, H, W, D) tensors -> (B, C).
-
-    ``(2 * sum(p * g) + smooth) / (sum(p) + sum(g) + smooth)`` over the spatial axes of each sample,
-    as :func:`distmis.train.losses.soft_dice_per_sample` (which is channels-last).
-    """
-    target = target.to(pred.dtype)
-    axes = tuple(range(2, pred.ndim))
-    intersection = (pred * target).sum(dim=axes)
-    total = pred.sum(dim=axes) + target.sum(dim=axes)
-    return (2.0 * intersection + smooth) / (total + smooth)
-
-
-def soft_dice_loss(pred: torch.Tensor, target: torch.Tensor, smooth: float = 1.0) -> torch.Tensor:
-    """``1 - dice`` averaged over samples and channels (a scalar)."""
-    return 1.0 - soft_dice_per_sample(pred, target, smooth).mean()
-
-
-def dice_bce_loss(pred: torch.Tensor, target: torch.Tensor, smooth: float = 1.0) -> torch.Tensor:
-    """Soft dice loss plus mean binary cross-entropy, with probabilities clipped to [1e-7, 1 - 1e-7]."""
-    target = target.to(pred.dtype)
-    p = pred.clamp(BCE_EPSILON, 1.0 - BCE_EPSILON)
-    bce = -(target * torch.log(p) + (1.0 - target) * torch.log(1.0 - p)).mean()
-    return soft_dice_loss(pred, target, smooth) + bce
-
-
-def dice_bce_with_logits_loss(logits: torch.Tensor, target: torch.Tensor, smooth: float = 1.0) -> torch.Tensor:
-    """:func:`dice_bce_loss` of ``sigmoid(logits)``, its cross-entropy computed from the logits: no clipping,
-    so a confidently wrong voxel (a logit beyond about +-16) still has a gradient."""
-    target = target.to(logits.dtype)
-    bce = F.binary_cross_entropy_with_logits(logits, target)
-    return soft_dice_loss(torch.sigmoid(logits), target, smooth) + bce
-
-
-def make_loss(
-    name: LossName, smooth: float = 1.0, *, from_logits: bool = False
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The loss a spec's ``training.loss`` names, as ``loss(pred, target) -> scalar``.
-
-    ``pred`` holds probabilities, or logits with ``from_logits`` (for a model whose head has no sigmoid).
-    Note the argument order: prediction first, as PyTorch's own losses (the TF losses take the
-    target first, as Keras does).
-    """
-    if name not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {name!r}")
-    if name == "dice":
-        if from_logits:
-            return lambda logits, target: soft_dice_loss(torch.sigmoid(logits), target, smooth)
-        return lambda pred, target: soft_dice_loss(pred, target, smooth)
-    if from_logits:
-        return lambda logits, target: dice_bce_with_logits_loss(logits, target, smooth)
-    return lambda pred, target: dice_bce_loss(pred, target, smooth)
-
 
 # --------------------------------------------------------------------------- data
 #: Training batches the reading thread may have ready ahead of the training step. Two keep the step fed
@@ -379,6 +331,10 @@ class TorchUNetTrainer:
         self.device = torch.device(device)
         manifest = read_manifest(self.tfrecord_dir)
         self.num_classes = int(manifest["num_classes"])
+        # What the output channels mean (distmis.data.targets): the head's activation, the loss, the scored channels
+        self.targets = trainer_targets(manifest, self.tfrecord_dir)
+        self.activation: Activation = self.targets["activation"]
+        self.metric_keys: list[str] = metric_keys(self.targets)
         training = spec.training
 
         self.volume_shape = tuple(int(v) for v in manifest["image_shape"][:3])
@@ -401,7 +357,7 @@ class TorchUNetTrainer:
         )
         # training.lr_schedule at the layout's (data-parallel scaled) rate: set at each epoch's start or step
         self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
-        self.loss_fn = make_loss(training.loss.name, training.loss.smooth)
+        self.loss_fn = make_loss(training.loss.name, training.loss.smooth, activation=self.activation)
 
         # Where the cases lie, not the cases: each is read when a batch or the validation needs it.
         self.train_cases = SplitCases(self.tfrecord_dir, "train", manifest=manifest)
@@ -430,7 +386,8 @@ class TorchUNetTrainer:
     def _build_model(self, in_channels: int) -> UNet3D:
         params = self.spec.model.params
         # UNet3D takes model.params' fields by name, like the Keras builder.
-        return UNet3D(in_channels=in_channels, num_classes=self.num_classes, **params.model_dump())
+        return UNet3D(in_channels=in_channels, num_classes=self.num_classes, activation=self.activation,
+                      **params.model_dump())
 
     @staticmethod
     def _check_tile(
@@ -514,8 +471,8 @@ class TorchUNetTrainer:
         """Slices (all channels, then a tile at a seeded random offset): the same for image and label.
 
         With probability ``training.tile_sampling`` the tile is centred on a random foreground voxel of
-        ``label`` (C, H, W, D) instead, moved inside the volume where it would stick out (a case without
-        foreground keeps its uniform offset). Those draws come from a generator of their own, so the uniform
+        ``label`` (C, H, W, D) instead (a voxel of any target channel but a softmax scheme's background), moved
+        inside the volume where it would stick out (a case without foreground keeps its uniform offset). Those draws come from a generator of their own, so the uniform
         offsets are those of ``tile_sampling`` 0, as in the TensorFlow pipeline (:func:`~distmis.data.tfrecord
         .make_dataset`).
         """
@@ -524,7 +481,8 @@ class TorchUNetTrainer:
         sampling = self.stage.tile_sampling
         if sampling and float(torch.rand(1, generator=self._foreground_rng)) < sampling:
             pick = float(torch.rand(1, generator=self._foreground_rng))
-            foreground = torch.nonzero(label.any(dim=0))  # (N, 3) voxels
+            held = label[1:] if self.activation == "softmax" else label  # a one-hot's background is no foreground
+            foreground = torch.nonzero(held.any(dim=0))  # (N, 3) voxels
             if len(foreground):
                 centre = foreground[min(int(pick * len(foreground)), len(foreground) - 1)].tolist()
                 starts = [min(max(c - t // 2, 0), v - t) for c, t, v in zip(centre, self.tile, volume)]
@@ -626,30 +584,43 @@ class TorchUNetTrainer:
         finally:
             self.model.load_state_dict(current)
 
-    def validate(self) -> tuple[float, float]:
-        """Mean validation loss and mean per-case dice over every validation case.
+    def case_dice(self, prob: np.ndarray, label: np.ndarray) -> np.ndarray:
+        """Dice of one case's prediction ``prob`` against its target channels ``label`` (both ``(h, w, d, C)``), for
+        each foreground channel of the target scheme (:func:`~distmis.train.metrics.class_dice`: thresholded
+        sigmoid channels, or the softmax's argmax), in the order of :attr:`metric_keys`."""
+        from distmis.train.metrics import class_dice
+
+        return class_dice(prob, label, self.targets)
+
+    def validate(self) -> ValidationScores:
+        """Mean validation loss, mean per-case dice (each case's mean over the foreground channels) and each
+        foreground channel's mean dice, over every validation case.
 
         In a process group of ``world_size`` ranks each rank predicts every ``world_size``-th case (with rank
         0's normalization statistics) and the sums are all-reduced, so every rank returns the same means.
         """
-        from distmis.train.metrics import dice_score
-
         rank, size = self._validation_share()
         distributed = size > 1 and dist.is_available() and dist.is_initialized()
         if distributed:
             self._sync_buffers_from_rank0()
         cases = self.val_cases[rank::size] if distributed else self.val_cases
         loss_sum, dice_sum = 0.0, 0.0
+        class_sums = np.zeros(len(self.metric_keys), dtype=np.float64)
         with torch.no_grad():
             for _case_id, image, label in cases:
                 prob = self.predict_volume(image)
                 loss_sum += float(self.loss_fn(channels_first(prob)[None], channels_first(label)[None]))
-                dice_sum += dice_score(prob, label)
-        totals = torch.tensor([loss_sum, dice_sum, float(len(cases))], dtype=torch.float64, device=self.device)
+                dice = self.case_dice(prob, label)
+                dice_sum += float(dice.mean())
+                class_sums += dice
+        totals = torch.tensor([loss_sum, dice_sum, *class_sums.tolist(), float(len(cases))], dtype=torch.float64,
+                              device=self.device)
         if distributed:
             dist.all_reduce(totals, group=self.reduce_group)  # sum over ranks (on the model's device, for nccl)
-        loss_total, dice_total, count = totals.cpu().tolist()
-        return loss_total / count, dice_total / count
+        values = totals.cpu().tolist()
+        count = values[-1]
+        return ValidationScores(values[0] / count, values[1] / count,
+                                {key: value / count for key, value in zip(self.metric_keys, values[2:-1])})
 
     def _validation_share(self) -> tuple[int, int]:
         """``(r, n)``: this rank validates every ``n``-th case from the ``r``-th; the sums add up over

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from distmis.models.unet3d_torch import activate
 from distmis.models.vit_seg import ViTSeg
 from distmis.spec import perf_model
 from distmis.parallel.groups import ParallelGroups
@@ -55,9 +56,10 @@ class TorchViTTrainer(TorchUNetTrainer):
         )
         if groups is not None:
             self.reduce_group = groups.dp_group  # validation shares add up over DP; SP ranks hold copies
-        # The ViT gives logits: train on them (BCE with logits); validation scores averaged probabilities.
+        # The ViT gives logits: train on them (cross-entropy from the logits: BCE with logits for sigmoid targets,
+        # MONAI's DiceCELoss for softmax ones); validation scores averaged probabilities.
         loss = spec.training.loss
-        self.logits_loss_fn = make_loss(loss.name, loss.smooth, from_logits=True)
+        self.logits_loss_fn = make_loss(loss.name, loss.smooth, from_logits=True, activation=self.activation)
 
     def _build_model(self, in_channels: int) -> ViTSeg:
         params = self.spec.model.params
@@ -104,12 +106,13 @@ class TorchViTTrainer(TorchUNetTrainer):
         return prob[0].permute(1, 2, 3, 0).cpu().numpy()
 
     def _probabilities(self, x: torch.Tensor) -> torch.Tensor:
-        """Sigmoid probabilities of whole tiles (B, C, *tile) -> (B, K, *tile), on every rank of an SP group."""
+        """Probabilities of whole tiles (B, C, *tile) -> (B, K, *tile), on every rank of an SP group: the target
+        scheme's activation (sigmoid, or softmax over the channels) of the logits."""
         model = self.train_model  # eval mode: set by predict_volume on the (shared) plain model
         logits = model(x)
         if isinstance(model, SequenceParallelViTSeg) and model.decoder == "no-gather":
             logits = self._assemble(model, logits, tuple(x.shape[2:]))
-        return torch.sigmoid(logits)
+        return activate(logits, self.activation)
 
     @staticmethod
     def _assemble(model: SequenceParallelViTSeg, local: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:

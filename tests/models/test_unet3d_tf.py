@@ -57,3 +57,20 @@ def test_bad_arguments():
         build_unet3d(levels=1)
     with pytest.raises(ValueError, match="norm"):
         build_unet3d(norm="instance")  # type: ignore[arg-type]
+
+
+def test_a_softmax_head_gives_class_probabilities_that_sum_to_one():
+    sigmoid = build_unet3d(in_channels=1, num_classes=4, base_filters=4, levels=3)
+    softmax = build_unet3d(in_channels=1, num_classes=4, base_filters=4, levels=3, activation="softmax")
+    assert softmax.count_params() == sigmoid.count_params()
+    softmax.set_weights(sigmoid.get_weights())
+    x = np.random.default_rng(0).normal(size=(2, 8, 16, 8, 1)).astype("float32")
+    prob = softmax(x, training=False).numpy()
+    p = sigmoid(x, training=False).numpy().astype("float64")
+    logits = np.log(p) - np.log1p(-p)  # the sigmoid head's logits, recovered
+    expected = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    assert prob.shape == (2, 8, 16, 8, 4) and prob.min() >= 0
+    np.testing.assert_allclose(prob.sum(axis=-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(prob, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="activation must be one of .* got 'relu'"):
+        build_unet3d(activation="relu")  # type: ignore[arg-type]

@@ -93,3 +93,19 @@ def test_bad_arguments():
         UNet3D(batch_norm_momentum=1.0)
     with pytest.raises(ValueError, match="divisible by 8"):
         UNet3D()(torch.zeros(1, 4, 12, 16, 16))
+
+
+def test_a_softmax_head_gives_class_probabilities_that_sum_to_one():
+    sigmoid = UNet3D(in_channels=1, num_classes=4, base_filters=4, levels=3).eval()
+    softmax = UNet3D(in_channels=1, num_classes=4, base_filters=4, levels=3, activation="softmax").eval()
+    softmax.load_state_dict(sigmoid.state_dict())  # the activation holds no parameter: the same weights load
+    assert count_trainable_parameters(softmax) == count_trainable_parameters(sigmoid)
+    x = torch.randn(2, 1, 8, 16, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        prob, logits = softmax(x), torch.logit(sigmoid(x).double())  # the sigmoid head's logits, recovered
+    assert prob.shape == (2, 4, 8, 16, 8) and prob.min() >= 0
+    torch.testing.assert_close(prob.sum(dim=1), torch.ones(2, 8, 16, 8), atol=1e-5, rtol=0)
+    torch.testing.assert_close(prob.double(), torch.softmax(logits, dim=1), atol=1e-5, rtol=0)
+    assert UNet3D().activation == "sigmoid"
+    with pytest.raises(ValueError, match="activation must be one of .* got 'relu'"):
+        UNet3D(activation="relu")  # type: ignore[arg-type]

@@ -44,6 +44,17 @@ def test_the_cells_in_turn_are_the_model(levels):
     torch.testing.assert_close(out, model(x), atol=0, rtol=0)
 
 
+def test_the_last_cell_applies_the_models_softmax():
+    model = UNet3D(in_channels=2, num_classes=3, base_filters=4, levels=3, norm="group", norm_groups=2,
+                   activation="softmax").eval()
+    x = torch.randn(2, 2, 16, 16, 8)
+    out = (x,)
+    for cell in unet_cells(model):
+        out = cell(*out)
+    torch.testing.assert_close(out, model(x), atol=0, rtol=0)
+    torch.testing.assert_close(out.sum(dim=1), torch.ones(2, 16, 16, 8))
+
+
 def test_the_cells_hold_the_models_own_parameters():
     model = small_unet()
     in_cells = {id(p) for cell in unet_cells(model) for p in cell.parameters()}

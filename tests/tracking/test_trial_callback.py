@@ -145,3 +145,29 @@ def test_runs_carry_mlflow_source_tags_and_the_working_tree_commit(search, monke
         assert tags["mlflow.source.name"] == "distmis run" and tags["mlflow.source.type"] == "LOCAL"
         assert tags["mlflow.source.git.commit"] == commit
         assert not any("pw" in value for value in tags.values())  # the arguments, and the password, are not kept
+
+
+def test_each_class_dice_is_logged_every_epoch_and_the_table_shows_the_best_epochs(search):
+    from distmis.tracking.results import results_frame
+
+    spec, run = search
+    callback = run.trial_callback(spec)
+    t = trial("t_00000")
+    callback.on_trial_start(0, [], t)
+    per_epoch = {1: (0.2, 0.6), 2: (0.7, 0.5), 3: (0.4, 0.5)}  # val_dice = their mean: best at epoch 2
+    for epoch, (liver, spleen) in per_epoch.items():
+        callback.on_trial_result(0, [], t, result(epoch, val_dice=(liver + spleen) / 2, val_dice_liver=liver,
+                                                  val_dice_spleen=spleen))
+    callback.on_trial_complete(0, [], t)
+    assert callback.close()
+    client = run.client
+    run_id = callback.run_ids["t_00000"]
+    for key, index in (("val_dice_liver", 0), ("val_dice_spleen", 1)):
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        assert history == [(epoch, values[index]) for epoch, values in per_epoch.items()], key
+    table = results_frame(client, client.get_run(run.run_id))
+    row = table.iloc[0]
+    assert row["best_epoch"] == 2 and row["best_val_dice"] == pytest.approx(0.6)
+    assert (row["val_dice_liver"], row["val_dice_spleen"]) == (0.7, 0.5)  # the best epoch's, not the last's
+    columns = list(table.columns)
+    assert columns.index("best_epoch") + 1 == columns.index("val_dice_liver")

@@ -94,8 +94,9 @@ def test_tiled_validation_covers_the_volume(prepared):
     prob = trainer.predict_volume(image)
     assert prob.shape == label.shape and np.isfinite(prob).all()
     assert 0 <= prob.min() and prob.max() <= 1
-    val_loss, val_dice = trainer.validate()
-    assert np.isfinite(val_loss) and 0 <= val_dice <= 1
+    scores = trainer.validate()
+    assert np.isfinite(scores.loss) and 0 <= scores.dice <= 1
+    assert scores.class_dice == {"WT": scores.dice}  # whole-tumour: one scored channel
 
 
 def test_nan_loss_raises(prepared):

@@ -153,8 +153,8 @@ def test_the_saved_model_is_the_whole_unet(ran):
     plain.load(tmp / "model")
     for name, value in plain.model.state_dict().items():
         torch.testing.assert_close(value, results[0]["weights"][name], atol=0, rtol=0)
-    val_loss, val_dice = plain.validate()
-    np.testing.assert_allclose([val_loss, val_dice],
+    scores = plain.validate()
+    np.testing.assert_allclose([scores.loss, scores.dice],
                                [results[0]["epochs"][1]["val_loss"], results[0]["epochs"][1]["val_dice"]], rtol=1e-6)
 
 

@@ -192,8 +192,9 @@ def test_tiled_training_and_validation_cover_the_volume(prepared):
     prob = trainer.predict_volume(image)
     assert prob.shape == label.shape and np.isfinite(prob).all()
     assert 0 <= prob.min() and prob.max() <= 1
-    val_loss, val_dice = trainer.validate()
-    assert np.isfinite(val_loss) and 0 <= val_dice <= 1
+    scores = trainer.validate()
+    assert np.isfinite(scores.loss) and 0 <= scores.dice <= 1
+    assert scores.class_dice == {"WT": scores.dice}  # whole-tumour: one scored channel
     with pytest.raises(ValueError, match="training.tile \\[32, 8, 8\\]"):
         TorchUNetTrainer(with_changes(spec, tile=[32, 8, 8]), data.tfrecord_dir)
 
@@ -440,7 +441,9 @@ def _validate_on_rank(rank: int, world_size: int, spec_tree: dict, tfrecord_dir:
             for module in trainer.model.modules():
                 if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
                     module.running_mean.add_(3.0)
-        torch.save({"metrics": trainer.validate(), "cases": len(trainer.val_cases[rank::world_size])},
+        scores = trainer.validate()
+        torch.save({"metrics": [scores.loss, scores.dice, *scores.class_dice.values()],
+                    "cases": len(trainer.val_cases[rank::world_size])},
                    f"{out}/rank{rank}.pt")
         dist.barrier()  # both ranks done before either tears gloo down
     finally:
@@ -457,7 +460,8 @@ def test_validation_is_sharded_over_ranks_and_all_reduced(tmp_path: Path):
     data = prepare_data(spec, tmp_path / "out", progress=False)
     whole = TorchUNetTrainer(spec, data.tfrecord_dir)
     assert len(whole.val_cases) == 3  # 2 + 1: the ranks hold unequal shares
-    expected = whole.validate()
+    scores = whole.validate()
+    expected = [scores.loss, scores.dice, *scores.class_dice.values()]
 
     mp.spawn(_validate_on_rank, args=(2, spec.model_dump(mode="json"), str(data.tfrecord_dir), str(tmp_path)),
              nprocs=2, join=True)
