@@ -12,10 +12,14 @@ The model folder's artifacts: ``recipe`` (``preprocessing.json``, the dict of
 ``model.keras``).
 
 :meth:`SegmentationModel.predict` takes ONE case's raw image ``(H, W, D, C)`` (channels in the recipe's
-``modalities`` order) and returns its uint8 label map ``(H, W, D)``: z-score over the non-zero voxels, centre crop /
-pad and resize as the recipe says (:func:`preprocess_image`), probabilities by sliding windows of the network's
-input (:func:`sliding_window`, MONAI's), the resize and crop undone (:func:`restore_geometry`), thresholded, and the
-regions recombined into the layout's label values (:func:`target_to_labels`).
+``modalities`` order; ``params``: the case's ``spacing`` and ``orientation`` where the recipe resamples or
+reorients) and returns its label map ``(H, W, D)`` in the data set's label values: each channel normalised
+(:func:`normalize_channels`: z-score over the non-zero voxels, or CT clipping and z-scoring with the training
+foreground's statistics), reoriented, resampled to the training spacing, centre cropped / padded and resized as the
+recipe says (:func:`prepare_image`), probabilities by sliding windows of the network's input (:func:`sliding_window`,
+MONAI's), every geometric step undone (:func:`restore_probabilities`), then thresholded (sigmoid regions) or
+argmaxed (softmax classes) and painted in the data set's values (:func:`probabilities_to_labels`, following the
+recipe's target scheme).
 
 These functions are the only copy in distmis: :mod:`distmis.data.preprocess`, :mod:`distmis.data.postprocess`
 and :mod:`distmis.train.inference` (training, validation) and ``distmis predict`` call them, so a label map from
@@ -38,6 +42,10 @@ __all__ = [
     "check_shape3", "zscore_nonzero", "center_crop_or_pad", "resize", "preprocess_image", "restore_geometry",
     "target_to_labels", "sliding_window", "predict_channels_last", "network_probabilities", "segment",
     "load_network", "check_image", "check_params", "SegmentationModel", "pyfunc_class",
+    "metric_key", "legacy_targets", "recipe_targets", "brain_tumour", "foreground", "labels_to_channels",
+    "channel_masks", "probabilities_to_labels", "normalize_channels", "check_axcodes", "reorient",
+    "reoriented_spacing", "resampled_shape", "preprocess_geometry", "prepare_volume", "prepare_image",
+    "restore_probabilities",
 ]
 
 #: The model folder's artifacts (``artifacts/`` of the MLflow model): the recipe JSON and the network.
@@ -269,6 +277,13 @@ def recipe_targets(recipe: dict[str, Any]) -> dict[str, Any]:
     recorded, :func:`legacy_targets` of its layout and label mode."""
     targets = recipe.get("targets")
     return targets if targets else legacy_targets(str(recipe["layout"]), str(recipe["labels"]))
+
+
+def brain_tumour(recipe: dict[str, Any]) -> bool:
+    """Whether a recipe's model predicts the BraTS whole tumour or regions of a brain-tumour layout (``msd`` meaning
+    MSD Task01): only such a model can write another brain-tumour layout's label values."""
+    layout, targets = str(recipe["layout"]), recipe_targets(recipe)
+    return layout in EDEMA_VALUE and targets["mode"] in LABEL_MODES and targets == legacy_targets(layout, targets["mode"])
 
 
 def foreground(targets: dict[str, Any]) -> list[dict[str, Any]]:
@@ -602,6 +617,8 @@ def segment(image: np.ndarray, recipe: dict[str, Any], probabilities: Callable[[
     prob = restore_probabilities(probabilities(inputs), recipe, geometry)
     targets = recipe_targets(recipe)
     if layout and layout != recipe.get("layout"):
+        if not brain_tumour(recipe):
+            raise ValueError(f"layout {layout!r}: only a brain-tumour model writes another layout's label values")
         targets = legacy_targets(str(layout), str(targets["mode"]))
     return probabilities_to_labels(prob, targets, float(recipe.get("threshold", 0.5)))
 
@@ -682,7 +699,7 @@ def check_params(params: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[
         orientation = check_axcodes(orientation, "the orientation parameter")
     layout = params.get("layout") or recipe["layout"]
     if layout != recipe["layout"]:
-        if recipe_targets(recipe)["mode"] not in LABEL_MODES:
+        if not brain_tumour(recipe):
             raise ValueError(f"layout {layout!r}: the layout parameter picks the label values of a brain-tumour "
                              f"layout; this model writes its data set's own label values")
         if layout not in EDEMA_VALUE:

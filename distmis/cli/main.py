@@ -491,14 +491,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="segment scans with a search's model: one <case>_seg.nii.gz per case")
     p.add_argument("model", help="models:/NAME/VERSION, models:/NAME@best, runs:/RUN_ID, an MLflow model folder, "
                                  "or a search's output folder (its best model)")
-    p.add_argument("input", help="one case (an MSD 4-D image file, a BraTS or BraTS 2023 case folder) or a data set "
-                                 "folder (MSD root or imagesTs-like folder, BraTS root)")
+    p.add_argument("input", help="one case (an MSD image file, 3-D for one channel or 4-D; an nnU-Net channel file "
+                                 "<case>_0000.nii.gz, which brings its other channels; a BraTS or BraTS 2023 case "
+                                 "folder) or a data set folder (MSD or nnU-Net root, an imagesTs-like folder, BraTS "
+                                 "root)")
     p.add_argument("--output", required=True, help="folder for the segmentations")
     p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
                    help="MLflow tracking store of a models:/ or runs:/ MODEL (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--layout", choices=LAYOUT_CHOICES, help="the input's layout (default: detected from its files)")
     p.add_argument("--labels", action="store_true",
-                   help="score each case that has a label file: dice and HD95 (mm) per region")
+                   help="score each case that has a label file: dice and HD95 (mm) per class or region")
     p.add_argument("--overwrite", action="store_true", help="replace segmentations already in --output")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_predict)

@@ -144,11 +144,9 @@ class ModelRecipe:
     def brain_tumour(self) -> bool:
         """Whether the model predicts the BraTS whole tumour or regions of a brain-tumour layout: it can write the
         label values of another brain-tumour layout (a BraTS scan segmented by an MSD-trained model)."""
-        from distmis.pyfunc_model import EDEMA_VALUE, LABEL_MODES, legacy_targets
+        from distmis.pyfunc_model import brain_tumour
 
-        scheme = self.scheme
-        return scheme["mode"] in LABEL_MODES and self.layout in EDEMA_VALUE \
-            and scheme == legacy_targets(self.layout, scheme["mode"])
+        return brain_tumour({"layout": self.layout, "labels": self.labels, "targets": self.scheme})
 
     @property
     def channels_last(self) -> bool:

@@ -633,11 +633,11 @@ def _log_overlay(search_run: SearchRun, trainer: Any) -> None:
     """The best trial's prediction of the first validation case, as a PNG (a picture for the UI: never raises)."""
     try:
         from distmis.tracking.figures import segmentation_overlay_figure
-        from distmis.train.metrics import dice_score
 
         case_id, image, label = trainer.val_cases[0]
         prob = trainer.predict_volume(image)
-        title = f"best trial, validation case {case_id}: dice {dice_score(prob, label):.3f}"
-        search_run.log_figure(segmentation_overlay_figure(image, label, prob, title=title), "best_trial_overlay.png")
+        title = f"best trial, validation case {case_id}: dice {float(trainer.case_dice(prob, label).mean()):.3f}"
+        figure = segmentation_overlay_figure(image, label, prob, title=title, targets=trainer.targets)
+        search_run.log_figure(figure, "best_trial_overlay.png")
     except Exception:  # noqa: BLE001
         logger.warning("could not draw the segmentation overlay of the best trial", exc_info=True)

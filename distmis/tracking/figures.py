@@ -21,15 +21,21 @@ def _pyplot():
     return plt
 
 
-def segmentation_overlay_figure(image: np.ndarray, target: np.ndarray, prob: np.ndarray, *, title: str = ""):
-    """FLAIR slices through the tumour with the ground truth (green) and the prediction (red) outlined.
+def segmentation_overlay_figure(image: np.ndarray, target: np.ndarray, prob: np.ndarray, *, title: str = "",
+                                targets: dict | None = None):
+    """The first channel's slices through the foreground with the ground truth (green) and the prediction (red)
+    outlined.
 
-    ``image`` (H, W, D, 4), ``target`` and ``prob`` (H, W, D, C); channel 0 (whole tumour) is drawn,
-    on the axial, coronal and sagittal slices through the tumour's centre of mass.
+    ``image`` (H, W, D, C), ``target`` and ``prob`` (H, W, D, K); ``targets``: the target scheme (None: sigmoid
+    channels). The foreground drawn is channel 0 of a sigmoid scheme (the whole tumour) or every class but the
+    background of a softmax one (the argmax), on the axial, coronal and sagittal slices through its centre of mass.
     """
     plt = _pyplot()
-    truth = target[..., 0] > 0.5
-    pred = prob[..., 0] >= 0.5
+    if targets is not None and targets.get("activation") == "softmax":
+        winner = np.argmax(prob, axis=-1)
+        truth, pred = np.argmax(target, axis=-1) > 0, winner > 0
+    else:
+        truth, pred = target[..., 0] > 0.5, prob[..., 0] >= 0.5
     mask = truth if truth.any() else pred
     centre = [int(round(c)) for c in np.argwhere(mask).mean(axis=0)] if mask.any() else [s // 2 for s in truth.shape]
     views = [
