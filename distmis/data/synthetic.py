@@ -43,13 +43,13 @@ without real data.  Two kinds of data are made (:class:`SyntheticKind`):
       pockets;
     * a spine-like rod behind the organs: vertebral bodies with a cortical shell
       (700-1000 HU) around trabecular bone (about 300 HU), separated by discs;
-    * three organ classes with distinct intensity and irregular smooth shapes:
-      1 liver (about 60 HU, large, on the patient's right), 2 spleen (about 45 HU,
-      left, posterior) and 3 kidney (both kidneys, about 30 HU inside a brighter,
-      about 110 HU, cortex); each placed with per-case random jitter, and each
-      present in every case;
+    * three organ classes with distinct intensity and irregular smooth shapes, as in
+      a contrast-enhanced (portal venous) scan: 1 liver (about 105 HU, large, on the
+      patient's right), 2 spleen (about 125 HU, left, posterior) and 3 kidney (both
+      kidneys, about 160 HU inside a brighter, about 200 HU, cortex); each placed
+      with per-case random jitter, and each present in every case;
     * a smooth low-frequency intensity variation, partial-volume blurring and
-      Gaussian noise (standard deviation 10-20 HU per case).
+      Gaussian noise (standard deviation 8-15 HU per case).
 
     Each case has its own anisotropic voxel spacing, drawn per case: in-plane
     0.7-1.0 mm (the same along both in-plane axes) and 1.5-3.0 mm between slices,
@@ -351,13 +351,14 @@ def synthesize_ct_case(
     hu = np.where(trabecular, 300.0 + 40.0 * texture, hu)
     hu = np.where(cortical, rng.uniform(750.0, 950.0) + 50.0 * texture, hu)
     hu = np.where(spine & disc, 90.0, hu)
-    organ_hu = {1: 60.0 + rng.uniform(-4, 4), 2: 45.0 + rng.uniform(-4, 4), 3: 30.0 + rng.uniform(-4, 4)}
+    # contrast-enhanced (portal venous phase), as the MSD and nnU-Net abdominal CTs mostly are
+    organ_hu = {1: 105.0 + rng.uniform(-6, 6), 2: 125.0 + rng.uniform(-6, 6), 3: 160.0 + rng.uniform(-8, 8)}
     for value, level in organ_hu.items():
         hu = np.where(label == value, level + 4.0 * texture, hu)
-    hu = np.where((label == 3) & (kidneys >= 0.72), 110.0 + 8.0 * texture, hu)  # brighter cortex
+    hu = np.where((label == 3) & (kidneys >= 0.72), 200.0 + 8.0 * texture, hu)  # brighter cortex
     hu = hu + np.where(body, 8.0 * _frame_field(rng, 3, u), 0.0)  # low-frequency variation
     hu = ndimage.gaussian_filter(hu, 0.4, truncate=2.5)  # partial-volume edges
-    hu = hu + rng.standard_normal(shape3, dtype=np.float32) * np.float32(rng.uniform(10.0, 20.0))
+    hu = hu + rng.standard_normal(shape3, dtype=np.float32) * np.float32(rng.uniform(8.0, 15.0))
     image = np.clip(np.round(hu), -1024, 3071).astype(np.int16)
     return image, label, spacing
 
