@@ -172,6 +172,24 @@ def test_data_commands(tmp_path, capsys):
     assert "results.xlsx" in capsys.readouterr().err and (out / "results.xlsx").read_text() == "a user's file"
 
 
+def test_data_tfrecord_of_a_ct_data_set_in_classes_at_the_median_spacing(tmp_path, capsys):
+    data, out = tmp_path / "ct", tmp_path / "tfr"
+    assert main(["data", "synth", str(data), "--kind", "ct", "--layout", "nnunet", "--cases", "4", "--shape",
+                 "20,20,12", "--lps-cases", "1", "--quiet"]) == 0
+    assert main(["data", "tfrecord", str(data), str(out), "--labels", "classes", "--orientation", "RAS", "--spacing",
+                 "auto", "--crop", "24,24,24", "--split", "0.5", "0.25", "0.25", "--quiet"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["image_shape"] == [24, 24, 24, 1] and manifest["label_shape"] == [24, 24, 24, 4]
+    assert [c["key"] for c in manifest["targets"]["channels"]] == ["background", "liver", "spleen", "kidney"]
+    made = manifest["preprocess"]
+    assert made["orientation"] == "RAS" and made["normalization"][0]["scheme"] == "ct" and len(made["spacing"]) == 3
+    assert main(["data", "tfrecord", str(data), str(tmp_path / "bad"), "--labels", "regions", "--quiet"]) == 2
+    assert "use labels: classes" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    with pytest.raises(SystemExit) as exit_:
+        main(["data", "tfrecord", str(data), str(tmp_path / "bad"), "--spacing", "1,0,1", "--quiet"])
+    assert exit_.value.code == 2 and "--spacing" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, culprit", [
     (["data", "synth", "OUT", "--cases", "0"], "--cases"),
     (["data", "synth", "OUT", "--shape", "4,4,4"], "--shape"),

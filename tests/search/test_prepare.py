@@ -164,3 +164,51 @@ def test_unreadable_shapes_are_left_to_the_later_checks(tmp_path):
     check_tile_fits(spec)  # the first header is unreadable: no shapes, no verdict (conversion reports the file)
     (data / "dataset.json").unlink()
     check_tile_fits(spec)  # no cases to read: discovery reports it when the data is prepared
+
+
+# --------------------------------------------------------------------------- a data set's own description
+@pytest.fixture(scope="module")
+def ct_nnunet(tmp_path_factory) -> Path:
+    from distmis.data.synthetic import synthesize_dataset
+
+    root = tmp_path_factory.mktemp("ct") / "data"
+    synthesize_dataset(root, "nnunet", cases=4, shape=(24, 24, 16), seed=2, kind="ct", lps_cases=1, progress=False)
+    return root
+
+
+def ct_tree(root: Path, **dataset: object) -> dict:
+    tree = small_spec_tree(root)
+    tree["dataset"] = {"path": str(root), "layout": "nnunet", "labels": "classes", "crop": [24, 24, 24],
+                       "split": {"train": 0.5, "val": 0.25, "test": 0.25, "seed": 0}, **dataset}
+    return tree
+
+
+def test_a_dataset_json_missing_a_key_is_refused_before_anything_naming_the_key(ct_nnunet: Path, tmp_path: Path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    meta = json.loads((ct_nnunet / "dataset.json").read_text())
+    del meta["file_ending"]
+    (broken / "dataset.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"dataset.json.*'file_ending'"):
+        check_dataset_path(validate_spec(ct_tree(broken)))
+
+
+def test_a_label_mode_or_channel_the_data_set_does_not_have_is_refused_before_anything(ct_nnunet: Path):
+    with pytest.raises(DataError, match=r"'regions'.*'liver': 1.*use labels: classes"):
+        check_dataset_path(validate_spec(ct_tree(ct_nnunet, labels="regions")))
+    with pytest.raises(SpecError, match=r"no channel 'T1'.*\['CT'\]"):
+        check_dataset_path(validate_spec(ct_tree(ct_nnunet, normalization={"T1": "zscore"})))
+    check_dataset_path(validate_spec(ct_tree(ct_nnunet, normalization={"ct": "zscore"})))  # names match any case
+
+
+def test_the_tile_is_checked_against_the_resampled_and_reoriented_volumes(ct_nnunet: Path):
+    from distmis.search.prepare import preprocessed_volumes
+
+    tree = ct_tree(ct_nnunet, orientation="RAS", spacing=[2.0, 2.0, 2.0])
+    tree["dataset"].pop("crop")
+    shapes = [v.shape for v in preprocessed_volumes(validate_spec(tree))]
+    # 24 x 24 x 16 voxels at 0.7-1.0 mm in-plane and 1.5-3.0 mm between slices: about half as many at 2 mm in-plane
+    assert len(shapes) == 4 and all(8 <= s[0] <= 12 and 8 <= s[1] <= 12 for s in shapes), shapes
+    tree["training"]["tile"] = [16, 16, 16]
+    with pytest.raises(SpecError, match=r"larger than the preprocessed volume.*dataset.spacing \[2.0, 2.0, 2.0\] mm"):
+        check_dataset_path(validate_spec(tree))
