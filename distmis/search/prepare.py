@@ -140,9 +140,9 @@ def with_statistics(config: PreprocessConfig, cases: Sequence[CaseFiles], split:
 def check_dataset_path(spec: Spec) -> None:
     """Before anything starts (no Ray, no output folder, no conversion): DataError when ``dataset.path`` is
     missing and nothing would generate it, or its ``dataset.json`` is missing a key or does not fit the spec
-    (``dataset.labels``, a ``dataset.normalization`` channel); SpecError when a tile is larger than the volumes
-    (:func:`check_tile_fits`)."""
-    from distmis.data.targets import target_scheme
+    (``dataset.labels``); SpecError when a ``dataset.normalization`` channel or a ``search.metric`` class is not the
+    data set's, or a tile is larger than the volumes (:func:`check_tile_fits`)."""
+    from distmis.data.targets import metric_keys, target_scheme
 
     root = Path(spec.dataset.path)
     if not root.exists() and spec.dataset.synthetic is None:
@@ -151,7 +151,13 @@ def check_dataset_path(spec: Spec) -> None:
             "or add dataset.synthetic to generate a synthetic dataset there"
         )
     description = dataset_description(spec)
-    target_scheme(description, spec.dataset.labels)
+    keys = metric_keys(target_scheme(description, spec.dataset.labels))
+    metric = spec.search.metric
+    if metric.startswith("val_dice_") and metric.removeprefix("val_dice_") not in keys:
+        allowed = ", ".join(f"val_dice_{key}" for key in keys)
+        raise SpecError(spec.name, [("search.metric", f"{metric!r} is no class or region of this data set with "
+                                                      f"labels {spec.dataset.labels!r}; its per-class metrics are "
+                                                      f"{allowed} (or val_dice, their mean)")])
     normalization_schemes(spec, description.channels)
     check_tile_fits(spec)
 

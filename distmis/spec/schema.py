@@ -468,7 +468,10 @@ class AshaSpec(StrictModel):
 class SearchSpec(StrictModel):
     algorithm: Literal["grid", "random", "optuna"] = "grid"
     num_samples: int = Field(1, ge=1)
-    metric: Literal["val_dice", "val_loss", "train_loss"] = "val_dice"
+    metric: str = Field("val_dice", description="val_dice (the mean over the scored classes or regions), val_loss, "
+                                                "train_loss, or one class's or region's val_dice_<key> "
+                                                "(e.g. val_dice_spleen: the data set's names, checked against them "
+                                                "before the search starts)")
     mode: Literal["max", "min"] | None = None
     scheduler: Literal["none", "asha"] = "none"
     asha: AshaSpec = AshaSpec()
@@ -498,11 +501,19 @@ class SearchSpec(StrictModel):
                 "search.max_trials if you mean it")
         return self
 
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, value: str) -> str:
+        if value in ("val_dice", "val_loss", "train_loss") or re.fullmatch(r"val_dice_[A-Za-z0-9_.-]+", value):
+            return value
+        raise ValueError(f"metric must be 'val_dice', 'val_loss', 'train_loss' or 'val_dice_<key>' (one class's or "
+                         f"region's dice, e.g. 'val_dice_spleen'), got {value!r}")
+
     @model_validator(mode="after")
     def _default_mode(self) -> SearchSpec:
         if self.mode is None:
             # Bypass validate_assignment recursion: set the field on the instance dict.
-            self.__dict__["mode"] = "max" if self.metric == "val_dice" else "min"
+            self.__dict__["mode"] = "max" if self.metric.startswith("val_dice") else "min"
         return self
 
 

@@ -212,3 +212,18 @@ def test_the_tile_is_checked_against_the_resampled_and_reoriented_volumes(ct_nnu
     tree["training"]["tile"] = [16, 16, 16]
     with pytest.raises(SpecError, match=r"larger than the preprocessed volume.*dataset.spacing \[2.0, 2.0, 2.0\] mm"):
         check_dataset_path(validate_spec(tree))
+
+
+def test_one_class_can_be_the_search_metric_if_the_data_set_has_it(ct_nnunet: Path):
+    tree = ct_tree(ct_nnunet)
+    tree["search"]["metric"] = "val_dice_spleen"
+    spec = validate_spec(tree)
+    assert spec.search.mode == "max"
+    check_dataset_path(spec)
+    tree["search"]["metric"] = "val_dice_pancreas"
+    with pytest.raises(SpecError, match=r"search.metric.*'val_dice_pancreas'.*val_dice_liver, val_dice_spleen, "
+                                        r"val_dice_kidney"):
+        check_dataset_path(validate_spec(tree))
+    tree["search"]["metric"] = "val_iou"
+    with pytest.raises(SpecError, match=r"search.metric.*'val_dice_<key>'"):
+        validate_spec(tree)
