@@ -39,14 +39,22 @@ def _shape(text: str) -> tuple[int, int, int]:
     return values  # type: ignore[return-value]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum`` (``what`` names it in the error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1, "a positive integer")
+_non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
 def _synthetic_shape(text: str) -> tuple[int, int, int]:
@@ -323,16 +331,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(f"segmented {len(results)} case(s) in {seconds:.1f} s ({model.recipe.model}, {model.recipe.framework}, "
           f"on {model.device}) -> {args.output}")
     return EXIT_OK
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
 
 
 def cmd_data_synth(args: argparse.Namespace) -> int:

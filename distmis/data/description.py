@@ -258,6 +258,11 @@ def _read_json(path: Path, layout: Layout) -> dict[str, Any]:
         needs = ("dataset.json, imagesTr/ and labelsTr/" if layout is Layout.NNUNET
                  else "dataset.json (its 'training' list names the cases)")
         raise DataError(f"{str(path)!r} not found: an {LAYOUT_NAMES[layout]} data set root holds {needs}")
+    return read_json_object(path)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in the file at ``path``; DataError naming it when it is not valid JSON or not an object."""
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -83,6 +83,7 @@ from distmis.data.description import (
     coerce_layout,
     describe_dataset,
     layout_description,
+    read_json_object,
 )
 from distmis.data.errors import DataError
 
@@ -204,13 +205,7 @@ def _msd_manifest(root: Path) -> tuple[Path, dict]:
     if not manifest.is_file():
         hint = _wrong_layout_hint(root, Layout.MSD) or "is the layout right? BraTS data sets use layout='brats' or 'brats2023'"
         raise DataError(f"{str(manifest)!r} not found: an MSD data set root must contain dataset.json ({hint})")
-    try:
-        meta = json.loads(manifest.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{str(manifest)!r} is not valid JSON: {exc}") from exc
-    if not isinstance(meta, dict):
-        raise DataError(f"{str(manifest)!r} must hold a JSON object, got {type(meta).__name__}")
-    return manifest, meta
+    return manifest, read_json_object(manifest)
 
 
 def _msd_training(root: Path, manifest: Path, meta: dict) -> list[CaseFiles]:
