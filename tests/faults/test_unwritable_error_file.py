@@ -62,6 +62,9 @@ def test_a_trial_whose_error_file_cannot_be_written_counts_as_failed_and_is_not_
     tree["training"]["epochs"] = 1
     tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3, FAILING_LR]}}
     tree["search"]["evaluate_top"] = 2  # both would be scored if the failed one counted as finished
+    # One trial at a time (each takes both CPUs), the finishing one first: the failing trial's error stops Tune, and a
+    # trial still running beside it would be stopped with it, a race the test is not about.
+    tree["parallelism"]["resources_per_trial"] = {"cpu": 2}
     spec = validate_spec(tree)
     try:
         outcome = run_search(spec, tmp_path / "out", progress=False,
