@@ -1,6 +1,6 @@
 """Any data set, not only brain tumours: a synthetic CT-like data set (one channel, three organ classes, anisotropic
 spacings that differ between cases, cases stored LPS) searched end to end through ``distmis run``, in the nnU-Net
-layout with the torch U-Net and in the MSD layout with the Keras U-Net: per-class dice under the data set's names
+and the MSD layout, each with the torch and the Keras U-Net: per-class dice under the data set's names
 every epoch, the test split scored per class, the model registered, and ``distmis predict`` writing label maps in
 each scan's own geometry with the data set's label values."""
 
@@ -63,6 +63,16 @@ def nnunet_torch(ray_local, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def nnunet_tensorflow(ray_local, tmp_path_factory):
+    return search("nnunet", "tensorflow", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def msd_torch(ray_local, tmp_path_factory):
+    return search("msd", "torch", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
 def msd_tensorflow(ray_local, tmp_path_factory):
     return search("msd", "tensorflow", tmp_path_factory)
 
@@ -75,8 +85,8 @@ def runs_of(state: SearchState) -> tuple[mlflow.entities.Run, list[mlflow.entiti
     return search_run, trials
 
 
-@pytest.mark.slow  # two tiny searches (one trial of 2 epochs each) and their predictions: about 3 minutes
-@pytest.mark.parametrize("which", ["nnunet_torch", "msd_tensorflow"])
+@pytest.mark.slow  # four tiny searches (one trial of 2 epochs each) and their predictions: about 90 s
+@pytest.mark.parametrize("which", ["nnunet_torch", "nnunet_tensorflow", "msd_torch", "msd_tensorflow"])
 def test_a_ct_search_trains_scores_registers_and_predicts_per_class(which, request, tmp_path: Path):
     folder, state = request.getfixturevalue(which)
     layout = which.split("_")[0]
