@@ -49,10 +49,11 @@ def dataset_description(spec: Spec | DatasetSpec) -> Any:
 def _synthetic_description(layout: str, kind: str) -> Any:
     """What ``distmis data synth --kind KIND --layout LAYOUT`` writes into its dataset.json."""
     from distmis.data.description import DatasetDescription, layout_description
+    from distmis.data.synthetic import CT_LABELS
 
     if kind == "ct":
         return DatasetDescription(layout=Layout(layout), channels=("CT",),
-                                  classes=(("background", 0), ("liver", 1), ("spleen", 2), ("kidney", 3)))
+                                  classes=tuple((name, value) for value, name in CT_LABELS.items()))
     brain = layout_description("msd")
     return DatasetDescription(layout=Layout(layout), channels=brain.channels, classes=brain.classes)
 
@@ -77,7 +78,7 @@ def normalization_schemes(spec: Spec | DatasetSpec, channels: Sequence[str]) -> 
             raise SpecError(name, [("dataset.normalization", f"a list of {len(given)} scheme(s), but the data set "
                                                                   f"has {len(channels)} channel(s): {list(channels)}")])
         return list(given)
-    by_name = {name.strip().lower(): index for index, name in enumerate(channels)}
+    by_name = {channel.strip().lower(): index for index, channel in enumerate(channels)}
     schemes = list(default)
     for channel, scheme in given.items():
         index = by_name.get(str(channel).strip().lower())
