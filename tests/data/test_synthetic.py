@@ -145,8 +145,11 @@ def test_existing_non_empty_root_is_an_error(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "other").iterdir()] == ["keep.txt"]
 
 
-def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = synthetic.synthesize_case
+@pytest.mark.parametrize("case_maker, layout, kind", [("synthesize_case", "brats", "brain"),
+                                                      ("synthesize_ct_case", "nnunet", "ct")])
+def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case_maker: str, layout: str,
+                                        kind: str) -> None:
+    real = getattr(synthetic, case_maker)
     calls = []
 
     def failing(*args, **kwargs):
@@ -155,9 +158,10 @@ def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monk
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(synthetic, "synthesize_case", failing)
+    monkeypatch.setattr(synthetic, case_maker, failing)
     with pytest.raises(KeyboardInterrupt):
-        synthesize_dataset(tmp_path / "x", "brats", cases=3, shape=(8, 8, 8), progress=False)
+        synthesize_dataset(tmp_path / "x", layout, kind=kind, cases=3, shape=(8, 8, 8), progress=False)
+    assert calls == [1, 1]  # it was interrupted in its second case
     assert list(tmp_path.iterdir()) == []
 
 
@@ -435,19 +439,3 @@ def test_ct_tiny_volume_still_has_every_class(tmp_path: Path) -> None:
     for case_id in ("ct_000", "ct_001"):
         _, label, _ = _ct_case(tmp_path / "t", case_id)
         assert set(np.unique(label)) == {0, 1, 2, 3}
-
-
-def test_ct_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = synthetic.synthesize_ct_case
-    calls = []
-
-    def failing(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(synthetic, "synthesize_ct_case", failing)
-    with pytest.raises(KeyboardInterrupt):
-        synthesize_dataset(tmp_path / "x", "nnunet", kind="ct", cases=3, shape=(8, 8, 8), progress=False)
-    assert list(tmp_path.iterdir()) == []

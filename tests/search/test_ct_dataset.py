@@ -58,23 +58,16 @@ def search(layout: str, framework: str, factory: pytest.TempPathFactory) -> tupl
 
 
 @pytest.fixture(scope="module")
-def nnunet_torch(ray_local, tmp_path_factory):
-    return search("nnunet", "torch", tmp_path_factory)
+def ct_search(ray_local, tmp_path_factory):
+    """``ct_search(layout, framework)``: that search, run once for the module (its folder and state)."""
+    done: dict[tuple[str, str], tuple[Path, SearchState]] = {}
 
+    def get(layout: str, framework: str) -> tuple[Path, SearchState]:
+        if (layout, framework) not in done:
+            done[layout, framework] = search(layout, framework, tmp_path_factory)
+        return done[layout, framework]
 
-@pytest.fixture(scope="module")
-def nnunet_tensorflow(ray_local, tmp_path_factory):
-    return search("nnunet", "tensorflow", tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def msd_torch(ray_local, tmp_path_factory):
-    return search("msd", "torch", tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def msd_tensorflow(ray_local, tmp_path_factory):
-    return search("msd", "tensorflow", tmp_path_factory)
+    return get
 
 
 def runs_of(state: SearchState) -> tuple[mlflow.entities.Run, list[mlflow.entities.Run]]:
@@ -86,10 +79,10 @@ def runs_of(state: SearchState) -> tuple[mlflow.entities.Run, list[mlflow.entiti
 
 
 @pytest.mark.slow  # four tiny searches (one trial of 2 epochs each) and their predictions: about 90 s
-@pytest.mark.parametrize("which", ["nnunet_torch", "nnunet_tensorflow", "msd_torch", "msd_tensorflow"])
-def test_a_ct_search_trains_scores_registers_and_predicts_per_class(which, request, tmp_path: Path):
-    folder, state = request.getfixturevalue(which)
-    layout = which.split("_")[0]
+@pytest.mark.parametrize("layout", ["nnunet", "msd"])
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_a_ct_search_trains_scores_registers_and_predicts_per_class(layout, framework, ct_search, tmp_path: Path):
+    folder, state = ct_search(layout, framework)
     search_run, trials = runs_of(state)
     client = mlflow.MlflowClient(state.tracking_store)
 
@@ -113,7 +106,7 @@ def test_a_ct_search_trains_scores_registers_and_predicts_per_class(which, reque
     scored = {**search_run.data.metrics, **trials[0].data.metrics}
     for key in CLASSES:
         assert 0.0 <= scored[f"test_dice_{key}"] <= 1.0 and scored[f"test_hd95_{key}"] >= 0.0
-    name = f"ct-{layout}-{which.split('_')[1]}"
+    name = f"ct-{layout}-{framework}"
     version = client.get_model_version_by_alias(name, "best")
     assert version.run_id == trials[0].info.run_id
 
@@ -134,12 +127,12 @@ def test_a_ct_search_trains_scores_registers_and_predicts_per_class(which, reque
 
 
 @pytest.mark.slow  # a fresh Python importing mlflow, torch and MONAI: about 30 s
-def test_the_ct_model_predicts_without_distmis_as_distmis_predict_does(nnunet_torch, tmp_path: Path):
+def test_the_ct_model_predicts_without_distmis_as_distmis_predict_does(ct_search, tmp_path: Path):
     """The registered CT model, loaded by MLflow in a process that refuses distmis and given each scan's spacing
     and orientation, writes the label maps distmis predict writes (an LPS case among them)."""
     from tests.predict.test_pyfunc import run_without_distmis
 
-    folder, state = nnunet_torch
+    folder, state = ct_search("nnunet", "torch")
     images = folder / "heldout" / "imagesTr"
     assert main(["predict", "models:/ct-nnunet-torch@best", str(images), "--output", str(tmp_path / "segs"),
                  "--tracking-uri", state.tracking_store, "--quiet"]) == 0
