@@ -1,4 +1,4 @@
-"""The performance model (distmis/spec/perf_model.py) against measurement: FLOPs, bytes sent, peak memory
+"""The performance model (distmis/perf/model.py) against measurement: FLOPs, bytes sent, peak memory
 and step time of one rank's ViT-seg training step, predicted and measured in real gloo groups.
 
 The configuration is benchmarks/sp_scaling.py's: a 96^3 tile of 4 channels, batch 1, one class; ViT L=2,
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sp_scaling import loopback_tx_bytes, rss_bytes  # noqa: E402
 
 from distmis.models.vit_seg import ViTSeg  # noqa: E402
-from distmis.spec.perf_model import (  # noqa: E402
+from distmis.perf.model import (  # noqa: E402
     SequenceLayout,
     ViTShape,
     communication_bytes,

@@ -65,8 +65,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from distmis.models.vit_seg import ViTSeg  # noqa: E402
 from distmis.service.net import free_port  # noqa: E402
 from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients  # noqa: E402
-from distmis.spec.partition import check_sequence_parallel  # noqa: E402
-from distmis.spec.perf_model import CommBytes, SequenceLayout, ViTShape, communication_bytes, vit_memory  # noqa: E402
+from distmis.perf.partition import check_sequence_parallel  # noqa: E402
+from distmis.perf.model import CommBytes, SequenceLayout, ViTShape, communication_bytes, vit_memory  # noqa: E402
 
 
 def loopback_tx_bytes() -> int:

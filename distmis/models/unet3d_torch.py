@@ -25,6 +25,9 @@ from typing import Literal
 import torch
 from torch import nn
 
+from distmis.models.params import UNet3DParams
+from distmis.models.registry import NetworkInput
+
 Norm = Literal["batch", "group"]
 NORMS: tuple[str, ...] = ("batch", "group")
 Activation = Literal["sigmoid", "softmax"]
@@ -194,3 +197,10 @@ class UNet3D(nn.Module):
 def count_trainable_parameters(model: nn.Module) -> int:
     """Number of trainable values (batch norm's running statistics are buffers, not counted)."""
     return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+
+def build_unet3d(params: UNet3DParams, network: NetworkInput) -> UNet3D:
+    """The registry's builder (:mod:`distmis.models.registry`): ``model.params`` by name, the target scheme's
+    activation inside."""
+    return UNet3D(in_channels=network.in_channels, num_classes=network.out_channels, activation=network.activation,
+                  **params.model_dump())

@@ -7,7 +7,7 @@ outside, through the pieces this module exposes.
 
 Layout and token order
     Inputs are channels-first tiles ``(B, C, H, W, D)``, the axes of the data everywhere in distmis
-    (:mod:`distmis.spec.partition`). :class:`PatchEmbedding3D` cuts a tile into non-overlapping ``P x P x P``
+    (:mod:`distmis.perf.partition`). :class:`PatchEmbedding3D` cuts a tile into non-overlapping ``P x P x P``
     patches (a ``Conv3d`` with ``kernel_size = stride = P``) on a patch grid ``(gh, gw, gd) = (H/P, W/P, D/P)``;
     the ``N = gh * gw * gd`` tokens are ordered row-major, the last axis fastest (the paper's Figure 3 order,
     whose fastest axis it calls Height)::
@@ -58,7 +58,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from distmis.spec.partition import token_grid
+from distmis.perf.partition import token_grid
+from distmis.models.params import ViTSegParams
+from distmis.models.registry import NetworkInput
 
 PositionEmbeddingKind = Literal["learned", "sinusoidal"]
 POSITION_EMBEDDINGS: tuple[str, ...] = ("learned", "sinusoidal")
@@ -471,3 +473,9 @@ def _init_linear(module: nn.Module) -> None:
         nn.init.trunc_normal_(module.weight, std=0.02)
         if module.bias is not None:
             nn.init.zeros_(module.bias)
+
+
+def build_vit_seg(params: ViTSegParams, network: NetworkInput) -> ViTSeg:
+    """The registry's builder (:mod:`distmis.models.registry`): ``model.params`` by name, built for the network
+    input's tile; it returns logits."""
+    return ViTSeg(network.in_channels, network.out_channels, network.tile, **params.model_dump())

@@ -1,9 +1,9 @@
-"""Choosing a ViT-seg trial's parallel layout from the performance model (:mod:`distmis.spec.perf_model`).
+"""Choosing a ViT-seg trial's parallel layout from the performance model (:mod:`distmis.perf.model`).
 
 For ``ranks`` devices of ``memory_per_rank`` bytes, ``device_flops`` FLOP/s and ``bandwidth`` bytes/s between
 ranks, every layout of a spec's model is predicted: each patch size the spec or its search space holds, each
 sequence-parallel degree that divides the ranks (the rest data-parallel), each attention strategy the token grid
-and heads allow (``dsp`` too, for an axial model) (:func:`distmis.spec.partition.check_sequence_parallel`). A layout's step time is its FLOPs over
+and heads allow (``dsp`` too, for an axial model) (:func:`distmis.perf.partition.check_sequence_parallel`). A layout's step time is its FLOPs over
 the device's rate plus its bytes over the bandwidth (no overlap: an upper bound), its figure of merit the seed's
 ``b_s L s^2 d / T`` per rank, and it fits when its predicted peak is within the memory less what the process
 itself reserves (:attr:`Machine.reserved`). Pure arithmetic: no torch.
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from distmis.spec.perf_model import (
+from distmis.perf.model import (
     AttentionKernel,
     CommBytes,
     FlopCount,
@@ -28,7 +28,7 @@ from distmis.spec.perf_model import (
     vit_memory,
 )
 
-from distmis.spec.sizing import PROCESS_RESERVE
+from distmis.perf.sizing import PROCESS_RESERVE
 
 if TYPE_CHECKING:  # pragma: no cover
     from distmis.spec.schema import Spec
@@ -113,8 +113,8 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
     """Every layout of ``spec``'s ViT-seg on ``machine`` that its shapes allow, fitting or not (see
     :attr:`PlannedLayout.fits`); ``kernel`` defaults to the model's ``attention_kernel``."""
     from distmis.spec.load import network_input
-    from distmis.spec.partition import check_sequence_parallel
-    from distmis.spec.schema import ViTSegParams
+    from distmis.perf.partition import check_sequence_parallel
+    from distmis.models.params import ViTSegParams
 
     params = spec.model.params
     if not isinstance(params, ViTSegParams):

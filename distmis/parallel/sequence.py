@@ -5,7 +5,7 @@ The ranks of one sequence-parallel (SP) group all hold the same tile and split i
 attention core of every transformer block of a plain model for a parallel one and wraps the model in a
 :class:`SequenceParallelViTSeg`, whose ``forward(tile)`` runs the rank's share.
 
-Splitting (``split``; the arithmetic is :mod:`distmis.spec.partition`, which the spec checks with too)
+Splitting (``split``; the arithmetic is :mod:`distmis.perf.partition`, which the spec checks with too)
     ``ordered``: rank ``r`` takes tokens ``[r N/SP, (r+1) N/SP)`` of the row-major token order.
     ``spatial``: rank ``r`` takes a sub-volume of the patch grid (the paper's Figure 4): SP=2 halves the first
     axis (H), SP=4 H and W, SP=8 all three; ranks are numbered over the parts row-major.
@@ -47,14 +47,14 @@ Decoder input (``decoder``) and gradients
 
 Axial models (``model.params.attention: axial``)
     An axial model's stream is a grid ``(B, b0, b1, b2, E)`` of the rank's box of the patch grid, so every
-    rank's share must be a box (:func:`distmis.spec.partition.check_sequence_parallel` says so). Three ways:
+    rank's share must be a box (:func:`distmis.perf.partition.check_sequence_parallel` says so). Three ways:
 
     ``dsp`` (dynamic sequence parallelism, the DSP seed): the tokens are split in slabs along one grid axis, and
     a stage that attends along another axis attends over whole lines the rank holds, with no communication.
     Before a stage that attends along the split axis, a forward pre-hook on the stage
     (:class:`SplitSwitch`: :class:`~distmis.parallel.collectives.SwitchSplitForwardSwitchBackBackward`, one
     all-to-all of the stream) moves the split to the axis attended along farthest ahead
-    (:func:`~distmis.spec.partition.dsp_schedule`); its backward moves the gradient's split back. The MLP and
+    (:func:`~distmis.perf.partition.dsp_schedule`); its backward moves the gradient's split back. The MLP and
     norms act on each token. The encoder's output is split along the schedule's last axis
     (:attr:`SequenceParallelViTSeg.output_chunks`), which ``gather`` all-gathers and ``no-gather`` decodes.
     ``split`` does not apply. Per block of three stages, one forward and one backward all-to-all of the
@@ -86,7 +86,7 @@ from distmis.parallel.collectives import (
     switch_split,
 )
 from distmis.parallel.groups import ParallelGroups
-from distmis.spec.partition import (
+from distmis.perf.partition import (
     AXES,
     AttentionKind,
     DecoderKind,
@@ -96,7 +96,7 @@ from distmis.spec.partition import (
     TokenShare,
     dsp_schedule,
 )
-from distmis.spec.partition import check_sequence_parallel as check_shares
+from distmis.perf.partition import check_sequence_parallel as check_shares
 
 @dataclass(frozen=True)
 class TokenChunk:
@@ -126,7 +126,7 @@ def box_indices(box: Sequence[slice], grid: Sequence[int]) -> torch.Tensor:
 
 
 def token_chunk(share: TokenShare, grid: Sequence[int]) -> TokenChunk:
-    """The torch form of a rank's :class:`~distmis.spec.partition.TokenShare`."""
+    """The torch form of a rank's :class:`~distmis.perf.partition.TokenShare`."""
     box = None if share.box is None else tuple(slice(a, b) for a, b in share.box)
     if share.start is not None:
         indices = torch.arange(share.start, share.stop)
@@ -145,7 +145,7 @@ def check_sequence_parallel(
     split: SplitKind = "ordered",
     model_attention: ModelAttention = "full",
 ) -> list[TokenChunk]:
-    """Validate an SP configuration (:func:`distmis.spec.partition.check_sequence_parallel`); every rank's chunk."""
+    """Validate an SP configuration (:func:`distmis.perf.partition.check_sequence_parallel`); every rank's chunk."""
     shares = check_shares(grid, heads, sp_size, attention=attention, decoder=decoder, split=split,
                           model_attention=model_attention)
     return [token_chunk(share, grid) for share in shares]

@@ -1,4 +1,4 @@
-"""What the performance model (:mod:`distmis.spec.perf_model`) predicts for one trial, as MLflow metrics.
+"""What the performance model (:mod:`distmis.perf.model`) predicts for one trial, as MLflow metrics.
 
 The driver's MLflow callback logs :func:`predict_trial`'s numbers on every ViT-seg trial's run (step 0), next to
 what the trial measures per epoch (``step_seconds``, ``peak_memory_mb``, ``fom``: :mod:`distmis.train.torch_unet`),
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from distmis.spec.perf_model import SequenceLayout, ViTShape, communication_bytes, vit_flops, vit_memory
+from distmis.perf.model import SequenceLayout, ViTShape, communication_bytes, vit_flops, vit_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     from distmis.spec.layout import TrialLayout
@@ -29,7 +29,7 @@ def trial_shape(spec: Spec, *, volume: Sequence[int] | None = None) -> ViTShape 
     """The ViT-seg arithmetic shape of a trial's spec: its ``model.params`` on its network input (the tile, or
     the whole volume: the spec's, else ``volume``); None for another model or when the input is unknown."""
     from distmis.spec.load import network_input
-    from distmis.spec.schema import ViTSegParams
+    from distmis.models.params import ViTSegParams
 
     params = spec.model.params
     if not isinstance(params, ViTSegParams):

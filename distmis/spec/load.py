@@ -15,8 +15,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from distmis.spec.curriculum import TrainingStage, training_stages
-from distmis.spec.partition import check_sequence_parallel as check_token_partition
-from distmis.spec.partition import token_grid
+from distmis.perf.partition import check_sequence_parallel as check_token_partition
+from distmis.perf.partition import token_grid
 from distmis.spec.schema import Spec
 
 # Sections whose values may be searched. The dataset is converted once per search, so its

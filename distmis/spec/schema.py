@@ -11,7 +11,10 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
+
+from distmis.models.params import NetworkParams
+from distmis.models.registry import ModelEntry, model_entry, model_names
 
 Shape3 = Annotated[tuple[int, int, int], Field(description="(H, W, D) in voxels")]
 
@@ -123,92 +126,53 @@ class DatasetSpec(StrictModel):
 
 
 # --------------------------------------------------------------------------- model
-class UNet3DParams(StrictModel):
-    """The paper's 3D U-Net: ``levels`` resolutions with ``base_filters * 2**(s-1)`` filters."""
-
-    base_filters: int = Field(8, ge=1, le=512)
-    levels: int = Field(4, ge=2, le=7)
-    norm: Literal["batch", "group"] = "batch"
-    norm_groups: int = Field(4, ge=1)
-    batch_norm_momentum: float = Field(0.9, gt=0, lt=1)
-
-    @model_validator(mode="after")
-    def _groups_divide_filters(self) -> UNet3DParams:
-        if self.norm == "group" and self.base_filters % self.norm_groups:
-            raise ValueError(
-                f"norm_groups ({self.norm_groups}) must divide base_filters ({self.base_filters}) "
-                "for group normalization"
-            )
-        return self
-
-
-class ViTSegParams(StrictModel):
-    """A ViT encoder with a convolutional decoder (UNETR without skips; the SP-ViT paper's Figure 2).
-
-    The defaults (L, E, A) = (12, 768, 12) with patch 16 are the paper's; tests and CPUs use small ones.
-    """
-
-    layers: int = Field(12, ge=1, le=128)
-    embed_dim: int = Field(768, ge=8)
-    heads: int = Field(12, ge=1)
-    patch: int = Field(16, ge=2)
-    mlp_ratio: float = Field(4.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    pos_embedding: Literal["learned", "sinusoidal"] = "learned"
-    decoder_features: int = Field(128, ge=1)
-    attention_kernel: Literal["fused", "math"] = Field(
-        "fused", description="fused: torch's flash / memory-efficient kernels (memory linear in the tokens); math: "
-                             "the unfused kernel, which holds every layer's score matrices (quadratic)")
-    attention: Literal["full", "axial"] = Field(
-        "full", description="full: every token attends to every token (s^2 scores per head); axial: each block "
-                            "attends along H, then W, then D over the lines of the token grid (s (gh+gw+gd)), "
-                            "which sequence parallelism can split with attention 'dsp'")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ViTSegParams:
-        if self.embed_dim % self.heads:
-            raise ValueError(f"heads ({self.heads}) must divide embed_dim ({self.embed_dim})")
-        if self.patch & (self.patch - 1):
-            raise ValueError(f"patch must be a power of two (the decoder upsamples x2 per stage), got {self.patch}")
-        return self
-
-
-MODEL_PARAMS: dict[str, type[StrictModel]] = {"unet3d": UNet3DParams, "vit-seg": ViTSegParams}
-
-
 class ModelSpec(StrictModel):
-    name: Literal["unet3d", "vit-seg"] = "unet3d"
+    """Which registered network (:mod:`distmis.models.registry`) a trial trains, in which framework, with which
+    constructor arguments (``params``: the entry's params class validates them)."""
+
+    name: str = Field("unet3d", description="a registered network: " + ", ".join(model_names()))
     framework: Literal["tensorflow", "torch"] = "tensorflow"
-    # The params' fields depend on the model: validated by the class MODEL_PARAMS names for ``name``.
-    params: UNet3DParams | ViTSegParams = Field(default=None, validate_default=True)  # type: ignore[assignment]
+    # The params' fields depend on the model: validated by the params class of ``name``'s registry entry.
+    params: SerializeAsAny[NetworkParams] = Field(default=None, validate_default=True)  # type: ignore[assignment]
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        model_entry(value)  # ValueError naming the registered networks
+        return value
 
     @field_validator("params", mode="before")
     @classmethod
     def _params_of_the_model(cls, value: Any, info: ValidationInfo) -> Any:
         value = {} if value is None else value
-        params_class = MODEL_PARAMS[info.data.get("name", "unet3d")]
+        if "name" not in info.data:  # the name was refused: its own error says why
+            raise ValueError("the model's params are validated once model.name is a registered network")
+        params_class = model_entry(info.data["name"]).params
         if isinstance(value, BaseModel):
             value = value.model_dump()
         return params_class.model_validate(value)
 
     @model_validator(mode="after")
     def _framework_of_the_model(self) -> ModelSpec:
-        if self.name == "vit-seg" and self.framework != "torch":
-            raise ValueError(f"model 'vit-seg' is a PyTorch model: set framework: torch (got {self.framework!r})")
+        entry = self.entry
+        if self.framework not in entry.frameworks:
+            raise ValueError(f"model {self.name!r} is built in {' and '.join(entry.frameworks)}: set framework: "
+                             f"{entry.frameworks[0]} (got {self.framework!r})")
         return self
+
+    @property
+    def entry(self) -> ModelEntry:
+        """The network's registry entry."""
+        return model_entry(self.name)
 
     @property
     def input_multiple(self) -> int:
         """Every spatial dimension of the network input must divide by this (pooling, or patch size)."""
-        if isinstance(self.params, ViTSegParams):
-            return self.params.patch
-        return 2 ** (self.params.levels - 1)
+        return self.entry.input_multiple(self.params)
 
     @property
     def input_rule(self) -> str:
-        if isinstance(self.params, ViTSegParams):
-            return f"the patch size, model.params.patch={self.params.patch}"
-        return f"2**(levels-1) for levels={self.params.levels}"
+        return self.entry.input_rule(self.params)
 
 
 # --------------------------------------------------------------------------- training

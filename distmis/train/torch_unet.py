@@ -202,7 +202,7 @@ def _lifetime_resident_peak() -> int:
 
 class StepMeter:
     """One rank's training steps of an epoch: their mean wall time, and how far their peak memory rises above
-    the parameters (what :attr:`~distmis.spec.perf_model.MemoryEstimate.step` predicts).
+    the parameters (what :attr:`~distmis.perf.model.MemoryEstimate.step` predicts).
 
     A step is timed from the moment its batch is in hand (the wait for the reading thread is not counted) to
     its loss read back after the optimizer's step: the batch's copy to the device, forward, loss, backward,

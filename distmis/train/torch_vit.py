@@ -10,7 +10,7 @@ search follow the same loss curve.
 
 Every epoch reports, besides the U-Net trainer's numbers, the steps' ``step_seconds`` and ``peak_memory_mb``
 (:class:`~distmis.train.torch_unet.StepMeter`, the largest over all DP x SP ranks) and ``fom``, the seed's figure
-of merit ``b L s^2 d / step_seconds`` (:func:`~distmis.spec.perf_model.figure_of_merit`, ``b`` the
+of merit ``b L s^2 d / step_seconds`` (:func:`~distmis.perf.model.figure_of_merit`, ``b`` the
 ``training.batch_size`` samples a rank trains per step, ``s`` the tile's tokens).
 """
 
@@ -24,11 +24,12 @@ import torch.distributed as dist
 
 from distmis.models.unet3d_torch import activate
 from distmis.models.vit_seg import ViTSeg
-from distmis.spec import perf_model
+from distmis.perf import model as perf_model
 from distmis.parallel.groups import ParallelGroups
 from distmis.parallel.sequence import SequenceParallelViTSeg, parallelize_vit_seg, sync_gradients
 from distmis.spec.layout import TrialLayout
-from distmis.spec.schema import Spec, ViTSegParams
+from distmis.models.params import ViTSegParams
+from distmis.spec.schema import Spec
 from distmis.train.inference import sliding_window
 from distmis.train.torch_unet import TorchUNetTrainer, make_loss
 
@@ -68,7 +69,7 @@ class TorchViTTrainer(TorchUNetTrainer):
 
     @property
     def shape(self) -> perf_model.ViTShape:
-        """The model's arithmetic shape (:mod:`distmis.spec.perf_model`): its parameters on its tile."""
+        """The model's arithmetic shape (:mod:`distmis.perf.model`): its parameters on its tile."""
         return perf_model.ViTShape.of(self.spec.model.params, self.model.tile, in_channels=self.in_channels,
                                       num_classes=self.num_classes)
 

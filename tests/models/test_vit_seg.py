@@ -228,7 +228,7 @@ def test_one_axial_block_reaches_every_token_of_the_tile():
 
 def test_axial_model_shapes_parameters_and_kernels():
     from distmis.models.vit_seg import AxialTransformerBlock, TransformerBlock
-    from distmis.spec.perf_model import ViTShape, vit_parameters
+    from distmis.perf.model import ViTShape, vit_parameters
 
     model = axial()
     full = tiny(AXIAL_TILE)

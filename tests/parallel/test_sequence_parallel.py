@@ -313,7 +313,7 @@ def axial_gather_case(attention: str, split: str = "ordered") -> dict[str, Any]:
     from distmis.parallel.collectives import group_size
     from distmis.parallel import collectives
     from distmis.parallel.sequence import parallelize_vit_seg, sync_sp_gradients
-    from distmis.spec.partition import dsp_schedule
+    from distmis.perf.partition import dsp_schedule
 
     base = make_axial_model()
     x, y = make_batch(5, tile=AXIAL_TILE)

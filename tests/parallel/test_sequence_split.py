@@ -8,7 +8,7 @@ import torch
 from distmis.models.vit_seg import ViTSeg
 from distmis.parallel.groups import parallel_layout
 from distmis.parallel.sequence import box_indices, check_sequence_parallel, token_chunk
-from distmis.spec.partition import partition_tokens, range_box
+from distmis.perf.partition import partition_tokens, range_box
 
 
 def split_tokens(grid, sp_size, split):
@@ -142,7 +142,7 @@ def fewest_switches(stages: list[int], allowed: tuple[int, ...]) -> int:
                                           ((4, 6, 4), 2), ((3, 4, 4), 4)])
 @pytest.mark.parametrize("layers", [1, 2, 3, 5, 12])
 def test_dsp_schedule_splits_away_from_the_attended_axis_with_the_fewest_switches(grid, degree, layers):
-    from distmis.spec.partition import AXIAL_ORDER, dsp_schedule, dsp_splittable_axes
+    from distmis.perf.partition import AXIAL_ORDER, dsp_schedule, dsp_splittable_axes
 
     schedule = dsp_schedule(grid, degree, layers)
     stages = [AXIAL_ORDER[i % 3] for i in range(3 * layers)]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from distmis.data.layouts import MODALITIES
-from distmis.spec.perf_model import SequenceLayout, ViTShape, communication_bytes, vit_flops, vit_memory
+from distmis.perf.model import SequenceLayout, ViTShape, communication_bytes, vit_flops, vit_memory
 from distmis.parallel.trial_model import MIB, PREDICTED_METRICS, predict_trial, trial_shape
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_trial

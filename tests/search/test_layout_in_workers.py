@@ -242,7 +242,7 @@ def test_pipelined_trials_hold_their_stage_and_groups(ray_local, tmp_path: Path)
 
 def test_axial_trials_hold_the_dsp_switches_or_the_ulysses_cores_their_spec_says(ray_local, tmp_path: Path):
     """attention: [ulysses, dsp] on an axial vit-seg at degree 2: each worker's model has what its trial asked."""
-    from distmis.spec.partition import AXES, dsp_schedule
+    from distmis.perf.partition import AXES, dsp_schedule
 
     tree = small_spec_tree(tmp_path / "data", model={
         "name": "vit-seg", "framework": "torch",

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from distmis.spec.perf_model import figure_of_merit
+from distmis.perf.model import figure_of_merit
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.train.torch_unet import StepMeter, TorchUNetTrainer

@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from distmis.spec.partition import dsp_schedule, partition_tokens
+from distmis.perf.partition import dsp_schedule, partition_tokens
 
 __all__ = [
     "ViTShape", "SequenceLayout", "FlopCount", "CommBytes", "MemoryEstimate", "vit_flops", "vit_parameters",
@@ -233,7 +233,7 @@ def communication_bytes(shape: ViTShape, layout: SequenceLayout = SequenceLayout
 
     An axial model has three attention stages per block: ``allgather-kv`` and ``ulysses`` pay the above per stage
     (three times a full block's). ``dsp`` sends nothing inside attention; each switch of its schedule
-    (:func:`~distmis.spec.partition.dsp_schedule`: ``ceil(3L/2) - 1`` switches when all three grid axes divide
+    (:func:`~distmis.perf.partition.dsp_schedule`: ``ceil(3L/2) - 1`` switches when all three grid axes divide
     by ``k``) is one all-to-all of the stream forward and one backward, ``2 (k-1)/k Td`` in all. The DSP seed's
     Table 1 counts per block of one attention: DSP ``2M/N`` (one switch, forward and backward) against Ulysses'
     ``8M/N``, with ``M = s d`` the activation and ``N = k``; the schedule here needs one switch per two stages.

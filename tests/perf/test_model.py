@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from distmis.models.vit_seg import ViTSeg
-from distmis.spec.perf_model import SequenceLayout, ViTShape, seed_block_macs, vit_flops, vit_parameters
+from distmis.perf.model import SequenceLayout, ViTShape, seed_block_macs, vit_flops, vit_parameters
 
 SHAPES = [  # (tile, patch, layers, embed_dim, heads, mlp_ratio, decoder_features)
     ((32, 32, 32), 8, 2, 48, 4, 4.0, 16),
@@ -75,7 +75,7 @@ def test_ring_bytes_equal_the_sp_benchmarks_analytic_volume():
     import importlib.util
     from pathlib import Path
 
-    from distmis.spec.perf_model import communication_bytes
+    from distmis.perf.model import communication_bytes
 
     path = Path(__file__).parents[2] / "benchmarks" / "sp_scaling.py"
     module_spec = importlib.util.spec_from_file_location("sp_scaling", path)
@@ -91,7 +91,7 @@ def test_ring_bytes_equal_the_sp_benchmarks_analytic_volume():
 
 
 def test_gloo_reduce_scatter_and_data_parallel_bytes():
-    from distmis.spec.perf_model import communication_bytes
+    from distmis.perf.model import communication_bytes
 
     shape = ViTShape((32, 32, 32), 4, 2, 48, 4)
     ring = communication_bytes(shape, SequenceLayout(sp=4))
@@ -105,7 +105,7 @@ def test_gloo_reduce_scatter_and_data_parallel_bytes():
 
 
 def test_memory_parts_follow_the_layout():
-    from distmis.spec.perf_model import PROCESS_OVERHEAD, process_overhead, vit_memory
+    from distmis.perf.model import PROCESS_OVERHEAD, process_overhead, vit_memory
 
     shape = ViTShape((96, 96, 96), 4, 2, 96, 4, 4.0, 16, 4, 1)
     one = vit_memory(shape)
@@ -144,7 +144,7 @@ def test_memory_parts_follow_the_layout():
 ])
 def test_the_convolution_kernel_is_the_one_torch_selects(batch, channels, size, kernel):
     """oneDNN or slow_conv3d (whose column buffers the decoder's peak holds): torch's own choice."""
-    from distmis.spec.perf_model import onednn_convolution
+    from distmis.perf.model import onednn_convolution
 
     threads = torch.get_num_threads()
     try:
@@ -177,7 +177,7 @@ def allocations(run) -> list[int]:
 
 def test_slow_conv3d_unfolds_27_input_channels_per_voxel():
     """The decoder's workspace at patches 8 and 16: a 27 c_in x voxels column buffer, forward and backward."""
-    from distmis.spec.perf_model import onednn_convolution
+    from distmis.perf.model import onednn_convolution
 
     assert not onednn_convolution(1, 4, 16 * 16, 3, 2)
     conv = torch.nn.Conv3d(4, 2, 3, padding=1)
@@ -194,7 +194,7 @@ def test_slow_conv3d_unfolds_27_input_channels_per_voxel():
 def test_the_saved_activations_are_what_autograd_saves(config, kernel, attention):
     """At the forward's end: every tensor autograd saved (its storages, less the parameters, input and target),
     and, with the math kernel, every layer's (s x s) attention probabilities exactly (full attention)."""
-    from distmis.spec.perf_model import vit_memory
+    from distmis.perf.model import vit_memory
 
     model, shape = build(*config, attention)
     x, y = torch.randn(1, 4, *shape.tile), torch.rand(1, 3, *shape.tile)
@@ -229,7 +229,7 @@ def test_the_saved_activations_are_what_autograd_saves(config, kernel, attention
 def test_the_tensor_peak_of_two_steps_is_the_profilers(config, kernel, attention):
     """The largest sum of live tensors over two Adam steps (what the profiler records), one thread: the peak's
     moment (a softmax's backward, a decoder convolution's columns) and its size."""
-    from distmis.spec.perf_model import vit_memory
+    from distmis.perf.model import vit_memory
 
     model, shape = build(*config, attention)
     optimizer = torch.optim.Adam(model.parameters())
@@ -270,7 +270,7 @@ def test_the_tensor_peak_of_two_steps_is_the_profilers(config, kernel, attention
 
 
 def test_the_seeds_table_2_and_figure_of_merit():
-    from distmis.spec.perf_model import communication_bytes, figure_of_merit, seed_table2
+    from distmis.perf.model import communication_bytes, figure_of_merit, seed_table2
 
     shape = ViTShape((96, 96, 96), 16, 1, 768, 12)  # the SP-ViT paper's configuration, one block
     table = seed_table2(shape, n=4)
