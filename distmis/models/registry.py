@@ -12,7 +12,8 @@ An entry says everything the rest of distmis needs to know about a network, so t
 - ``output``: what its forward returns, ``probabilities`` (its activation inside) or ``logits`` (the trainer
   trains on logits and applies the target scheme's activation to predict);
 - its input-size rules (``input_multiple``, ``input_rule``; ``fixed_input`` for a network built for one input
-  size, whose curriculum may not change the tile) and so its inference window;
+  size, whose curriculum may not change the tile; ``input_check``, what else an input must be for it to train,
+  such as a deepest feature map of more than one voxel under instance normalization) and so its inference window;
 - ``perf_shape``: where the performance model describes it, its arithmetic shape
   (:class:`~distmis.perf.model.ViTShape`).
 
@@ -25,9 +26,11 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from math import lcm, prod
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
-from distmis.models.params import NetworkParams, UNet3DParams, ViTSegParams
+from distmis.models.params import (BasicUNetParams, DynUNetParams, NetworkParams, SegResNetParams, SwinUNETRParams,
+                                   UNet3DParams, UNETRParams, ViTSegParams, norm_kind)
 from distmis.perf.model import ViTShape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,7 +54,9 @@ PARALLELISM_NAMES: dict[str, str] = {
 @dataclass(frozen=True)
 class NetworkInput:
     """What a network is built for, besides its params: the data's channels, the target scheme's output channels and
-    activation, the network input's size (the tile, or the whole volume) and the preprocessed voxel spacing."""
+    activation, the network input's size (the tile, or the whole volume; with a curriculum, the per-axis greatest
+    common divisor of every stage's input, :func:`distmis.spec.load.network_tile`, which a planned architecture
+    such as DynUNet's divides) and the preprocessed voxel spacing (None: isotropic)."""
 
     in_channels: int
     out_channels: int
@@ -83,6 +88,8 @@ class ModelEntry:
     pipeline: str | None = None  # "module:function" cutting the network into pipeline stages
     perf_shape: Callable[[Any, Sequence[int], int, int], ViTShape] | None = None
     constructor: str | None = None  # the library class it builds ("monai.networks.nets:SegResNet"), if any
+    # (params, an input's shape, its batch size) -> why the network cannot train on it, or None
+    input_check: Callable[[Any, tuple[int, int, int], int], str | None] | None = None
     summary: str = ""
     loss_from_logits: bool = field(init=False)
 
@@ -120,6 +127,39 @@ def _vit_shape(params: ViTSegParams, tile: Sequence[int], in_channels: int, out_
     return ViTShape.of(params, tile, in_channels=in_channels, num_classes=out_channels)
 
 
+def _deepest_map(norm: Any, factor: Sequence[int], shape: Sequence[int], batch_size: int) -> str | None:
+    """Why a network whose deepest normalized feature map is the input over ``factor`` (per axis) cannot train on
+    ``shape`` in batches of ``batch_size``, or None: instance normalization needs more than one voxel per map,
+    batch normalization more than one value per channel in a batch."""
+    cells = prod(max(s // f, 1) for s, f in zip(shape, factor))
+    kind = norm_kind(norm)
+    if kind == "instance" and cells == 1:
+        return (f"its deepest feature map (the input / {list(factor)}) is a single voxel on {list(shape)}, which "
+                f"instance normalization cannot normalize: make an axis at least twice as large (e.g. "
+                f"{[2 * f for f in factor[:1]] + list(shape[1:])}), or use batch or group normalization")
+    if kind == "batch" and cells * batch_size == 1:
+        return (f"its deepest feature map (the input / {list(factor)}) is a single voxel on {list(shape)}, and batch "
+                f"normalization of a batch of 1 holds one value per channel: use a larger input or batch")
+    return None
+
+
+def _dynunet_multiple(params: DynUNetParams) -> int:
+    product = params.downsampling()
+    return 1 if product is None else lcm(*product)
+
+
+def _dynunet_rule(params: DynUNetParams) -> str:
+    product = params.downsampling()
+    if product is None:
+        return "none: kernels and strides are planned from the tile"
+    return f"the least common multiple of the strides' product along each axis, {list(product)}"
+
+
+def _dynunet_check(params: DynUNetParams, shape: tuple[int, int, int], batch_size: int) -> str | None:
+    product = params.downsampling()  # planned strides keep every feature map at 4 voxels or more
+    return None if product is None else _deepest_map(params.norm_name, product, shape, batch_size)
+
+
 MODELS: dict[str, ModelEntry] = {
     entry.name: entry
     for entry in (
@@ -139,6 +179,47 @@ MODELS: dict[str, ModelEntry] = {
             parallelisms=frozenset({"dp", "sp"}), fixed_input=True,
             parallelize="distmis.parallel.sequence:parallelize_vit_seg", perf_shape=_vit_shape,
             summary="a ViT encoder with a convolutional decoder (sequence-parallel)",
+        ),
+        ModelEntry(
+            name="segresnet", params=SegResNetParams, frameworks=("torch",), output="logits",
+            builders={"torch": "distmis.models.monai_nets:build_segresnet"},
+            input_multiple=lambda p: 2 ** (len(p.blocks_down) - 1),
+            input_rule=lambda p: f"2**(len(blocks_down)-1) for model.params.blocks_down={list(p.blocks_down)}",
+            input_check=lambda p, shape, batch: _deepest_map(p.norm, (2 ** (len(p.blocks_down) - 1),) * 3, shape,
+                                                             batch),
+            constructor="monai.networks.nets:SegResNet",
+            summary="MONAI's SegResNet: a residual encoder-decoder (Myronenko 2018, without the VAE)",
+        ),
+        ModelEntry(
+            name="unetr", params=UNETRParams, frameworks=("torch",), output="logits",
+            builders={"torch": "distmis.models.monai_nets:build_unetr"},
+            input_multiple=lambda p: 16, input_rule=lambda p: "UNETR's patch size, 16",
+            fixed_input=True, constructor="monai.networks.nets:UNETR",
+            summary="MONAI's UNETR: a 12-layer ViT on 16^3 patches with a convolutional decoder, built for one tile",
+        ),
+        ModelEntry(
+            name="swinunetr", params=SwinUNETRParams, frameworks=("torch",), output="logits",
+            builders={"torch": "distmis.models.monai_nets:build_swinunetr"},
+            input_multiple=lambda p: 32,
+            input_rule=lambda p: "SwinUNETR's 2^3 patches and four 2x patch mergings, 2**5",
+            input_check=lambda p, shape, batch: _deepest_map(p.norm_name, (32, 32, 32), shape, batch),
+            constructor="monai.networks.nets:SwinUNETR",
+            summary="MONAI's SwinUNETR: a Swin transformer encoder with a convolutional decoder, any input of 32s",
+        ),
+        ModelEntry(
+            name="dynunet", params=DynUNetParams, frameworks=("torch",), output="logits",
+            builders={"torch": "distmis.models.monai_nets:build_dynunet"},
+            input_multiple=_dynunet_multiple, input_rule=_dynunet_rule, input_check=_dynunet_check,
+            constructor="monai.networks.nets:DynUNet",
+            summary="MONAI's DynUNet: nnU-Net's U-Net, its kernels and strides planned from the tile and spacing",
+        ),
+        ModelEntry(
+            name="basicunet", params=BasicUNetParams, frameworks=("torch",), output="logits",
+            builders={"torch": "distmis.models.monai_nets:build_basicunet"},
+            input_multiple=lambda p: 16, input_rule=lambda p: "BasicUNet's four 2x max-poolings, 2**4",
+            input_check=lambda p, shape, batch: _deepest_map(p.norm, (16, 16, 16), shape, batch),
+            constructor="monai.networks.nets:BasicUNet",
+            summary="MONAI's BasicUNet: a five-level U-Net of two convolutions per level",
         ),
     )
 }

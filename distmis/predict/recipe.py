@@ -167,7 +167,7 @@ class ModelRecipe:
             normalization=made.normalization, orientation=made.orientation, spacing=made.spacing,
             interpolation=made.interpolation, targets=made.scheme, dataset=manifest.get("dataset"),
             window=inference_window(training) or volume,  # the (last curriculum stage's) training input
-            output="logits" if spec.model.name == "vit-seg" else "probabilities",
+            output=spec.model.entry.output,  # what the network returns (its registry entry says)
             inference=InferenceSettings(overlap=training.inference.overlap, mode=training.inference.mode,
                                         sigma_scale=training.inference.sigma_scale,
                                         batch_size=training.inference_batch_size),

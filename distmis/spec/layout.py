@@ -45,6 +45,16 @@ class TrialLayout:
             raise ValueError(f"a trial of {self.world_size} ranks (dp={self.dp}, sp={self.sp}, pp={self.pp}) "
                              "must run as a Ray Train worker group (distributed=True)")
 
+    @classmethod
+    def for_ranks(cls, ranks: int, *, sp: int = 1, pp: int = 1, cpu: float = 1.0, gpu: float = 0.0, lr: float = 0.0,
+                  lr_scaling: Literal["linear", "none"] = "none") -> TrialLayout:
+        """The layout of a trial of ``ranks`` workers split ``sp`` x ``pp`` ways, the rest data-parallel (a
+        candidate the planner predicts); ValueError when ``sp * pp`` does not divide ``ranks``."""
+        if not isinstance(ranks, int) or ranks < 1 or ranks % (sp * pp):
+            raise ValueError(f"{ranks!r} rank(s) do not divide into sp={sp} x pp={pp}")
+        return cls(dp=ranks // (sp * pp), sp=sp, pp=pp, distributed=ranks > 1, cpu=cpu, gpu=gpu, lr=lr,
+                   lr_scaling=lr_scaling)
+
     @property
     def world_size(self) -> int:
         """Ray Train workers (ranks) of the trial."""

@@ -7,17 +7,19 @@ clear message, never a half-started search.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from distmis.models.registry import MODELS, PARALLELISM_NAMES, model_entry
 from distmis.spec.curriculum import TrainingStage, training_stages
 from distmis.perf.partition import check_sequence_parallel as check_token_partition
 from distmis.perf.partition import token_grid
-from distmis.spec.schema import Spec
+from distmis.spec.schema import ModelSpec, Spec, unknown_argument
 
 # Sections whose values may be searched. The dataset is converted once per search, so its
 # fields are fixed; parallelism and tracking describe the search itself, not a trial.
@@ -118,6 +120,8 @@ def problems_from_validation_error(error: ValidationError) -> list[tuple[str, st
             message = f"unknown key {str(loc[-1])!r}; allowed keys here: {allowed}"
         elif kind == "missing":
             message = "required field is missing"
+        elif kind in ("unknown_argument", "unknown_model"):  # the model's params: the message names what is allowed
+            message = err["msg"]
         else:
             message = err["msg"].removeprefix("Value error, ")
             if "input" in err and kind != "model_type":
@@ -211,6 +215,13 @@ def check_input_shape(spec: Spec, shape: tuple[int, int, int] | None = None) -> 
             (where, f"the whole volume {list(volume)} is the network input (training.tile is null), so every "
              f"dimension must divide by {factor}; crop/resize to such a shape or set training.tile")
         )
+    network = tile if tile is not None else volume
+    check = spec.model.entry.input_check
+    if not problems and network is not None and check is not None:
+        why = check(spec.model.params, tuple(network), spec.training.batch_size)  # type: ignore[arg-type]
+        if why:
+            where = "training.tile" if tile is not None else "training.tile (null: the whole volume)"
+            problems.append((where, f"{spec.model.name} cannot train on {list(network)}: {why}"))
     return problems
 
 
@@ -243,17 +254,26 @@ def _per_stage(spec: Spec, check: Callable[[Spec], list[tuple[str, str]]]) -> li
 
 def check_curriculum(spec: Spec) -> list[tuple[str, str]]:
     """A curriculum changes the input's size from stage to stage, and the inference comparison predicts whole
-    volumes: the ViT's position embedding and token split are made for one tile, so only the U-Nets do either."""
+    volumes: a network built for one input size (its registry entry's ``fixed_input``: a position embedding sized
+    to the tile) does neither."""
+    entry = spec.model.entry
+    if not entry.fixed_input:
+        return []
     problems = []
-    if spec.training.curriculum and spec.model.name == "vit-seg":
-        problems.append(("training.curriculum", "vit-seg's position embedding and token partition are sized to one "
-                                                "tile, so its input cannot grow from stage to stage: a curriculum needs "
-                                                "model.name 'unet3d' (set training.tile for vit-seg instead)"))
-    if spec.training.inference.compare and spec.model.name == "vit-seg":
-        problems.append(("training.inference.compare", "vit-seg predicts only windows of its tile (its position "
-                                                       "embedding is sized to it), so it has no whole-volume "
-                                                       "inference to compare: the comparison needs model.name "
-                                                       "'unet3d'"))
+    name = spec.model.name
+    inputs = {stage.tile for stage in training_stages(spec.training)}
+    if spec.training.curriculum and len(inputs) > 1:
+        others = [f"'{n}'" for n, e in MODELS.items() if not e.fixed_input]
+        problems.append(("training.curriculum", f"{name} is built for one input size (its position embedding is "
+                                                f"sized to the tile), so its input cannot change from stage to stage: "
+                                                f"a curriculum that changes the tile needs model.name "
+                                                f"{', '.join(others[:-1])} or {others[-1]} (set training.tile for "
+                                                f"{name} instead)"))
+    if spec.training.inference.compare:
+        problems.append(("training.inference.compare", f"{name} predicts only windows of its tile (it is built for "
+                                                       "one input size), so it has no whole-volume inference to "
+                                                       "compare: the comparison needs a network whose input may "
+                                                       "change, such as model.name 'unet3d'"))
     return problems
 
 
@@ -274,32 +294,85 @@ def check_search_space(spec: Spec) -> list[tuple[str, str]]:
         return problems
 
     base_problems = set(trial_problems(spec))  # reported once, not per value
+    picks = searched_models(spec)
     for path, domain in space.items():
         where = f"search.space.{path}"
         if not is_searchable(path):
             problems.append((where, f"only fields under {', '.join(SEARCHABLE_SECTIONS)} can be searched "
                              "(the dataset is converted once per search)"))
             continue
-        try:
-            section, field = _field_of(spec, path)
-        except KeyError as missing:
-            problems.append((where, f"no field {missing.args[0]!r} in the spec; see docs/spec.md for the fields"))
-            continue
+        with_models: list[dict[str, Any]] = [{}]  # the model.name values each value is checked with
+        if picks and path.startswith(f"{PARAMS_PATH}."):
+            # a searched argument of the searched models: every model model.name picks must take it
+            argument = path.removeprefix(f"{PARAMS_PATH}.")
+            lacking = [name for name in picks if argument not in MODELS[name].params.model_fields]
+            if lacking:
+                problems.append((where, f"search.space.model.name picks {' and '.join(map(repr, lacking))}, which "
+                                        f"take{'s' if len(lacking) == 1 else ''} no argument {argument!r}: a searched "
+                                        "model.params field must be an argument of every model model.name picks "
+                                        "(give a model's own params in model.per_model)"))
+                continue
+            section, field = MODELS[picks[0]].params, argument
+            with_models = [{MODEL_NAME_PATH: name} for name in picks]
+        else:
+            try:
+                section, field = _field_of(spec, path)
+            except KeyError as missing:
+                message = _missing(spec, path, missing.args[0])
+                if message.startswith("no field"):
+                    message += "; see docs/spec.md for the fields"
+                problems.append((where, message))
+                continue
         if domain.kind in ("uniform", "loguniform") and _is_integer_field(section, field):
             low, high = (int(v) if float(v).is_integer() else v for v in domain.values)
             problems.append((where, f"'{domain.kind}' samples real numbers, but {path} takes integers; "
                              f"use randint: [{low}, {high}] or a choice of integers"))
             continue
         for value in _values_to_check(domain):
-            try:
-                trial = apply_config(spec, {path: value})
-            except SpecError as exc:
-                for sub_path, message in exc.problems:
-                    problems.append((where, f"value {value!r} is invalid for {sub_path}: {message}"))
-                continue
-            for sub_path, message in set(trial_problems(trial)) - base_problems:
-                problems.append((where, f"value {value!r} makes {sub_path} invalid: {message}"))
+            for model in with_models:
+                picked = f" (model.name {model[MODEL_NAME_PATH]!r})" if model else ""
+                try:
+                    trial = apply_config(spec, {**model, path: value})
+                except SpecError as exc:
+                    for sub_path, message in exc.problems:
+                        problems.append((where, f"value {value!r}{picked} is invalid for {sub_path}: {message}"))
+                    continue
+                for sub_path, message in set(trial_problems(trial)) - base_problems:
+                    problems.append((where, f"value {value!r}{picked} makes {sub_path} invalid: {message}"))
     return problems
+
+
+def searched_models(spec: Spec) -> list[str] | None:
+    """The registered models ``search.space``'s ``model.name`` picks from (None: model.name is not searched)."""
+    domain = spec.search.space.get(MODEL_NAME_PATH)
+    if domain is None:
+        return None
+    return list(dict.fromkeys(v for v in domain.values if isinstance(v, str) and v in MODELS))
+
+
+def check_model_combinations(spec: Spec) -> list[tuple[str, str]]:
+    """With ``model.name`` searched beside other fields, every combination of their values must make a valid trial
+    (a tile one model takes and another does not; each value alone is checked by :func:`check_search_space`)."""
+    import itertools
+
+    space = spec.search.space
+    if MODEL_NAME_PATH not in space or len(space) < 2:
+        return []
+    searched = {path: _values_to_check(domain) for path, domain in space.items()}
+    base_problems = set(trial_problems(spec))
+    problems: list[tuple[str, str]] = []
+    for count, values in enumerate(itertools.product(*searched.values())):
+        if count == MAX_CHECKED_COMBINATIONS:
+            break
+        config = dict(zip(searched, values))
+        try:
+            found = sorted(set(trial_problems(apply_config(spec, config))) - base_problems)
+        except SpecError as exc:
+            found = exc.problems
+        for path, message in found:
+            where = ", ".join(f"{p}={v}" for p, v in config.items())
+            problems.append(("search.space", f"the trial with {where}: {path}: {message}"))
+    return problems[:5]
 
 
 # Integer ranges up to this many values are checked value by value (a rule such as "a power of two" can hold
@@ -317,9 +390,9 @@ def _values_to_check(domain: Any) -> list[Any]:
     return domain.values
 
 
-def _is_integer_field(section: BaseModel, field: str) -> bool:
+def _is_integer_field(section: BaseModel | type[BaseModel], field: str) -> bool:
     """True when the field takes only integers (``int``, or ``int | None``)."""
-    annotation = type(section).model_fields[field].annotation
+    annotation = (section if isinstance(section, type) else type(section)).model_fields[field].annotation
     args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
     return annotation is int or (bool(args) and all(a is int for a in args))
 
@@ -337,21 +410,77 @@ def _field_of(spec: Spec, path: str) -> tuple[BaseModel, str]:
     return node, field
 
 
+MODEL_NAME_PATH = "model.name"
+PARAMS_PATH = "model.params"
+
+
+def _missing(spec: Spec, path: str, missing: str) -> str:
+    """Why ``path`` (whose part ``missing`` does not exist) is no field of ``spec``."""
+    if path.startswith(f"{PARAMS_PATH}.") and missing.count(".") == 2:
+        return unknown_argument(spec.model.name, missing.rpartition(".")[2])
+    return f"no field {missing!r} in the spec"
+
+
+def _model_section(spec: Spec, config: Mapping[str, Any], source: str) -> ModelSpec:
+    """The model section of a trial whose ``config`` changes ``model.name``: the new model's params are
+    ``model.per_model``'s entry for it (its defaults without one), with the config's ``model.params.<field>`` on
+    top; SpecError when they do not make the new model's params (a searched field the new model does not take).
+    The spec's own model's params move to ``per_model`` (which never names the trial's model)."""
+    name = config[MODEL_NAME_PATH]
+    try:
+        model_entry(name)
+    except (ValueError, TypeError) as exc:  # TypeError: a name that is no string (a list)
+        raise SpecError(source, [(MODEL_NAME_PATH, str(exc) if isinstance(exc, ValueError)
+                                  else f"a registered network's name, got {name!r}")]) from None
+    # per_model keeps the params of every model but the trial's: the spec's own model's go in, the new one's out
+    per_model = {model: params for model, params in spec.model.per_model.items() if model != name}
+    per_model[spec.model.name] = spec.model.params.model_dump(exclude_unset=True)
+    tree: dict[str, Any] = {"name": name, "framework": spec.model.framework, "per_model": per_model}
+    params: dict[str, Any] = dict(spec.model.per_model.get(name, {}))
+    for path, value in config.items():
+        field = path.removeprefix("model.")
+        if path == PARAMS_PATH:
+            params = dict(value) if isinstance(value, Mapping) else value
+        elif path.startswith(f"{PARAMS_PATH}."):
+            params[path.removeprefix(f"{PARAMS_PATH}.")] = value
+        elif field in ModelSpec.model_fields and field != "params":
+            tree[field] = value
+        else:
+            raise SpecError(source, [(path, f"no field {field!r} in the model section")])
+    try:
+        return ModelSpec.model_validate({**tree, "params": params})
+    except ValidationError as exc:
+        raise SpecError(source, [(f"model.{sub}" if sub else "model", message)
+                                 for sub, message in problems_from_validation_error(exc)]) from None
+
+
 def apply_config(spec: Spec, config: Mapping[str, Any], *, source: str = "trial config") -> Spec:
     """The spec of one trial: a copy of ``spec`` with each dotted path of ``config`` (a Ray Tune trial's config,
     ``{"training.optimizer.lr": 0.001}``) set, every changed section validated by the schema as a whole (so
     values that are only valid together, like ``base_filters`` and ``norm_groups``, may change together).
 
+    A config that changes ``model.name`` gives the trial the new model's params: ``model.per_model``'s entry for it
+    (its defaults without one), with the config's own ``model.params.<field>`` values on top (SpecError when the new
+    model takes no such field).
+
     The one place where a trial's values reach its spec; trainers, workers and callbacks receive the result.
     """
     if not config:
         return spec
+    if MODEL_NAME_PATH in config and config[MODEL_NAME_PATH] != spec.model.name:  # the model section anew
+        model_paths = {path: value for path, value in config.items() if path == "model" or path.startswith("model.")}
+        switched = spec.model_copy(deep=True)
+        switched.model = _model_section(spec, model_paths, source)
+        config = {path: value for path, value in config.items() if path not in model_paths}
+        if not config:
+            return switched
+        spec = switched
     updates: dict[str, dict[str, Any]] = {}
     for path, value in config.items():
         try:
             _field_of(spec, path)
         except KeyError as missing:
-            raise SpecError(source, [(path, f"no field {missing.args[0]!r} in the spec")]) from None
+            raise SpecError(source, [(path, _missing(spec, path, missing.args[0]))]) from None
         section_path, _, field = path.rpartition(".")
         updates.setdefault(section_path, {})[field] = value
     trial = spec.model_copy(deep=True)
@@ -380,6 +509,32 @@ def network_input(spec: Spec) -> tuple[int, int, int] | None:
     return tuple(spec.training.tile) if spec.training.tile is not None else volume_shape(spec)  # type: ignore[return-value]
 
 
+def _unsupported(spec: Spec, parallelism: str, detail: str) -> str:
+    """The refusal of ``parallelism`` for a model whose registry entry lacks it, naming the models that have it."""
+    models = [f"'{name}'" for name, entry in MODELS.items() if entry.supports(parallelism)]
+    needs = f"model.name {' or '.join(models)}" if models else "a model that supports it"
+    if parallelism == "pp":
+        needs += " with model.framework 'torch'"
+    return (f"model {spec.model.name!r} does not support {PARALLELISM_NAMES[parallelism]}: it needs {needs}, "
+            f"not {spec.model.name!r} ({spec.model.framework}); {detail}")
+
+
+def network_tile(spec: Spec, volume: Sequence[int] | None = None) -> tuple[int, int, int] | None:
+    """The network input a trial's network is built for (``NetworkInput.tile``): the per-axis greatest common divisor
+    of every input it trains on, each curriculum stage's tile (a stage of whole volumes: ``volume``, else the
+    spec's own volume shape), the inference window (the last stage's) among them. Without a curriculum, the tile or
+    the volume. An architecture planned from it (DynUNet's strides) divides every input, so one network serves every
+    stage; a network built for one input size (``fixed_input``) has no curriculum that changes it. None when a whole
+    volume is an input and its shape is unknown."""
+    shapes = []
+    for stage in training_stages(spec.training):
+        shape = stage.tile if stage.tile is not None else (volume if volume is not None else volume_shape(spec))
+        if shape is None:
+            return None
+        shapes.append(tuple(int(s) for s in shape))
+    return tuple(math.gcd(*axis) for axis in zip(*shapes))  # type: ignore[return-value]
+
+
 def check_sequence_parallel(spec: Spec) -> list[tuple[str, str]]:
     """Sequence parallelism needs the ViT, and a token grid, heads and split that suit the degree."""
     sp = spec.parallelism.sequence_parallel
@@ -396,9 +551,8 @@ def check_sequence_parallel(spec: Spec) -> list[tuple[str, str]]:
         return []
     if sp.degree == "auto":
         return check_auto_degree(spec)
-    if spec.model.name != "vit-seg":
-        return [(f"{where}.degree", f"sequence parallelism splits a ViT's tokens: it needs model.name 'vit-seg', "
-                                    f"not {spec.model.name!r} (got degree {sp.degree})")]
+    if not spec.model.entry.supports("sp"):
+        return [(f"{where}.degree", _unsupported(spec, "sp", f"got degree {sp.degree}"))]
     if spec.parallelism.mode == "compare":
         return [(f"{where}.degree", "mode 'compare' runs trials of one worker; use mode 'experiment' or 'data' "
                                     f"with degree {sp.degree}")]
@@ -417,9 +571,8 @@ def check_sequence_parallel(spec: Spec) -> list[tuple[str, str]]:
 def check_auto_degree(spec: Spec) -> list[tuple[str, str]]:
     """``degree: auto`` needs the ViT in a search of its own layout, and some degree that fits a worker."""
     where = "parallelism.sequence_parallel.degree"
-    if spec.model.name != "vit-seg":
-        return [(where, f"degree 'auto' sizes a ViT's sequence parallelism: it needs model.name 'vit-seg', "
-                        f"not {spec.model.name!r}")]
+    if not spec.model.entry.supports("sp"):
+        return [(where, _unsupported(spec, "sp", "degree 'auto' sizes it"))]
     if spec.parallelism.mode == "compare":
         return [(where, "mode 'compare' runs trials of one worker; use mode 'experiment' or 'data' with degree 'auto'")]
     shape = network_input(spec)
@@ -456,22 +609,25 @@ def check_auto_degree_combinations(spec: Spec) -> list[tuple[str, str]]:
 
 
 def check_pipeline(spec: Spec) -> list[tuple[str, str]]:
-    """A pipeline (``stages > 1``) needs the torch U-Net, enough cells to cut, micro-batches that divide the
-    batch and, for 1F1B, at least one micro-batch per stage."""
+    """A pipeline (``stages > 1``) needs a torch network whose registry entry cuts it into stages (``pp``: the
+    U-Net), enough cells to cut, micro-batches that divide the batch and, for 1F1B, at least one micro-batch per
+    stage."""
     pipe = spec.parallelism.pipeline
     where = "parallelism.pipeline"
     if pipe.stages == 1:
         return []
-    if spec.model.name != "unet3d" or spec.model.framework != "torch":
-        return [(f"{where}.stages", f"a pipeline cuts the torch U-Net into stages: it needs model.name 'unet3d' with "
-                                    f"model.framework 'torch', not {spec.model.name!r} ({spec.model.framework}); "
-                                    f"got stages {pipe.stages}")]
+    if not spec.model.entry.supports("pp"):
+        return [(f"{where}.stages", _unsupported(spec, "pp", f"got stages {pipe.stages}"))]
+    if spec.model.framework != "torch":
+        return [(f"{where}.stages", f"a pipeline cuts the torch network into stages: it needs model.name "
+                                    f"{spec.model.name!r} with model.framework 'torch', not {spec.model.name!r} "
+                                    f"({spec.model.framework}); got stages {pipe.stages}")]
     if spec.parallelism.mode == "compare":
         return [(f"{where}.stages", f"mode 'compare' runs trials of one worker; use mode 'experiment' or 'data' with "
                                     f"stages {pipe.stages}")]
     problems = []
-    levels = spec.model.params.levels
-    if pipe.stages > 2 * levels - 1:
+    levels = getattr(spec.model.params, "levels", None)  # the U-Net's: 2 * levels - 1 cells to cut
+    if levels is not None and pipe.stages > 2 * levels - 1:
         problems.append((f"{where}.stages", f"a U-Net of {levels} levels (model.params.levels) is a sequence of "
                                             f"{2 * levels - 1} cells (encoder levels, bottleneck, decoder levels): "
                                             f"it cannot be cut into {pipe.stages} stages"))
@@ -539,4 +695,5 @@ def trial_problems(spec: Spec) -> list[tuple[str, str]]:
 def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
     problems = trial_problems(spec) + check_search_space(spec)
-    return problems or check_auto_degree_combinations(spec) or check_pipeline_combinations(spec)
+    return (problems or check_auto_degree_combinations(spec) or check_pipeline_combinations(spec)
+            or check_model_combinations(spec))

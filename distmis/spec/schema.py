@@ -11,7 +11,9 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
 from distmis.models.params import NetworkParams
 from distmis.models.registry import ModelEntry, model_entry, model_names
@@ -126,14 +128,55 @@ class DatasetSpec(StrictModel):
 
 
 # --------------------------------------------------------------------------- model
+def unknown_argument(model: str, key: str) -> str:
+    """The message of a ``model.params`` key that ``model``'s constructor does not take, naming the ones it takes."""
+    allowed = ", ".join(model_entry(model).params.model_fields)
+    return f"{model} takes no argument {key!r}; allowed: {allowed}"
+
+
+def _line_error(err: Any, loc: tuple[Any, ...]) -> dict[str, Any]:
+    """One of pydantic's errors (``ValidationError.errors()``) at ``loc``, to raise again."""
+    if err["type"] in ("unknown_argument", "unknown_model"):  # ours: the message is whole
+        return {"type": PydanticCustomError(err["type"], err["msg"]), "loc": loc, "input": err["input"]}
+    return {**{k: err[k] for k in ("type", "input", "ctx") if k in err}, "loc": loc}
+
+
+def validate_params(model: str, value: Any) -> NetworkParams:
+    """``value`` (a mapping, or params) validated by the params class of the registered ``model``; a
+    ValidationError whose unknown keys name the model and every argument it takes."""
+    params_class = model_entry(model).params
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    try:
+        return params_class.model_validate({} if value is None else value)
+    except ValidationError as exc:
+        errors = []
+        for err in exc.errors():
+            if err["type"] == "extra_forbidden":
+                # a message with no {placeholders}: the allowed names hold no braces
+                message = unknown_argument(model, str(err["loc"][-1]))
+                errors.append({"type": PydanticCustomError("unknown_argument", message), "loc": err["loc"],
+                               "input": err["input"]})
+            else:
+                errors.append(_line_error(err, err["loc"]))
+        raise ValidationError.from_exception_data(exc.title, errors) from None
+
+
 class ModelSpec(StrictModel):
     """Which registered network (:mod:`distmis.models.registry`) a trial trains, in which framework, with which
-    constructor arguments (``params``: the entry's params class validates them)."""
+    constructor arguments (``params``: the entry's params class validates them).
+
+    ``per_model``: when ``search.space`` searches ``model.name``, the params of each model it may pick other than
+    this one (``{swinunetr: {feature_size: 12}}``): a trial that picks another model takes that model's entry here as
+    its ``model.params`` (its defaults when it has none), with the trial's searched ``model.params.*`` on top."""
 
     name: str = Field("unet3d", description="a registered network: " + ", ".join(model_names()))
     framework: Literal["tensorflow", "torch"] = "tensorflow"
     # The params' fields depend on the model: validated by the params class of ``name``'s registry entry.
     params: SerializeAsAny[NetworkParams] = Field(default=None, validate_default=True)  # type: ignore[assignment]
+    per_model: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="params for the models a searched model.name may pick: "
+                                          "{swinunetr: {feature_size: 12}}")
 
     @field_validator("name")
     @classmethod
@@ -144,19 +187,40 @@ class ModelSpec(StrictModel):
     @field_validator("params", mode="before")
     @classmethod
     def _params_of_the_model(cls, value: Any, info: ValidationInfo) -> Any:
-        value = {} if value is None else value
         if "name" not in info.data:  # the name was refused: its own error says why
             raise ValueError("the model's params are validated once model.name is a registered network")
-        params_class = model_entry(info.data["name"]).params
-        if isinstance(value, BaseModel):
-            value = value.model_dump()
-        return params_class.model_validate(value)
+        return validate_params(info.data["name"], value)
+
+    @field_validator("per_model")
+    @classmethod
+    def _params_of_each_model(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        errors, checked = [], {}
+        for model, params in value.items():
+            if model not in model_names():
+                errors.append({"type": PydanticCustomError("unknown_model", f"no model {model!r}; registered: "
+                                                                            f"{', '.join(model_names())}"),
+                               "loc": (model,), "input": model})
+                continue
+            try:
+                checked[model] = validate_params(model, params).model_dump(exclude_unset=True)
+            except ValidationError as exc:
+                errors += [_line_error(err, (model, *err["loc"])) for err in exc.errors()]
+        if errors:
+            raise ValidationError.from_exception_data("per_model", errors)
+        return checked
+
+    @model_validator(mode="after")
+    def _per_model_names_other_models(self) -> ModelSpec:
+        if self.name in self.per_model:
+            raise ValueError(f"per_model names {self.name!r}, which is model.name: its params are model.params "
+                             "(per_model holds the params of the other models a searched model.name may pick)")
+        return self
 
     @model_validator(mode="after")
     def _framework_of_the_model(self) -> ModelSpec:
         entry = self.entry
         if self.framework not in entry.frameworks:
-            raise ValueError(f"model {self.name!r} is built in {' and '.join(entry.frameworks)}: set framework: "
+            raise ValueError(f"model {self.name!r} is built in {' and '.join(entry.frameworks)} only: set framework: "
                              f"{entry.frameworks[0]} (got {self.framework!r})")
         return self
 

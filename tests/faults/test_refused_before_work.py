@@ -167,3 +167,26 @@ def test_a_corrupt_search_state_is_named_not_a_traceback(tmp_path: Path):
         assert done.returncode == 2, done.stderr[-2000:]
         assert "Traceback" not in done.stderr
         assert f"{output / STATE_FILE} cannot be read as a distmis search state" in done.stderr
+
+
+@pytest.mark.parametrize(("model", "parallelism", "named"), [
+    ({"name": "segresnet", "params": {"not_an_arg": 1}}, {},
+     ["model.params.not_an_arg", "segresnet", "init_filters", "blocks_down"]),
+    ({"name": "segresnet"}, {"mode": "data", "workers": 2, "sequence_parallel": {"degree": 2}},
+     ["segresnet", "sequence parallelism"]),
+    ({"name": "swinunetr"}, {"mode": "data", "workers": 2, "pipeline": {"stages": 2}},
+     ["swinunetr", "pipeline"]),
+], ids=["unknown-argument", "sp-with-segresnet", "pipeline-with-swinunetr"])
+def test_a_network_s_unknown_argument_or_unsupported_parallelism_is_refused(tmp_path: Path, model, parallelism,
+                                                                            named):
+    tree = small_spec_tree(tmp_path / "data", model={"framework": "torch", **model})
+    tree["training"]["tile"] = [32, 32, 32]
+    tree["dataset"]["synthetic"]["shape"] = [32, 32, 32]
+    tree["parallelism"].update(parallelism)
+    if parallelism:
+        tree["parallelism"].pop("resources_per_trial")
+    done = distmis("run", str(write_spec(tmp_path, tree)), "--output", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    for word in named:
+        assert word in done.stderr, (word, done.stderr[-2000:])
+    assert not done.started_ray and not (tmp_path / "out").exists() and not (tmp_path / "data").exists()

@@ -1,0 +1,77 @@
+"""MONAI's segmentation networks as registered models: each builder returns exactly MONAI's module (no wrapper), built
+for distmis's input (3D, the data's channels, the target's output channels, UNETR's ``img_size`` the network input)
+with a spec's ``model.params`` as its other arguments. Every one outputs logits (no activation inside).
+
+The registry names these builders (:data:`distmis.models.registry.MODELS`); the params classes are in
+:mod:`distmis.models.params`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from distmis.models.dynunet_plan import MAX_DOWNSAMPLINGS, plan_dynunet
+from distmis.models.params import (BasicUNetParams, DynUNetParams, NetworkParams, SegResNetParams, SwinUNETRParams,
+                                   UNETRParams)
+from distmis.models.registry import NetworkInput
+
+__all__ = ["build_segresnet", "build_unetr", "build_swinunetr", "build_dynunet", "build_basicunet",
+           "dynunet_arguments"]
+
+
+def _params(params: NetworkParams) -> dict[str, Any]:
+    """The params as constructor keyword arguments (tuples stay tuples)."""
+    return {name: getattr(params, name) for name in type(params).model_fields}
+
+
+def _io(network_input: NetworkInput) -> dict[str, Any]:
+    return {"spatial_dims": 3, "in_channels": network_input.in_channels, "out_channels": network_input.out_channels}
+
+
+def dynunet_arguments(params: DynUNetParams, network_input: NetworkInput) -> dict[str, Any]:
+    """DynUNet's keyword arguments: the params, with the kernels and strides planned from the network input's tile
+    and spacing when the params leave them out."""
+    arguments = _params(params)
+    if params.strides is None:
+        depth = MAX_DOWNSAMPLINGS if params.filters is None else min(MAX_DOWNSAMPLINGS, len(params.filters) - 1)
+        plan = plan_dynunet(network_input.tile, network_input.spacing, max_downsamplings=depth)
+        arguments.update(kernel_size=plan.kernel_size, strides=plan.strides,
+                         upsample_kernel_size=plan.upsample_kernel_size)
+    elif params.upsample_kernel_size is None:
+        arguments["upsample_kernel_size"] = params.strides[1:]
+    return arguments
+
+
+def build_segresnet(params: SegResNetParams, network_input: NetworkInput) -> nn.Module:
+    from monai.networks.nets import SegResNet
+
+    return SegResNet(**_io(network_input), **_params(params))
+
+
+def build_unetr(params: UNETRParams, network_input: NetworkInput) -> nn.Module:
+    """UNETR for the network input's size (its position embedding is sized to it)."""
+    from monai.networks.nets import UNETR
+
+    return UNETR(**_io(network_input), img_size=tuple(network_input.tile), **_params(params))
+
+
+def build_swinunetr(params: SwinUNETRParams, network_input: NetworkInput) -> nn.Module:
+    from monai.networks.nets import SwinUNETR
+
+    return SwinUNETR(**_io(network_input), **_params(params))
+
+
+def build_dynunet(params: DynUNetParams, network_input: NetworkInput) -> nn.Module:
+    """DynUNet, its kernels and strides planned from the network input when the params leave them out
+    (:mod:`distmis.models.dynunet_plan`)."""
+    from monai.networks.nets import DynUNet
+
+    return DynUNet(**_io(network_input), **dynunet_arguments(params, network_input))
+
+
+def build_basicunet(params: BasicUNetParams, network_input: NetworkInput) -> nn.Module:
+    from monai.networks.nets import BasicUNet
+
+    return BasicUNet(**_io(network_input), **_params(params))

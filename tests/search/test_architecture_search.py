@@ -1,0 +1,159 @@
+"""Which network for my data: ``model.name`` searched over the DistMIS U-Net and MONAI's networks, end to end through
+``distmis run``, in experiment mode (a process per trial) and in data mode (each trial on 2 Ray Train workers):
+every trial finishes, logs its network and parameter count (that of the MONAI constructor called with the logged
+params), the best one is registered and segments new scans through ``distmis predict``. Also searched: one network's
+own constructor arguments (swinunetr's ``feature_size``, segresnet's ``init_filters``)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+
+import mlflow
+import nibabel as nib
+import numpy as np
+import pytest
+import yaml
+
+from distmis.cli.main import main
+from distmis.data.synthetic import synthesize_dataset
+from distmis.models.registry import model_entry
+from distmis.search.state import SearchState
+
+ARCHITECTURES = ["unet3d", "segresnet", "swinunetr", "dynunet"]
+PER_MODEL = {"segresnet": {"init_filters": 4, "blocks_down": [1, 1, 1], "blocks_up": [1, 1]},
+             "swinunetr": {"feature_size": 12, "depths": [1, 1, 1, 1]},
+             "dynunet": {"filters": [4, 8, 16, 32]}}
+
+
+def spec_tree(data: Path, name: str, *, mode: str, space: dict, model: dict) -> dict:
+    """6 synthetic brain cases of 32^3, whole volumes, 2 epochs (1 for the searches of one network's arguments)."""
+    parallelism = ({"mode": "data", "workers": 2, "resources_per_worker": {"cpu": 1}} if mode == "data"
+                   else {"mode": "experiment", "resources_per_trial": {"cpu": 1}})
+    return {
+        "name": name,
+        "dataset": {"path": str(data), "layout": "msd", "labels": "whole-tumour",
+                    "synthetic": {"cases": 6, "shape": [32, 32, 32], "seed": 0},
+                    "split": {"train": 0.5, "val": 0.25, "test": 0.25, "seed": 0}},
+        "model": {"framework": "torch", **model},
+        "training": {"epochs": 2 if "model.name" in space else 1, "batch_size": 2, "tile": None,
+                     "optimizer": {"lr": 1.0e-3}, "seed": 0},
+        "search": {"algorithm": "grid", "space": space},
+        "parallelism": parallelism,
+    }
+
+
+def run_search(folder: Path, tree: dict) -> SearchState:
+    spec = folder / "spec.yaml"
+    spec.write_text(yaml.safe_dump(tree))
+    assert main(["run", str(spec), "--output", str(folder / "out")]) == 0
+    state = SearchState.load(folder / "out")
+    assert state is not None and state.status == "finished"
+    return state
+
+
+@pytest.fixture(scope="module", params=["experiment", "data"])
+def architecture_search(request, ray_local, tmp_path_factory) -> tuple[Path, SearchState]:
+    folder = tmp_path_factory.mktemp(f"architectures-{request.param}")
+    model = {"name": "unet3d", "params": {"base_filters": 4, "levels": 4, "norm": "group"}, "per_model": PER_MODEL}
+    tree = spec_tree(folder / "data", f"architectures-{request.param}", mode=request.param,
+                     space={"model.name": {"grid": ARCHITECTURES}}, model=model)
+    return folder, run_search(folder, tree)
+
+
+def trial_runs(state: SearchState) -> list[mlflow.entities.Run]:
+    client = mlflow.MlflowClient(state.tracking_store)
+    search_run = client.get_run(state.run_id)
+    return client.search_runs([search_run.info.experiment_id],
+                              filter_string=f"tags.mlflow.parentRunId = '{state.run_id}'")
+
+
+def logged_params(run: mlflow.entities.Run) -> dict[str, object]:
+    """The trial's ``model.params.*`` as logged (strings), read back as Python values."""
+    out: dict[str, object] = {}
+    for key, text in run.data.params.items():
+        if key.startswith("model.params."):
+            try:
+                out[key.removeprefix("model.params.")] = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                out[key.removeprefix("model.params.")] = text  # a name such as 'instance'
+    return out
+
+
+def constructor_parameters(name: str, params: dict[str, object], *, in_channels: int, out_channels: int,
+                           tile: tuple[int, int, int]) -> int:
+    """``sum(p.numel())`` of the library's own constructor called with the logged params (the U-Net: distmis's)."""
+    entry = model_entry(name)
+    if entry.constructor is None:
+        from distmis.models.registry import NetworkInput
+
+        network = entry.build(entry.params.model_validate(params), NetworkInput(in_channels, out_channels, tile))
+        return sum(p.numel() for p in network.parameters())
+    module, _, attribute = entry.constructor.partition(":")
+    cls = getattr(importlib.import_module(module), attribute)
+    arguments = {key: tuple(value) if isinstance(value, list) else value for key, value in params.items()}
+    if name == "dynunet":  # kernels and strides as distmis planned them from the tile (isotropic synthetic spacing)
+        from distmis.models.dynunet_plan import plan_dynunet
+
+        plan = plan_dynunet(tile, None)
+        arguments.update(kernel_size=plan.kernel_size, strides=plan.strides,
+                         upsample_kernel_size=plan.strides[1:])
+    accepted = inspect.signature(cls).parameters
+    arguments.update({key: value for key, value in (("spatial_dims", 3), ("in_channels", in_channels),
+                                                    ("out_channels", out_channels), ("img_size", tile))
+                      if key in accepted})
+    network = cls(**{key: value for key, value in arguments.items() if value is not None or key in accepted})
+    return sum(p.numel() for p in network.parameters())
+
+
+@pytest.mark.slow  # two searches of 4 networks x 2 epochs on 32^3 volumes (one per mode), and a prediction each
+def test_an_architecture_search_trains_every_network_and_registers_the_best(architecture_search, tmp_path: Path):
+    folder, state = architecture_search
+    runs = trial_runs(state)
+    client = mlflow.MlflowClient(state.tracking_store)
+
+    # every network trained to the end, and says which it is and how many parameters it has
+    assert sorted(run.data.params["model.name"] for run in runs) == sorted(ARCHITECTURES)
+    assert {run.info.status for run in runs} == {"FINISHED"}
+    for run in runs:
+        name = run.data.params["model.name"]
+        expected = constructor_parameters(name, logged_params(run), in_channels=4, out_channels=1, tile=(32, 32, 32))
+        assert int(run.data.params["model.num_parameters"]) == expected, name
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "val_dice")] == [1, 2]
+
+    # the best network is registered, and segments new scans
+    version = client.get_model_version_by_alias(state_name(folder), "best")
+    best = next(run for run in runs if run.info.run_id == version.run_id)
+    assert best.data.params["model.name"] in ARCHITECTURES
+    synthesize_dataset(folder / "new", "msd", cases=2, shape=(40, 36, 28), seed=5, progress=False)
+    images = folder / "new" / "imagesTr"
+    out = tmp_path / "segs"
+    assert main(["predict", str(folder / "out"), str(images), "--output", str(out), "--quiet"]) == 0
+    for scan in sorted(images.glob("*.nii.gz")):
+        segmentation = nib.load(out / scan.name)
+        assert segmentation.shape == nib.load(scan).shape[:3]
+        assert set(np.unique(np.asarray(segmentation.dataobj))) <= {0, 1}
+
+
+def state_name(folder: Path) -> str:
+    """The registered model's name: the spec's ``name``."""
+    return yaml.safe_load((folder / "spec.yaml").read_text())["name"]
+
+
+@pytest.mark.slow  # two searches of 2 one-epoch trials each
+@pytest.mark.parametrize(("name", "field", "values"), [("swinunetr", "feature_size", [12, 24]),
+                                                       ("segresnet", "init_filters", [4, 8])])
+def test_a_network_s_own_constructor_arguments_are_searched(ray_local, tmp_path: Path, name: str, field: str,
+                                                             values: list[int]):
+    params = {key: value for key, value in PER_MODEL[name].items() if key != field}
+    tree = spec_tree(tmp_path / "data", f"{name}-{field}", mode="experiment",
+                     space={f"model.params.{field}": {"grid": values}}, model={"name": name, "params": params})
+    state = run_search(tmp_path, tree)
+    runs = trial_runs(state)
+    assert sorted(int(run.data.params[f"model.params.{field}"]) for run in runs) == values
+    assert {run.info.status for run in runs} == {"FINISHED"}
+    counts = {int(run.data.params[f"model.params.{field}"]): int(run.data.params["model.num_parameters"])
+              for run in runs}
+    assert counts[values[0]] < counts[values[1]]  # a wider network has more parameters
