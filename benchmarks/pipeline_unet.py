@@ -58,12 +58,12 @@ from distmis.parallel.pipeline import (  # noqa: E402
     stage_examples,
     unet_cells,
 )
-from distmis.train.torch_unet import (  # noqa: E402 - StepMeter's own measurement of a step's peak
+from distmis.train.metering import (  # noqa: E402 - StepMeter's own measurement of a step's peak
     _proc_status_bytes,
     _reset_resident_peak,
     _trim_heap,
-    make_loss,
 )
+from distmis.train.torch_losses import make_loss  # noqa: E402
 
 IN_CHANNELS, CLASSES = 4, 3
 OUT_OF_MEMORY = ("out of memory", "can't allocate", "cannot allocate", "bad_alloc", "MemoryError")

@@ -40,9 +40,12 @@ def child(cases: int, shape: list[int], tfrecord_dir: str) -> dict:
 
     pin_threads(1, tensorflow=False)
     spec = validate_spec(spec_tree(Path(tfrecord_dir), cases, shape))
-    from distmis.train.torch_unet import TorchUNetTrainer
+    from distmis.parallel.mesh import TrialMesh
+    from distmis.spec.layout import resolve_layout
+    from distmis.train.torch_trainer import TorchTrainer
 
-    trainer = TorchUNetTrainer(spec, tfrecord_dir)
+    layout = resolve_layout(spec)
+    trainer = TorchTrainer(spec, tfrecord_dir, layout=layout, mesh=TrialMesh.local(layout))
     trainer.run_epoch(1)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     return {"cases": cases, "train_cases": len(trainer.train_cases), "shape": "x".join(map(str, shape)),

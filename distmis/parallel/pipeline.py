@@ -17,7 +17,7 @@ This module builds that sequence from a :class:`~distmis.models.unet3d_torch.UNe
   of its slowest stage).
 - :func:`pipeline_unet`: one rank's :class:`UNetPipeline`: its stage of cells as a
   ``torch.distributed.pipelining.PipelineStage`` and a GPipe or 1F1B schedule over ``M`` micro-batches, the
-  stages' ranks given by a process group (:func:`distmis.parallel.groups.build_pipeline_groups`).
+  stages' ranks given by a process group (the pipeline group of a :class:`~distmis.parallel.mesh.TrialMesh`).
 - :meth:`UNetPipeline.gather_weights`: every stage's weights broadcast to every rank of the pipeline, so each
   holds the whole trained model (validation, checkpoints, the registered model).
 

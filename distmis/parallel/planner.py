@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from distmis.perf.model import (
+    MAGNITUDES,
     AttentionKernel,
     CommBytes,
     FlopCount,
     MemoryEstimate,
     SequenceLayout,
-    ViTShape,
     communication_bytes,
     figure_of_merit,
     vit_flops,
@@ -33,12 +33,8 @@ from distmis.perf.sizing import PROCESS_RESERVE
 if TYPE_CHECKING:  # pragma: no cover
     from distmis.spec.schema import Spec
 
-__all__ = ["MAGNITUDES", "MAX_RANKS", "Machine", "PlannedLayout", "plan_layouts", "best_layouts", "divisors",
+__all__ = ["MAX_RANKS", "Machine", "PlannedLayout", "plan_layouts", "best_layouts", "divisors",
            "patch_sizes"]
-
-#: The magnitudes a machine's figures and the planner's predictions lie within: beyond them a figure is no
-#: device's, and a log-scale plot of the predictions overflows.
-MAGNITUDES = (1e-100, 1e100)
 
 #: The most ranks a trial is planned for (a billion devices): the degrees are the divisors of the count.
 MAX_RANKS = 2**30
@@ -116,8 +112,10 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
     from distmis.perf.partition import check_sequence_parallel
     from distmis.models.params import ViTSegParams
 
-    params = spec.model.params
-    if not isinstance(params, ViTSegParams):
+    from distmis.spec.layout import TrialLayout
+
+    params, entry = spec.model.params, spec.model.entry
+    if not isinstance(params, ViTSegParams) or entry.perf_shape is None:
         raise ValueError(f"the planner sizes vit-seg trials; model.name is {spec.model.name!r}")
     tile = network_input(spec)
     if tile is None:
@@ -129,8 +127,8 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
     for patch in patch_sizes(spec):
         if any(t % patch for t in tile):
             continue
-        shape = ViTShape.of(params.model_copy(update={"patch": patch}), tile, in_channels=spec.dataset.in_channels,
-                            num_classes=spec.dataset.num_classes)
+        shape = entry.perf_shape(params.model_copy(update={"patch": patch}), tile, spec.dataset.in_channels,
+                                 spec.dataset.num_classes)
         strategies = ("allgather-kv", "ulysses") + (("dsp",) if params.attention == "axial" else ())
         for sp in divisors(machine.ranks):
             for attention in strategies if sp > 1 else ("allgather-kv",):
@@ -141,7 +139,7 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
                 except ValueError:
                     continue  # tokens, heads or the split do not suit this degree
                 layout = SequenceLayout(sp=sp, attention=attention, decoder=sp_spec.decoder)  # type: ignore[arg-type]
-                dp = machine.ranks // sp
+                dp = TrialLayout.for_ranks(machine.ranks, sp=sp).dp
                 flops = vit_flops(shape, layout, batch)
                 comm = communication_bytes(shape, layout, batch=batch, dp=dp)
                 memory = vit_memory(shape, layout, batch=batch, kernel=kernel)

@@ -85,7 +85,7 @@ from distmis.parallel.collectives import (
     group_size,
     switch_split,
 )
-from distmis.parallel.groups import ParallelGroups
+from distmis.parallel.mesh import TrialMesh
 from distmis.perf.partition import (
     AXES,
     AttentionKind,
@@ -385,9 +385,10 @@ def sync_sp_gradients(model: SequenceParallelViTSeg) -> None:
     all_reduce_gradients(model.parameters(), group, "sum")
 
 
-def sync_gradients(model: nn.Module, groups: ParallelGroups) -> None:
-    """Gradients of a DP x SP step: :func:`sync_sp_gradients` (for a parallel model), then the DP mean."""
+def sync_gradients(model: nn.Module, mesh: TrialMesh) -> None:
+    """Gradients of a DP x SP step: :func:`sync_sp_gradients` (for a parallel model), then the mean over the
+    mesh's DP group."""
     if isinstance(model, SequenceParallelViTSeg):
         sync_sp_gradients(model)
-    if groups.dp_size > 1:
-        all_reduce_gradients(model.parameters(), groups.dp_group, "mean")
+    if mesh.dp_size > 1:
+        all_reduce_gradients(model.parameters(), mesh.dp_group, "mean")

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
 
 import numpy as np
 import pandas as pd
@@ -26,7 +26,22 @@ from distmis.spec.layout import resolve_trial
 from distmis.spec.schema import Spec
 from distmis.predict.registry import PublishedModel
 
+if TYPE_CHECKING:
+    from distmis.data.layouts import CaseFiles
+    from distmis.search.trainable import TrialConfig
+    from distmis.train.loop import StoredCheckpoint
+    from distmis.train.protocol import Trainer
+
 logger = logging.getLogger(__name__)
+
+
+class TrialResult(Protocol):
+    """What :func:`best_models` reads of a trial's result in Tune's ``ResultGrid`` (a ``ray.tune.Result``)."""
+
+    metrics: Mapping[str, object] | None
+    error: BaseException | None
+    checkpoint: StoredCheckpoint | None
+    config: Mapping[str, object] | None
 
 
 @dataclass(frozen=True)
@@ -34,9 +49,9 @@ class BestModel:
     """A finished trial, ranked by its best value of the search metric, with where its weights are."""
 
     trial_id: str
-    config: dict[str, Any]
+    config: TrialConfig
     best_value: float
-    checkpoint: Any  # a ray Checkpoint: the trial's newest complete checkpoint folder
+    checkpoint: StoredCheckpoint  # a ray Checkpoint: the trial's newest complete checkpoint folder
 
 
 @dataclass(frozen=True)
@@ -70,7 +85,7 @@ class TestEvaluation:
         return f"{len(self.cases)} case(s): " + "; ".join(parts)
 
 
-def best_models(grid: Any, last_checkpoint: dict[str, str], configs: dict[str, dict[str, Any]],
+def best_models(grid: Iterable[TrialResult], last_checkpoint: dict[str, str], configs: dict[str, TrialConfig],
                 best: dict[str, tuple[float, int]], mode: str, top: int, finished: set[str]) -> list[BestModel]:
     """The ``top`` best finished trials that have weights to load, best first.
 
@@ -100,12 +115,14 @@ def best_models(grid: Any, last_checkpoint: dict[str, str], configs: dict[str, d
 
 
 @contextmanager
-def loaded_trainer(model: BestModel, spec: Spec, data: PreparedData) -> Iterator[Any]:
-    """The trial's trainer in this process, on one device, with its best epoch's weights."""
+def loaded_trainer(model: BestModel, spec: Spec, data: PreparedData) -> Iterator[Trainer]:
+    """The trial's trainer in this process, on one device (a local mesh: the trial's layout as it was, no
+    process group), with its best epoch's weights."""
+    from distmis.parallel.mesh import TrialMesh
     from distmis.search.trainable import build_trainer
 
     trial, layout = resolve_trial(spec, model.config)
-    trainer = build_trainer(trial, replace(layout, dp=1, sp=1, pp=1, distributed=False), data.tfrecord_dir)
+    trainer = build_trainer(trial, layout, data.tfrecord_dir, mesh=TrialMesh.local(layout))
     with model.checkpoint.as_directory() as directory:
         trainer.load(directory)
     yield trainer
@@ -130,14 +147,14 @@ def test_spacings(spec: Spec, data: PreparedData) -> dict[str, tuple[float, floa
     return spacings
 
 
-def _axcodes(case: Any) -> str:
+def _axcodes(case: CaseFiles) -> str:
     """Where the axes of a case's image point (e.g. ``"LPS"``), from its first file's header."""
     import nibabel as nib
 
     return "".join(nib.aff2axcodes(nib.load(str(case.images[0])).affine))
 
 
-def evaluate_on_test(trainer: Any, spec: Spec, data: PreparedData, trial_id: str,
+def evaluate_on_test(trainer: Trainer, spec: Spec, data: PreparedData, trial_id: str,
                      spacings: dict[str, tuple[float, float, float]]) -> TestEvaluation | None:
     """Score ``trainer``'s model on every test case; None when the test split is empty."""
     from distmis.data.tfrecord import iter_cases
@@ -157,7 +174,7 @@ def evaluate_on_test(trainer: Any, spec: Spec, data: PreparedData, trial_id: str
     return TestEvaluation(trial_id, pd.DataFrame(rows))
 
 
-def publish_model(trainer: Any, model: BestModel, spec: Spec, data: PreparedData, *, tracking_uri: str,
+def publish_model(trainer: Trainer, model: BestModel, spec: Spec, data: PreparedData, *, tracking_uri: str,
                   trial_run_id: str | None, search_run_id: str, evaluation: TestEvaluation | None,
                   folder: Path | None, register: bool) -> PublishedModel:
     """Make the trial's loaded model usable: an MLflow model folder at ``folder`` (a copy that needs no tracking
@@ -192,7 +209,7 @@ def _register(model_uri: str, model: BestModel, spec: Spec, local: Path | None, 
     from distmis.predict.registry import register_model
 
     metric, mode = spec.search.metric, spec.search.mode
-    tags: dict[str, Any] = {"distmis.search_run": search_run_id, "distmis.trial": model.trial_id,
+    tags: dict[str, str] = {"distmis.search_run": search_run_id, "distmis.trial": model.trial_id,
                             f"best_{metric}": f"{model.best_value:.6g}"}
     score: tuple[str, float, str] = (f"best_{metric}", model.best_value, mode)
     if evaluation is not None:

@@ -24,34 +24,58 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NotRequired, TypedDict
 
-from distmis.train.loop import quiet_worker, train_and_report
+from distmis.train.loop import Metrics, StoredCheckpoint, quiet_worker, train_and_report
 from distmis.train.startup import StartupClock
 from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.schema import Spec
 
+if TYPE_CHECKING:
+    from distmis.parallel.mesh import TrialMesh
+    from distmis.train.protocol import Trainer
+
 logger = logging.getLogger(__name__)
 
+#: A trial's config as Tune hands it: the trial's values by their dotted paths into the spec.
+TrialConfig = Mapping[str, object]
 
-def build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None = None) -> Any:
+
+class LoopConfig(TypedDict):
+    """What every Ray Train worker of a distributed trial is given (``train_loop_config``): the trial's spec and
+    layout (typed objects, resolved once by the trial), its data, and when the trial submitted the run (the
+    workers' start-up clocks count from it: :mod:`distmis.train.startup`)."""
+
+    spec: Spec
+    layout: TrialLayout
+    tfrecord_dir: str
+    submitted_at: NotRequired[float]
+
+
+def build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None = None,
+                  *, mesh: TrialMesh | None = None) -> Trainer:
     """The framework's trainer for this process; inside a Ray Train worker group when ``layout.distributed``.
 
-    The worker group must be what the layout says: a mismatch raises rather than training silently otherwise.
-    ``clock`` marks the end of the strategy's set-up (TensorFlow) and of the trainer's (model and data).
+    ``mesh``: this process's place in the trial. By default it is built over Ray Train's worker group
+    (:meth:`TrialMesh.build`: every worker calls it) when the layout is distributed, else the process is alone
+    (:meth:`TrialMesh.local`). A local mesh given for a distributed layout rebuilds the trial on one device (the
+    driver's evaluation of a trained trial), its layout and so its learning rate unchanged. The worker group must
+    be what the layout says: a mismatch raises rather than training silently otherwise. ``clock`` marks the end of
+    the strategy's set-up (TensorFlow) and of the trainer's (model and data).
     """
-    trainer = _build_trainer(spec, layout, tfrecord_dir, clock)
+    trainer = _build_trainer(spec, layout, tfrecord_dir, clock, mesh)
     if clock is not None:
         clock.mark("data")
     return trainer
 
 
-def _build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None) -> Any:
+def _build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None,
+                   mesh: TrialMesh | None) -> Trainer:
     if spec.model.framework == "tensorflow":
         from distmis.train.tf_unet import UNetTrainer
 
         strategy = None
-        if layout.distributed:
+        if layout.distributed and (mesh is None or not mesh.is_local):
             import tensorflow as tf
 
             from distmis.parallel.tensorflow_cluster import multi_worker_strategy
@@ -62,23 +86,20 @@ def _build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, cl
             if clock is not None:
                 clock.mark("strategy")
         return UNetTrainer(spec, tfrecord_dir, layout=layout, strategy=strategy)
-    if spec.model.name == "vit-seg":
-        return _vit_trainer(spec, layout, tfrecord_dir)
-    from distmis.train.torch_unet import TorchUNetTrainer
+    from distmis.parallel.mesh import TrialMesh
+    from distmis.train.torch_trainer import TorchTrainer
 
-    if not layout.distributed:
-        return TorchUNetTrainer(spec, tfrecord_dir, layout=layout, device=_trial_device())
-    import ray.train
-    import ray.train.torch
+    if mesh is None and layout.distributed:
+        import ray.train
 
-    context = ray.train.get_context()
-    _check_world(context.get_world_size(), layout, "Ray Train workers")
-    if layout.pp > 1:
-        return _pipeline_trainer(spec, layout, tfrecord_dir)
-    return TorchUNetTrainer(
-        spec, tfrecord_dir, layout=layout, rank=context.get_world_rank(), world_size=layout.dp,
-        wrap_model=ray.train.torch.prepare_model, device=str(ray.train.torch.get_device()),
-    )
+        _check_world(ray.train.get_context().get_world_size(), layout, "Ray Train workers")
+        mesh = TrialMesh.build(layout)  # every rank calls it
+        device = _worker_device()
+    elif mesh is None:
+        mesh, device = TrialMesh.local(layout), _trial_device()
+    else:
+        device = _trial_device() if mesh.is_local else _worker_device()
+    return TorchTrainer(spec, tfrecord_dir, layout=layout, mesh=mesh, device=device)
 
 
 def _check_world(actual: int, layout: TrialLayout, what: str) -> None:
@@ -111,37 +132,15 @@ def _trial_device() -> str:
     return "cuda" if use_gpu else "cpu"
 
 
-def _vit_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path) -> Any:
-    """The ViT trainer; in a Ray Train worker group, with this rank's sequence- and data-parallel groups."""
-    from distmis.train.torch_vit import TorchViTTrainer
-
-    if not layout.distributed:
-        return TorchViTTrainer(spec, tfrecord_dir, layout=layout, device=_trial_device())
-    import ray.train
+def _worker_device() -> str:
+    """A Ray Train worker's torch device (its GPU, or the CPU)."""
     import ray.train.torch
 
-    from distmis.parallel.groups import build_parallel_groups
-
-    _check_world(ray.train.get_context().get_world_size(), layout, "Ray Train workers")
-    groups = build_parallel_groups(layout.sp)  # every rank calls it
-    return TorchViTTrainer(spec, tfrecord_dir, layout=layout, groups=groups, device=str(ray.train.torch.get_device()))
-
-
-def _pipeline_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path) -> Any:
-    """The pipelined U-Net's trainer, with this rank's pipeline and data-parallel groups."""
-    import ray.train.torch
-
-    from distmis.parallel.groups import build_pipeline_groups
-    from distmis.train.torch_pipeline import TorchPipelineUNetTrainer
-
-    groups = build_pipeline_groups(layout.pp)  # every rank calls it
-    assert groups is not None  # the groups span the whole world
-    return TorchPipelineUNetTrainer(spec, tfrecord_dir, layout=layout, groups=groups,
-                                    device=str(ray.train.torch.get_device()))
+    return str(ray.train.torch.get_device())
 
 
 # --------------------------------------------------------------------------- experiment-parallel
-def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: str) -> None:
+def single_process_trial(config: TrialConfig, *, spec: Spec, tfrecord_dir: str) -> None:
     """One trial in this Tune actor's process, on the CPUs its layout gives it."""
     from ray import tune
 
@@ -155,7 +154,7 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
     clock.mark("imports")
     trainer = build_trainer(trial, layout, tfrecord_dir, clock)
 
-    def report(metrics: dict[str, Any], checkpoint: Any | None = None) -> None:
+    def report(metrics: Metrics, checkpoint: StoredCheckpoint | None = None) -> None:
         if checkpoint is not None:
             name_by_epoch(int(metrics["epoch"]))
         tune.report(metrics, checkpoint=checkpoint)
@@ -167,8 +166,8 @@ def single_process_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: st
 
 
 # --------------------------------------------------------------------------- data-parallel
-def worker_trainer(loop_config: Mapping[str, Any],
-                   clock: StartupClock | None = None) -> tuple[Spec, TrialLayout, Any]:
+def worker_trainer(loop_config: LoopConfig,
+                   clock: StartupClock | None = None) -> tuple[Spec, TrialLayout, Trainer]:
     """Set up one Ray Train worker of a trial: pin its threads and build its trainer (and process groups)."""
     from distmis.train.threads import pin_threads
 
@@ -180,7 +179,7 @@ def worker_trainer(loop_config: Mapping[str, Any],
     return spec, layout, build_trainer(spec, layout, loop_config["tfrecord_dir"], clock)
 
 
-def data_parallel_worker(loop_config: dict[str, Any]) -> None:
+def data_parallel_worker(loop_config: LoopConfig) -> None:
     """One Ray Train worker of a distributed trial (every worker runs this)."""
     clock = StartupClock(since=loop_config.get("submitted_at"))
     clock.mark("workers")  # the controller, the placement group, this process and its backend's set-up
@@ -195,12 +194,12 @@ def data_parallel_worker(loop_config: dict[str, Any]) -> None:
 
 
 def data_parallel_trial(
-    config: dict[str, Any],
+    config: TrialConfig,
     *,
     spec: Spec,
     tfrecord_dir: str,
     storage_path: str,
-    worker_loop: Callable[[dict[str, Any]], None] = data_parallel_worker,
+    worker_loop: Callable[[LoopConfig], None] = data_parallel_worker,
 ) -> None:
     """One trial as a Ray Train run of ``layout.world_size`` workers running ``worker_loop``; rank 0's
     reports reach Tune.
@@ -235,7 +234,8 @@ def data_parallel_trial(
                                      controller_failure_limit=-1 if trial.parallelism.autoscaling else 3),
     )
     # submitted_at: the workers' start-up clocks count from here (distmis.train.startup)
-    loop_config = {"spec": trial, "layout": layout, "tfrecord_dir": tfrecord_dir, "submitted_at": time.time()}
+    loop_config: LoopConfig = {"spec": trial, "layout": layout, "tfrecord_dir": tfrecord_dir,
+                               "submitted_at": time.time()}
     if trial.model.framework == "tensorflow":
         # Ray's TensorflowTrainer with a backend that does not import TensorFlow in this process or in the Ray
         # Train controller (distmis.parallel.tensorflow_cluster): only the workers need it.

@@ -26,10 +26,16 @@ import logging
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from distmis.spec.layout import TrialLayout
 from distmis.spec.schema import Spec
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from distmis.train.loop import Metrics
+    from distmis.train.protocol import RestartableTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +74,11 @@ class TensorflowWorker:
         quiet_worker()
         self.rank = rank
         pin_threads(cpus, tensorflow=True, torch=False)
-        self.strategy: Any = None
-        self.trainers: dict[str, Any] = {}  # graph_key -> UNetTrainer, its graphs traced; least recently used first
-        self.trainer: Any = None  # the current trial's
-        self._epochs: Iterator[tuple[dict[str, Any], Path | None]] | None = None
+        self.strategy: tf.distribute.Strategy | None = None  # this rank's MultiWorkerMirroredStrategy, once joined
+        # graph_key -> UNetTrainer, its graphs traced; least recently used first
+        self.trainers: dict[str, RestartableTrainer] = {}
+        self.trainer: RestartableTrainer | None = None  # the current trial's
+        self._epochs: Iterator[tuple[Metrics, Path | None]] | None = None
         self._resume_dir: tempfile.TemporaryDirectory[str] | None = None
 
     def address(self) -> str:
@@ -103,9 +110,9 @@ class TensorflowWorker:
         clock = StartupClock(since=submitted_at)
         clock.mark("workers")  # the group, new or kept, up to this worker's first line for the trial
         key = graph_key(spec)
-        trainer = self.trainers.pop(key, None)
+        trainer: RestartableTrainer | None = self.trainers.pop(key, None)
         reused = trainer is not None
-        if reused:
+        if trainer is not None:
             trainer.restart(spec, layout)
         else:
             self.trainer = None
@@ -125,7 +132,7 @@ class TensorflowWorker:
         self._epochs = epoch_reports(trainer, spec, checkpoints=resume, rank=self.rank, primary=self.rank == 0,
                                      startup=startup)
 
-    def next_epoch(self) -> tuple[dict[str, Any], Files | None] | None:
+    def next_epoch(self) -> tuple[Metrics, Files | None] | None:
         """Train the trial's next epoch: its metrics and (rank 0) its checkpoint's files; None after the last."""
         if self._epochs is None:
             raise RuntimeError("no trial started on this worker")
@@ -178,7 +185,7 @@ class TensorflowWorkerGroup:
             self.layout.world_size, self.layout.worker_resources, self.layout.cpu)
 
     def epochs(self, spec: Spec, layout: TrialLayout, tfrecord_dir: str, checkpoints: Sequence[Files],
-               submitted_at: float) -> Iterator[tuple[dict[str, Any], Files | None]]:
+               submitted_at: float) -> Iterator[tuple[Metrics, Files | None]]:
         """Run a trial on the group, one epoch per step: rank 0's metrics and checkpoint files. Any error (a
         worker's exception or death) shuts the group down before it is raised."""
         import ray

@@ -112,10 +112,10 @@ def plan_figure(rows: list, *, memory_per_rank: float, title: str = ""):
     time against the SP degree, a line per patch size and attention strategy, the memory per rank as a limit.
 
     ValueError, naming the quantity, when a value it would draw on its log axes is not finite and positive or lies
-    beyond :data:`distmis.parallel.planner.MAGNITUDES` (in GiB and seconds; matplotlib overflows near there)."""
+    beyond :data:`distmis.perf.model.MAGNITUDES` (in GiB and seconds; matplotlib overflows near there)."""
     import math
 
-    from distmis.parallel.planner import MAGNITUDES
+    from distmis.perf.model import MAGNITUDES
 
     low, high = MAGNITUDES
     drawn = {"predicted peak memory per rank (GiB)": [r.memory.peak / 2**30 for r in rows] + [memory_per_rank / 2**30],

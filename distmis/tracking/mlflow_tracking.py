@@ -21,13 +21,12 @@ from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 from ray import tune
 
-from distmis.parallel.trial_model import predict_trial
+from distmis.tracking.predicted import predict_trial
 from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.load import SpecError, spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.writer import ResilientWriter
-from distmis.train.checkpoint import HISTORY_KEY
-from distmis.train.startup import STARTUP_PREFIX
+from distmis.trial_record import HISTORY_KEY, STARTUP_PREFIX
 
 ROLE_TAG = "distmis.role"
 SEARCHED_TAG = "distmis.searched"
@@ -43,7 +42,7 @@ RESUMES_TAG = "distmis.resumes"  # times a search (or a trial in it) was resumed
 logger = logging.getLogger(__name__)
 
 # What a trial reports each epoch that is logged as an MLflow metric (step = epoch). step_seconds, peak_memory_mb
-# and fom come from the PyTorch trainers (distmis.train.torch_unet.StepMeter; fom from the ViT-seg's only); the
+# and fom come from the PyTorch trainers (distmis.train.metering.StepMeter; fom where the model has a perf_shape); the
 # curriculum's stage and tile from trials with a training.curriculum.
 # training.inference.compare: whole-volume against sliding-window inference (distmis.train.inference_timing)
 INFERENCE_METRICS = ("whole_volume_dice", "whole_volume_seconds", "sliding_window_dice", "sliding_window_seconds")
@@ -316,7 +315,7 @@ class MLflowTrialCallback(tune.Callback):
     included) and a live client, so Tune is given a :class:`TrialCallbackHandle` to it instead (:meth:`handle`).
 
     A ViT-seg trial's run also gets the performance model's predictions for its layout at step 0
-    (:func:`~distmis.parallel.trial_model.predict_trial`: ``predicted_*``); ``volume``, the preprocessed volume's
+    (:func:`~distmis.tracking.predicted.predict_trial`: ``predicted_*``); ``volume``, the preprocessed volume's
     shape, lets it predict trials that train on whole volumes the spec alone does not size.
     """
 
@@ -606,7 +605,7 @@ def _checkpoint_history(checkpoint: Any) -> list[dict[str, Any]]:
         return []
     import posixpath
 
-    from distmis.train.checkpoint import complete_folders, stored_state
+    from distmis.trial_record import complete_folders, stored_state
 
     try:
         if isinstance(checkpoint, (str, Path)):

@@ -9,6 +9,9 @@ Ray Train does, and every rank adds its own files to it)::
     resume/...                    the last epoch's weights and optimizer state (written by the primary rank)
                                   and each rank's random-number state (``rng.rank<r>.pt``, torch)
 
+The folder's layout, its :class:`~distmis.trial_record.TrainingState` and the readers that rank a trial's folders
+by the epoch they hold are :mod:`distmis.trial_record`'s (the driver reads them too).
+
 A restarted trial (a retry after a crash, or ``distmis run --resume``) calls :func:`resume_from`: the
 trainer loads ``resume/``, the best weights are carried over, and training continues at the next epoch.
 What "the random-number state" covers depends on the framework and is said by each trainer's
@@ -17,17 +20,11 @@ What "the random-number state" covers depends on the framework and is said by ea
 
 from __future__ import annotations
 
-import json
-import posixpath
 import shutil
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-RESUME_DIR = "resume"
-STATE_FILE = "state.json"
-CHECKPOINT_PREFIX = "checkpoint_"  # the folders Tune and Ray Train write a trial's checkpoints to
-HISTORY_KEY = "history"  # in a restarted trial's first report: JSON of every epoch's metrics so far
+from distmis.trial_record import RESUME_DIR, STATE_FILE, TrainingState
 
 
 class Resumable(Protocol):
@@ -40,25 +37,6 @@ class Resumable(Protocol):
     def save_state(self, directory: str | Path, *, rank: int, primary: bool) -> None: ...
 
     def load_state(self, directory: str | Path, *, rank: int, epoch: int) -> None: ...
-
-
-@dataclass
-class TrainingState:
-    """Where a trial's training stands: ``epoch`` epochs done, the best value of the search metric so far."""
-
-    epoch: int = 0
-    best_value: float | None = None
-    best_epoch: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)  # every epoch's metrics, epoch 1 first
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> TrainingState:
-        data = json.loads(text)
-        return cls(epoch=int(data["epoch"]), best_value=data.get("best_value"), best_epoch=int(data.get("best_epoch", 0)),
-                   history=list(data.get("history", [])))
 
 
 def read_state(checkpoint_dir: str | Path) -> TrainingState | None:
@@ -96,39 +74,3 @@ def resume_from(trainer: Resumable, checkpoint_dir: str | Path, best_dir: str | 
             shutil.copy2(checkpoint_dir / name, Path(best_dir) / name)
     trainer.load_state(checkpoint_dir / RESUME_DIR, rank=rank, epoch=state.epoch)
     return state
-
-
-# --------------------------------------------------------------------------- a trial's folders on storage
-def _checkpoint_folders(filesystem: Any, parent: str) -> list[str]:
-    """Every checkpoint folder (``checkpoint_000012``, ...) of the trial folder ``parent`` (a pyarrow filesystem)."""
-    from pyarrow.fs import FileSelector, FileType
-
-    infos = filesystem.get_file_info(FileSelector(parent))
-    return [info.path for info in infos
-            if info.type == FileType.Directory and posixpath.basename(info.path).startswith(CHECKPOINT_PREFIX)]
-
-
-def stored_state(filesystem: Any, folder: str) -> TrainingState | None:
-    """The training state a checkpoint folder on ``filesystem`` holds; None when it holds no readable one
-    (emptied, never completed, or cut short)."""
-    try:
-        with filesystem.open_input_stream(posixpath.join(folder, RESUME_DIR, STATE_FILE)) as stream:
-            return TrainingState.from_json(stream.read().decode())
-    except (OSError, ValueError, KeyError, TypeError):  # missing, unreadable, or not a state of ours
-        return None
-
-
-def held_epoch(filesystem: Any, folder: str) -> int | None:
-    """The epoch a checkpoint folder holds (see :func:`stored_state`)."""
-    state = stored_state(filesystem, folder)
-    return None if state is None else state.epoch
-
-
-def complete_folders(filesystem: Any, parent: str) -> list[tuple[int, str]]:
-    """``(epoch, folder)`` of every checkpoint folder of the trial folder ``parent`` that holds a training state,
-    the newest epoch first (of two folders with one epoch, the later name first: the later write).
-
-    Ranked by the epoch each holds, never by name: a restored Tune trial numbers its new folders from the index its
-    (older) saved state knew."""
-    held = [(held_epoch(filesystem, folder), folder) for folder in _checkpoint_folders(filesystem, parent)]
-    return sorted(((epoch, folder) for epoch, folder in held if epoch is not None), reverse=True)

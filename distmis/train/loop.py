@@ -13,12 +13,42 @@ import math
 import os
 import tempfile
 import uuid
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence
 
 from distmis.spec.schema import Spec
 
+if TYPE_CHECKING:
+    from distmis.train.protocol import Trainer
+    from distmis.trial_record import TrainingState
+
 logger = logging.getLogger(__name__)
+
+#: One epoch's report: the epoch's metrics (:meth:`~distmis.train.epoch.EpochMetrics.as_dict`), the trial's
+#: ``num_parameters`` and ``attempt``, the first report's start-up seconds and replayed history (JSON).
+Metrics = dict[str, float | int | str]
+
+
+class StoredCheckpoint(Protocol):
+    """A checkpoint folder Ray keeps (``ray.train.Checkpoint``, which Tune's is): what the loop reads of one."""
+
+    @property
+    def path(self) -> str: ...
+
+    def as_directory(self) -> AbstractContextManager[str]: ...
+
+
+class CheckpointFactory(Protocol):
+    """What makes a report's checkpoint of an epoch's folder: the class ``ray.train.Checkpoint`` (or Tune's)."""
+
+    def from_directory(self, path: str) -> StoredCheckpoint: ...
+
+
+class Report(Protocol):
+    """``ray.tune.report`` or ``ray.train.report``: one epoch's metrics, with its checkpoint or none."""
+
+    def __call__(self, metrics: Metrics, checkpoint: StoredCheckpoint | None = None) -> None: ...
 
 
 def is_better(value: float, best: float | None, mode: str) -> bool:
@@ -42,8 +72,8 @@ def quiet_worker() -> None:
         pass
 
 
-def train_and_report(trainer: Any, spec: Spec, report: Callable[..., None], checkpoint_type: Any, *,
-                     checkpoints: Sequence[Any] = (), rank: int = 0, primary: bool = True,
+def train_and_report(trainer: Trainer, spec: Spec, report: Report, checkpoint_type: CheckpointFactory, *,
+                     checkpoints: Sequence[StoredCheckpoint] = (), rank: int = 0, primary: bool = True,
                      startup: Mapping[str, float] | None = None) -> None:
     """Run the trial's epochs, reporting each with a resumable checkpoint (:mod:`distmis.train.checkpoint`):
     :func:`epoch_reports`, each epoch handed to ``report`` (``checkpoint_type.from_directory`` of its folder)."""
@@ -55,8 +85,9 @@ def train_and_report(trainer: Any, spec: Spec, report: Callable[..., None], chec
             report(metrics)
 
 
-def epoch_reports(trainer: Any, spec: Spec, *, checkpoints: Sequence[Any] = (), rank: int = 0, primary: bool = True,
-                  startup: Mapping[str, float] | None = None) -> Iterator[tuple[dict[str, Any], Path | None]]:
+def epoch_reports(trainer: Trainer, spec: Spec, *, checkpoints: Sequence[StoredCheckpoint] = (), rank: int = 0,
+                  primary: bool = True, startup: Mapping[str, float] | None = None
+                  ) -> Iterator[tuple[Metrics, Path | None]]:
     """The trial's epochs, one at a time: each epoch's metrics and the folder of its checkpoint (None when this rank
     adds nothing to it), which lives until the next epoch is asked for.
 
@@ -65,7 +96,8 @@ def epoch_reports(trainer: Any, spec: Spec, *, checkpoints: Sequence[Any] = (), 
     primary one writes the weights. Every report carries ``attempt``, an id of this process's run of the trial,
     so the driver can count restarts; the first one also ``startup`` (:mod:`distmis.train.startup`).
     """
-    from distmis.train.checkpoint import HISTORY_KEY, TrainingState, write_checkpoint
+    from distmis.train.checkpoint import write_checkpoint
+    from distmis.trial_record import HISTORY_KEY, TrainingState
 
     metric, mode = spec.search.metric, spec.search.mode
     attempt = uuid.uuid4().hex[:12]
@@ -78,8 +110,8 @@ def epoch_reports(trainer: Any, spec: Spec, *, checkpoints: Sequence[Any] = (), 
             yield {**state.history[-1], "num_parameters": trainer.num_parameters, "attempt": attempt, **first}, None
         for epoch in range(state.epoch + 1, spec.training.epochs + 1):
             epoch_metrics = trainer.run_epoch(epoch).as_dict()
-            metrics: dict[str, Any] = {**epoch_metrics, "num_parameters": trainer.num_parameters, "attempt": attempt,
-                                       **first}
+            metrics: Metrics = {**epoch_metrics, "num_parameters": trainer.num_parameters, "attempt": attempt,
+                                **first}
             first = {}
             state.epoch = epoch
             state.history.append(epoch_metrics)
@@ -97,7 +129,7 @@ def epoch_reports(trainer: Any, spec: Spec, *, checkpoints: Sequence[Any] = (), 
                 yield metrics, Path(tmp) if written else None
 
 
-def _resume(trainer: Any, checkpoints: Sequence[Any], best_dir: str, rank: int) -> Any:
+def _resume(trainer: Trainer, checkpoints: Sequence[StoredCheckpoint], best_dir: str, rank: int) -> TrainingState:
     """Load the newest of ``checkpoints`` that loads; an unreadable one (cut short when a process died while it
     was being saved) is skipped with a warning."""
     from distmis.train.checkpoint import resume_from

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["StartupClock", "STARTUP_PREFIX"]
+from distmis.trial_record import STARTUP_PREFIX
 
-STARTUP_PREFIX = "startup_"
+__all__ = ["StartupClock", "STARTUP_PREFIX"]
 
 
 class StartupClock:

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from distmis.spec.layout import TrialLayout, resolve_layout
+from distmis.spec.layout import TrialLayout
 from distmis.spec.schema import Spec
 from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
 from distmis.train.epoch import (
@@ -89,11 +89,14 @@ def graph_key(spec: Spec) -> str:
 
 
 class UNetTrainer:
-    """Builds the U-Net, its optimizer and data pipelines for one trial's spec."""
+    """Builds the U-Net, its optimizer and data pipelines for one trial's spec: a
+    :class:`~distmis.train.protocol.RestartableTrainer` (the :class:`~distmis.train.protocol.Trainer` contract, and
+    :meth:`restart` for the worker group of a data-mode search)."""
 
-    def __init__(self, spec: Spec, tfrecord_dir: str | Path, *, layout: TrialLayout | None = None,
+    def __init__(self, spec: Spec, tfrecord_dir: str | Path, *, layout: TrialLayout,
                  strategy: Any | None = None):
-        """``layout``: the trial's layout; the optimizer takes its ``effective_lr`` (default: the spec's own).
+        """``layout``: the trial's layout, resolved once for the trial by its caller
+        (:func:`~distmis.spec.layout.resolve_trial`); the optimizer takes its ``effective_lr``.
         ``strategy``: a ``tf.distribute`` strategy (``MultiWorkerMirroredStrategy`` in a data-parallel
         trial); None runs on this process alone. Each replica takes ``training.batch_size`` volumes a step."""
         import keras
@@ -107,7 +110,7 @@ class UNetTrainer:
         from distmis.train.losses import make_loss
 
         self.spec = spec
-        self.layout = layout or resolve_layout(spec)
+        self.layout = layout
         self.tfrecord_dir = Path(tfrecord_dir)
         manifest = read_manifest(self.tfrecord_dir)
         self.num_classes = int(manifest["num_classes"])

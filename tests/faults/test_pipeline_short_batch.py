@@ -25,8 +25,8 @@ import torch
 
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
-from distmis.train.torch_unet import TorchUNetTrainer
 from tests.conftest import small_spec_tree
+from tests.train.torch_trainers import gloo_trainer, local_trainer
 
 pytestmark = pytest.mark.slow  # a real gloo group of 2 processes, and training
 
@@ -48,20 +48,16 @@ def _on_rank(rank: int, trees: dict[str, dict], tfrecord_dir: str, out: str) -> 
     """One stage of each schedule's pipeline: the batches it read and its per-epoch metrics."""
     import torch.distributed as dist
 
-    from distmis.parallel.groups import build_pipeline_groups
-    from distmis.train.torch_pipeline import TorchPipelineUNetTrainer
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
     found: dict[str, Any] = {}
     try:
-        groups = build_pipeline_groups(2)
         for schedule, tree in trees.items():
-            trainer = TorchPipelineUNetTrainer(validate_spec(tree), tfrecord_dir, groups=groups)
+            trainer = gloo_trainer(validate_spec(tree), tfrecord_dir)
             found[schedule] = {"batches": [trainer.epoch_batches(e) for e in range(1, EPOCHS + 1)],
                                "epochs": [trainer.run_epoch(e).as_dict() for e in range(1, EPOCHS + 1)],
-                               "plans": [dataclasses.astuple(trainer.pipeline_for(size).plan) for size in (2, 1)]}
+                               "plans": [dataclasses.astuple(trainer.parallelism.pipeline_for(size).plan) for size in (2, 1)]}
         found["ok"] = True
     except Exception:  # noqa: BLE001 - reported to the test, which fails with it
         found = {"ok": False, "error": traceback.format_exc()}
@@ -79,7 +75,7 @@ def trained(tmp_path_factory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("short_batch")
     one = validate_spec(short_batch_tree(tmp / "data", stages=1))
     data = prepare_data(one, tmp / "out", progress=False)
-    plain = TorchUNetTrainer(one, data.tfrecord_dir)
+    plain = local_trainer(one, data.tfrecord_dir)
     reference = {"batches": [plain.epoch_batches(e) for e in range(1, EPOCHS + 1)],
                  "epochs": [plain.run_epoch(e).as_dict() for e in range(1, EPOCHS + 1)],
                  "cases": len(plain.train_cases)}

@@ -15,6 +15,9 @@ from typing import Any, Callable
 
 import torch
 
+from distmis.parallel.mesh import TrialMesh
+from distmis.spec.layout import TrialLayout
+
 Cases = dict[str, Callable[[], dict[str, Any]]]
 
 
@@ -61,3 +64,23 @@ def case(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     failures = [f"rank {i}:\n{r['error']}" for i, r in enumerate(results) if not r["ok"]]
     assert not failures, "\n".join(failures)
     return results
+
+
+def mesh_layout(*, dp: int = 1, sp: int = 1, pp: int = 1) -> TrialLayout:
+    """A trial layout of ``dp x sp x pp`` workers (the meshes of these tests)."""
+    return TrialLayout(dp=dp, sp=sp, pp=pp, distributed=True, cpu=1, gpu=0, lr=1e-3, lr_scaling="none")
+
+
+def replicas_on(ranks: list[int]) -> TrialMesh | None:
+    """A DP-only mesh over some of the world's ``ranks`` (a reference run beside the world's mesh); None on a rank
+    outside them. Its SP group is a group of the rank alone, not None: a model parallelized over it runs on its own,
+    where None would mean the default group (the whole world). Collective: every rank calls it."""
+    import torch.distributed as dist
+
+    group = dist.new_group(ranks)
+    alone = {r: dist.new_group([r]) for r in ranks}
+    me = dist.get_rank()
+    if me not in ranks:
+        return None
+    return TrialMesh(mesh_layout(dp=len(ranks)), rank=me, dp_rank=ranks.index(me), dp_size=len(ranks),
+                     dp_group=group, sp_group=alone[me], dp_ranks=tuple(ranks), sp_ranks=(me,), pp_ranks=(me,))

@@ -175,7 +175,7 @@ class FailingBackward(torch.autograd.Function):
 def failing_stage_case() -> dict[str, Any]:
     """What a stage raises when its backward, then its forward, fails."""
     from distmis.parallel.pipeline import pipeline_unet
-    from distmis.train.torch_unet import make_loss
+    from distmis.train.torch_losses import make_loss
 
     loss = make_loss("dice-bce")
     pipe = pipeline_unet(small_unet(), tile=(16, 16, 16), microbatches=2, batch_size=4,

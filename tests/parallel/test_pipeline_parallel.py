@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from distmis.models.unet3d_torch import UNet3D
-from distmis.train.torch_unet import make_loss
-from tests.parallel.gloo_cases import Cases, case, spawn_cases
+from distmis.train.torch_losses import make_loss
+from tests.parallel.gloo_cases import Cases, case, mesh_layout, replicas_on, spawn_cases
 
 pytestmark = pytest.mark.slow  # real gloo process groups of 2 and 4 ranks
 
@@ -136,13 +136,13 @@ def dp_pp_case() -> dict[str, Any]:
     import torch.distributed as dist
 
     from distmis.parallel.collectives import all_reduce_gradients
-    from distmis.parallel.groups import build_pipeline_groups
+    from distmis.parallel.mesh import TrialMesh
     from distmis.parallel.pipeline import pipeline_unet
 
     base = make_model()
     x, y = make_batch(batch=2 * BATCH)
     # DP=2 x PP=1 on ranks 0 and 2 (every rank takes part in making the groups): each replica its half.
-    plain = build_pipeline_groups(1, ranks=[0, 2])
+    plain = replicas_on([0, 2])
     replica = copy.deepcopy(base)
     if plain is not None:
         shard = slice(plain.dp_rank * BATCH, (plain.dp_rank + 1) * BATCH)
@@ -152,8 +152,8 @@ def dp_pp_case() -> dict[str, Any]:
     for tensor in replica.state_dict().values():  # everyone gets rank 0's result
         dist.broadcast(tensor, src=0)
     # DP=2 x PP=2: pipelines (0, 1) and (2, 3), DP groups (0, 2) and (1, 3)
-    groups = build_pipeline_groups(2)
-    assert groups is not None and groups.pp_ranks in [(0, 1), (2, 3)] and groups.dp_size == 2
+    groups = TrialMesh.build(mesh_layout(dp=2, pp=2))
+    assert groups.pp_ranks in [(0, 1), (2, 3)] and groups.dp_size == 2
     shard = slice(groups.dp_rank * BATCH, (groups.dp_rank + 1) * BATCH)
     pipe = pipeline_unet(copy.deepcopy(base), tile=TILE, microbatches=2, loss_fn=LOSS, batch_size=BATCH,
                          group=groups.pp_group)
@@ -173,7 +173,7 @@ def dp_pp_short_case() -> dict[str, Any]:
     replica's short batch, each through its own pipeline shape): the stages' gradients averaged over the replicas
     with equal weights are DP=2 x PP=1's, as DDP averages them."""
     from distmis.parallel.collectives import all_reduce_gradients
-    from distmis.parallel.groups import build_pipeline_groups
+    from distmis.parallel.mesh import TrialMesh
     from distmis.parallel.pipeline import batch_plan, pipeline_unet
 
     base = make_model()
@@ -187,8 +187,8 @@ def dp_pp_short_case() -> dict[str, Any]:
         grads.append([p.grad.clone() for p in reference.parameters()])
     for p, *replicas in zip(reference.parameters(), *grads):
         p.grad = sum(replicas) / len(replicas)
-    groups = build_pipeline_groups(2)
-    assert groups is not None and groups.dp_size == 2
+    groups = TrialMesh.build(mesh_layout(dp=2, pp=2))
+    assert groups.dp_size == 2
     shard = shards[groups.dp_rank]
     samples = shard.stop - shard.start
     plan = batch_plan(samples, batch_size=BATCH, microbatches=2, schedule="gpipe", stages=2)

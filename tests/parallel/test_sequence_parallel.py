@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from distmis.models.vit_seg import ViTSeg
-from tests.parallel.gloo_cases import Cases, case, spawn_cases
+from distmis.parallel.mesh import TrialMesh
+from tests.parallel.gloo_cases import Cases, case, mesh_layout, replicas_on, spawn_cases
 
 pytestmark = pytest.mark.slow  # real gloo process groups of 2 and 4 ranks
 
@@ -223,11 +224,10 @@ def dp_sp_case(axial: bool = False) -> dict[str, float]:
     equal to one process. Full attention: allgather-kv, split spatially; the axial model: DSP."""
     import torch.distributed as dist
 
-    from distmis.parallel.groups import build_parallel_groups
     from distmis.parallel.sequence import parallelize_vit_seg, sync_gradients
 
-    dp_sp = build_parallel_groups(2)
-    dp_only = build_parallel_groups(1, ranks=[0, 1])
+    dp_sp = TrialMesh.build(mesh_layout(dp=2, sp=2))
+    dp_only = replicas_on([0, 1])  # DP=2 x SP=1 on ranks 0 and 1 (every rank takes part in making the group)
     assert dp_sp is not None and (dp_only is None) == (dist.get_rank() >= 2)
     assert (dp_sp.sp_size, dp_sp.dp_size, dp_sp.sp_ranks) == (2, 2, (0, 1) if dist.get_rank() < 2 else (2, 3))
     base, tile, seed = (make_axial_model(), AXIAL_TILE, 200) if axial else (make_model(), TILE, 100)

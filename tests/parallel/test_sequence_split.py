@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from distmis.models.vit_seg import ViTSeg
-from distmis.parallel.groups import parallel_layout
 from distmis.parallel.sequence import box_indices, check_sequence_parallel, token_chunk
 from distmis.perf.partition import partition_tokens, range_box
 
@@ -117,16 +116,6 @@ def test_configuration_errors(kwargs, match):
 def test_valid_configurations():
     assert len(check_sequence_parallel((6, 2, 2), 4, 4, attention="ulysses", split="spatial", decoder="no-gather")) == 4
     assert len(check_sequence_parallel((6, 2, 2), 4, 2, decoder="no-gather", split="ordered")) == 2  # boxes at 2
-
-
-def test_parallel_layout():
-    assert parallel_layout(range(4), 2) == ([(0, 1), (2, 3)], [(0, 2), (1, 3)])
-    assert parallel_layout(range(8), 4) == ([(0, 1, 2, 3), (4, 5, 6, 7)], [(0, 4), (1, 5), (2, 6), (3, 7)])
-    assert parallel_layout([0, 1], 1) == ([(0,), (1,)], [(0, 1)])
-    with pytest.raises(ValueError, match="the 6 ranks must divide into sequence-parallel groups of sp_size 4"):
-        parallel_layout(range(6), 4)
-    with pytest.raises(ValueError, match="sp_size must be a positive int"):
-        parallel_layout(range(4), 0)
 
 
 # --------------------------------------------------------------------------- DSP on axial attention

@@ -6,7 +6,6 @@ own constructor arguments (swinunetr's ``feature_size``, segresnet's ``init_filt
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
 from pathlib import Path
@@ -23,8 +22,9 @@ from distmis.models.registry import model_entry
 from distmis.search.state import SearchState
 
 ARCHITECTURES = ["unet3d", "segresnet", "swinunetr", "dynunet"]
-PER_MODEL = {"segresnet": {"init_filters": 4, "blocks_down": [1, 1, 1], "blocks_up": [1, 1]},
-             "swinunetr": {"feature_size": 12, "depths": [1, 1, 1, 1]},
+PER_MODEL = {"segresnet": {"init_filters": 8, "blocks_down": [1, 1, 1], "blocks_up": [1, 1]},
+             # at 32^3 SwinUNETR's deepest map is one voxel: group norm (instance norm needs more than one)
+             "swinunetr": {"feature_size": 12, "depths": [1, 1, 1, 1], "norm_name": ["group", {"num_groups": 4}]},
              "dynunet": {"filters": [4, 8, 16, 32]}}
 
 
@@ -72,14 +72,8 @@ def trial_runs(state: SearchState) -> list[mlflow.entities.Run]:
 
 def logged_params(run: mlflow.entities.Run) -> dict[str, object]:
     """The trial's ``model.params.*`` as logged (strings), read back as Python values."""
-    out: dict[str, object] = {}
-    for key, text in run.data.params.items():
-        if key.startswith("model.params."):
-            try:
-                out[key.removeprefix("model.params.")] = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                out[key.removeprefix("model.params.")] = text  # a name such as 'instance'
-    return out
+    return {key.removeprefix("model.params."): None if text == "None" else yaml.safe_load(text)
+            for key, text in run.data.params.items() if key.startswith("model.params.")}
 
 
 def constructor_parameters(name: str, params: dict[str, object], *, in_channels: int, out_channels: int,
@@ -132,7 +126,7 @@ def test_an_architecture_search_trains_every_network_and_registers_the_best(arch
     out = tmp_path / "segs"
     assert main(["predict", str(folder / "out"), str(images), "--output", str(out), "--quiet"]) == 0
     for scan in sorted(images.glob("*.nii.gz")):
-        segmentation = nib.load(out / scan.name)
+        segmentation = nib.load(out / scan.name.replace(".nii.gz", "_seg.nii.gz"))
         assert segmentation.shape == nib.load(scan).shape[:3]
         assert set(np.unique(np.asarray(segmentation.dataobj))) <= {0, 1}
 
@@ -144,7 +138,7 @@ def state_name(folder: Path) -> str:
 
 @pytest.mark.slow  # two searches of 2 one-epoch trials each
 @pytest.mark.parametrize(("name", "field", "values"), [("swinunetr", "feature_size", [12, 24]),
-                                                       ("segresnet", "init_filters", [4, 8])])
+                                                       ("segresnet", "init_filters", [8, 16])])
 def test_a_network_s_own_constructor_arguments_are_searched(ray_local, tmp_path: Path, name: str, field: str,
                                                              values: list[int]):
     params = {key: value for key, value in PER_MODEL[name].items() if key != field}

@@ -15,7 +15,7 @@ from distmis.search.worker_group import TensorflowWorkerGroup, release_groups
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_trial
-from distmis.train.checkpoint import RESUME_DIR, STATE_FILE, TrainingState
+from distmis.trial_record import RESUME_DIR, STATE_FILE, TrainingState
 from tests.conftest import small_spec_tree
 
 

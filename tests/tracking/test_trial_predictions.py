@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from distmis.parallel.trial_model import PREDICTED_METRICS, predict_trial
+from distmis.tracking.predicted import PREDICTED_METRICS, predict_trial
 from distmis.spec import validate_spec
 from distmis.spec.layout import SP_DEGREE_PATH, resolve_trial
 from distmis.tracking.mlflow_tracking import EPOCH_METRICS, SearchRun

@@ -14,7 +14,8 @@ import torch
 from distmis.search.prepare import prepare_data
 from distmis.search.trainable import train_and_report
 from distmis.spec import validate_spec
-from distmis.train.checkpoint import HISTORY_KEY, RESUME_DIR, STATE_FILE, read_state
+from distmis.train.checkpoint import RESUME_DIR, STATE_FILE, read_state
+from distmis.trial_record import HISTORY_KEY
 from tests.conftest import small_spec_tree
 
 
@@ -63,9 +64,9 @@ def prepared_spec(tmp: Path, framework: str, **training: Any):
 
 
 def torch_trainer(spec: Any, data: Any) -> Any:
-    from distmis.train.torch_unet import TorchUNetTrainer
+    from tests.train.torch_trainers import local_trainer
 
-    return TorchUNetTrainer(spec, data.tfrecord_dir)
+    return local_trainer(spec, data.tfrecord_dir)
 
 
 def test_a_resumed_torch_trial_ends_where_an_uninterrupted_one_does(tmp_path: Path):
@@ -123,16 +124,17 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path: Pa
 
 
 def test_a_resumed_tensorflow_trial_gets_its_weights_and_optimizer_back(tmp_path: Path):
+    from distmis.spec.layout import resolve_layout
     from distmis.train.tf_unet import UNetTrainer
 
     spec, data = prepared_spec(tmp_path, "tensorflow")
     cut = Recorder(tmp_path / "cut", stop_after=2)
-    trained = UNetTrainer(spec, data.tfrecord_dir)
+    trained = UNetTrainer(spec, data.tfrecord_dir, layout=resolve_layout(spec))
     with pytest.raises(KeyboardInterrupt):
         train_and_report(trained, spec, cut, Recorder)
     assert {p.name for p in (Path(cut.checkpoints[-1].path) / RESUME_DIR).iterdir()} == {
         "model.weights.h5", "optimizer.npz", STATE_FILE}
-    resumed = UNetTrainer(spec, data.tfrecord_dir)
+    resumed = UNetTrainer(spec, data.tfrecord_dir, layout=resolve_layout(spec))
     resumed.load_state(Path(cut.checkpoints[-1].path) / RESUME_DIR, epoch=2)
     for a, b in zip(trained.model.get_weights(), resumed.model.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -140,5 +142,6 @@ def test_a_resumed_tensorflow_trial_gets_its_weights_and_optimizer_back(tmp_path
     for a, b in zip(trained.optimizer.variables, resumed.optimizer.variables):
         np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
     rest = Recorder(tmp_path / "rest")
-    train_and_report(UNetTrainer(spec, data.tfrecord_dir), spec, rest, Recorder, checkpoints=cut.checkpoints[::-1])
+    train_and_report(UNetTrainer(spec, data.tfrecord_dir, layout=resolve_layout(spec)), spec, rest, Recorder,
+                     checkpoints=cut.checkpoints[::-1])
     assert [m["epoch"] for m in rest.metrics] == [3]

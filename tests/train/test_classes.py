@@ -46,46 +46,48 @@ def test_the_data_is_one_hot_with_its_background(classes):
 
 
 def test_the_torch_unet_trains_a_softmax_and_reports_every_class(classes):
-    from distmis.train.torch_unet import TorchUNetTrainer
+    from tests.train.torch_trainers import local_trainer
 
     tree = classes.spec_tree(name="unet3d", framework="torch", params={"base_filters": 4, "levels": 3})
-    trainer = TorchUNetTrainer(validate_spec(tree), classes.tfrecord_dir)
+    trainer = local_trainer(validate_spec(tree), classes.tfrecord_dir)
     assert trainer.model.activation == "softmax" and trainer.metric_keys == list(CLASS_KEYS)
     check_reported(trainer.run_epoch(1).as_dict())
     check_probabilities(trainer)
 
 
 def test_the_tensorflow_unet_trains_a_softmax_and_reports_every_class(classes):
+    from distmis.spec.layout import resolve_layout
     from distmis.train.tf_unet import UNetTrainer
 
     tree = classes.spec_tree(name="unet3d", framework="tensorflow", params={"base_filters": 4, "levels": 3})
-    trainer = UNetTrainer(validate_spec(tree), classes.tfrecord_dir)
+    spec = validate_spec(tree)
+    trainer = UNetTrainer(spec, classes.tfrecord_dir, layout=resolve_layout(spec))
     assert trainer.model.get_layer("head").get_config()["activation"] == "softmax"
     check_reported(trainer.run_epoch(1).as_dict())
     check_probabilities(trainer)
 
 
 def test_vit_seg_trains_on_logits_and_reports_every_class(classes):
-    from distmis.train.torch_vit import TorchViTTrainer
+    from tests.train.torch_trainers import local_trainer
 
     tree = classes.spec_tree(**VIT)
     tree["training"]["tile"] = [8, 8, 8]
-    trainer = TorchViTTrainer(validate_spec(tree), classes.tfrecord_dir)
+    trainer = local_trainer(validate_spec(tree), classes.tfrecord_dir)
     x, y = trainer._batch([0, 1])
     from monai.losses import DiceCELoss
 
     logits = trainer.model(x)
     expected = DiceCELoss(softmax=True, include_background=False, smooth_nr=1.0, smooth_dr=1.0)(logits, y)
-    torch.testing.assert_close(trainer.logits_loss_fn(logits, y), expected)  # MONAI's, on the logits
+    torch.testing.assert_close(trainer.train_loss_fn(logits, y), expected)  # MONAI's, on the logits
     check_reported(trainer.run_epoch(1).as_dict())
     check_probabilities(trainer)
 
 
 def test_tiles_centred_on_foreground_find_a_class_not_the_background(classes):
-    from distmis.train.torch_unet import TorchUNetTrainer
+    from tests.train.torch_trainers import local_trainer
 
     tree = classes.spec_tree(name="unet3d", framework="torch", params={"base_filters": 4, "levels": 3})
     tree["training"].update({"tile": [4, 4, 4], "tile_sampling": 1.0})  # uniform 4^3 tiles: 1 in 5 holds an organ
-    trainer = TorchUNetTrainer(validate_spec(tree), classes.tfrecord_dir)
+    trainer = local_trainer(validate_spec(tree), classes.tfrecord_dir)
     crops = [trainer._training_sample(index, epoch=0)[1] for _ in range(10) for index in range(3)]
     assert all(crop.shape == (4, 4, 4, 4) and crop[1:].any() for crop in crops)  # every tile holds an organ

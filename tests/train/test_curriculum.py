@@ -35,20 +35,20 @@ def prepared(tmp_path_factory):
 
 
 def test_torch_trainer_follows_the_curriculum(prepared):
-    from distmis.train.torch_unet import TorchUNetTrainer
+    from tests.train.torch_trainers import local_trainer
 
     tmp, data = prepared
     spec = curriculum_spec(tmp / "data", "torch")
-    trainer = TorchUNetTrainer(spec, data.tfrecord_dir)
+    trainer = local_trainer(spec, data.tfrecord_dir)
     seen: list[tuple[tuple[int, ...], float]] = []  # (input shape, smallest foreground fraction of a tile)
-    original = trainer._batch_loss
+    original = trainer._forward_backward
 
     def recording(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         foreground = y.flatten(1).amax(dim=1)  # per sample: does its tile hold any foreground?
         seen.append((tuple(x.shape), float(foreground.min())))
         return original(x, y)
 
-    trainer._batch_loss = recording  # type: ignore[method-assign]
+    trainer._forward_backward = recording  # type: ignore[method-assign]
     assert trainer.window is None  # validation on the whole volume from the first epoch on
     reports = []
     for epoch in (1, 2, 3):
@@ -68,11 +68,12 @@ def test_torch_trainer_follows_the_curriculum(prepared):
 
 
 def test_tensorflow_trainer_follows_the_curriculum(prepared):
+    from distmis.spec.layout import resolve_layout
     from distmis.train.tf_unet import UNetTrainer
 
     tmp, data = prepared
     spec = curriculum_spec(tmp / "data", "tensorflow")
-    trainer = UNetTrainer(spec, data.tfrecord_dir)
+    trainer = UNetTrainer(spec, data.tfrecord_dir, layout=resolve_layout(spec))
     assert trainer.window is None
     reports = []
     for epoch in (1, 2, 3):
@@ -89,12 +90,12 @@ def test_tensorflow_trainer_follows_the_curriculum(prepared):
 
 
 def test_without_a_curriculum_nothing_is_added(prepared):
-    from distmis.train.torch_unet import TorchUNetTrainer
+    from tests.train.torch_trainers import local_trainer
 
     tmp, data = prepared
     tree = curriculum_spec(tmp / "data", "torch").model_dump(mode="json")
     tree["training"].update(curriculum=None, epochs=1, tile=[8, 8, 8])
-    trainer = TorchUNetTrainer(validate_spec(tree), data.tfrecord_dir)
+    trainer = local_trainer(validate_spec(tree), data.tfrecord_dir)
     assert trainer.window == (8, 8, 8)
     assert not {"curriculum_stage", "tile_h"} & set(trainer.run_epoch(1).as_dict())
 

@@ -16,9 +16,9 @@ import torch
 from distmis.perf.model import figure_of_merit
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
-from distmis.train.torch_unet import StepMeter, TorchUNetTrainer
-from distmis.train.torch_vit import TorchViTTrainer
+from distmis.train.metering import StepMeter
 from tests.conftest import small_spec_tree
+from tests.train.torch_trainers import gloo_trainer, local_trainer
 
 VIT = {"name": "vit-seg", "framework": "torch",
        "params": {"layers": 2, "embed_dim": 32, "heads": 4, "patch": 4, "decoder_features": 16,
@@ -44,20 +44,20 @@ def prepared(tmp_path_factory):
 
 def test_a_vit_epoch_reports_its_steps_time_memory_and_figure_of_merit(prepared):
     spec, data = prepared
-    trainer = TorchViTTrainer(spec, data.tfrecord_dir)
+    trainer = local_trainer(spec, data.tfrecord_dir)
     metrics = trainer.run_epoch(1)
     assert {"step_seconds", "peak_memory_mb", "fom"} <= set(metrics.as_dict())
     assert 0 < metrics.step_seconds and metrics.step_seconds * trainer.steps_per_epoch < metrics.epoch_seconds
     assert metrics.peak_memory_mb >= 0
     # the seed's b L s^2 d / T: one sample per step, 2 layers, (8/4)^3 = 8 tokens of width 32
-    assert trainer.shape.tokens == 8
+    assert trainer.perf_shape.tokens == 8
     assert metrics.fom == pytest.approx(1 * 2 * 8**2 * 32 / metrics.step_seconds)
-    assert metrics.fom == figure_of_merit(trainer.shape, batch=1, seconds=metrics.step_seconds)
+    assert metrics.fom == figure_of_merit(trainer.perf_shape, batch=1, seconds=metrics.step_seconds)
 
 
 def test_later_epochs_count_the_gradients_and_adam_moments_as_the_first_does(prepared):
     spec, data = prepared
-    trainer = TorchViTTrainer(spec, data.tfrecord_dir)
+    trainer = local_trainer(spec, data.tfrecord_dir)
     assert trainer._training_state_bytes() == 0  # before the first step: no gradients, no optimizer state
     with pytest.raises(ValueError, match="no epoch trained"):
         trainer.step_metrics()
@@ -69,13 +69,13 @@ def test_later_epochs_count_the_gradients_and_adam_moments_as_the_first_does(pre
     trainer.train_epoch(2)
     second = trainer.step_metrics()  # measured afresh: its own steps, its own peak
     assert second["step_seconds"] > 0 and second["peak_memory_mb"] >= 0 and second != first
-    assert second["fom"] == figure_of_merit(trainer.shape, batch=1, seconds=second["step_seconds"])
+    assert second["fom"] == figure_of_merit(trainer.perf_shape, batch=1, seconds=second["step_seconds"])
 
 
 def test_the_unet_reports_step_time_and_memory_but_no_figure_of_merit(tmp_path: Path):
     spec = validate_spec(small_spec_tree(tmp_path / "data"))
     data = prepare_data(spec, tmp_path / "out", progress=False)
-    reported = TorchUNetTrainer(spec, data.tfrecord_dir).run_epoch(1).as_dict()
+    reported = local_trainer(spec, data.tfrecord_dir).run_epoch(1).as_dict()
     assert reported["step_seconds"] > 0 and reported["peak_memory_mb"] >= 0 and "fom" not in reported
 
 
@@ -113,15 +113,13 @@ def test_held_training_state_counts_as_the_steps():
 def sp_worker(rank: int, world_size: int, tree: dict[str, Any], tfrecord_dir: str, out: str) -> None:
     import torch.distributed as dist
 
-    from distmis.parallel.groups import build_parallel_groups
-    from distmis.spec.layout import resolve_layout
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=60))
     try:
         spec = validate_spec(tree)
-        trainer = TorchViTTrainer(spec, tfrecord_dir, layout=resolve_layout(spec), groups=build_parallel_groups(2))
+        trainer = gloo_trainer(spec, tfrecord_dir)
         reported = trainer.run_epoch(1).as_dict()
         torch.save({"measured": trainer._measured, "reported": reported}, Path(out) / f"rank{rank}.pt")
         dist.barrier()

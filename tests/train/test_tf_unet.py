@@ -10,6 +10,7 @@ import pytest
 
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
+from distmis.spec.layout import resolve_layout
 from distmis.train.tf_unet import NonFiniteLossError, UNetTrainer
 from tests.conftest import small_spec_tree
 
@@ -21,6 +22,11 @@ def prepared(tmp_path_factory):
     return spec, prepare_data(spec, tmp / "out", progress=False)
 
 
+def built(spec, tfrecord_dir, **kwargs) -> UNetTrainer:
+    """The TensorFlow trainer of ``spec`` with the layout a trial of it resolves (the trainer takes no default)."""
+    return UNetTrainer(spec, tfrecord_dir, layout=resolve_layout(spec), **kwargs)
+
+
 def with_changes(spec, **training):
     tree = spec.model_dump(mode="json")
     tree["training"].update(training)
@@ -29,7 +35,7 @@ def with_changes(spec, **training):
 
 def test_epoch_metrics_and_checkpoint(prepared, tmp_path: Path):
     spec, data = prepared
-    trainer = UNetTrainer(spec, data.tfrecord_dir)
+    trainer = built(spec, data.tfrecord_dir)
     metrics = trainer.run_epoch(1)
     assert metrics.epoch == 1 and 0 <= metrics.val_dice <= 1 and 0 <= metrics.train_loss <= 1
     assert metrics.epoch_seconds > 0
@@ -40,7 +46,7 @@ def test_epoch_metrics_and_checkpoint(prepared, tmp_path: Path):
 
 def test_one_trace_of_the_training_step_whatever_the_batch_size(prepared):
     spec, data = prepared
-    trainer = UNetTrainer(spec, data.tfrecord_dir)
+    trainer = built(spec, data.tfrecord_dir)
     assert sorted({int(x.shape[0]) for x, _ in trainer.train_data}) == [1, 2]  # 3 cases, batches of 2
     trainer.train_epoch()
     trainer.train_epoch()
@@ -49,12 +55,12 @@ def test_one_trace_of_the_training_step_whatever_the_batch_size(prepared):
 
 def test_the_schedule_sets_the_optimizers_rate_at_each_epoch_and_step(prepared):
     spec, data = prepared
-    trainer = UNetTrainer(with_changes(spec, epochs=2, lr_schedule={"name": "poly", "power": 1.0}), data.tfrecord_dir)
+    trainer = built(with_changes(spec, epochs=2, lr_schedule={"name": "poly", "power": 1.0}), data.tfrecord_dir)
     for epoch, rate in ((1, 1.0e-3), (2, 0.5e-3)):
         metrics = trainer.run_epoch(epoch)
         assert metrics.learning_rate == pytest.approx(rate)
         assert float(trainer.optimizer.learning_rate.numpy()) == pytest.approx(rate)
-    stepped = UNetTrainer(with_changes(spec, epochs=2, lr_schedule={"name": "cosine", "interval": "step"}),
+    stepped = built(with_changes(spec, epochs=2, lr_schedule={"name": "cosine", "interval": "step"}),
                           data.tfrecord_dir)
     stepped.train_epoch(1)  # 3 cases in batches of 2: the second step at a quarter of the 2 epochs
     assert float(stepped.optimizer.learning_rate.numpy()) == pytest.approx(1.0e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
@@ -76,20 +82,20 @@ def test_data_parallel_trainers_schedule_the_scaled_rate(prepared):
 
 def test_same_seed_same_start_whatever_the_learning_rate(prepared):
     spec, data = prepared
-    a = UNetTrainer(with_changes(spec, optimizer={"lr": 1.0e-3}), data.tfrecord_dir)
-    b = UNetTrainer(with_changes(spec, optimizer={"lr": 5.0e-3}), data.tfrecord_dir)
+    a = built(with_changes(spec, optimizer={"lr": 1.0e-3}), data.tfrecord_dir)
+    b = built(with_changes(spec, optimizer={"lr": 5.0e-3}), data.tfrecord_dir)
     for wa, wb in zip(a.model.get_weights(), b.model.get_weights()):
         np.testing.assert_array_equal(wa, wb)
     batches_a = [y.numpy().sum() for _, y in a.train_data]
     batches_b = [y.numpy().sum() for _, y in b.train_data]
     assert batches_a == batches_b  # same data order
-    c = UNetTrainer(with_changes(spec, seed=1), data.tfrecord_dir)
+    c = built(with_changes(spec, seed=1), data.tfrecord_dir)
     assert any(not np.array_equal(wa, wc) for wa, wc in zip(a.model.get_weights(), c.model.get_weights()))
 
 
 def test_tiled_validation_covers_the_volume(prepared):
     spec, data = prepared
-    trainer = UNetTrainer(with_changes(spec, tile=[8, 8, 8]), data.tfrecord_dir)
+    trainer = built(with_changes(spec, tile=[8, 8, 8]), data.tfrecord_dir)
     _, image, label = trainer.val_cases[0]
     prob = trainer.predict_volume(image)
     assert prob.shape == label.shape and np.isfinite(prob).all()
@@ -101,7 +107,7 @@ def test_tiled_validation_covers_the_volume(prepared):
 
 def test_nan_loss_raises(prepared):
     spec, data = prepared
-    trainer = UNetTrainer(spec, data.tfrecord_dir)
+    trainer = built(spec, data.tfrecord_dir)
     kernel = trainer.model.get_layer("down1_conv1").kernel
     kernel.assign(np.full(kernel.shape, np.nan, np.float32))
     with pytest.raises(NonFiniteLossError, match="epoch 3"):
@@ -121,11 +127,11 @@ def test_a_restarted_trainer_is_a_new_trainer_of_the_other_trial(prepared):
                           augment={"enabled": True, "flip": 0.5, "affine": 0.5, "noise": 0.5})
     assert graph_key(first) == graph_key(second)
     assert graph_key(first) != graph_key(with_changes(spec, batch_size=1))
-    kept = UNetTrainer(first, data.tfrecord_dir)
+    kept = built(first, data.tfrecord_dir)
     kept.run_epoch(1)  # trained: weights and Adam's moments moved, its step counted
     traced = kept._train_step
     kept.restart(second, resolve_layout(second))
-    fresh = UNetTrainer(second, data.tfrecord_dir)
+    fresh = built(second, data.tfrecord_dir)
     for a, b in zip(kept.model.get_weights(), fresh.model.get_weights()):  # batch-norm statistics included
         np.testing.assert_array_equal(a, b)
     assert float(kept.optimizer.learning_rate.numpy()) == pytest.approx(5.0e-3)
@@ -135,7 +141,7 @@ def test_a_restarted_trainer_is_a_new_trainer_of_the_other_trial(prepared):
     for (x, y), (u, v) in zip(kept_inputs, fresh_inputs):
         np.testing.assert_array_equal(x.numpy(), u.numpy())
         np.testing.assert_array_equal(y.numpy(), v.numpy())
-    plain = UNetTrainer(with_changes(second, augment={"enabled": False}), data.tfrecord_dir)
+    plain = built(with_changes(second, augment={"enabled": False}), data.tfrecord_dir)
     assert not all(np.array_equal(x.numpy(), u.numpy()) for (x, _), (u, _) in zip(kept_inputs, plain.train_data))
     a, b = kept.run_epoch(1), fresh.run_epoch(1)
     assert a.train_loss == pytest.approx(b.train_loss, rel=1e-5) and a.val_dice == pytest.approx(b.val_dice, rel=1e-5)
@@ -158,7 +164,7 @@ def test_a_restart_on_the_same_seed_keeps_tensorflows_kernel_cache(prepared, mon
     spec, data = prepared
     first = with_changes(spec, optimizer={"lr": 1.0e-3}, seed=5)
     second = with_changes(spec, optimizer={"lr": 5.0e-3}, seed=5)
-    kept = UNetTrainer(first, data.tfrecord_dir)
+    kept = built(first, data.tfrecord_dir)
     kept.run_epoch(1)
     seeded = []
     real_set_seed = tf.random.set_seed
@@ -168,7 +174,7 @@ def test_a_restart_on_the_same_seed_keeps_tensorflows_kernel_cache(prepared, mon
     weights, order = kept.model.get_weights(), [y.numpy().sum() for _, y in kept.train_data]
 
     keras.utils.set_random_seed(99)  # another seed in place: the next trainer resets every seed
-    fresh = UNetTrainer(second, data.tfrecord_dir)
+    fresh = built(second, data.tfrecord_dir)
     assert seeded == [99, 5]
     for a, b in zip(weights, fresh.model.get_weights()):
         np.testing.assert_array_equal(a, b)

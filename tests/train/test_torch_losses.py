@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from distmis.train.torch_unet import make_loss
+from distmis.train.torch_losses import make_loss
 
 
 @pytest.mark.parametrize("name", ["dice", "dice-bce"])

@@ -1,5 +1,5 @@
-"""A trial's performance-model predictions (what the MLflow callback logs): the perf_model's numbers for the
-trial's own layout, batch and kernel."""
+"""A trial's performance-model predictions (what the MLflow callback logs): the performance model's numbers for
+the trial's own layout, batch and kernel, for the networks whose registry entry has a ``perf_shape``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from distmis.data.layouts import MODALITIES
 from distmis.perf.model import SequenceLayout, ViTShape, communication_bytes, vit_flops, vit_memory
-from distmis.parallel.trial_model import MIB, PREDICTED_METRICS, predict_trial, trial_shape
+from distmis.tracking.predicted import MIB, PREDICTED_METRICS, predict_trial, trial_shape
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_trial
 from tests.conftest import small_spec_tree
@@ -96,3 +96,13 @@ def test_other_models_and_unknown_inputs_have_no_prediction(tmp_path):
 def test_the_image_channels_are_the_datasets():
     """The spec's channel count (the model's input) is what every dataset layout reads."""
     assert validate_spec(vit_tree(1)).dataset.in_channels == len(MODALITIES)
+
+
+def test_the_shape_comes_from_the_registry_entrys_perf_shape(monkeypatch):
+    """No network name is asked: a network is predicted when its registry entry has a ``perf_shape``."""
+    from distmis.models import registry
+
+    spec, layout = resolve_trial(validate_spec(vit_tree(1)), {})
+    assert trial_shape(spec) == registry.MODELS["vit-seg"].perf_shape(spec.model.params, (16, 16, 16), 4, 1)
+    monkeypatch.setitem(registry.MODELS, "vit-seg", replace(registry.MODELS["vit-seg"], perf_shape=None))
+    assert trial_shape(spec) is None and predict_trial(spec, layout) == {}

@@ -1,10 +1,12 @@
 """What the performance model (:mod:`distmis.perf.model`) predicts for one trial, as MLflow metrics.
 
-The driver's MLflow callback logs :func:`predict_trial`'s numbers on every ViT-seg trial's run (step 0), next to
-what the trial measures per epoch (``step_seconds``, ``peak_memory_mb``, ``fom``: :mod:`distmis.train.torch_unet`),
-so a search shows model against measurement trial by trial. Everything is per rank and per training step, with
-the trial's own layout (``TrialLayout.sp``, ``dp``), SP attention and decoder, batch (``training.batch_size``
-samples per rank and step) and attention kernel (``model.params.attention_kernel``). Pure arithmetic.
+The driver's MLflow callback (:mod:`distmis.tracking.mlflow_tracking`) logs :func:`predict_trial`'s numbers on the
+run of every trial whose network the performance model describes (a registry entry with a ``perf_shape``: the
+ViT-seg) at step 0, next to what the trial measures per epoch (``step_seconds``, ``peak_memory_mb``, ``fom``), so
+a search shows model against measurement trial by trial. Everything is per rank and per training step, with the
+trial's own layout (``TrialLayout.sp``, ``dp``), SP attention and decoder, batch (``training.batch_size`` samples
+per rank and step) and attention kernel (``model.params.attention_kernel``). Pure arithmetic: no torch, and
+nothing of distmis's training or parallel runtime.
 """
 
 from __future__ import annotations
@@ -26,20 +28,20 @@ PREDICTED_METRICS = ("predicted_flops_per_step", "predicted_forward_flops", "pre
 
 
 def trial_shape(spec: Spec, *, volume: Sequence[int] | None = None) -> ViTShape | None:
-    """The ViT-seg arithmetic shape of a trial's spec: its ``model.params`` on its network input (the tile, or
-    the whole volume: the spec's, else ``volume``); None for another model or when the input is unknown."""
+    """The arithmetic shape of a trial's network: its registry entry's ``perf_shape`` of its ``model.params`` on
+    its network input (the tile, or the whole volume: the spec's, else ``volume``); None for a network the
+    performance model does not describe (no ``perf_shape``) or when the input is unknown."""
     from distmis.spec.load import network_input
-    from distmis.models.params import ViTSegParams
 
-    params = spec.model.params
-    if not isinstance(params, ViTSegParams):
+    perf_shape = spec.model.entry.perf_shape
+    if perf_shape is None:
         return None
     tile = network_input(spec)
     if tile is None and volume is not None:
         tile = tuple(int(v) for v in volume[:3])  # type: ignore[assignment]
     if tile is None:
         return None
-    return ViTShape.of(params, tile, in_channels=spec.dataset.in_channels, num_classes=spec.dataset.num_classes)
+    return perf_shape(spec.model.params, tile, spec.dataset.in_channels, spec.dataset.num_classes)
 
 
 def predict_trial(spec: Spec, layout: TrialLayout, *, volume: Sequence[int] | None = None) -> dict[str, float]:
@@ -55,8 +57,8 @@ def predict_trial(spec: Spec, layout: TrialLayout, *, volume: Sequence[int] | No
     - ``predicted_sent_mb``: bytes sent, gloo's reduce-scatter counted as it measurably sends
       (:func:`communication_bytes` with ``cost="gloo"``), MiB.
 
-    ``{}`` for a model other than ``vit-seg``, or when the network input is unknown (no tile, and a volume that
-    neither the spec nor ``volume`` gives). ValueError when the shapes do not suit the layout (tokens that do
+    ``{}`` for a network the performance model does not describe (see :func:`trial_shape`), or when the network
+    input is unknown (no tile, and a volume that neither the spec nor ``volume`` gives). ValueError when the shapes do not suit the layout (tokens that do
     not divide by the SP degree).
     """
     shape = trial_shape(spec, volume=volume)

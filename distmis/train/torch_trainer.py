@@ -1,20 +1,28 @@
-"""Train and validate the PyTorch 3D U-Net of one trial: the twin of :mod:`distmis.train.tf_unet`.
+"""Train and validate one trial's torch network on one rank: the registry's network, whatever its parallelism.
+
+:class:`TorchTrainer` builds the network of the trial's registry entry (:mod:`distmis.models.registry`) for the
+data's channels, the target scheme's output channels and activation, the network input (the tile, or the whole
+volume) and the preprocessed spacing, and applies the trial's parallelism to it from outside: a
+:class:`~distmis.train.parallelism.Parallelism` chosen from the trial's :class:`~distmis.parallel.mesh.TrialMesh`
+(data-parallel replicas, sequence parallelism, pipeline stages). It holds no per-model code: an entry whose output
+is ``logits`` is trained on them (the loss from the logits) and predicts the target scheme's activation of them.
 
 The trainer holds no case data: its cases are read from the search's TFRecords when needed
 (:class:`~distmis.data.cases.SplitCases`, without TensorFlow), so its memory does not grow with the data set.
-During an epoch one background thread reads the rank's training cases in the epoch's order, crops each to
-its tile, augments it (``training.augment``: :meth:`TorchUNetTrainer._transform_case`) and stacks the batches, at most
-``PREFETCH_BATCHES`` ahead of the training step (:func:`prefetched`).
+During an epoch one background thread reads the replica's training cases in the epoch's order, crops each to its
+tile, augments it (``training.augment``: :meth:`TorchTrainer._transform_case`) and stacks the batches, at most
+``PREFETCH_BATCHES`` ahead of the training step (:func:`~distmis.train.prefetch.prefetched`).
 
-Each epoch a seeded permutation orders the training cases identically on every rank; rank ``r`` of
-``world_size`` takes every ``world_size``-th case of it, and every rank runs the same number of steps, so
-gradient all-reduces (when a wrapper such as DDP adds them) never wait on a rank that has finished. The
-trainer itself holds no distribution logic: the caller passes ``rank``/``world_size`` and a ``wrap_model``
-(Ray Train's ``prepare_model``, DDP, ...).
+Each epoch a seeded permutation orders the training cases identically on every rank; data-parallel replica ``r``
+of ``n`` (the mesh's DP rank and size) takes every ``n``-th case of it, and every replica runs the same number of
+steps (:func:`~distmis.train.prefetch.shard_batches`); all ranks of one SP group or pipeline read the same batches.
+The data order, the tiles, the augmentation and the initial weights depend on the seed and the DP rank only.
 
-Validation is per case on whole volumes (or stitched tiles when ``training.tile`` is set), read one at a
-time; in a process group each rank predicts its share and the sums are all-reduced, so all ranks report
-the same numbers.
+Validation is per case on whole volumes (or stitched windows when ``training.tile`` is set), read one at a time;
+in a process group each rank predicts its share (the strategy's) and the sums are all-reduced, so all ranks report
+the same numbers. Every epoch reports its steps' ``step_seconds`` and ``peak_memory_mb``
+(:class:`~distmis.train.metering.StepMeter`, the largest over the trial's ranks) and, where the entry has a
+performance-model shape (``perf_shape``), ``fom``, the seed's figure of merit ``b L s^2 d / step_seconds``.
 """
 
 from __future__ import annotations
@@ -22,316 +30,64 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import queue
-import resource
-import sys
-import threading
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from distmis.data.augment_torch import TorchAugmenter
 from distmis.data.cases import SplitCases
 from distmis.data.targets import metric_keys
-from distmis.models.unet3d_torch import Activation, UNet3D, count_trainable_parameters
-from distmis.spec.layout import TrialLayout, resolve_layout
-from distmis.spec.schema import Spec
+from distmis.models.registry import ModelEntry, NetworkInput
+from distmis.models.unet3d_torch import Activation, activate, count_trainable_parameters
+from distmis.parallel.mesh import TrialMesh
+from distmis.perf.model import ViTShape
 from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
+from distmis.spec.layout import TrialLayout
+from distmis.spec.schema import Spec
 from distmis.train.epoch import (
     EpochMetrics, ValidationScores, checked_epoch, curriculum_metrics, trainer_targets,
 )
-from distmis.train.inference import predict_channels_last
+from distmis.train.inference import predict_channels_last, sliding_window
+from distmis.train.metering import StepMeter
+from distmis.train.parallelism import InputShape, Parallelism, parallelism_for
+from distmis.train.protocol import Window
+from distmis.train.prefetch import PREFETCH_BATCHES, channels_first, prefetched, shard_batches
 from distmis.train.schedules import LearningRateSchedule
-from distmis.train.torch_losses import (  # noqa: F401  (the losses' old home: imported from here too)
-    BCE_EPSILON,
-    LOSSES,
-    LossName,
-    dice_bce_loss,
-    dice_bce_with_logits_loss,
-    make_loss,
-    soft_dice_loss,
-    soft_dice_per_sample,
-)
+from distmis.train.torch_losses import make_loss
 
-__all__ = [
-    "LossName",
-    "soft_dice_per_sample",
-    "soft_dice_loss",
-    "dice_bce_loss",
-    "dice_bce_with_logits_loss",
-    "make_loss",
-    "PREFETCH_BATCHES",
-    "prefetched",
-    "StepMeter",
-    "TorchUNetTrainer",
-]
-
-# --------------------------------------------------------------------------- data
-#: Training batches the reading thread may have ready ahead of the training step. Two keep the step fed
-#: while the next batch is read, and bound the memory: a batch of tiles each, never whole training volumes.
-PREFETCH_BATCHES = 2
-#: How often (seconds) a reading thread blocked on a full queue checks whether its consumer has gone.
-_PUT_POLL_S = 0.1
-
-T = TypeVar("T")
+__all__ = ["TorchTrainer"]
 
 
-def prefetched(items: Iterable[T], depth: int = PREFETCH_BATCHES, *, name: str = "distmis-prefetch") -> Iterator[T]:
-    """``items``, computed by one background thread at most ``depth`` ahead of the consumer.
-
-    One thread, so the items are made in order (seeded random draws in them happen as without it). An
-    exception in the thread is raised in the consumer as itself, its traceback kept, in place of the item
-    that failed. Closing the iterator early (``close()``, or garbage collection after the consumer raised)
-    stops the thread before it makes another item, and waits for it.
-    """
-    if depth < 1:
-        raise ValueError(f"depth must be >= 1, got {depth}")
-    slots: queue.Queue[tuple[bool, object]] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def put(entry: tuple[bool, object]) -> bool:
-        while not stop.is_set():
-            try:
-                slots.put(entry, timeout=_PUT_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        iterator = iter(items)
-        try:
-            while not stop.is_set():
-                try:
-                    item = next(iterator)
-                except StopIteration:
-                    put((False, done))
-                    return
-                if not put((True, item)):
-                    return
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            put((False, exc))
-
-    thread = threading.Thread(target=produce, name=name, daemon=True)
-    thread.start()
-    try:
-        while True:
-            ok, entry = slots.get()
-            if ok:
-                yield entry  # type: ignore[misc]
-            elif entry is done:
-                return
-            else:
-                assert isinstance(entry, BaseException)
-                raise entry
-    finally:
-        stop.set()
-        thread.join()
-
-
-def channels_first(volume: np.ndarray) -> torch.Tensor:
-    """(h, w, d, C) numpy -> contiguous (C, h, w, d) float32 tensor."""
-    return torch.from_numpy(np.ascontiguousarray(np.moveaxis(volume, -1, 0), dtype=np.float32))
-
-
-def shard_batches(order: list[int], *, rank: int, world_size: int, batch_size: int) -> list[list[int]]:
-    """The batches of case indices rank ``rank`` trains on, given one epoch's case ``order``.
-
-    The rank's shard is ``order[rank::world_size]``, cut into batches of ``batch_size`` (the last
-    one may be shorter). Every rank returns ``max(1, ceil(len(order) / (batch_size * world_size)))``
-    batches: a rank whose shard yields fewer repeats its batches from the start. A rank whose shard
-    is empty (fewer cases than ranks) borrows one case of the order.
-    """
-    if not order:
-        raise ValueError("no training cases to shard")
-    steps = max(1, math.ceil(len(order) / (batch_size * world_size)))
-    shard = order[rank::world_size] or [order[rank % len(order)]]
-    chunks = [shard[i : i + batch_size] for i in range(0, len(shard), batch_size)]
-    return [chunks[k % len(chunks)] for k in range(steps)]
-
-
-# --------------------------------------------------------------------------- step measurements
-def _proc_status_bytes(field: str) -> int | None:
-    """A ``/proc/self/status`` field (``VmRSS``, ``VmHWM``, given in KiB) in bytes; None where there is none."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(f"{field}:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _trim_heap() -> None:
-    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing elsewhere), so that the
-    resident set holds what is in use, as in a process that has just started, not what earlier work freed."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(ctypes.c_size_t(0))
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
-def _reset_resident_peak() -> bool:
-    """Set the process's resident-set high-water mark (``VmHWM``) to its current resident set (Linux:
-    ``5`` to ``/proc/self/clear_refs``, which touches nothing else); False where that cannot be done."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        return False
-    return _proc_status_bytes("VmHWM") is not None
-
-
-def _lifetime_resident_peak() -> int:
-    """``getrusage``'s ``ru_maxrss`` in bytes (KiB on Linux, bytes on macOS): the peak since the process began."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-class StepMeter:
-    """One rank's training steps of an epoch: their mean wall time, and how far their peak memory rises above
-    the parameters (what :attr:`~distmis.perf.model.MemoryEstimate.step` predicts).
-
-    A step is timed from the moment its batch is in hand (the wait for the reading thread is not counted) to
-    its loss read back after the optimizer's step: the batch's copy to the device, forward, loss, backward,
-    gradient synchronization (DDP's all-reduce, or the SP and DP collectives) and the optimizer; on CUDA after a
-    ``synchronize``, so every kernel of the step is in it.
-
-    Memory is the epoch's peak less a baseline taken just before its first step (its batch in hand):
-
-    - CUDA: ``torch.cuda.max_memory_allocated`` (its peak reset at :meth:`start_epoch`) less ``memory_allocated``;
-    - CPU: the resident set's high-water mark ``VmHWM`` (reset at :meth:`start_epoch` through
-      ``/proc/self/clear_refs``; in a process that has not peaked before it is the ``getrusage`` ``ru_maxrss``
-      that ``benchmarks/sp_scaling.py`` reads) less the resident set ``VmRSS``. The C heap's free pages are given
-      back first (glibc's ``malloc_trim``): else the steps reuse what earlier epochs and validation freed, and
-      the resident set does not show them. Where the peak cannot be reset (no ``/proc``) the process's lifetime
-      peak (``ru_maxrss``) is used.
-
-    ``held`` gives the bytes of training state earlier steps left in place (gradients, the optimizer's moments:
-    none before a trainer's first step); they are taken off the baseline, so every epoch counts them as the first
-    does. On CPU the first epoch also counts what first use pages in (library code, kernel caches), and every
-    epoch the allocator's own overhead and the batches the reading thread prepares.
-    """
-
-    def __init__(self, device: torch.device, held: Callable[[], float] | None = None) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.held = held or (lambda: 0.0)
-        self.baseline: float | None = None  # bytes in use before this epoch's first step, less `held`
-        self.seconds = 0.0
-        self.steps = 0
-        self._resettable = False
-        self._started: float | None = None
-
-    def _in_use(self) -> float:
-        if self.cuda:
-            return float(torch.cuda.memory_allocated(self.device))
-        rss = _proc_status_bytes("VmRSS")
-        if rss is None:
-            import psutil
-
-            rss = psutil.Process().memory_info().rss
-        return float(rss)
-
-    def _peak(self) -> float:
-        if self.cuda:
-            return float(torch.cuda.max_memory_allocated(self.device))
-        hwm = _proc_status_bytes("VmHWM") if self._resettable else None
-        return float(hwm if hwm is not None else _lifetime_resident_peak())
-
-    def start_epoch(self) -> None:
-        """Forget the previous epoch's steps and reset the memory peak."""
-        self.seconds, self.steps, self._started, self.baseline = 0.0, 0, None, None
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            _trim_heap()
-            self._resettable = _reset_resident_peak()
-
-    def start_step(self) -> None:
-        """A step begins (its batch is in hand)."""
-        if self.baseline is None:
-            self.baseline = self._in_use() - self.held()
-        self._started = time.perf_counter()
-
-    def end_step(self) -> None:
-        """The step has ended (its loss has been read back)."""
-        if self._started is None:
-            raise RuntimeError("end_step without start_step")
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        self.seconds += time.perf_counter() - self._started
-        self.steps += 1
-        self._started = None
-
-    @property
-    def step_seconds(self) -> float:
-        """Mean seconds of this epoch's steps."""
-        if not self.steps:
-            raise ValueError("no step measured this epoch")
-        return self.seconds / self.steps
-
-    @property
-    def peak_bytes(self) -> float:
-        """This epoch's peak above the baseline (0 if the memory in use fell below it)."""
-        if self.baseline is None:
-            raise ValueError("no step measured this epoch")
-        return max(0.0, self._peak() - self.baseline)
-
-
-# --------------------------------------------------------------------------- trainer
-class TorchUNetTrainer:
-    """Builds the PyTorch U-Net, its optimizer and the streaming input of one trial's spec on one rank.
+class TorchTrainer:
+    """Builds one trial's torch network, its optimizer and the streaming input of its spec on one rank.
 
     Args:
-        spec: the trial's spec (its ``model.params`` and ``training`` sections are used).
+        spec: the trial's spec (its ``model`` and ``training`` sections are used).
         tfrecord_dir: the converted data (see :func:`distmis.search.prepare.prepare_data`).
-        layout: the trial's layout; the optimizer takes its ``effective_lr``. Default: the spec's own
-            (:func:`~distmis.spec.layout.resolve_layout`).
-        rank: this worker's index among ``world_size`` data-parallel workers.
-        world_size: how many workers share each epoch's training cases.
-        wrap_model: applied to the model to give :attr:`train_model` (e.g. Ray Train's
-            ``prepare_model`` or ``DistributedDataParallel``); ``None`` trains the model itself.
+        layout: the trial's layout, resolved once per trial (:func:`~distmis.spec.layout.resolve_trial`); the
+            optimizer takes its ``effective_lr``.
+        mesh: this process's place in the trial (:meth:`TrialMesh.build` in a worker group,
+            :meth:`TrialMesh.local` alone): the parallelism applied to the network and the data's share.
         device: where the model and batches live (``"cpu"``, ``"cuda:0"``, ...).
     """
 
-    def __init__(
-        self,
-        spec: Spec,
-        tfrecord_dir: str | Path,
-        *,
-        layout: TrialLayout | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        wrap_model: Callable[[nn.Module], nn.Module] | None = None,
-        device: str = "cpu",
-    ) -> None:
+    weight_files: tuple[str, ...] = ("model.pt",)
+
+    def __init__(self, spec: Spec, tfrecord_dir: str | Path, *, layout: TrialLayout, mesh: TrialMesh,
+                 device: str = "cpu") -> None:
         from distmis.data.tfrecord import read_manifest
 
-        if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must lie in [0, {world_size}), got {rank}")
-        self.spec = spec
-        self.layout = layout or resolve_layout(spec)
+        self.spec, self.layout, self.mesh = spec, layout, mesh
+        self.entry: ModelEntry = spec.model.entry
         self.tfrecord_dir = Path(tfrecord_dir)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size = mesh.dp_rank, mesh.dp_size  # the data's share: the DP replica's
         self.device = torch.device(device)
         manifest = read_manifest(self.tfrecord_dir)
         self.num_classes = int(manifest["num_classes"])
-        # What the output channels mean (distmis.data.targets): the head's activation, the loss, the scored channels
+        # What the output channels mean (distmis.data.targets): the activation, the loss, the scored channels
         self.targets = trainer_targets(manifest, self.tfrecord_dir)
         self.activation: Activation = self.targets["activation"]
         self.metric_keys: list[str] = metric_keys(self.targets)
@@ -342,13 +98,28 @@ class TorchUNetTrainer:
         # (a spec without one is one stage); validation and inference use the last stage's input throughout.
         self.stage = stage_at(training, 1)
         self.tile = self._check_tile(self.stage.tile, self.volume_shape)
-        self.window = self._check_tile(inference_window(training), self.volume_shape)
-        self.reduce_group: object | None = None  # the ranks whose validation shares add up (None: all)
+        self.in_channels = int(manifest["image_shape"][-1])
+        spacing = (manifest.get("preprocess") or {}).get("spacing")
+        self.network_input = NetworkInput(
+            in_channels=self.in_channels, out_channels=self.num_classes,
+            tile=self.tile or self.volume_shape,  # type: ignore[arg-type]  # no tile: the whole volume is one input
+            activation=self.activation, spacing=tuple(float(v) for v in spacing) if spacing else None)
+        # A network built for one input size predicts by windows of it; any other by the last stage's tile.
+        self.window = (self.network_input.tile if self.entry.fixed_input
+                       else self._check_tile(inference_window(training), self.volume_shape))
+
+        loss = training.loss
+        self.loss_fn = make_loss(loss.name, loss.smooth, activation=self.activation)  # on probabilities
+        # A network that gives logits trains on them (BCE with logits for sigmoid targets, MONAI's DiceCELoss for
+        # softmax ones); validation scores the probabilities either way.
+        self.train_loss_fn = (make_loss(loss.name, loss.smooth, from_logits=True, activation=self.activation)
+                              if self.entry.output == "logits" else self.loss_fn)
+        self.parallelism: Parallelism = parallelism_for(self.entry, spec, mesh, self.device, self.train_loss_fn)
+
         # Same seed -> same initial weights, whatever hyperparameters differ.
         torch.manual_seed(training.seed)
-        self.in_channels = int(manifest["image_shape"][-1])
-        self.model = self._build_model(self.in_channels).to(self.device)
-        self.train_model = wrap_model(self.model) if wrap_model is not None else self.model
+        self.model = self.entry.build(spec.model.params, self.network_input).to(self.device)
+        self.train_model = self.parallelism.apply(self.model, self._input_shape())
         self.num_parameters = count_trainable_parameters(self.model)
         opt = training.optimizer
         self.optimizer = torch.optim.Adam(
@@ -357,7 +128,6 @@ class TorchUNetTrainer:
         )
         # training.lr_schedule at the layout's (data-parallel scaled) rate: set at each epoch's start or step
         self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
-        self.loss_fn = make_loss(training.loss.name, training.loss.smooth, activation=self.activation)
 
         # Where the cases lie, not the cases: each is read when a batch or the validation needs it.
         self.train_cases = SplitCases(self.tfrecord_dir, "train", manifest=manifest)
@@ -368,8 +138,8 @@ class TorchUNetTrainer:
         if not self.val_cases:
             raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
 
-        self._tile_rng = torch.Generator().manual_seed(training.seed * 1_000 + rank)
-        self._foreground_rng = torch.Generator().manual_seed(training.seed * 1_000 + rank + 500)  # tile_sampling
+        self._tile_rng = torch.Generator().manual_seed(training.seed * 1_000 + self.rank)
+        self._foreground_rng = torch.Generator().manual_seed(training.seed * 1_000 + self.rank + 500)  # tile_sampling
         # training.augment: MONAI's transforms of each training input, reseeded at every epoch's start
         self.augmenter = (TorchAugmenter(training.augment, self.tile or self.volume_shape)
                           if training.augment.active else None)
@@ -377,17 +147,23 @@ class TorchUNetTrainer:
         self.step_meter = StepMeter(self.device, held=self._training_state_bytes)
         self._measured: tuple[float, float] | None = None  # the last trained epoch's (step seconds, peak bytes)
 
+    def _input_shape(self) -> InputShape:
+        """The current training input: what a parallelism that depends on it is applied for."""
+        return InputShape(tuple(self.tile or self.volume_shape), self.stage.batch_size)  # type: ignore[arg-type]
+
     def _training_state_bytes(self) -> float:
         """Bytes of what training keeps between steps: the gradients and the optimizer's state."""
         tensors = [p.grad for p in self.train_model.parameters() if p.grad is not None]
         tensors += [t for state in self.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
         return float(sum(t.numel() * t.element_size() for t in tensors))
 
-    def _build_model(self, in_channels: int) -> UNet3D:
-        params = self.spec.model.params
-        # UNet3D takes model.params' fields by name, like the Keras builder.
-        return UNet3D(in_channels=in_channels, num_classes=self.num_classes, activation=self.activation,
-                      **params.model_dump())
+    @property
+    def perf_shape(self) -> ViTShape | None:
+        """The network's arithmetic shape on its input (:mod:`distmis.perf.model`), where the entry has one."""
+        if self.entry.perf_shape is None:
+            return None
+        return self.entry.perf_shape(self.spec.model.params, self.network_input.tile, self.in_channels,
+                                     self.num_classes)
 
     @staticmethod
     def _check_tile(
@@ -488,6 +264,7 @@ class TorchUNetTrainer:
                 starts = [min(max(c - t // 2, 0), v - t) for c, t, v in zip(centre, self.tile, volume)]
         return (slice(None), *(slice(s, s + t) for s, t in zip(starts, self.tile)))
 
+
     # ------------------------------------------------------------------ training
     def train_epoch(self, epoch: int | None = None) -> float:
         """Train on this rank's batches of one epoch; the mean batch loss.
@@ -514,7 +291,7 @@ class TorchUNetTrainer:
                 x, y = x.to(self.device), y.to(self.device)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss = self._forward_backward(x, y)
-                self._synchronize_gradients()
+                self.parallelism.synchronize_gradients(self.train_model)
                 self.optimizer.step()
                 losses.append(float(loss))
                 meter.end_step()
@@ -532,46 +309,58 @@ class TorchUNetTrainer:
         self.tile = self._check_tile(stage.tile, self.volume_shape)
         if self.augmenter is not None:  # its transforms are made for the input's size
             self.augmenter = TorchAugmenter(self.spec.training.augment, self.tile or self.volume_shape)
-        self._stage_changed()
-
-    def _stage_changed(self) -> None:
-        """Called when the training input changes (a subclass whose model depends on it rebuilds here)."""
+        changed = self.parallelism.input_changed(self.model, self._input_shape())  # a pipeline's new shapes
+        if changed is not None:
+            self.train_model = changed
 
     def set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One step's forward and backward: the gradients in place, the batch's loss returned (detached)."""
-        loss = self._batch_loss(x, y)
-        loss.backward()
-        return loss.detach()
-
-    def _batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The training loss of one batch (a subclass may predict only part of it)."""
-        return self.loss_fn(self.train_model(x), y)
-
-    def _synchronize_gradients(self) -> None:
-        """Called between backward and the optimizer step; DDP (``wrap_model``) has already all-reduced."""
+        """One step's forward and backward (the parallelism's): the gradients in place, the batch's training loss
+        returned (detached)."""
+        return self.parallelism.forward_backward(self.train_model, self.train_loss_fn, x, y)
 
     # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def _probabilities(self, x: torch.Tensor) -> torch.Tensor:
+        """Probabilities of whole windows (B, C, *window) -> (B, K, *window), on every rank of a group: the
+        network's output, or the target scheme's activation (sigmoid, or softmax over the channels) of its
+        logits."""
+        out = self.parallelism.forward(self.model, self.train_model, x)  # eval mode: set on the shared model
+        return activate(out, self.activation) if self.entry.output == "logits" else out
+
     @torch.no_grad()
     def _predict(self, images_hwdc: np.ndarray) -> np.ndarray:
         """Probabilities (B, h, w, d, C) for channels-last images (B, h, w, d, 4)."""
         x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(images_hwdc, -1, 1), dtype=np.float32))
-        prob = self.model(x.to(self.device))
+        prob = self._probabilities(x.to(self.device))
         return prob.cpu().numpy().transpose(0, 2, 3, 4, 1)
 
-    def predict_volume(self, image_hwdc: np.ndarray) -> np.ndarray:
+    def predict_volume(self, image: np.ndarray) -> np.ndarray:
         """Probabilities (h, w, d, C) for one (h, w, d, 4) volume: whole, or by sliding windows of the (last
-        curriculum stage's) tile (``training.inference``: overlap, constant or Gaussian weights)."""
-        return self.predict_with_window(image_hwdc, self.window)
+        curriculum stage's) tile, or of the network's input for a network built for one input size
+        (``training.inference``: overlap, constant or Gaussian weights)."""
+        return self.predict_with_window(image, self.window)
 
-    def predict_with_window(self, image_hwdc: np.ndarray, window: tuple[int, int, int] | None) -> np.ndarray:
-        """:meth:`predict_volume` by sliding windows of ``window`` (None: the whole volume in one pass)."""
+    @torch.no_grad()
+    def predict_with_window(self, image: np.ndarray, window: Window) -> np.ndarray:
+        """:meth:`predict_volume` by sliding windows of ``window`` (None: the whole volume in one pass).
+
+        A network built for one input size runs its windows on the device, the volume there too (every rank of an
+        SP group runs the same windows and gets the whole result); any other gets each batch of channels-last
+        windows moved there (:func:`~distmis.train.inference.predict_channels_last`)."""
         self.model.eval()
         training = self.spec.training
-        return predict_channels_last(self._predict, image_hwdc, window, inference=training.inference,
+        inference = training.inference
+        if self.entry.fixed_input and window is not None:
+            x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(image, -1, 0), dtype=np.float32))[None]
+            prob = sliding_window(self._probabilities, x.to(self.device), window, overlap=inference.overlap,
+                                  mode=inference.mode, sigma_scale=inference.sigma_scale,
+                                  batch_size=training.inference_batch_size)
+            return prob[0].permute(1, 2, 3, 0).cpu().numpy()
+        return predict_channels_last(self._predict, image, window, inference=inference,
                                      batch_size=training.inference_batch_size)
 
     @contextlib.contextmanager
@@ -596,10 +385,11 @@ class TorchUNetTrainer:
         """Mean validation loss, mean per-case dice (each case's mean over the foreground channels) and each
         foreground channel's mean dice, over every validation case.
 
-        In a process group of ``world_size`` ranks each rank predicts every ``world_size``-th case (with rank
+        In a process group each rank predicts its share of the cases (the parallelism's: every ``n``-th; with rank
         0's normalization statistics) and the sums are all-reduced, so every rank returns the same means.
         """
-        rank, size = self._validation_share()
+        self.parallelism.before_validation()  # a pipeline gathers every stage's weights
+        rank, size, group = self.parallelism.validation_share()
         distributed = size > 1 and dist.is_available() and dist.is_initialized()
         if distributed:
             self._sync_buffers_from_rank0()
@@ -616,16 +406,11 @@ class TorchUNetTrainer:
         totals = torch.tensor([loss_sum, dice_sum, *class_sums.tolist(), float(len(cases))], dtype=torch.float64,
                               device=self.device)
         if distributed:
-            dist.all_reduce(totals, group=self.reduce_group)  # sum over ranks (on the model's device, for nccl)
+            dist.all_reduce(totals, group=group)  # sum over ranks (on the model's device, for nccl)
         values = totals.cpu().tolist()
         count = values[-1]
         return ValidationScores(values[0] / count, values[1] / count,
                                 {key: value / count for key, value in zip(self.metric_keys, values[2:-1])})
-
-    def _validation_share(self) -> tuple[int, int]:
-        """``(r, n)``: this rank validates every ``n``-th case from the ``r``-th; the sums add up over
-        :attr:`reduce_group`. Here the data-parallel rank and size."""
-        return self.rank, self.world_size
 
     def _sync_buffers_from_rank0(self) -> None:
         """Give every rank rank 0's buffers (batch-norm running statistics drift apart per rank)."""
@@ -646,12 +431,12 @@ class TorchUNetTrainer:
     def step_metrics(self) -> dict[str, float]:
         """The last trained epoch's ``step_seconds`` and ``peak_memory_mb`` (MiB) (:class:`StepMeter`), each the
         largest over the trial's ranks (the slowest rank's mean step, the fullest rank's peak: a collective when
-        the trainer is in a process group, so every rank calls it), and ``fom`` where the model defines one
-        (:meth:`figure_of_merit`)."""
+        the trainer is in a process group, so every rank calls it), and ``fom`` where the entry has a
+        performance-model shape (:meth:`figure_of_merit`)."""
         if self._measured is None:
             raise ValueError("no epoch trained yet")
         values = list(self._measured)
-        groups = self._measurement_groups()
+        groups = self.parallelism.measurement_groups() if dist.is_available() and dist.is_initialized() else []
         if groups:
             largest = torch.tensor(values, dtype=torch.float64, device=self.device)
             for group in groups:
@@ -664,17 +449,15 @@ class TorchUNetTrainer:
             metrics["fom"] = fom
         return metrics
 
-    def _measurement_groups(self) -> list[object]:
-        """The process groups whose successive MAX all-reduces span every rank of the trial: the default group
-        in a data-parallel process group; none for a trainer on its own."""
-        distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
-        return [None] if distributed else []
-
     def figure_of_merit(self, step_seconds: float) -> float | None:
-        """A model's figure of merit for a step of ``step_seconds`` (the U-Net has none)."""
-        return None
+        """The seed's ``b L s^2 d / step_seconds`` (``b`` the ``training.batch_size`` samples a rank trains per
+        step) where the entry has a performance-model shape; None otherwise."""
+        from distmis.perf.model import figure_of_merit
 
-    weight_files: tuple[str, ...] = ("model.pt",)
+        shape = self.perf_shape
+        if shape is None:
+            return None
+        return figure_of_merit(shape, batch=self.spec.training.batch_size, seconds=step_seconds)
 
     def save(self, directory: str | Path) -> Path:
         """Save the plain model's ``state_dict`` as ``model.pt`` in ``directory``."""
@@ -690,8 +473,9 @@ class TorchUNetTrainer:
 
     # ------------------------------------------------------------------ resuming (see distmis.train.checkpoint)
     def save_state(self, directory: str | Path, *, rank: int = 0, primary: bool = True) -> None:
-        """What continuing exactly needs: the weights and the optimizer state (``primary`` rank) and this rank's
-        random-number state (``rng.rank<rank>.pt``: torch's global generator and the tile generator)."""
+        """What continuing exactly needs: the weights and the optimizer state (``primary`` rank; and what the
+        parallelism keeps besides: a pipeline's every stage its own optimizer state) and this rank's random-number
+        state (``rng.rank<rank>.pt``: torch's global generator and the tile generators)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if primary:
@@ -702,10 +486,7 @@ class TorchUNetTrainer:
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         torch.save(rng, directory / f"rng.rank{rank}.pt")
-
-    def _saved_optimizer_state(self, directory: Path, state: dict) -> dict:
-        """This rank's optimizer state in a :meth:`save_state` folder whose ``trainer.pt`` holds ``state``."""
-        return state["optimizer"]
+        self.parallelism.save_optimizer(directory, self.optimizer)
 
     def load_state(self, directory: str | Path, *, rank: int = 0, epoch: int) -> None:
         """Continue after ``epoch`` epochs from :meth:`save_state`'s folder.
@@ -718,7 +499,7 @@ class TorchUNetTrainer:
         directory = Path(directory)
         state = torch.load(directory / "trainer.pt", map_location=self.device, weights_only=True)
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(self._saved_optimizer_state(directory, state))
+        self.optimizer.load_state_dict(self.parallelism.optimizer_state(directory, state))
         rng_file = directory / f"rng.rank{rank}.pt"
         if rng_file.is_file():
             rng = torch.load(rng_file, weights_only=True)

@@ -1,0 +1,85 @@
+"""What a trial leaves for the driver to read: the reserved keys of its reports and its checkpoint folders.
+
+The trial's side (:mod:`distmis.train.loop`, :mod:`distmis.train.checkpoint`, :mod:`distmis.train.startup`)
+writes them; the driver's side (:mod:`distmis.tracking.mlflow_tracking`, :mod:`distmis.search.trial_checkpoints`)
+reads them. Both import this module, so the tracking package need not import the training code to read what a
+trial wrote. Plain Python (pyarrow's filesystem classes are imported where a folder is listed): no torch,
+TensorFlow, Ray or other distmis module.
+
+A checkpoint folder (``checkpoint_000012``) holds ``resume/state.json`` (a :class:`TrainingState`) once it is
+complete; the rest of its files are the trainer's (:mod:`distmis.train.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["HISTORY_KEY", "STARTUP_PREFIX", "CHECKPOINT_PREFIX", "RESUME_DIR", "STATE_FILE", "TrainingState",
+           "stored_state", "held_epoch", "complete_folders"]
+
+# --------------------------------------------------------------------------- keys of a trial's reports
+HISTORY_KEY = "history"  # in a restarted trial's first report: JSON of every epoch's metrics so far
+STARTUP_PREFIX = "startup_"  # the first report's start-up seconds, ``startup_<part>_s`` (train.startup)
+
+# --------------------------------------------------------------------------- a checkpoint folder's layout
+CHECKPOINT_PREFIX = "checkpoint_"  # the folders Tune and Ray Train write a trial's checkpoints to
+RESUME_DIR = "resume"
+STATE_FILE = "state.json"  # in RESUME_DIR, written last: a folder with a state is complete
+
+
+@dataclass
+class TrainingState:
+    """Where a trial's training stands: ``epoch`` epochs done, the best value of the search metric so far."""
+
+    epoch: int = 0
+    best_value: float | None = None
+    best_epoch: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)  # every epoch's metrics, epoch 1 first
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainingState:
+        data = json.loads(text)
+        return cls(epoch=int(data["epoch"]), best_value=data.get("best_value"), best_epoch=int(data.get("best_epoch", 0)),
+                   history=list(data.get("history", [])))
+
+
+# --------------------------------------------------------------------------- a trial's folders on storage
+def _checkpoint_folders(filesystem: Any, parent: str) -> list[str]:
+    """Every checkpoint folder (``checkpoint_000012``, ...) of the trial folder ``parent`` (a pyarrow filesystem)."""
+    from pyarrow.fs import FileSelector, FileType
+
+    infos = filesystem.get_file_info(FileSelector(parent))
+    return [info.path for info in infos
+            if info.type == FileType.Directory and posixpath.basename(info.path).startswith(CHECKPOINT_PREFIX)]
+
+
+def stored_state(filesystem: Any, folder: str) -> TrainingState | None:
+    """The training state a checkpoint folder on ``filesystem`` holds; None when it holds no readable one
+    (emptied, never completed, or cut short)."""
+    try:
+        with filesystem.open_input_stream(posixpath.join(folder, RESUME_DIR, STATE_FILE)) as stream:
+            return TrainingState.from_json(stream.read().decode())
+    except (OSError, ValueError, KeyError, TypeError):  # missing, unreadable, or not a state of ours
+        return None
+
+
+def held_epoch(filesystem: Any, folder: str) -> int | None:
+    """The epoch a checkpoint folder holds (see :func:`stored_state`)."""
+    state = stored_state(filesystem, folder)
+    return None if state is None else state.epoch
+
+
+def complete_folders(filesystem: Any, parent: str) -> list[tuple[int, str]]:
+    """``(epoch, folder)`` of every checkpoint folder of the trial folder ``parent`` that holds a training state,
+    the newest epoch first (of two folders with one epoch, the later name first: the later write).
+
+    Ranked by the epoch each holds, never by name: a restored Tune trial numbers its new folders from the index its
+    (older) saved state knew."""
+    held = [(held_epoch(filesystem, folder), folder) for folder in _checkpoint_folders(filesystem, parent)]
+    return sorted(((epoch, folder) for epoch, folder in held if epoch is not None), reverse=True)
