@@ -83,3 +83,211 @@ def test_spec_package_imports_neither_torch_nor_ray_nor_tensorflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout
     assert out.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- the typed seams between search and trainers
+#: The modules whose signatures (parameters, returns, annotated class fields) name no ``Any``: what one trial runs,
+#: the epoch loop, the evaluation; they speak of a trainer by :class:`distmis.train.protocol.Trainer`.
+TYPED_MODULES = ("distmis/search/trainable.py", "distmis/train/loop.py", "distmis/search/evaluate.py")
+
+#: The functions of TYPED_MODULES that the merge of the torch trainers into ``distmis.train.torch_trainer`` rewrites:
+#: checked apart (``test_no_any_in_the_signatures_the_trainer_merge_rewrites``) until it lands, then in the rest.
+TRAINER_MERGE = {"distmis/search/trainable.py": {"build_trainer", "_build_trainer", "_vit_trainer",
+                                                 "_pipeline_trainer", "_trial_device", "_check_world"},
+                 "distmis/search/evaluate.py": {"loaded_trainer"}}
+
+
+def _names_any(annotation: ast.expr | None, aliases: set[str]) -> bool:
+    """Whether an annotation names ``Any`` (``Any``, ``typing.Any``, a string of either, or an alias of one)."""
+    if annotation is None:
+        return False
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            try:
+                if _names_any(ast.parse(node.value, mode="eval").body, aliases):
+                    return True
+            except SyntaxError:
+                continue
+        if isinstance(node, ast.Name) and (node.id == "Any" or node.id in aliases):
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "Any":
+            return True
+    return False
+
+
+def any_in_signatures(source: str) -> list[tuple[str, str]]:
+    """``(function or class, what)`` of every ``Any`` in a module's signatures: each function's (nested ones
+    included) parameters and return, each class's annotated fields (dataclasses, TypedDicts, Protocols); a
+    module-level alias whose value names ``Any`` counts as ``Any``."""
+    tree = ast.parse(source)
+    aliases: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and _names_any(node.value, aliases):
+            aliases.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None \
+                and _names_any(node.value, aliases):
+            aliases.add(node.target.id)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            every = [*args.posonlyargs, *args.args, *args.kwonlyargs, *filter(None, (args.vararg, args.kwarg))]
+            found += [(node.name, arg.arg) for arg in every if _names_any(arg.annotation, aliases)]
+            if _names_any(node.returns, aliases):
+                found.append((node.name, "return"))
+        elif isinstance(node, ast.ClassDef):
+            found += [(node.name, item.target.id) for item in node.body
+                      if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                      and _names_any(item.annotation, aliases)]
+    return found
+
+
+def test_no_any_in_the_signatures_of_the_search_loop_and_evaluation():
+    found = {path: [hit for hit in any_in_signatures((PACKAGE.parent / path).read_text())
+                    if hit[0] not in TRAINER_MERGE.get(path, set())]
+             for path in TYPED_MODULES}
+    assert found == {path: [] for path in TYPED_MODULES}
+
+
+def test_no_any_in_the_signatures_the_trainer_merge_rewrites():
+    found = {path: [hit for hit in any_in_signatures((PACKAGE.parent / path).read_text()) if hit[0] in names]
+             for path, names in TRAINER_MERGE.items()}
+    assert found == {path: [] for path in TRAINER_MERGE}
+
+
+def test_the_any_finder_finds_any():
+    source = ("from typing import Any\nimport typing\nAlias = dict[str, Any]\n"
+              "def f(a: int, *b: 'Any', c: typing.Any = 1, **d: int) -> Alias:\n"
+              "    def g(x: list[Any]) -> None: ...\n"
+              "class C:\n    field: Any\n    other: int\n")
+    assert sorted(any_in_signatures(source)) == [("C", "field"), ("f", "b"), ("f", "c"), ("f", "return"), ("g", "x")]
+    assert any_in_signatures("def f(a: object) -> dict[str, int | str]: ...\n") == []
+
+
+def test_no_trainer_class_inherits_from_another_trainer():
+    """One trainer class per framework, each whole: none builds on another ``...Trainer`` (a Protocol extending the
+    :class:`~distmis.train.protocol.Trainer` protocol is no implementation, and may)."""
+    inheriting = []
+    for path in sorted((PACKAGE / "train").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = [base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else ""
+                     for base in node.bases]
+            if "Protocol" in bases:
+                continue
+            inheriting += [f"{path.relative_to(PACKAGE.parent)}: {node.name}({base})" for base in bases
+                           if base.endswith("Trainer")]
+    assert inheriting == []
+
+
+def _helpers(tree: ast.Module, root: str) -> dict[str, ast.FunctionDef]:
+    """``root`` and the module's functions it calls, directly or through one another."""
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    reached, todo = {}, [root]
+    while todo:
+        name = todo.pop()
+        if name in reached or name not in functions:
+            continue
+        reached[name] = functions[name]
+        todo += [call.func.id for call in ast.walk(functions[name])
+                 if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)]
+    return reached
+
+
+def model_branches(source: str, root: str = "build_trainer") -> list[str]:
+    """Where ``root`` (or a helper of it) asks which network a trial trains: ``<x>.model.name`` or ``model.name``,
+    or ``isinstance(..., <...>Params)``."""
+    found = []
+    for name, function in _helpers(ast.parse(source), root).items():
+        for node in ast.walk(function):
+            if isinstance(node, ast.Attribute) and node.attr == "name" and (
+                    (isinstance(node.value, ast.Attribute) and node.value.attr == "model")
+                    or (isinstance(node.value, ast.Name) and node.value.id == "model")):
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                    and len(node.args) == 2 and any(
+                        (isinstance(leaf, ast.Name) and leaf.id.endswith("Params"))
+                        or (isinstance(leaf, ast.Attribute) and leaf.attr.endswith("Params"))
+                        for leaf in ast.walk(node.args[1])):
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_build_trainer_never_asks_which_network_a_trial_trains():
+    """The trainer is the framework's, whatever the network (the model registry's entry builds it): building one
+    branches on the framework and the layout, never on ``model.name`` or the type of ``model.params``."""
+    assert model_branches((PACKAGE / "search" / "trainable.py").read_text()) == []
+
+
+def test_the_branch_finder_finds_a_branch():
+    source = ("def build_trainer(spec):\n    return helper(spec)\n"
+              "def helper(spec):\n    if spec.model.name == 'x' or isinstance(spec.model.params, m.ViTParams):\n"
+              "        return 1\n"
+              "def unrelated(model):\n    return model.name\n")
+    assert [hit.split(":")[0] for hit in model_branches(source)] == ["helper", "helper"]
+
+
+# --------------------------------------------------------------------------- the layering docs/architecture.md draws
+#: Each subpackage (or top-level module) of distmis -> the others it may import (docs/architecture.md, "Where
+#: everything lives"). ``distmis`` itself (an empty ``__init__``) is free to import.
+ALLOWED: dict[str, set[str]] = {
+    "distmis.perf": set(),  # pure arithmetic on plain numbers
+    "distmis.pyfunc_model": set(),  # the registered model's code: MLflow runs it without distmis
+    "distmis.trial_record": set(),  # what a trial leaves for the driver: report keys, checkpoint folders
+    "distmis.models": {"distmis.perf"},
+    "distmis.spec": {"distmis.perf", "distmis.models"},
+    "distmis.data": {"distmis.spec", "distmis.pyfunc_model"},
+    "distmis.parallel": {"distmis.perf", "distmis.models", "distmis.spec"},
+    "distmis.tracking": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.trial_record"},
+    "distmis.train": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.data", "distmis.parallel",
+                      "distmis.pyfunc_model", "distmis.trial_record"},
+    "distmis.predict": {"distmis.models", "distmis.spec", "distmis.data", "distmis.pyfunc_model", "distmis.train",
+                        "distmis.tracking"},
+    "distmis.service": {"distmis.spec", "distmis.tracking"},
+    "distmis.search": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.data", "distmis.parallel",
+                       "distmis.train", "distmis.tracking", "distmis.predict", "distmis.service",
+                       "distmis.pyfunc_model", "distmis.trial_record"},
+    "distmis.cli": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.data", "distmis.parallel",
+                    "distmis.train", "distmis.tracking", "distmis.predict", "distmis.service", "distmis.search",
+                    "distmis.pyfunc_model", "distmis.trial_record"},
+    "distmis.__main__": {"distmis.cli"},
+    "distmis": set(),
+}
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``module -> dependency`` for every import that crosses into a subpackage its own may not import."""
+    return sorted(f"{module} -> {dep}" for module, deps in graph.items() for dep in deps
+                  if subpackage(dep) not in ({subpackage(module), "distmis"} | ALLOWED.get(subpackage(module), set())))
+
+
+def test_every_subpackage_imports_only_what_the_layering_allows():
+    graph = import_graph()
+    assert {subpackage(m) for m in graph} <= set(ALLOWED), "a new subpackage: give it a row in ALLOWED and the docs"
+    assert layering_violations(graph) == []
+
+
+def test_tracking_imports_neither_training_nor_the_parallel_runtime_and_perf_nothing_of_distmis():
+    graph = import_graph()
+    tracking = {d for m, deps in graph.items() if subpackage(m) == "distmis.tracking" for d in deps}
+    assert not {d for d in tracking if subpackage(d) in ("distmis.train", "distmis.parallel")}
+    assert not {d for m, deps in graph.items() if subpackage(m) == "distmis.perf" for d in deps
+                if subpackage(d) != "distmis.perf"}
+    assert graph["distmis"] == set()  # the root package imports nothing: importing it is free
+
+
+def test_the_layering_check_finds_a_forbidden_edge():
+    assert layering_violations({"distmis.tracking.x": {"distmis.train.loop"}}) == [
+        "distmis.tracking.x -> distmis.train.loop"]
+    assert layering_violations({"distmis.train.loop": {"distmis.spec.schema", "distmis.train.checkpoint"}}) == []
+
+
+def test_every_allowed_row_is_acyclic_and_the_docs_name_every_subpackage():
+    assert find_cycle(ALLOWED) is None, find_cycle(ALLOWED)
+    docs = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    section = docs[docs.index("## Where everything lives"):]
+    section = section[:section.index("\n## ", 1)]
+    for package in ALLOWED:
+        if package != "distmis":
+            assert f"`{package.removeprefix('distmis.')}`" in section, package

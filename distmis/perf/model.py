@@ -44,12 +44,17 @@ from distmis.perf.partition import dsp_schedule, partition_tokens
 __all__ = [
     "ViTShape", "SequenceLayout", "FlopCount", "CommBytes", "MemoryEstimate", "vit_flops", "vit_parameters",
     "communication_bytes", "vit_memory", "seed_block_macs", "figure_of_merit", "seed_table2",
-    "onednn_convolution", "process_overhead", "PROCESS_OVERHEAD",
+    "onednn_convolution", "process_overhead", "PROCESS_OVERHEAD", "MAGNITUDES",
 ]
 
 AttentionKind = Literal["allgather-kv", "ulysses", "dsp"]
 DecoderKind = Literal["gather", "no-gather"]
 ModelAttention = Literal["full", "axial"]
+
+#: The magnitudes a machine's figures and the model's predictions lie within: beyond them a figure is no
+#: device's, and a log-scale plot of the predictions overflows (the planner checks its machine and predictions
+#: against them, the plan's figure what it draws).
+MAGNITUDES = (1e-100, 1e100)
 
 
 @dataclass(frozen=True)
