@@ -196,14 +196,17 @@ def _rate(text: str) -> float:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from distmis.models.registry import MODELS
     from distmis.parallel.planner import Machine, best_layouts, plan_layouts
     from distmis.spec import load_spec, parse_set_options
     from distmis.spec.load import default_output_dir
     from distmis.tracking.figures import plan_figure
 
     spec = load_spec(args.spec, parse_set_options(args.set))
-    if spec.model.name != "vit-seg":
-        raise BadInput(f"{args.spec}: distmis plan sizes vit-seg trials; model.name is {spec.model.name!r}")
+    if spec.model.entry.perf_shape is None or not spec.model.entry.supports("sp"):
+        described = [name for name, entry in MODELS.items() if entry.perf_shape is not None and entry.supports("sp")]
+        raise BadInput(f"{args.spec}: distmis plan sizes the sequence-parallel layouts of networks the performance "
+                       f"model describes ({', '.join(described)}); model.name is {spec.model.name!r}")
     try:
         machine = Machine(ranks=args.ranks, memory_per_rank=args.memory_per_rank, device_flops=args.device_flops,
                           bandwidth=args.bandwidth, reserved=args.reserved)

@@ -10,7 +10,7 @@ import copy
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -353,26 +353,32 @@ def searched_models(spec: Spec) -> list[str] | None:
 def check_model_combinations(spec: Spec) -> list[tuple[str, str]]:
     """With ``model.name`` searched beside other fields, every combination of their values must make a valid trial
     (a tile one model takes and another does not; each value alone is checked by :func:`check_search_space`)."""
-    import itertools
-
     space = spec.search.space
     if MODEL_NAME_PATH not in space or len(space) < 2:
         return []
-    searched = {path: _values_to_check(domain) for path, domain in space.items()}
     base_problems = set(trial_problems(spec))
     problems: list[tuple[str, str]] = []
-    for count, values in enumerate(itertools.product(*searched.values())):
-        if count == MAX_CHECKED_COMBINATIONS:
-            break
-        config = dict(zip(searched, values))
+    for config in searched_combinations({path: _values_to_check(domain) for path, domain in space.items()}):
         try:
             found = sorted(set(trial_problems(apply_config(spec, config))) - base_problems)
         except SpecError as exc:
             found = exc.problems
-        for path, message in found:
-            where = ", ".join(f"{p}={v}" for p, v in config.items())
-            problems.append(("search.space", f"the trial with {where}: {path}: {message}"))
+        problems += [("search.space", f"the trial with {_named(config)}: {path}: {message}") for path, message in found]
     return problems[:5]
+
+
+def searched_combinations(searched: Mapping[str, list[Any]]) -> Iterator[dict[str, Any]]:
+    """Every combination of the searched paths' values as a trial config, the first
+    :data:`MAX_CHECKED_COMBINATIONS` of them."""
+    import itertools
+
+    for values in itertools.islice(itertools.product(*searched.values()), MAX_CHECKED_COMBINATIONS):
+        yield dict(zip(searched, values))
+
+
+def _named(config: Mapping[str, Any]) -> str:
+    """``"path=value, ..."``: a trial config in a message."""
+    return ", ".join(f"{path}={value}" for path, value in config.items())
 
 
 # Integer ranges up to this many values are checked value by value (a rule such as "a power of two" can hold
@@ -654,24 +660,18 @@ MAX_CHECKED_COMBINATIONS = 512
 def check_pipeline_combinations(spec: Spec) -> list[tuple[str, str]]:
     """With several of :data:`PIPELINE_PATHS` searched, every combination of their values must make a valid
     pipeline (each value alone is checked by :func:`check_search_space`)."""
-    import itertools
-
     searched = {path: _values_to_check(spec.search.space[path]) for path in PIPELINE_PATHS
                 if path in spec.search.space and spec.search.space[path].kind in ("grid", "choice", "randint")}
     if len(searched) < 2:
         return []
     problems: list[tuple[str, str]] = []
-    for count, values in enumerate(itertools.product(*searched.values())):
-        if count == MAX_CHECKED_COMBINATIONS:
-            break
-        config = dict(zip(searched, values))
+    for config in searched_combinations(searched):
         try:
             trial = apply_config(spec, config)
         except SpecError:
             continue  # check_search_space reports the value
-        for path, message in check_pipeline(trial):
-            where = ", ".join(f"{p}={v}" for p, v in config.items())
-            problems.append(("search.space", f"the trial with {where}: {path}: {message}"))
+        problems += [("search.space", f"the trial with {_named(config)}: {path}: {message}")
+                     for path, message in check_pipeline(trial)]
     return problems[:5]
 
 

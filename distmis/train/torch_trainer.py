@@ -46,6 +46,7 @@ from distmis.parallel.mesh import TrialMesh
 from distmis.perf.model import ViTShape
 from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
 from distmis.spec.layout import TrialLayout
+from distmis.spec.load import network_tile
 from distmis.spec.schema import Spec
 from distmis.train.epoch import (
     EpochMetrics, ValidationScores, checked_epoch, curriculum_metrics, trainer_targets,
@@ -102,7 +103,9 @@ class TorchTrainer:
         spacing = (manifest.get("preprocess") or {}).get("spacing")
         self.network_input = NetworkInput(
             in_channels=self.in_channels, out_channels=self.num_classes,
-            tile=self.tile or self.volume_shape,  # type: ignore[arg-type]  # no tile: the whole volume is one input
+            # what every training input and the inference window divide by (DynUNet plans its strides from it):
+            # the tile, the whole volume without one, a curriculum's stages' greatest common divisor
+            tile=network_tile(spec, self.volume_shape),  # type: ignore[arg-type]
             activation=self.activation, spacing=tuple(float(v) for v in spacing) if spacing else None)
         # A network built for one input size predicts by windows of it; any other by the last stage's tile.
         self.window = (self.network_input.tile if self.entry.fixed_input

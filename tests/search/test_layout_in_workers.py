@@ -55,12 +55,12 @@ def record(out_dir: str, spec: Any, layout: Any, trainer: Any, rank: int = 0,
     }
     if hasattr(trainer, "strategy"):  # TensorFlow
         found["replicas"] = int(trainer.strategy.num_replicas_in_sync)
-    groups = getattr(trainer, "groups", None)
-    if groups is not None and hasattr(groups, "sp_size"):
-        found.update(sp_size=groups.sp_size, dp_size=groups.dp_size, sp_ranks=list(groups.sp_ranks))
-    if groups is not None and hasattr(groups, "pp_size"):
-        found.update(pp_size=groups.pp_size, dp_size=groups.dp_size, pp_ranks=list(groups.pp_ranks))
-    pipeline = getattr(trainer, "pipeline", None)
+    mesh = getattr(trainer, "mesh", None)  # torch: the trial's TrialMesh
+    if mesh is not None:
+        found.update(sp_size=mesh.sp_size, dp_size=mesh.dp_size, sp_ranks=list(mesh.sp_ranks))
+        if mesh.pp_size > 1:
+            found.update(pp_size=mesh.pp_size, pp_ranks=list(mesh.pp_ranks))
+    pipeline = getattr(getattr(trainer, "parallelism", None), "pipeline", None)
     if pipeline is not None:  # this rank's stage: its cells, and the parameters its optimizer updates
         found["stage_index"] = pipeline.stage_index
         found["stage_cells"] = [type(c).__name__ for c in pipeline.stage_module.cells]
@@ -68,6 +68,8 @@ def record(out_dir: str, spec: Any, layout: Any, trainer: Any, rank: int = 0,
         found["stage_parameters"] = sum(p.numel() for p in pipeline.stage_module.parameters())
         found["model_parameters"] = trainer.num_parameters
     model = getattr(trainer, "train_model", None)
+    if type(model).__name__ == "DistributedDataParallel":
+        found["wrapped_model"] = type(model.module).__name__
     if type(model).__name__ == "SequenceParallelViTSeg":
         found["wrapper_sp_size"] = model.sp_size
         found["attention_cores"] = sorted({type(m.core).__name__ for m in model.model.modules() if hasattr(m, "core")})
@@ -205,7 +207,8 @@ def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says(ray_l
         assert rank["lr"] == pytest.approx(2e-3)  # dp=2 whatever the degree
         assert (rank["sp_size"], rank["dp_size"]) == (degree, 2)
         if degree == 1:
-            assert rank["train_model"] == "ViTSeg"  # no SP wrapper when there is nothing to split
+            # no SP wrapper when there is nothing to split: the two replicas in DDP, as any network's
+            assert rank["train_model"] == "DistributedDataParallel" and rank["wrapped_model"] == "ViTSeg"
         else:
             assert rank["train_model"] == "SequenceParallelViTSeg" and rank["wrapper_sp_size"] == 2
             assert rank["attention_cores"] == ["UlyssesAttention"]
