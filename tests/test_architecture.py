@@ -90,13 +90,6 @@ def test_spec_package_imports_neither_torch_nor_ray_nor_tensorflow():
 #: the epoch loop, the evaluation; they speak of a trainer by :class:`distmis.train.protocol.Trainer`.
 TYPED_MODULES = ("distmis/search/trainable.py", "distmis/train/loop.py", "distmis/search/evaluate.py")
 
-#: The functions of TYPED_MODULES that the merge of the torch trainers into ``distmis.train.torch_trainer`` rewrites:
-#: checked apart (``test_no_any_in_the_signatures_the_trainer_merge_rewrites``) until it lands, then in the rest.
-TRAINER_MERGE = {"distmis/search/trainable.py": {"build_trainer", "_build_trainer", "_vit_trainer",
-                                                 "_pipeline_trainer", "_trial_device", "_check_world"},
-                 "distmis/search/evaluate.py": {"loaded_trainer"}}
-
-
 def _names_any(annotation: ast.expr | None, aliases: set[str]) -> bool:
     """Whether an annotation names ``Any`` (``Any``, ``typing.Any``, a string of either, or an alias of one)."""
     if annotation is None:
@@ -143,16 +136,8 @@ def any_in_signatures(source: str) -> list[tuple[str, str]]:
 
 
 def test_no_any_in_the_signatures_of_the_search_loop_and_evaluation():
-    found = {path: [hit for hit in any_in_signatures((PACKAGE.parent / path).read_text())
-                    if hit[0] not in TRAINER_MERGE.get(path, set())]
-             for path in TYPED_MODULES}
+    found = {path: any_in_signatures((PACKAGE.parent / path).read_text()) for path in TYPED_MODULES}
     assert found == {path: [] for path in TYPED_MODULES}
-
-
-def test_no_any_in_the_signatures_the_trainer_merge_rewrites():
-    found = {path: [hit for hit in any_in_signatures((PACKAGE.parent / path).read_text()) if hit[0] in names]
-             for path, names in TRAINER_MERGE.items()}
-    assert found == {path: [] for path in TRAINER_MERGE}
 
 
 def test_the_any_finder_finds_any():
