@@ -129,18 +129,22 @@ def _vit_shape(params: ViTSegParams, tile: Sequence[int], in_channels: int, out_
 
 def _deepest_map(norm: Any, factor: Sequence[int], shape: Sequence[int], batch_size: int) -> str | None:
     """Why a network whose deepest normalized feature map is the input over ``factor`` (per axis) cannot train on
-    ``shape`` in batches of ``batch_size``, or None: instance normalization needs more than one voxel per map,
-    batch normalization more than one value per channel in a batch."""
+    ``shape``, or None: instance normalization needs more than one voxel per map, batch normalization more than one
+    value per channel in a batch, which a single-voxel map lacks whenever a batch holds one sample (an epoch's short
+    last batch, a data-parallel replica's share), whatever ``batch_size`` says."""
     cells = prod(max(s // f, 1) for s, f in zip(shape, factor))
     kind = norm_kind(norm)
-    if kind == "instance" and cells == 1:
+    if cells > 1 or kind not in ("instance", "batch"):
+        return None
+    larger = [2 * f for f in factor[:1]] + list(shape[1:])
+    if kind == "instance":
         return (f"its deepest feature map (the input / {list(factor)}) is a single voxel on {list(shape)}, which "
-                f"instance normalization cannot normalize: make an axis at least twice as large (e.g. "
-                f"{[2 * f for f in factor[:1]] + list(shape[1:])}), or use batch or group normalization")
-    if kind == "batch" and cells * batch_size == 1:
-        return (f"its deepest feature map (the input / {list(factor)}) is a single voxel on {list(shape)}, and batch "
-                f"normalization of a batch of 1 holds one value per channel: use a larger input or batch")
-    return None
+                f"instance normalization cannot normalize: make an axis at least twice as large (e.g. {larger}), "
+                "or use group normalization")
+    return (f"its deepest feature map (the input / {list(factor)}) is a single voxel on {list(shape)}, and batch "
+            f"normalization holds one value per channel whenever a batch has one sample (an epoch's short last "
+            f"batch of {batch_size}, a replica's share): make an axis at least twice as large (e.g. {larger}), or "
+            "use group normalization")
 
 
 def _dynunet_multiple(params: DynUNetParams) -> int:

@@ -160,8 +160,13 @@ def test_the_input_check_says_what_torch_says():
         build("basicunet", TINY["basicunet"][0], (16, 16, 16)).eval()(torch.randn(1, IN_CHANNELS, 16, 16, 16))
     assert entry.input_check(params, (32, 16, 16), 2) is None
     batch_norm = entry.params.model_validate({**TINY["basicunet"][0], "norm": "batch"})
-    assert entry.input_check(batch_norm, (16, 16, 16), 2) is None  # two values per channel in a batch
-    assert "batch normalization" in entry.input_check(batch_norm, (16, 16, 16), 1)
+    for batch in (1, 2):  # a batch of 2 still ends an epoch of 3 cases with a batch of one sample
+        assert "batch normalization" in entry.input_check(batch_norm, (16, 16, 16), batch)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        build("basicunet", {**TINY["basicunet"][0], "norm": "batch"}, (16, 16, 16)).train()(
+            torch.randn(1, IN_CHANNELS, 16, 16, 16))
+    group_norm = entry.params.model_validate({**TINY["basicunet"][0], "norm": ["group", {"num_groups": 2}]})
+    assert entry.input_check(group_norm, (16, 16, 16), 1) is None
     swin = model_entry("swinunetr")
     assert "single voxel" in swin.input_check(swin.params(feature_size=12), (32, 32, 32), 2)
 

@@ -106,7 +106,10 @@ def test_a_deepest_feature_map_of_one_voxel_is_refused_under_instance_normalizat
     assert path == "training.tile" and "swinunetr cannot train on [32, 32, 32]" in message
     assert "instance normalization" in message and "[64, 32, 32]" in message
     model = {"name": "swinunetr", "framework": "torch", "params": {"norm_name": "batch"}}
-    validate_spec(tree_with(tmp_path, model, tile=(32, 32, 32)))  # a batch of two: two values per channel
+    [(path, message)] = problems_of(tree_with(tmp_path, model, tile=(32, 32, 32)))  # a short last batch of one
+    assert path == "training.tile" and "batch normalization" in message and "group normalization" in message
+    model["params"] = {"norm_name": ["group", {"num_groups": 4}]}
+    validate_spec(tree_with(tmp_path, model, tile=(32, 32, 32)))  # group norm: several channels per group
 
 
 def test_a_curriculum_that_changes_a_fixed_input_is_refused(tmp_path):
