@@ -747,3 +747,26 @@ def test_a_pipelined_curriculum_gets_a_pipeline_per_input(pipelined):
         for stage in (first, second):  # ...over the same parameters, which the one optimizer updates
             assert stage["stage_parameters"] == stage["optimizer_parameters"]
         assert all(np.isfinite(stage["train_loss"]) and np.isfinite(stage["val_dice"]) for stage in (first, second))
+
+
+@pytest.mark.parametrize("name, params", [("dynunet", {"filters": [4, 8, 16]}),
+                                          ("segresnet", {"init_filters": 8, "blocks_down": [1, 1, 1],
+                                                         "blocks_up": [1, 1]})])
+def test_a_monai_network_trains_a_curriculum_of_augmented_tiles(prepared, name: str, params: dict):
+    """A curriculum (foreground-centred 8^3 tiles, then whole 16^3 volumes) with augmentation: one network serves
+    both inputs (DynUNet's strides planned from what both divide by), and validation predicts whole volumes."""
+    spec, data = prepared
+    tree = spec.model_dump(mode="json")
+    tree["model"] = {"name": name, "framework": "torch", "params": params}
+    tree["training"].update(tile=None, epochs=2, augment={"enabled": True},
+                            curriculum=[{"tile": [8, 8, 8], "epochs": 1, "tile_sampling": 1.0},
+                                        {"tile": None, "epochs": 1}])
+    trainer = local_trainer(validate_spec(tree), data.tfrecord_dir)
+    assert trainer.network_input.tile == (8, 8, 8) and trainer.window is None  # whole volumes to validate
+    inputs = []
+    trainer._forward_backward = lambda x, y: (inputs.append(tuple(x.shape[2:])),
+                                              TorchTrainer._forward_backward(trainer, x, y))[1]
+    for epoch in (1, 2):
+        metrics = trainer.run_epoch(epoch)
+        assert np.isfinite(metrics.train_loss) and 0.0 <= metrics.val_dice <= 1.0
+    assert set(inputs) == {(8, 8, 8), (16, 16, 16)}
