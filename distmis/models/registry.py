@@ -25,7 +25,7 @@ builder, one test and one docs row.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from math import lcm, prod
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
@@ -91,10 +91,8 @@ class ModelEntry:
     # (params, an input's shape, its batch size) -> why the network cannot train on it, or None
     input_check: Callable[[Any, tuple[int, int, int], int], str | None] | None = None
     summary: str = ""
-    loss_from_logits: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "loss_from_logits", self.output == "logits")
         if "dp" not in self.parallelisms:
             raise ValueError(f"model {self.name!r}: every network supports data parallelism ('dp')")
         if ("sp" in self.parallelisms) != (self.parallelize is not None):

@@ -88,17 +88,17 @@ def constructor_parameters(name: str, params: dict[str, object], *, in_channels:
     module, _, attribute = entry.constructor.partition(":")
     cls = getattr(importlib.import_module(module), attribute)
     arguments = {key: tuple(value) if isinstance(value, list) else value for key, value in params.items()}
-    if name == "dynunet":  # kernels and strides as distmis planned them from the tile (isotropic synthetic spacing)
-        from distmis.models.dynunet_plan import plan_dynunet
+    if name == "dynunet":  # the kernels and strides distmis plans from the tile (isotropic synthetic spacing)
+        from distmis.models.monai_nets import dynunet_arguments
+        from distmis.models.registry import NetworkInput
 
-        plan = plan_dynunet(tile, None)
-        arguments.update(kernel_size=plan.kernel_size, strides=plan.strides,
-                         upsample_kernel_size=plan.strides[1:])
+        arguments = dynunet_arguments(entry.params.model_validate(params),
+                                      NetworkInput(in_channels, out_channels, tile))
     accepted = inspect.signature(cls).parameters
     arguments.update({key: value for key, value in (("spatial_dims", 3), ("in_channels", in_channels),
                                                     ("out_channels", out_channels), ("img_size", tile))
                       if key in accepted})
-    network = cls(**{key: value for key, value in arguments.items() if value is not None or key in accepted})
+    network = cls(**arguments)
     return sum(p.numel() for p in network.parameters())
 
 
