@@ -692,8 +692,24 @@ def trial_problems(spec: Spec) -> list[tuple[str, str]]:
     return shape + curriculum + check_sequence_parallel(spec) + check_pipeline(spec) + check_loss(spec)
 
 
+def check_folds(spec: Spec) -> list[tuple[str, str]]:
+    """Cross-validation: ``search.folds`` names folds that ``dataset.split.folds`` makes, and a spec leaves
+    ``dataset.split.fold`` (one trial's fold) to the search."""
+    split, chosen = spec.dataset.split, spec.search.folds
+    problems: list[tuple[str, str]] = []
+    if split.fold is not None:
+        problems.append(("dataset.split.fold", f"is set by the search for each trial (got {split.fold}); choose the "
+                                               "folds every configuration trains with search.folds"))
+    if split.folds is None and chosen != "all":
+        problems.append(("search.folds", f"{chosen} needs cross-validation folds: set dataset.split.folds (k >= 2)"))
+    elif split.folds is not None and chosen != "all" and max(chosen) >= split.folds:
+        problems.append(("search.folds", f"{chosen} names folds that do not exist: dataset.split.folds "
+                                         f"{split.folds} makes folds 0 to {split.folds - 1}"))
+    return problems
+
+
 def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
-    problems = trial_problems(spec) + check_search_space(spec)
+    problems = trial_problems(spec) + check_search_space(spec) + check_folds(spec)
     return (problems or check_auto_degree_combinations(spec) or check_pipeline_combinations(spec)
             or check_model_combinations(spec))

@@ -35,15 +35,34 @@ def _check_positive_shape(shape: tuple[int, int, int] | None) -> tuple[int, int,
 
 # --------------------------------------------------------------------------- dataset
 class SplitSpec(StrictModel):
-    """Fractions of cases for training, validation and test, and the seed of the shuffle."""
+    """Fractions of cases for training, validation and test, and the seed of the shuffle.
+
+    ``folds: k`` (cross-validation): the ``test`` fraction is kept aside as without folds, and the other cases are
+    split into k folds by the same seeded shuffle; a trial trains on k - 1 folds and validates on the one left out
+    (which: ``search.folds``). ``train`` and ``val`` are then not given. ``fold`` is the fold one trial validates
+    on: the search sets it for each trial, a spec does not.
+    """
 
     train: float = Field(0.7, gt=0, lt=1)
     val: float = Field(0.15, gt=0, lt=1)
     test: float = Field(0.15, ge=0, lt=1)
     seed: int = 0
+    folds: int | None = Field(None, ge=2, le=100, description="cross-validation: split the non-test cases into this "
+                                                             "many folds")
+    fold: int | None = Field(None, ge=0, description="the fold a trial validates on (set by the search per trial)")
 
     @model_validator(mode="after")
     def _fractions_sum_to_one(self) -> SplitSpec:
+        if self.folds is not None:
+            given = sorted({"train", "val"} & self.model_fields_set)
+            if given:
+                raise ValueError(f"with folds, every non-test case is in one fold: give test (and seed) only, not "
+                                 f"{' or '.join(given)}")
+            if self.fold is not None and self.fold >= self.folds:
+                raise ValueError(f"fold {self.fold} is not one of the {self.folds} folds (0 to {self.folds - 1})")
+            return self
+        if self.fold is not None:
+            raise ValueError(f"fold {self.fold} needs folds (dataset.split.folds: k)")
         total = self.train + self.val + self.test
         if not math.isclose(total, 1.0, abs_tol=1e-6):
             raise ValueError(f"train + val + test must be 1, got {total:g}")
@@ -508,6 +527,20 @@ class SearchSpec(StrictModel):
                                                    "test split (0: none)")
     max_trials: int = Field(10_000, ge=1, description="the most trials the search may hold (grid points x "
                                                       "num_samples): a larger one is refused before anything starts")
+    folds: Literal["all"] | list[int] = Field("all", description="with dataset.split.folds: the folds each "
+                                                                   "configuration trains (one trial per fold), all "
+                                                                   "by default")
+
+    @field_validator("folds")
+    @classmethod
+    def _distinct_folds(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("folds must be 'all' or a non-empty list of fold numbers")
+            if len(set(value)) != len(value) or any(v < 0 for v in value):
+                raise ValueError(f"folds must be distinct fold numbers >= 0, got {value}")
+            return sorted(value)
+        return value
 
     @property
     def trial_count(self) -> int:
@@ -648,6 +681,8 @@ class ParallelismSpec(StrictModel):
                                                  "does not fit the nodes there are now")
     max_failures: int = Field(0, ge=0, description="times a trial whose process or worker died is restarted from "
                                                    "its last epoch's checkpoint before it counts as failed")
+    repeats: int = Field(1, ge=1, le=100, description="compare: run every (mode, workers) cell this many times, in "
+                                                    "an interleaved order, for a mean and std of each figure")
 
     @model_validator(mode="after")
     def _workers_fit_the_mode(self) -> ParallelismSpec:
@@ -711,3 +746,12 @@ class Spec(StrictModel):
     @property
     def registered_model_name(self) -> str:
         return self.tracking.model_name or self.name
+
+    @property
+    def cv_folds(self) -> tuple[int, ...]:
+        """The folds each configuration trains, one trial each (``search.folds`` of ``dataset.split.folds``); ``()``
+        for a search without cross-validation."""
+        k = self.dataset.split.folds
+        if k is None:
+            return ()
+        return tuple(range(k)) if self.search.folds == "all" else tuple(self.search.folds)
