@@ -10,7 +10,7 @@ Read top-down, the modules are:
   labels optional); :func:`discover_scans`, :func:`read_scan` and :func:`read_scan_label`.
 * :mod:`~distmis.data.preprocess` - z-score, crop / pad, resize, label ->
   target channels; :class:`PreprocessConfig` and :func:`preprocess_case`.
-* :mod:`~distmis.data.split` - seeded train / val / test splits.
+* :mod:`~distmis.data.split` - seeded train / val / test splits, or cross-validation folds and test.
 * :mod:`~distmis.data.synthetic` - small synthetic data sets in any layout.
 * :mod:`~distmis.data.tfrecord` - offline conversion to sharded TFRecords and
   the tf.data input pipeline.
@@ -61,7 +61,7 @@ from distmis.data.preprocess import (
     zscore_nonzero,
 )
 from distmis.data.scans import ScanFiles, discover_scans, read_scan, read_scan_label
-from distmis.data.split import make_split, read_split, write_split
+from distmis.data.split import development_cases, fold_parts, make_split, read_split, split_parts, write_split
 from distmis.data.synthetic import synthesize_dataset
 from distmis.data.tfrecord import (
     convert_to_tfrecords,
@@ -109,6 +109,9 @@ __all__ = [
     "make_split",
     "write_split",
     "read_split",
+    "split_parts",
+    "fold_parts",
+    "development_cases",
     "synthesize_dataset",
     "convert_to_tfrecords",
     "read_manifest",

@@ -1,4 +1,4 @@
-"""Random access to the cases of one split of a TFRecord folder, read from disk at each access.
+"""Random access to the cases of one split of a TFRecord folder (or of several), read from disk at each access.
 
 A torch trainer used to read its whole training split into memory, so its resident memory grew with the number
 of cases (``benchmarks/torch_memory.py``). :class:`SplitCases` holds only where each case lies: on creation it
@@ -14,6 +14,7 @@ TensorFlow, so a torch trial stays free of it.
     case_id, image, label = cases[0]        # image float32 (h, w, d, 4), label uint8 (h, w, d, C)
     for case_id, image, label in cases[rank::world_size]:   # a lazy share: nothing read until iterated
         ...
+    SplitCases(tfrecord_dir, ["fold0", "fold2"])   # several parts: a cross-validation trial's training folds
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from numpy.typing import DTypeLike
 
 from distmis.data.errors import DataError
 from distmis.data.records import parse_example, read_record_at, record_offsets
+from distmis.data.split import part_names
 
 __all__ = ["Case", "SplitCases"]
 
@@ -110,11 +112,12 @@ def _decode(record: bytes, location: _Location, index: _SplitIndex, label_dtype:
 
 
 class SplitCases(Sequence[Case]):
-    """The cases of one split of a TFRecord folder, each read from disk when it is indexed.
+    """The cases of one split of a TFRecord folder (or of several), each read from disk when it is indexed.
 
     Args:
         tfrecord_dir: a folder written by :func:`~distmis.data.tfrecord.convert_to_tfrecords`.
-        split: ``"train"``, ``"val"`` or ``"test"``.
+        split: ``"train"``, ``"val"``, ``"test"`` or a fold's ``"fold0"``...; or several parts
+            (``["fold0", "fold2"]``): their cases, part after part in the order given.
         label_dtype: the labels' dtype (stored as uint8 0/1; the trainers validate on float32).
         manifest: the folder's manifest if already read (:func:`~distmis.data.tfrecord.read_manifest`).
 
@@ -127,14 +130,19 @@ class SplitCases(Sequence[Case]):
         DataError: as above, or if the folder has no such split.
     """
 
-    def __init__(self, tfrecord_dir: str | Path, split: str, *, label_dtype: DTypeLike = np.uint8,
+    def __init__(self, tfrecord_dir: str | Path, split: str | Sequence[str], *, label_dtype: DTypeLike = np.uint8,
                  manifest: Mapping[str, Any] | None = None) -> None:
         from distmis.data.tfrecord import read_manifest  # no TensorFlow: it is imported inside functions only
 
         tfrecord_dir = Path(tfrecord_dir)
+        #: the parts read, in order (``split`` as a tuple)
+        self.parts: tuple[str, ...] = part_names(split)
         self.tfrecord_dir, self.split = tfrecord_dir, split
         self.label_dtype = np.dtype(label_dtype)
-        self._index = _index_split(tfrecord_dir, split, read_manifest(tfrecord_dir) if manifest is None else manifest)
+        manifest = read_manifest(tfrecord_dir) if manifest is None else manifest
+        indexes = [_index_split(tfrecord_dir, part, manifest) for part in self.parts]
+        self._index = _SplitIndex(tuple(location for index in indexes for location in index.locations),
+                                  indexes[0].image_shape, indexes[0].label_shape)
         self._positions: range = range(len(self._index.locations))
 
     def _share(self, positions: range) -> SplitCases:
@@ -163,12 +171,12 @@ class SplitCases(Sequence[Case]):
         try:
             position = self._positions[item]
         except IndexError:
-            raise IndexError(f"case index {item} out of range for {len(self)} cases of split {self.split!r} "
+            raise IndexError(f"case index {item} out of range for {len(self)} cases of split {self._named()} "
                              f"of {str(self.tfrecord_dir)!r}") from None
         return self._read(position)
 
     def _read(self, position: int) -> Case:
-        """Read and decode the case at ``position`` of the whole split."""
+        """Read and decode the case at ``position`` of the whole split (all its parts)."""
         location = self._index.locations[position]
         return _decode(read_record_at(location.path, location.offset), location, self._index, self.label_dtype)
 
@@ -176,5 +184,8 @@ class SplitCases(Sequence[Case]):
         for position in self._positions:
             yield self._read(position)
 
+    def _named(self) -> str:
+        return repr(self.parts[0]) if len(self.parts) == 1 else repr(list(self.parts))
+
     def __repr__(self) -> str:
-        return f"SplitCases({str(self.tfrecord_dir)!r}, {self.split!r}: {len(self)} cases)"
+        return f"SplitCases({str(self.tfrecord_dir)!r}, {self._named()}: {len(self)} cases)"

@@ -3,13 +3,14 @@
 The training pipeline never touches NIfTI: :func:`convert_to_tfrecords` reads
 and preprocesses every case once (in parallel worker processes that only use
 numpy / nibabel / scipy) and the parent process writes them into sharded
-TFRecord files, one set per split::
+TFRecord files, one set per part of the split (:func:`~distmis.data.split.split_parts`: ``train``, ``val`` and
+``test``, or with cross-validation folds ``fold0``, ..., ``fold{k-1}`` and ``test``)::
 
     out_dir/manifest.json
     out_dir/train-00000-of-00002.tfrecord
     out_dir/train-00001-of-00002.tfrecord
     out_dir/val-00000-of-00001.tfrecord
-    ...
+    ...                                      (or fold0-00000-of-00001.tfrecord, fold1-..., test-...)
 
 Each record is a ``tf.train.Example`` with the features
 
@@ -19,8 +20,9 @@ Each record is a ``tf.train.Example`` with the features
 * ``image_shape``, ``label_shape``: int64 lists.
 
 ``manifest.json`` records the format version, the preprocessing config, the
-(common) shapes and dtypes, the split and, per split, the case ids and the
-shards with their sha256 checksums (see :func:`verify_checksums`).
+(common) shapes and dtypes, the split (``"split"``, with its ``"folds"`` if any) and, per part
+(``"splits"``, keyed ``train`` ... or ``fold0`` ...), the case ids and the shards with their sha256
+checksums (see :func:`verify_checksums`).
 
 The output folder appears whole or not at all: the shards are written into a
 hidden ``.{out}.partial-{pid}-{tag}`` folder beside it, renamed into place at the
@@ -38,7 +40,9 @@ with an error naming it, and nothing is deleted.
 
 :func:`make_dataset` builds the training input pipeline (interleave -> parse
 -> cache -> shuffle -> random tile crop -> batch -> prefetch), deterministic
-for a seed; :func:`iter_cases` yields whole volumes for validation.
+for a seed; :func:`iter_cases` yields whole volumes for validation. Both read
+one part (``"train"``) or the union of several (``["fold0", "fold2"]``: a
+cross-validation trial's training folds).
 
 TensorFlow is imported inside the functions only, so that importing
 :mod:`distmis.data` stays cheap and the worker processes never load it.
@@ -75,7 +79,7 @@ from distmis.data.errors import DataError
 from distmis.data.layouts import MODALITIES, CaseFiles, read_case
 from distmis.data.preprocess import PreprocessConfig, preprocess_case
 from distmis.data.records import parse_example, read_records
-from distmis.data.split import SPLIT_NAMES, validate_split
+from distmis.data.split import part_names, split_parts, validate_split
 
 if sys.platform != "win32":
     import fcntl
@@ -122,7 +126,7 @@ _PR_SET_PDEATHSIG = 1
 _PARENT_POLL_S = 0.5
 #: A partial folder without a proven marker is removed only when empty, its pid gone, and older than this.
 _ABANDONED_AFTER_S = 60.0
-_SHARD_FILE = re.compile(r"(?:train|val|test)-\d{5,}-of-\d{5,}\.tfrecord")
+_SHARD_FILE = re.compile(r"(?:train|val|test|fold\d+)-\d{5,}-of-\d{5,}\.tfrecord")
 _PARTIAL = re.compile(r"\.(?P<name>.+)\.partial-(?P<pid>\d+)-(?P<tag>[0-9a-f]{8})")
 #: ``pid-tag`` of the folders this process is writing (a lock this process holds may not conflict with
 #: itself where flock is emulated with POSIX locks, as on NFS).
@@ -563,22 +567,24 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def _plan(cases: Sequence[CaseFiles], split: Mapping[str, Any]) -> dict[str, list[CaseFiles]]:
-    """Cases of each split, in the split's order; DataError for unknown or duplicated ids."""
+    """Cases of each part of the split (:func:`~distmis.data.split.split_parts`: train, val, test, or fold0 ...
+    and test), parts and cases in the split's order; DataError for unknown or duplicated ids."""
     validate_split(split)
     by_id: dict[str, CaseFiles] = {}
     for case in cases:
         if case.case_id in by_id:
             raise DataError(f"case id {case.case_id!r} appears twice in the list of cases")
         by_id[case.case_id] = case
-    unknown = [c for name in SPLIT_NAMES for c in split[name] if c not in by_id]
+    parts = split_parts(split)
+    unknown = [c for ids in parts.values() for c in ids if c not in by_id]
     if unknown:
         raise DataError(
             f"the split names {len(unknown)} case(s) that are not in the data set, e.g. {unknown[:5]}; "
             f"was the split made for another data set?"
         )
-    plan = {name: [by_id[c] for c in split[name]] for name in SPLIT_NAMES}
+    plan = {name: [by_id[c] for c in ids] for name, ids in parts.items()}
     if not any(plan.values()):
-        raise DataError("the split has no cases in train, val or test; nothing to convert")
+        raise DataError(f"the split has no cases in {', '.join(plan)}; nothing to convert")
     return plan
 
 
@@ -598,8 +604,8 @@ def convert_to_tfrecords(
 
     Args:
         cases: the data set's cases (from :func:`~distmis.data.layouts.discover_cases`).
-        split: a split dict (:func:`~distmis.data.split.make_split`); cases in
-            no split are skipped.
+        split: a split dict (:func:`~distmis.data.split.make_split`, with or without folds): one shard set per
+            part (:func:`~distmis.data.split.split_parts`); cases in no part are skipped.
         config: preprocessing; after it, every case must have the same shape.
         out_dir: output folder, created atomically (see the module docstring).
         shards_per_split: shards per split; default: ~8 cases per shard.
@@ -633,7 +639,7 @@ def convert_to_tfrecords(
     remove_leftovers(out_dir)
     _check_out_dir(out_dir, overwrite)
     plan = _plan(cases, split)
-    ordered = [case for name in SPLIT_NAMES for case in plan[name]]
+    ordered = [case for part in plan.values() for case in part]
     if workers is None:
         workers = min(os.cpu_count() or 1, 4)
     workers = max(1, min(int(workers), len(ordered)))
@@ -656,7 +662,7 @@ def convert_to_tfrecords(
             label_shape: tuple[int, ...] | None = None
             first_case = ""
             splits_info: dict[str, Any] = {}
-            for name in SPLIT_NAMES:
+            for name in plan:
                 sizes = _shard_sizes(len(plan[name]), shards_per_split)
                 shards = []
                 for index, size in enumerate(sizes):
@@ -766,19 +772,28 @@ def read_manifest(tfrecord_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def _split_shards(tfrecord_dir: Path, manifest: Mapping[str, Any], split: str) -> tuple[list[Path], int]:
-    """Shard paths and number of cases of ``split``; DataError if unknown, empty or missing."""
+def _split_shards(tfrecord_dir: Path, manifest: Mapping[str, Any],
+                  split: str | Sequence[str]) -> tuple[list[Path], int]:
+    """Shard paths and number of cases of ``split``: one part, or the union of several (their shards in the
+    order of the parts); DataError if a part is unknown, they hold no case, or a shard is missing (ValueError
+    for no part or one named twice)."""
     splits = manifest["splits"]
-    if split not in splits:
-        raise DataError(f"split {split!r} is not in {str(tfrecord_dir)!r}; available: {sorted(splits)}")
-    info = splits[split]
-    if info["num_cases"] == 0:
-        raise DataError(f"split {split!r} of {str(tfrecord_dir)!r} has no cases")
-    paths = [tfrecord_dir / shard["file"] for shard in info["shards"]]
+    parts = part_names(split)
+    paths: list[Path] = []
+    num_cases = 0
+    for part in parts:
+        if part not in splits:
+            raise DataError(f"split {part!r} is not in {str(tfrecord_dir)!r}; available: {sorted(splits)}")
+        info = splits[part]
+        paths += [tfrecord_dir / shard["file"] for shard in info["shards"]]
+        num_cases += int(info["num_cases"])
+    if num_cases == 0:
+        named = f"split {parts[0]!r}" if len(parts) == 1 else f"splits {list(parts)}"
+        raise DataError(f"{named} of {str(tfrecord_dir)!r} {'has' if len(parts) == 1 else 'have'} no cases")
     for path in paths:
         if not path.is_file():
             raise DataError(f"shard {str(path)!r} listed in the manifest does not exist")
-    return paths, int(info["num_cases"])
+    return paths, num_cases
 
 
 def verify_checksums(tfrecord_dir: str | Path) -> None:
@@ -818,7 +833,7 @@ def _check_tile(tile: Sequence[int], spatial: Sequence[int], tfrecord_dir: Path)
 
 def make_dataset(
     tfrecord_dir: str | Path,
-    split: str,
+    split: str | Sequence[str],
     *,
     batch_size: int,
     shuffle: bool = False,
@@ -831,7 +846,7 @@ def make_dataset(
     tile_sampling: float = 0.0,
     augment: AugmentSpec | None = None,
 ) -> tf.data.Dataset:
-    """tf.data pipeline of ``(image, label)`` batches for one split.
+    """tf.data pipeline of ``(image, label)`` batches for one split, or the union of several.
 
     shards -> interleave(TFRecordDataset) -> parse + reshape -> [shard] ->
     cache -> shuffle (buffer = all cases, reshuffled each epoch) -> [repeat] ->
@@ -841,6 +856,8 @@ def make_dataset(
     (and of the epoch, when the same dataset object is iterated again).
 
     Args:
+        split: a part of the folder (``"train"``, ``"fold0"``, ...), or several (``["fold0", "fold2"]``): their
+            shards are read as one set (interleaved, shuffled and sharded together).
         shard: ``(num_shards, index)`` keeps every ``num_shards``-th case
             starting at ``index`` (one data-parallel worker's part).
         repeat: make the dataset endless (take a fixed number of batches per epoch).
@@ -973,8 +990,10 @@ def _tiler(
     return crop
 
 
-def iter_cases(tfrecord_dir: str | Path, split: str) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
-    """Yield ``(case_id, image, label)`` of ``split`` in stored order, as numpy arrays.
+def iter_cases(tfrecord_dir: str | Path,
+               split: str | Sequence[str]) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """Yield ``(case_id, image, label)`` of ``split`` (one part, or several: one after the other, in the order
+    given) in stored order, as numpy arrays.
 
     ``image`` is float32 ``(h, w, d, 4)`` and ``label`` uint8 ``(h, w, d, C)``,
     bit-identical to what :func:`~distmis.data.preprocess.preprocess_case`

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 from distmis.data.errors import DataError
 from distmis.data.layouts import CaseFiles, Layout, case_spatial_shape, discover_cases
 from distmis.data.preprocess import LabelMode, PreprocessConfig, preprocessed_shape
-from distmis.data.split import make_split
+from distmis.data.split import development_cases, make_split
 from distmis.data.synthetic import synthesize_dataset
 from distmis.data.tfrecord import convert_to_tfrecords, read_manifest, verify_checksums
 from distmis.spec.load import SpecError, apply_config, check_input_shape
@@ -122,7 +122,13 @@ def preprocess_config(spec: Spec | DatasetSpec, description: Any = None,
 def with_statistics(config: PreprocessConfig, cases: Sequence[CaseFiles], split: dict[str, Any], description: Any,
                     *, progress: bool = False) -> PreprocessConfig:
     """``config`` with its CT channels' intensity statistics, learnt from the training split's foreground
-    (:func:`~distmis.data.statistics.ct_statistics`); unchanged when no channel is ``ct``."""
+    (:func:`~distmis.data.statistics.ct_statistics`); unchanged when no channel is ``ct``.
+
+    With cross-validation folds (``split["folds"]``) there is no one training split: each fold's trial trains on
+    the others. The statistics are then learnt from every development (non-test) case, the union of the folds
+    (:func:`~distmis.data.split.development_cases`), as nnU-Net learns its dataset fingerprint from every training
+    case before it cuts its five folds; the one TFRecord folder serves every fold (a fold's validation cases
+    thus share in the statistics, as in nnU-Net, but never the test cases)."""
     from dataclasses import replace
 
     from distmis.data.statistics import ct_statistics
@@ -131,7 +137,7 @@ def with_statistics(config: PreprocessConfig, cases: Sequence[CaseFiles], split:
     ct = [index for index, scheme in enumerate(schemes) if scheme["scheme"] == "ct"]
     if not ct:
         return config
-    train = set(split.get("train", []))
+    train = set(development_cases(split) if "folds" in split else split.get("train", []))
     statistics = ct_statistics([c for c in cases if c.case_id in train], description, ct, progress=progress)
     normalization = tuple({"scheme": "ct", **statistics[index]} if index in statistics else dict(scheme)
                           for index, scheme in enumerate(schemes))
@@ -333,10 +339,12 @@ def dataset_changes(before: dict[str, list[int]], now: dict[str, list[int]], lim
 
 def _fingerprint(cases: list[CaseFiles], config: PreprocessConfig, split: dict[str, Any]) -> str:
     """What the TFRecords are a function of: the preprocessing (its learnt statistics follow from the rest), the
-    split and every source file (path, size, modification time)."""
+    split (its train, val and test cases, or its folds and test cases: a fold split and a plain one never share a
+    folder) and every source file (path, size, modification time)."""
     digest = hashlib.sha256()
     digest.update(json.dumps(config.to_dict(statistics=False), sort_keys=True).encode())
-    digest.update(json.dumps({k: split[k] for k in ("train", "val", "test")}, sort_keys=True).encode())
+    keys = ("folds", "test") if "folds" in split else ("train", "val", "test")
+    digest.update(json.dumps({k: split[k] for k in keys}, sort_keys=True).encode())
     for case in cases:
         for path in (*case.images, case.label):
             stat = path.stat()
@@ -345,9 +353,13 @@ def _fingerprint(cases: list[CaseFiles], config: PreprocessConfig, split: dict[s
 
 
 def _split(spec: Spec, cases: Sequence[CaseFiles]) -> dict[str, Any]:
+    """The spec's split of ``cases``: train / val / test, or with ``dataset.split.folds`` k folds and test."""
     s = spec.dataset.split
+    ids = [c.case_id for c in cases]
     try:
-        return make_split([c.case_id for c in cases], train=s.train, val=s.val, test=s.test, seed=s.seed)
+        if s.folds is not None:
+            return make_split(ids, test=s.test, seed=s.seed, folds=s.folds)
+        return make_split(ids, train=s.train, val=s.val, test=s.test, seed=s.seed)
     except ValueError as exc:
         raise DataError(f"dataset.split for {spec.dataset.path}: {exc}") from None
 
@@ -357,7 +369,9 @@ def prepare_data(spec: Spec, output_dir: str | Path, *, progress: bool = True) -
 
     The cases are checked against their ``dataset.json`` from their headers first (channel count and shapes,
     image and label spacings: :func:`~distmis.data.layouts.check_cases`); the CT channels' intensity statistics
-    are learnt from the training split's foreground just before a conversion (:func:`with_statistics`)."""
+    are learnt from the training split's foreground (with ``dataset.split.folds``: every non-test case's) just
+    before a conversion (:func:`with_statistics`). With folds, one folder holds every fold (``fold0`` ...
+    ``fold{k-1}``, ``test``): each trial reads its own (``dataset.split.fold``)."""
     from distmis.data.layouts import check_cases
 
     generated = ensure_dataset(spec, progress=progress)

@@ -9,8 +9,9 @@ that was most of it, and more with two workers than with one.
 :class:`TensorflowWorkerGroup` is N Ray actors in one placement group (``PACK``, each bundle the layout's
 ``worker_resources``), joined once by ``TF_CONFIG`` into one strategy. Each trial of the search asks the group
 for its epochs (:meth:`TensorflowWorkerGroup.epochs`); the workers keep a trainer per :func:`graph_key`, so a
-trial whose model and training graphs equal an earlier one's (a new learning rate, say) restarts that trainer
-(:meth:`UNetTrainer.restart`: the same initial weights and data order as a new one) instead of tracing again.
+trial whose model and training graphs equal an earlier one's (a new learning rate, say, or another
+cross-validation fold) restarts that trainer (:meth:`UNetTrainer.restart`: the same initial weights, data order
+and cases, its fold's, as a new one) instead of tracing again.
 
 The epoch loop is :func:`distmis.train.loop.epoch_reports` in every worker, stepped one epoch per call by
 the trial: a trial that Tune stops (or that fails) leaves the workers idle between two epochs, ready for the

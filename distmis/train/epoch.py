@@ -102,3 +102,33 @@ def trainer_targets(manifest: Mapping[str, Any], where: Any = "the TFRecord fold
         raise ValueError(f"{where}: the target scheme's activation must be 'sigmoid' or 'softmax', got "
                          f"{targets['activation']!r}")
     return targets
+
+
+@dataclass(frozen=True)
+class TrialParts:
+    """The parts of a TFRecord folder one trial trains and validates on (``("train",)`` and ``("val",)``, or with
+    cross-validation every other fold and its own), and how many cases the training parts hold."""
+
+    train: tuple[str, ...]
+    val: tuple[str, ...]
+    num_train: int
+
+
+def trial_parts(manifest: Mapping[str, Any], fold: int | None, where: Any = "the TFRecord folder") -> TrialParts:
+    """The parts a trial reads: :func:`distmis.data.split.fold_parts` of the folder's split (``manifest["split"]``)
+    for the trial's ``fold`` (``spec.dataset.split.fold``, which the search sets per trial). The one place both
+    trainers (and a kept trainer's restart) learn which cases are theirs. ValueError naming ``where`` when the fold
+    and the folder's split disagree (a fold for a folder without folds, none for one with folds, one out of range),
+    or the manifest lacks a part."""
+    from distmis.data.split import fold_parts
+
+    try:
+        train, val = fold_parts(manifest.get("split") or {}, fold)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    splits = manifest["splits"]
+    missing = [part for part in (*train, *val) if part not in splits]
+    if missing:
+        raise ValueError(f"{where}: the manifest has no part {missing[0]!r} (it has {sorted(splits)}); was it "
+                         f"written for another split?")
+    return TrialParts(train, val, sum(int(splits[part]["num_cases"]) for part in train))

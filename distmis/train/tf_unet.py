@@ -25,6 +25,7 @@ from distmis.spec.schema import Spec
 from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
 from distmis.train.epoch import (
     EpochMetrics, NonFiniteLossError, ValidationScores, checked_epoch, curriculum_metrics, trainer_targets,
+    trial_parts,
 )
 from distmis.train.inference import predict_channels_last
 from distmis.train.schedules import LearningRateSchedule
@@ -79,13 +80,15 @@ def seed_everything(seed: int) -> None:
 def graph_key(spec: Spec) -> str:
     """What a trainer's traced graphs depend on: the spec but its learning rate and its schedule (a variable the
     graphs read), seed, number of epochs, tile sampling and augmentation (the input pipeline's, made again at a
-    restart; augmentation keeps the inputs' shapes): two trials with equal keys can share one trainer
-    (:meth:`UNetTrainer.restart`)."""
+    restart; augmentation keeps the inputs' shapes), and the fold a cross-validation trial validates on
+    (``dataset.split.fold``: a restart reads the new fold's cases; the graphs do not depend on which cases they
+    see): two trials with equal keys can share one trainer (:meth:`UNetTrainer.restart`)."""
     training = spec.training.model_dump(mode="json",
                                         exclude={"epochs", "seed", "lr_schedule", "tile_sampling", "augment"})
     training["optimizer"].pop("lr")
-    return json.dumps({"model": spec.model.model_dump(mode="json"), "dataset": spec.dataset.model_dump(mode="json"),
-                       "training": training}, sort_keys=True)
+    dataset = spec.dataset.model_dump(mode="json", exclude={"split": {"fold"}})
+    return json.dumps({"model": spec.model.model_dump(mode="json"), "dataset": dataset, "training": training},
+                      sort_keys=True)
 
 
 class UNetTrainer:
@@ -137,7 +140,9 @@ class UNetTrainer:
         # learning-rate variable at each epoch's start or step: no graph is traced again for it
         self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
         self._epochs_trained = 0
-        self._num_train = int(manifest["splits"]["train"]["num_cases"])
+        # train / val, or with cross-validation (dataset.split.fold) the other folds / this trial's fold
+        self.parts = trial_parts(manifest, spec.dataset.split.fold, self.tfrecord_dir)
+        self._num_train = self.parts.num_train
         self.volume_shape = tuple(int(v) for v in manifest["image_shape"][:3])
         # training.curriculum: the stage of the epoch being trained gives the tile, batch and tile sampling (a spec
         # without one is one stage); validation and inference use the last stage's input throughout.
@@ -145,7 +150,7 @@ class UNetTrainer:
         self.window = inference_window(training)
         self.train_data = self._train_data(training.seed)
         # Validation cases are read one at a time when predicted (each epoch), as in the torch trainers.
-        self.val_cases = SplitCases(self.tfrecord_dir, "val", label_dtype=np.float32, manifest=manifest)
+        self.val_cases = SplitCases(self.tfrecord_dir, self.parts.val, label_dtype=np.float32, manifest=manifest)
         if not self.val_cases:
             raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
 
@@ -230,9 +235,12 @@ class UNetTrainer:
     def restart(self, spec: Spec, layout: TrialLayout) -> None:
         """Make this trainer the fresh trainer of another trial whose graphs are the same (:func:`graph_key`): the
         weights a new trainer would start from (the same seeded draw), a zeroed optimizer at the trial's learning
-        rate, the data order of its seed. What is kept is the traced and optimized training and prediction
-        graphs, which a new model would build again (5 to 10 s a trial for the U-Net of benchmarks/speedup.yaml).
+        rate, the data order of its seed, the training and validation cases of its fold (cross-validation: another
+        fold's trial trains and validates on its own cases, never the previous trial's). What is kept is the
+        traced and optimized training and prediction graphs, which a new model would build again (5 to 10 s a
+        trial for the U-Net of benchmarks/speedup.yaml).
         """
+        from distmis.data.cases import SplitCases
         from distmis.data.tfrecord import read_manifest
         from distmis.models.unet3d_tf import build_unet3d
         from distmis.parallel.tensorflow_cluster import broadcast_from_first_replica
@@ -243,9 +251,17 @@ class UNetTrainer:
         if layout.world_size != self.layout.world_size:
             raise ValueError(f"restart needs the same number of workers ({self.layout.world_size}), "
                              f"got {layout.world_size}")
+        manifest = read_manifest(self.tfrecord_dir)
+        parts = trial_parts(manifest, spec.dataset.split.fold, self.tfrecord_dir)  # the new trial's fold
+        if parts.val != self.parts.val:
+            val_cases = SplitCases(self.tfrecord_dir, parts.val, label_dtype=np.float32, manifest=manifest)
+            if not val_cases:
+                raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
+            self.val_cases = val_cases
+        self.parts, self._num_train = parts, parts.num_train  # the input pipeline below reads its training parts
         self.spec, self.layout = spec, layout
         seed_everything(spec.training.seed)
-        fresh = self._build_model(build_unet3d, read_manifest(self.tfrecord_dir))  # only its initial weights
+        fresh = self._build_model(build_unet3d, manifest)  # only its initial weights
         self.model.set_weights(fresh.get_weights())
         broadcast_from_first_replica(self.strategy, self.model.weights)
         for variable in self.optimizer.variables:
@@ -276,7 +292,7 @@ class UNetTrainer:
         self._train_iterator = None
         if self.replicas == 1:
             self.steps_per_epoch = max(1, math.ceil(self._num_train / stage.batch_size))
-            return make_dataset(self.tfrecord_dir, "train", batch_size=stage.batch_size, shuffle=True,
+            return make_dataset(self.tfrecord_dir, self.parts.train, batch_size=stage.batch_size, shuffle=True,
                                 seed=seed, tile=stage.tile, tile_sampling=stage.tile_sampling,
                                 augment=training.augment)
         largest_shard = math.ceil(self._num_train / self.replicas)
@@ -284,7 +300,7 @@ class UNetTrainer:
 
         def worker_dataset(pipelines: int, index: int) -> Any:
             return make_dataset(
-                self.tfrecord_dir, "train", batch_size=stage.batch_size, shuffle=True, seed=seed,
+                self.tfrecord_dir, self.parts.train, batch_size=stage.batch_size, shuffle=True, seed=seed,
                 tile=stage.tile, tile_sampling=stage.tile_sampling, augment=training.augment,
                 shard=(pipelines, index),
             ).repeat()  # each pass reshuffled and re-tiled

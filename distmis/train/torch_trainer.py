@@ -49,7 +49,7 @@ from distmis.spec.layout import TrialLayout
 from distmis.spec.load import network_tile
 from distmis.spec.schema import Spec
 from distmis.train.epoch import (
-    EpochMetrics, ValidationScores, checked_epoch, curriculum_metrics, trainer_targets,
+    EpochMetrics, ValidationScores, checked_epoch, curriculum_metrics, trainer_targets, trial_parts,
 )
 from distmis.train.inference import predict_channels_last, sliding_window
 from distmis.train.metering import StepMeter
@@ -132,12 +132,14 @@ class TorchTrainer:
         # training.lr_schedule at the layout's (data-parallel scaled) rate: set at each epoch's start or step
         self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
 
-        # Where the cases lie, not the cases: each is read when a batch or the validation needs it.
-        self.train_cases = SplitCases(self.tfrecord_dir, "train", manifest=manifest)
+        # Where the cases lie, not the cases: each is read when a batch or the validation needs it. The parts: train
+        # and val, or with cross-validation (dataset.split.fold) the other folds and this trial's fold.
+        self.parts = trial_parts(manifest, spec.dataset.split.fold, self.tfrecord_dir)
+        self.train_cases = SplitCases(self.tfrecord_dir, self.parts.train, manifest=manifest)
         if not self.train_cases:
             raise ValueError(f"{self.tfrecord_dir}: the training split holds no cases")
         # Validation cases are channels-last numpy with float32 labels, as in the TF trainer.
-        self.val_cases = SplitCases(self.tfrecord_dir, "val", label_dtype=np.float32, manifest=manifest)
+        self.val_cases = SplitCases(self.tfrecord_dir, self.parts.val, label_dtype=np.float32, manifest=manifest)
         if not self.val_cases:
             raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
 

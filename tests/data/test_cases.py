@@ -216,3 +216,18 @@ def test_reading_split_cases_does_not_import_tensorflow(tfrecords):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_several_parts_are_their_union_part_after_part(tfrecords):
+    manifest = read_manifest(tfrecords)
+    cases = SplitCases(tfrecords, ["val", "test"])
+    assert cases.parts == ("val", "test")
+    assert cases.case_ids == manifest["splits"]["val"]["case_ids"] + manifest["splits"]["test"]["case_ids"]
+    expected = list(iter_cases(tfrecords, ("val", "test")))
+    assert [c for c, _, _ in expected] == cases.case_ids
+    for (case_id, image, label), (want_id, want_image, want_label) in zip(cases, expected):
+        assert case_id == want_id
+        np.testing.assert_array_equal(image, want_image)
+        np.testing.assert_array_equal(label, want_label)
+    single = SplitCases(tfrecords, "val")
+    assert single.parts == ("val",) and single.split == "val" and repr(single).endswith("'val': 2 cases)")

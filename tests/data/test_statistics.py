@@ -76,3 +76,24 @@ def test_median_spacing_is_per_axis_and_follows_the_reorientation(ct_root: Path)
     spacings = np.array([nib.load(str(c.images[0])).header.get_zooms()[:3] for c in cases], np.float64)
     assert median_spacing(cases) == pytest.approx(tuple(np.median(spacings, axis=0)))
     assert median_spacing(cases, "RAS") == pytest.approx(tuple(np.median(spacings, axis=0)))  # all stored RAS
+
+
+def test_with_folds_the_ct_statistics_come_from_every_development_case(ct_root: Path):
+    """Cross-validation: no one training split, so (as nnU-Net's fingerprint) every non-test case, never a test one."""
+    from distmis.data.split import development_cases
+
+    cases = discover_cases(ct_root, "msd")
+    split = make_split([c.case_id for c in cases], test=0.34, seed=0, folds=2)
+    assert len(split["test"]) == 2 and [len(f) for f in split["folds"]] == [2, 2]
+    dataset = DatasetSpec(path=str(ct_root), layout="msd", labels="classes")
+    description = describe_dataset(ct_root, "msd")
+    config = with_statistics(preprocess_config(dataset, description, cases, split), cases, split, description)
+    by_id = {c.case_id: c for c in cases}
+    development = development_cases(split)
+    assert sorted(development) == sorted(split["folds"][0] + split["folds"][1])
+    foreground = np.concatenate([raw(by_id[i].images[0])[raw(by_id[i].label) > 0] for i in development])
+    stats = config.normalization[0]
+    assert stats["mean"] == pytest.approx(foreground.mean(), abs=1e-9)
+    assert stats["std"] == pytest.approx(foreground.std(), abs=1e-9)
+    one_fold = np.concatenate([raw(by_id[i].images[0])[raw(by_id[i].label) > 0] for i in split["folds"][0]])
+    assert stats["mean"] != pytest.approx(one_fold.mean(), abs=1e-6)

@@ -1,0 +1,209 @@
+"""Cross-validation in a Ray Tune search: one Tune trial per (configuration, fold), grouped by configuration.
+
+With ``dataset.split.folds: k`` a search trains each configuration (a point of its search space) once per chosen
+fold (``search.folds``). Each (configuration, fold) is a trial of its own, whose config carries the searched values,
+the fold it validates on (:data:`FOLD_KEY`, the spec path ``dataset.split.fold``: the trainers read their parts of
+the data from it) and its configuration's id (:data:`CONFIGURATION_KEY`, not a spec path: only the driver reads it).
+
+Why a trial per fold rather than the folds inside one trial: everything a trial already is keeps working
+unchanged for a fold - experiment-, data- and hybrid-parallel trials, sequence- and pipeline-parallel ones, their
+checkpoints, restarts (``parallelism.max_failures`` counts per fold) and ``--resume`` (a fold that had finished is not
+trained again) - and the folds of one configuration run side by side when there are workers for them, as nnU-Net's
+five folds are five jobs.
+
+What the searchers and schedulers see:
+
+- :class:`FoldSearcher` hands out a configuration's folds one after another and tells its inner searcher (Optuna,
+  or :class:`Configurations` for grid and random search) the configuration's result once its last fold has ended:
+  the mean over the folds of each fold's best value of ``search.metric``. Optuna thus learns from the folds' mean,
+  the value the search ranks configurations by.
+- :class:`FoldScheduler` gives ASHA one bracket per fold: a fold's trial is stopped or promoted against the same
+  fold of the other configurations. The folds' mean is known only when a configuration's last fold ends, too late
+  for a rung; and comparing fold 0 of one configuration with fold 2 of another would stop configurations for
+  having drawn the harder validation cases.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from typing import Any, Callable, Mapping, Sequence
+
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+from ray.tune.search import Searcher
+
+from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY
+
+__all__ = ["CONFIGURATION_KEY", "FOLD_KEY", "Configurations", "FoldScheduler", "FoldSearcher", "configuration_id",
+           "configuration_of", "fold_of", "searched_config"]
+
+
+def configuration_id(index: int) -> str:
+    """The id of the search's ``index``-th configuration: ``c000``, ``c001``, ..."""
+    return f"c{index:03d}"
+
+
+def configuration_of(config: Mapping[str, Any]) -> str | None:
+    """The configuration a trial belongs to (None: a search without folds)."""
+    value = config.get(CONFIGURATION_KEY)
+    return None if value is None else str(value)
+
+
+def fold_of(config: Mapping[str, Any]) -> int | None:
+    """The fold a trial validates on (None: a search without folds)."""
+    value = config.get(FOLD_KEY)
+    return None if value is None else int(value)
+
+
+def searched_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's searched values alone: its config without the fold and the configuration's id."""
+    return {key: value for key, value in config.items() if key not in (FOLD_KEY, CONFIGURATION_KEY)}
+
+
+class Configurations(Searcher):
+    """The configurations of a grid or random search, one per :meth:`suggest`, in the order Tune's own variant
+    generator makes them (``num_samples`` passes over the grid, random values drawn from a generator seeded with
+    ``seed``), then ``FINISHED``. What :class:`FoldSearcher` wraps when there is no Optuna."""
+
+    def __init__(self, space: Mapping[str, Any], num_samples: int, seed: int) -> None:
+        from ray.tune.search.variant_generator import generate_variants
+
+        import numpy as np
+
+        super().__init__()
+        self.configs: list[dict[str, Any]] = []
+        rng = np.random.default_rng(seed)
+        for _ in range(num_samples):
+            for _, resolved in generate_variants(dict(space), random_state=rng):
+                self.configs.append({key: resolved[key] for key in space})
+        self.handed = 0
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if self.handed >= len(self.configs):
+            return Searcher.FINISHED
+        self.handed += 1
+        return dict(self.configs[self.handed - 1])
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        pass  # the configurations are fixed in advance
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as handle:
+            pickle.dump(self.__dict__.copy(), handle)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as handle:
+            self.__dict__.update(pickle.load(handle))
+
+
+class FoldSearcher(Searcher):
+    """Each configuration of ``inner`` as one trial per fold of ``folds``; ``inner`` hears of a configuration once,
+    when its last fold has ended: the mean over its folds of each fold's best ``metric`` (an error when a fold
+    failed). Its state, the inner searcher's included, is saved with Tune's, so a resumed search goes on handing out
+    the folds it had not yet."""
+
+    def __init__(self, inner: Searcher, folds: Sequence[int], metric: str, mode: str) -> None:
+        super().__init__(metric=metric, mode=mode)
+        if not folds:
+            raise ValueError("a fold searcher needs at least one fold")
+        self.inner = inner
+        self.folds = tuple(int(f) for f in folds)
+        self.configurations = 0  # how many the inner searcher has given
+        self.pending: list[dict[str, Any]] = []  # the current configuration's fold trials not handed out yet
+        self.trials: dict[str, tuple[str, int]] = {}  # trial id -> (configuration, fold)
+        self.best: dict[str, float] = {}  # trial id -> its best metric so far
+        self.ended: dict[str, dict[int, float | None]] = {}  # configuration -> fold -> its best (None: failed)
+        self.exhausted = False
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
+        self._metric = self._metric or metric
+        self._mode = self._mode or mode
+        if config:
+            self.inner.set_search_properties(metric, mode, config, **spec)
+        return True
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if not self.pending:
+            if self.exhausted:
+                return Searcher.FINISHED
+            configuration = configuration_id(self.configurations)
+            suggestion = self.inner.suggest(configuration)
+            if suggestion is None:
+                return None  # the inner searcher waits (a concurrency limit)
+            if suggestion == Searcher.FINISHED:
+                self.exhausted = True
+                return Searcher.FINISHED
+            self.configurations += 1
+            self.ended[configuration] = {}
+            self.pending = [{**suggestion, FOLD_KEY: fold, CONFIGURATION_KEY: configuration} for fold in self.folds]
+        config = self.pending.pop(0)
+        self.trials[trial_id] = (config[CONFIGURATION_KEY], config[FOLD_KEY])
+        return config
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        value = result.get(self.metric)
+        if value is None or not math.isfinite(float(value)):
+            return
+        best = self.best.get(trial_id)
+        if best is None or (value > best if self.mode == "max" else value < best):
+            self.best[trial_id] = float(value)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if trial_id not in self.trials:
+            return
+        if result and not error:
+            self.on_trial_result(trial_id, result)
+        configuration, fold = self.trials[trial_id]
+        ended = self.ended.setdefault(configuration, {})
+        ended[fold] = None if error else self.best.get(trial_id)
+        if len(ended) < len(self.folds):
+            return
+        values = [value for value in ended.values() if value is not None]
+        if len(values) < len(self.folds):  # a fold failed: the configuration has no cross-validated value
+            self.inner.on_trial_complete(configuration, None, error=True)
+        else:
+            self.inner.on_trial_complete(configuration, {self.metric: sum(values) / len(values)})
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as handle:
+            pickle.dump(self.__dict__.copy(), handle)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as handle:
+            self.__dict__.update(pickle.load(handle))
+
+
+class FoldScheduler(FIFOScheduler):
+    """One scheduler per fold (``make()`` each: ASHA), each seeing only its fold's trials: a trial is stopped or
+    promoted against the same fold of the other configurations (see the module docstring)."""
+
+    def __init__(self, folds: Sequence[int], make: Callable[[], TrialScheduler]) -> None:
+        super().__init__()
+        self.by_fold: dict[int, TrialScheduler] = {int(fold): make() for fold in folds}
+
+    def _of(self, trial: Any) -> TrialScheduler:
+        fold = fold_of(trial.config)
+        if fold not in self.by_fold:
+            raise ValueError(f"trial {trial.trial_id} has fold {fold!r}; this search trains folds {list(self.by_fold)}")
+        return self.by_fold[fold]
+
+    def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
+        return all(scheduler.set_search_properties(metric, mode, **spec) for scheduler in self.by_fold.values())
+
+    def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
+        self._of(trial).on_trial_add(tune_controller, trial)
+
+    def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
+        self._of(trial).on_trial_error(tune_controller, trial)
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+        return self._of(trial).on_trial_result(tune_controller, trial, result)
+
+    def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict) -> None:
+        self._of(trial).on_trial_complete(tune_controller, trial, result)
+
+    def on_trial_remove(self, tune_controller: Any, trial: Any) -> None:
+        self._of(trial).on_trial_remove(tune_controller, trial)
+
+    def debug_string(self) -> str:
+        return "\n".join(f"fold {fold}: {scheduler.debug_string()}" for fold, scheduler in self.by_fold.items())
