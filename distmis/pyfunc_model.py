@@ -9,7 +9,10 @@ mlflow, scipy, MONAI, torch or TensorFlow/Keras inside the functions that need t
 The model folder's artifacts: ``recipe`` (``preprocessing.json``, the dict of
 :class:`distmis.predict.recipe.ModelRecipe`) and ``network``: the weights in a form that needs only the framework
 (torch: a ``torch.export`` program for a batch of windows of any size, ``network.pt2``; TensorFlow: the Keras model,
-``model.keras``).
+``model.keras``). A fold ensemble (the recipe's ``folds``: one network per cross-validation fold) has one network
+artifact per fold instead, ``network_fold<i>`` for fold ``i`` (:func:`network_artifact`; files ``network_fold<i>.pt2``
+or ``model_fold<i>.keras``), and its probabilities are the mean of its folds' (:meth:`SegmentationModel.probabilities`),
+taken before they are thresholded or argmaxed; the ``folds`` parameter picks a subset of the folds.
 
 :meth:`SegmentationModel.predict` takes ONE case's raw image ``(H, W, D, C)`` (channels in the recipe's
 ``modalities`` order; ``params``: the case's ``spacing`` and ``orientation`` where the recipe resamples or
@@ -45,11 +48,29 @@ __all__ = [
     "metric_key", "legacy_targets", "recipe_targets", "brain_tumour", "foreground", "labels_to_channels",
     "channel_masks", "probabilities_to_labels", "normalize_channels", "check_axcodes", "reorient",
     "reoriented_spacing", "resampled_shape", "preprocess_geometry", "prepare_volume", "prepare_image",
-    "restore_probabilities",
+    "restore_probabilities", "network_artifact", "recipe_folds", "check_folds", "mean_probabilities",
 ]
 
-#: The model folder's artifacts (``artifacts/`` of the MLflow model): the recipe JSON and the network.
+#: The model folder's artifacts (``artifacts/`` of the MLflow model): the recipe JSON and the network (a fold
+#: ensemble: one network artifact per fold, :func:`network_artifact`).
 RECIPE_ARTIFACT, NETWORK_ARTIFACT = "recipe", "network"
+
+
+def network_artifact(fold: int | None = None) -> str:
+    """The artifact name of a model's network: ``network`` for a single network (``fold`` None), ``network_fold<i>``
+    for the network of fold ``i`` of a fold ensemble."""
+    if fold is None:
+        return NETWORK_ARTIFACT
+    if isinstance(fold, bool) or not isinstance(fold, (int, np.integer)) or fold < 0:
+        raise ValueError(f"a fold is an integer >= 0, got {fold!r}")
+    return f"{NETWORK_ARTIFACT}_fold{int(fold)}"
+
+
+def recipe_folds(recipe: dict[str, Any]) -> tuple[int, ...]:
+    """The folds of a fold ensemble, in the order of its networks; ``()`` for one network (every recipe written
+    before folds were recorded)."""
+    return tuple(int(f) for f in recipe.get("folds") or ())
+
 
 # Label values, per layout ("msd", "brats" = BraTS 2018-2021, "brats2023"), of the tumour core (TC), the enhancing
 # tumour (ET), and of each nested region's outermost part: whole tumour outside the core (edema), core outside the
@@ -672,17 +693,43 @@ def check_image(model_input: Any, modalities: Sequence[str]) -> np.ndarray:
     return array
 
 
+def check_folds(folds: Any, recipe: dict[str, Any]) -> tuple[int, ...] | None:
+    """The folds a prediction averages: ``folds`` (fold numbers of the recipe's fold ensemble, distinct, in any
+    order) checked, or None (``None`` or empty: all of them). ValueError naming the folds the model holds for a fold
+    it does not hold, and saying so for a model that is not a fold ensemble."""
+    if folds is None or (not isinstance(folds, (str, bytes)) and np.size(folds) == 0):  # MLflow's default: []
+        return None
+    held = recipe_folds(recipe)
+    if isinstance(folds, (int, np.integer)) and not isinstance(folds, bool):
+        folds = [folds]
+    values = list(folds) if isinstance(folds, (list, tuple, np.ndarray)) else None
+    if values is None or any(isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f < 0 for f in values):
+        raise ValueError(f"folds must be a list of fold numbers (integers >= 0), got {folds!r}")
+    chosen = tuple(int(f) for f in values)
+    if not held:
+        raise ValueError(f"folds {list(chosen)}: this model is not a fold ensemble: it holds one "
+                         "network and takes no folds")
+    repeated = sorted({f for f in chosen if chosen.count(f) > 1})
+    if repeated:
+        raise ValueError(f"folds {list(chosen)} name fold(s) {repeated} more than once")
+    missing = [f for f in chosen if f not in held]
+    if missing:
+        raise ValueError(f"fold(s) {missing} not in this model: it is a fold ensemble of folds {list(held)}")
+    return chosen
+
+
 def check_params(params: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[str, Any]:
     """The prediction's parameters: ``spacing`` (the case's voxel spacing in mm along the array's axes, three positive
     numbers; needed when the recipe resamples to a target spacing), ``orientation`` (where the array's axes point,
-    e.g. ``"LPS"``: nibabel's ``aff2axcodes`` of the scan's affine; needed when the recipe reorients) and ``layout``
-    (brain-tumour label modes only: whose label values to write; default the recipe's). ValueError for anything
-    else."""
+    e.g. ``"LPS"``: nibabel's ``aff2axcodes`` of the scan's affine; needed when the recipe reorients), ``layout``
+    (brain-tumour label modes only: whose label values to write; default the recipe's) and ``folds`` (a fold
+    ensemble only: the folds whose probabilities are averaged, :func:`check_folds`; default all). ValueError for
+    anything else."""
     params = dict(params or {})
-    unknown = sorted(set(params) - {"spacing", "layout", "orientation"})
+    unknown = sorted(set(params) - {"spacing", "layout", "orientation", "folds"})
     if unknown:
         raise ValueError(f"unknown parameter(s) {unknown}; the model takes 'spacing' (3 numbers, mm), 'orientation' "
-                         "(axis codes such as 'LPS') and 'layout'")
+                         "(axis codes such as 'LPS'), 'layout' and 'folds' (a fold ensemble's fold numbers)")
     spacing = params.get("spacing")
     if spacing is not None and np.size(spacing) == 0:  # MLflow's default for a spacing not given: []
         spacing = None
@@ -704,40 +751,79 @@ def check_params(params: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[
                              f"layout; this model writes its data set's own label values")
         if layout not in EDEMA_VALUE:
             raise ValueError(f"layout must be one of {list(EDEMA_VALUE)}, got {layout!r}")
-    return {"spacing": spacing, "layout": str(layout), "orientation": orientation}
+    return {"spacing": spacing, "layout": str(layout), "orientation": orientation,
+            "folds": check_folds(params.get("folds"), recipe)}
+
+
+def mean_probabilities(networks: Sequence[Any], image: np.ndarray, recipe: dict[str, Any],
+                       device: str = "cpu") -> np.ndarray:
+    """The mean of ``networks``' float32 probabilities (:func:`network_probabilities`) of one preprocessed volume
+    ``(h, w, d, C)``: a fold ensemble's prediction, before it is thresholded or argmaxed. One network: its own."""
+    if not networks:
+        raise ValueError("no network to predict with")
+    first = network_probabilities(networks[0], image, recipe, device)
+    if len(networks) == 1:
+        return first
+    total = np.array(first, dtype=np.float32)  # a copy of our own to add to (the first may be a framework's buffer)
+    for network in networks[1:]:
+        total += network_probabilities(network, image, recipe, device)
+    total /= np.float32(len(networks))
+    return total
 
 
 class SegmentationModel:
-    """The recipe applied with its network: what MLflow's ``predict`` runs (see the module docstring).
+    """The recipe applied with its network, or its fold ensemble's networks: what MLflow's ``predict`` runs (see the
+    module docstring).
 
     A plain class, so that importing this module does not import MLflow (distmis's training imports it for the
     functions above); :func:`pyfunc_class` makes it an ``mlflow.pyfunc.PythonModel``.
     """
 
     recipe: dict[str, Any]
-    network: Any
+    networks: list[Any]  # one; a fold ensemble's, one per fold of recipe_folds(recipe), in that order
     device: str
 
+    @property
+    def folds(self) -> tuple[int, ...]:
+        """The folds of a fold ensemble, in the order of :attr:`networks`; ``()`` for one network."""
+        return recipe_folds(self.recipe)
+
     def load_context(self, context: Any) -> None:
-        """Read the recipe and load the network from the model's ``artifacts`` (``context.artifacts``)."""
+        """Read the recipe and load the network (a fold ensemble: every fold's) from the model's ``artifacts``
+        (``context.artifacts``)."""
         with open(context.artifacts[RECIPE_ARTIFACT], encoding="utf-8") as handle:
             self.recipe = json.load(handle)
-        self.network, self.device = load_network(context.artifacts[NETWORK_ARTIFACT], self.recipe["framework"])
+        names = [network_artifact(fold) for fold in self.folds] or [NETWORK_ARTIFACT]
+        missing = [name for name in names if name not in context.artifacts]
+        if missing:
+            raise ValueError(f"the model's artifacts lack {missing}: its recipe names folds {list(self.folds)}, "
+                             f"its artifacts are {sorted(context.artifacts)}")
+        self.networks, devices = [], set()
+        for name in names:
+            network, device = load_network(context.artifacts[name], self.recipe["framework"])
+            self.networks.append(network)
+            devices.add(device)
+        self.device = devices.pop()
 
-    def probabilities(self, image: np.ndarray) -> np.ndarray:
-        """Float32 probabilities ``(h, w, d, K)`` of one preprocessed volume ``(h, w, d, C)``."""
-        return network_probabilities(self.network, image, self.recipe, self.device)
+    def probabilities(self, image: np.ndarray, folds: Sequence[int] | None = None) -> np.ndarray:
+        """Float32 probabilities ``(h, w, d, K)`` of one preprocessed volume ``(h, w, d, C)``: a fold ensemble's
+        the mean of its ``folds``' (default all; :func:`check_folds`)."""
+        chosen = check_folds(folds, self.recipe)
+        networks = self.networks if chosen is None else [self.networks[self.folds.index(f)] for f in chosen]
+        return mean_probabilities(networks, image, self.recipe, self.device)
 
     def predict(self, context, model_input, params=None):  # no type hints: MLflow would read a signature from them
         """The uint8 label map ``(H, W, D)`` of ONE case's raw image ``model_input`` ``(H, W, D, C)``.
 
-        ``params``: ``spacing`` (the case's voxel spacing, 3 numbers in mm; optional, checked, not needed by today's
-        recipes) and ``layout`` (``msd``, ``brats`` or ``brats2023``: whose label values to return; default the
-        training data's)."""
+        ``params``: ``spacing`` (the case's voxel spacing, 3 numbers in mm; needed where the recipe resamples),
+        ``orientation`` (its axis codes; needed where the recipe reorients), ``layout`` (``msd``, ``brats`` or
+        ``brats2023``: whose label values to return; default the training data's) and ``folds`` (a fold ensemble:
+        the folds whose probabilities are averaged; default all)."""
         image = check_image(model_input, self.recipe["modalities"])
         settings = check_params(params, self.recipe)
-        return segment(image, self.recipe, self.probabilities, settings["layout"], settings["spacing"],
-                       settings["orientation"])
+        folds = settings["folds"]
+        return segment(image, self.recipe, lambda volume: self.probabilities(volume, folds), settings["layout"],
+                       settings["spacing"], settings["orientation"])
 
 
 def pyfunc_class() -> type:

@@ -90,7 +90,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from distmis.spec import load_spec, parse_set_options
 
     spec = load_spec(args.spec, parse_set_options(args.set))
-    print(f"{args.spec}: valid search spec {spec.name!r}, {num_trials(spec.search)} trial(s)")
+    print(f"{args.spec}: valid search spec {spec.name!r}, {num_trials(spec)} trial(s)")
     return EXIT_OK
 
 
@@ -117,6 +117,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     overrides["parallelism.mode"] = "compare"
     if args.workers:
         overrides["parallelism.workers"] = args.workers
+    if args.repeats is not None:
+        overrides["parallelism.repeats"] = args.repeats
     spec = load_spec(args.spec, overrides)
     output = Path(args.output) if args.output else default_output_dir(spec)
     outcome = run_compare(spec, output, address=args.address, progress=not args.quiet, verbose=args.verbose,
@@ -125,11 +127,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def print_comparison(spec: Any, outcome: Any, output: Path) -> int:
-    from distmis.tracking.results import format_results
+    from distmis.tracking.results import format_comparison
     from distmis.tracking.uri import redact_uri
 
-    print(f"\nExperiment- vs data-parallel, search {spec.name!r}:")
-    print(format_results(outcome.table, "table"))
+    repeats = spec.parallelism.repeats
+    spread = f", {repeats} repeats (mean ± std over the repeats that finished)" if repeats > 1 else ""
+    print(f"\nExperiment- vs data-parallel, search {spec.name!r}{spread}:")
+    print(format_comparison(outcome.table, "table"))
     if outcome.failed_cells:
         print(f"\nFailed cells: {', '.join(outcome.failed_cells)}")
     uri = redact_uri(outcome.tracking_uri)
@@ -144,15 +148,22 @@ def print_search(spec: Any, outcome: Any, output: Path) -> int:
     from distmis.tracking.results import format_results
     from distmis.tracking.uri import redact_uri
 
-    print(f"\nSearch {spec.name!r}: {len(outcome.results)} trial(s), {outcome.failed} failed, "
-          f"{outcome.elapsed_seconds:.1f} s")
+    folds = spec.cv_folds
+    rows = f"{len(outcome.results)} configuration(s) x {len(folds)} fold(s)" if folds else \
+        f"{len(outcome.results)} trial(s)"
+    print(f"\nSearch {spec.name!r}: {rows}, {outcome.failed} failed, {outcome.elapsed_seconds:.1f} s")
     print(format_results(outcome.results, "table"))
     best = outcome.best
-    if best is not None:
-        metric = spec.search.metric
+    metric = spec.search.metric
+    if best is not None and folds:
+        std = best.get(f"cv_{metric}_std", float("nan"))
+        spread = f" ± {std:.4f}" if std == std else ""
+        print(f"\nBest configuration: {best['configuration']}  cv_{metric} = {best[f'cv_{metric}']:.4f}{spread} "
+              f"over folds {', '.join(map(str, folds))}")
+    elif best is not None:
         print(f"\nBest trial: {best['trial']}  {metric} = {best[f'best_{metric}']:.4f} (epoch {best['best_epoch']})")
     if outcome.test is not None:
-        print(f"Test split, best trial: {outcome.test.summary()}")
+        print(f"Test split, {'the fold ensemble' if folds else 'best trial'}: {outcome.test.summary()}")
     if outcome.test_note:
         print(f"Note: {outcome.test_note}")
     uri = redact_uri(outcome.tracking_uri)
@@ -254,7 +265,7 @@ def cmd_results(args: argparse.Namespace) -> int:
 
     from distmis.tracking.mlflow_tracking import ROLE_TAG
     from distmis.tracking.results import (
-        ResultsNotFound, comparison_frame, find_search_run, format_results, results_frame,
+        ResultsNotFound, comparison_frame, find_search_run, format_comparison, format_results, results_frame,
     )
 
     uri, experiment, run_id = _results_source(args)
@@ -270,7 +281,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     if args.format == "table":
         kind = "comparison" if is_comparison else "search"
         print(f"{kind} run {parent.info.run_id} ({parent.info.run_name}, {parent.info.status})")
-    print(format_results(frame, args.format))
+    print(format_comparison(frame, args.format) if is_comparison else format_results(frame, args.format))
     return EXIT_OK
 
 
@@ -298,6 +309,19 @@ def _results_source(args: argparse.Namespace) -> tuple[str, str | None, str | No
     return uri, args.experiment, args.run_id or state.run_id
 
 
+def _fold_list(text: str) -> tuple[int, ...]:
+    """``--folds``: a comma list of distinct fold numbers (integers >= 0), e.g. ``0,2``."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected fold numbers like 0,2 (integers >= 0), got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected fold numbers like 0,2 (integers >= 0), got {text!r}")
+    if len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"a fold is named more than once in {text!r}")
+    return values
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     from distmis.data.scans import discover_scans
     from distmis.predict.model import SegmentationModel
@@ -317,9 +341,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
             model = SegmentationModel.load(folder)
     except (ModelNotFound, RecipeError) as exc:
         raise BadInput(str(exc)) from None
+    try:  # before a scan is read
+        folds = model.check_folds(args.folds)
+    except ValueError as exc:
+        raise BadInput(f"--folds: {exc}") from None
     check_scans(scans, labels=args.labels, progress=not args.quiet, recipe=model.recipe)
     results = predict_scans(model, scans, args.output, score=args.labels, progress=not args.quiet,
-                            overwrite=args.overwrite, checked=True)
+                            overwrite=args.overwrite, checked=True, folds=folds)
     seconds = time.perf_counter() - start
     scored = [r for r in results if r.scores is not None]
     if scored:
@@ -331,8 +359,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print("mean: " + ", ".join(f"{c} {frame[c].mean():.4f}" for c in dice))
     if args.labels and len(scored) < len(results):
         print(f"{len(results) - len(scored)} case(s) have no label file: not scored")
-    print(f"segmented {len(results)} case(s) in {seconds:.1f} s ({model.recipe.model}, {model.recipe.framework}, "
-          f"on {model.device}) -> {args.output}")
+    ensemble = f", folds {', '.join(map(str, folds or model.folds))}" if model.folds else ""
+    print(f"segmented {len(results)} case(s) in {seconds:.1f} s ({model.recipe.model}, {model.recipe.framework}"
+          f"{ensemble}, on {model.device}) -> {args.output}")
     return EXIT_OK
 
 
@@ -460,6 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="run a search experiment- and data-parallel per worker count: the speedup table")
     spec_args(p)
     p.add_argument("--workers", type=_counts, help="worker counts, e.g. 1,2,4 (default: the spec's parallelism.workers; 1 is always included)")
+    p.add_argument("--repeats", type=_positive_int, help="run every (mode, workers) cell this many times, interleaved, "
+                   "for the mean and std of each time and speedup (default: the spec's parallelism.repeats, 1)")
     search_args(p)
     p.set_defaults(func=cmd_compare)
 
@@ -504,6 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="score each case that has a label file: dice and HD95 (mm) per class or region")
     p.add_argument("--overwrite", action="store_true", help="replace segmentations already in --output")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--folds", type=_fold_list, metavar="0,2",
+                   help="a fold ensemble only: the folds whose probabilities are averaged (default all of the "
+                        "model's folds)")
     p.set_defaults(func=cmd_predict)
 
     from distmis.cli.service import add_service_commands

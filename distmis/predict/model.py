@@ -10,7 +10,8 @@
   and segmented by the same functions of :mod:`distmis.pyfunc_model` around the unpickled network.
 
 :meth:`SegmentationModel.probabilities` predicts a preprocessed volume by sliding windows of the network's input,
-on a GPU when torch sees one.
+on a GPU when torch sees one. A fold ensemble (the recipe's ``folds``: one network per cross-validation fold, in a
+python_function folder) predicts the mean of its folds' probabilities, or of the ``folds`` asked for.
 """
 
 from __future__ import annotations
@@ -64,14 +65,38 @@ def _torch_device() -> str:
 
 @dataclass
 class SegmentationModel:
-    """A network and the recipe it was trained with. ``device``: where a torch network runs. ``pyfunc``: the loaded
-    MLflow model (``mlflow.pyfunc.PyFuncModel``) of a python_function model folder; None for a network given here or
-    loaded from a folder saved before."""
+    """A network and the recipe it was trained with. ``network``: the network; for a fold ensemble (``recipe.folds``)
+    the list of its networks, one per fold in that order. ``device``: where a torch network runs. ``pyfunc``: the
+    loaded MLflow model (``mlflow.pyfunc.PyFuncModel``) of a python_function model folder; None for a network given
+    here or loaded from a folder saved before."""
 
     recipe: ModelRecipe
     network: Any
     device: str = "cpu"
     pyfunc: Any = None
+
+    def __post_init__(self) -> None:
+        if self.recipe.folds and (not isinstance(self.network, (list, tuple))
+                                  or len(self.network) != len(self.recipe.folds)):
+            got = f"{len(self.network)} network(s)" if isinstance(self.network, (list, tuple)) else \
+                type(self.network).__name__
+            raise ValueError(f"a fold ensemble of folds {list(self.recipe.folds)} takes a list of "
+                             f"{len(self.recipe.folds)} network(s), one per fold in that order; got {got}")
+
+    @property
+    def folds(self) -> tuple[int, ...]:
+        """The folds of a fold ensemble, in the order of :attr:`networks`; ``()`` for one network."""
+        return self.recipe.folds
+
+    @property
+    def networks(self) -> list[Any]:
+        """The model's networks: one, or a fold ensemble's, one per fold of :attr:`folds`."""
+        return list(self.network) if self.recipe.folds else [self.network]
+
+    def check_folds(self, folds: Sequence[int] | None) -> tuple[int, ...] | None:
+        """``folds`` as the folds a prediction averages (None: all); ValueError naming the model's folds when one is
+        not among them, or saying the model is not a fold ensemble (:func:`distmis.pyfunc_model.check_folds`)."""
+        return pyfunc_model.check_folds(None if folds is None else list(folds), self.recipe.to_dict())
 
     @classmethod
     def load(cls, folder: str | Path) -> SegmentationModel:
@@ -90,7 +115,9 @@ class SegmentationModel:
         # the requirements name public versions (torch==2.13.0, tensorflow==...): no warnings about local builds
         loaded = mlflow.pyfunc.load_model(str(folder), suppress_warnings=True)
         inner = loaded.unwrap_python_model()
-        return cls(recipe, inner.network, inner.device, loaded)
+        # the folder's own code runs: one saved before fold ensembles holds ``network``, not ``networks``
+        networks = getattr(inner, "networks", None) or [inner.network]
+        return cls(recipe, list(networks) if recipe.folds else networks[0], inner.device, loaded)
 
     @classmethod
     def _load_flavour(cls, folder: Path) -> SegmentationModel:
@@ -107,12 +134,17 @@ class SegmentationModel:
         logging.getLogger("absl").setLevel(logging.ERROR)
         return cls(recipe, mlflow.tensorflow.load_model(str(folder)))
 
-    def probabilities(self, image: np.ndarray) -> np.ndarray:
+    def probabilities(self, image: np.ndarray, folds: Sequence[int] | None = None) -> np.ndarray:
         """Float32 probabilities ``(h, w, d, K)`` of one preprocessed channels-last volume ``(h, w, d, C)``,
-        predicted by windows of ``recipe.window`` (``recipe.inference``: overlap, weights, batch)."""
+        predicted by windows of ``recipe.window`` (``recipe.inference``: overlap, weights, batch); a fold ensemble's:
+        the mean of its ``folds``' probabilities (default all)."""
+        chosen = self.check_folds(folds)
         if self.pyfunc is not None:
-            return self.pyfunc.unwrap_python_model().probabilities(image)
-        return pyfunc_model.network_probabilities(self.network, image, self.recipe.to_dict(), self.device)
+            inner = self.pyfunc.unwrap_python_model()
+            # a folder saved before fold ensembles: its code's probabilities takes the image only
+            return inner.probabilities(image, chosen) if self.folds else inner.probabilities(image)
+        networks = self.networks if chosen is None else [self.networks[self.folds.index(f)] for f in chosen]
+        return pyfunc_model.mean_probabilities(networks, image, self.recipe.to_dict(), self.device)
 
     def _written_layout(self, layout: Layout | str | None) -> str:
         """Whose label values to write: a brain-tumour model (the BraTS regions or whole tumour of a BraTS layout or
@@ -124,15 +156,20 @@ class SegmentationModel:
         return wanted if self.recipe.brain_tumour and wanted in pyfunc_model.EDEMA_VALUE else own
 
     def segment(self, image: np.ndarray, layout: Layout | str | None = None,
-                spacing: Sequence[float] | None = None, orientation: str | None = None) -> np.ndarray:
+                spacing: Sequence[float] | None = None, orientation: str | None = None,
+                folds: Sequence[int] | None = None) -> np.ndarray:
         """The label map ``(H, W, D)`` of a raw image ``(H, W, D, C)`` in the data set's label values (brain-tumour
         label modes: ``layout``'s, default the training data's); ``spacing``: the scan's voxel spacing (mm) and
         ``orientation`` its axis codes (e.g. ``"LPS"``), handed to the model, which needs them when it resamples or
-        reorients."""
+        reorients; ``folds``: a fold ensemble's folds to average (default all)."""
         layout = self._written_layout(layout)
+        chosen = self.check_folds(folds)
         if self.pyfunc is None:
-            return pyfunc_model.segment(image, self.recipe.to_dict(), self.probabilities, layout, spacing, orientation)
+            return pyfunc_model.segment(image, self.recipe.to_dict(), lambda volume: self.probabilities(volume, chosen),
+                                        layout, spacing, orientation)
         params: dict[str, Any] = {"layout": layout}
+        if chosen is not None:
+            params["folds"] = list(chosen)
         if spacing is not None:
             params["spacing"] = [float(s) for s in spacing]
         if orientation is not None:

@@ -12,9 +12,10 @@ letter (it reads the file as a plain dict: the model needs no distmis).
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from distmis.data.layouts import MODALITIES
 from distmis.data.preprocess import PreprocessConfig
@@ -23,11 +24,23 @@ __all__ = ["RECIPE_FILE", "ModelRecipe", "RecipeError"]
 
 #: File name of the recipe, in the model's folder (``extra_files/``) and on its trial run.
 RECIPE_FILE = "preprocessing.json"
-RECIPE_VERSION = 2  # 2: channels of any data set, per-channel normalisation, orientation, spacing, target scheme
+RECIPE_VERSION = 3  # 2: channels of any data set, per-channel normalisation, orientation, spacing, target scheme;
+#                    3: ``folds`` (a fold ensemble's networks)
 
 
 class RecipeError(ValueError):
     """A ``preprocessing.json`` that is missing, unreadable or not one distmis wrote."""
+
+
+def _check_folds(folds: Any) -> None:
+    """A fold ensemble's folds: distinct fold numbers (integers >= 0), in the order of its networks."""
+    if not isinstance(folds, tuple) or not all(isinstance(f, int) and not isinstance(f, bool) and f >= 0
+                                                for f in folds):
+        raise RecipeError(f"folds must be fold numbers (integers >= 0), one per network of a fold ensemble, or "
+                          f"empty for one network; got {folds!r}")
+    repeated = sorted({f for f in folds if folds.count(f) > 1})
+    if repeated:
+        raise RecipeError(f"folds {list(folds)} name fold(s) {repeated} more than once: one network per fold")
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,9 @@ class ModelRecipe:
         output: what the network returns: ``probabilities`` (its activation inside) or ``logits``.
         threshold: probability at or above which a voxel belongs to a sigmoid channel's region.
         spec_name: the search the model comes from.
+        folds: the cross-validation folds of a fold ensemble, in the order of its networks (one network per fold,
+            trained with that fold held out; the model averages their probabilities before thresholding or
+            argmax); ``()``: one network (every recipe written before version 3).
     """
 
     framework: Literal["tensorflow", "torch"]
@@ -93,6 +109,7 @@ class ModelRecipe:
     inference: InferenceSettings = field(default_factory=InferenceSettings)
     threshold: float = 0.5
     spec_name: str = ""
+    folds: tuple[int, ...] = ()
     version: int = RECIPE_VERSION
 
     __hash__ = None  # type: ignore[assignment]  # holds dicts
@@ -109,6 +126,7 @@ class ModelRecipe:
         if self.version > RECIPE_VERSION:
             raise RecipeError(f"recipe version {self.version} is newer than this distmis reads ({RECIPE_VERSION}): "
                               "upgrade distmis")
+        _check_folds(self.folds)
         config = self.preprocess_config  # validates layout, labels, crop, resize, normalisation, geometry, targets
         if config.num_classes != self.num_classes:
             raise RecipeError(f"labels {self.labels!r} means {config.num_classes} channel(s), "
@@ -152,9 +170,15 @@ class ModelRecipe:
     def channels_last(self) -> bool:
         return self.framework == "tensorflow"
 
+    @property
+    def ensemble(self) -> bool:
+        """Whether the model is a fold ensemble (several networks, one per fold of ``folds``)."""
+        return bool(self.folds)
+
     @classmethod
-    def from_spec(cls, spec: Any, manifest: dict[str, Any]) -> ModelRecipe:
-        """The recipe of a model trained by ``spec`` (a trial's, resolved) on the data of ``manifest``."""
+    def from_spec(cls, spec: Any, manifest: dict[str, Any], folds: Sequence[int] = ()) -> ModelRecipe:
+        """The recipe of a model trained by ``spec`` (a trial's, resolved) on the data of ``manifest``; ``folds``:
+        the folds of a fold ensemble, one network each, in the order of its networks (empty: one network)."""
         from distmis.spec.curriculum import inference_window
 
         training = spec.training
@@ -172,12 +196,13 @@ class ModelRecipe:
                                         sigma_scale=training.inference.sigma_scale,
                                         batch_size=training.inference_batch_size),
             spec_name=spec.name,
+            folds=tuple(int(f) if isinstance(f, numbers.Integral) and not isinstance(f, bool) else f for f in folds),
         )
 
     # ------------------------------------------------------------------ the file
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in ("window", "crop", "resize", "modalities", "spacing", "normalization"):
+        for key in ("window", "crop", "resize", "modalities", "spacing", "normalization", "folds"):
             out[key] = list(out[key]) if out[key] is not None else None
         return out
 
@@ -188,7 +213,7 @@ class ModelRecipe:
         data = dict(data)
         try:
             data["inference"] = InferenceSettings(**data.get("inference", {}))
-            for key in ("window", "crop", "resize", "modalities", "spacing", "normalization"):
+            for key in ("window", "crop", "resize", "modalities", "spacing", "normalization", "folds"):
                 if data.get(key) is not None:
                     data[key] = tuple(data[key])
             return cls(**data)

@@ -5,11 +5,13 @@ self-contained file that imports no distmis, copied into the model folder; nothi
 the recipe (``artifacts/preprocessing.json``, :class:`~distmis.predict.recipe.ModelRecipe`: modalities,
 normalisation, crop, resize, label mode, window and inference settings) and the network in a form that needs only its
 framework (torch: a ``torch.export`` program, ``artifacts/network.pt2``; TensorFlow: the Keras model file,
-``artifacts/model.keras``). ``mlflow.pyfunc.load_model(uri).predict(image)`` takes ONE case's raw image
-``(H, W, D, C)`` and returns its label map, without distmis installed; ``distmis predict`` runs that same
-``predict``. The folder also holds a signature (float32 ``(-1, -1, -1, C)`` in, uint8 ``(-1, -1, -1)`` out; params
-``spacing`` and ``layout``), a small input example and its pip requirements, public versions only
-(:func:`model_requirements`).
+``artifacts/model.keras``). A fold ensemble (the recipe's ``folds``: one network per cross-validation fold) holds one
+network per fold instead (artifact ``network_fold<i>``, :func:`distmis.pyfunc_model.network_artifact`; files
+``network_fold<i>.pt2`` or ``model_fold<i>.keras``) and predicts the mean of their probabilities.
+``mlflow.pyfunc.load_model(uri).predict(image)`` takes ONE case's raw image ``(H, W, D, C)`` and returns its label
+map, without distmis installed; ``distmis predict`` runs that same ``predict``. The folder also holds a signature
+(float32 ``(-1, -1, -1, C)`` in, uint8 ``(-1, -1, -1)`` out; params ``spacing``, ``orientation``, ``layout`` and
+``folds``), a small input example and its pip requirements, public versions only (:func:`model_requirements`).
 
 Registered model versions carry the test metrics as tags. The alias ``best`` (``models:/<name>@best``) names the
 version with the best score so far: the test dice (the mean over regions) when the test split was evaluated,
@@ -26,7 +28,7 @@ import tempfile
 from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -35,7 +37,8 @@ from distmis.predict.recipe import RECIPE_FILE, ModelRecipe
 logger = logging.getLogger(__name__)
 
 __all__ = ["BEST_ALIAS", "MODEL_NAME", "PublishedModel", "ModelFiles", "log_model", "model_files", "register_model",
-           "save_model", "model_signature", "model_requirements", "input_example", "fluent_tracking_uri"]
+           "save_model", "model_signature", "network_file", "check_networks", "model_requirements", "input_example",
+           "fluent_tracking_uri"]
 
 #: The name of the logged model on its trial's run.
 MODEL_NAME = "model"
@@ -65,8 +68,13 @@ class PublishedModel:
 def model_signature(recipe: ModelRecipe) -> Any:
     """The model's signature: ONE case's raw image ``(H, W, D, C)`` (float32) in, its label map ``(H, W, D)``
     (uint8) out; parameters ``spacing`` (the case's voxel spacing in mm; needed when the model resamples),
-    ``orientation`` (the case's axis codes, e.g. ``LPS``; needed when the model reorients) and ``layout`` (for the
-    brain-tumour label modes: whose label values; default the training data's)."""
+    ``orientation`` (the case's axis codes, e.g. ``LPS``; needed when the model reorients), ``layout`` (for the
+    brain-tumour label modes: whose label values; default the training data's) and ``folds`` (a fold ensemble: the
+    fold numbers whose probabilities are averaged, a list of integers; default ``[]``, all).
+
+    ``folds`` is declared for a single network too: MLflow drops a parameter its signature does not declare (with a
+    warning), so a single network's model would otherwise ignore ``folds``; declared, it refuses them (not a fold
+    ensemble)."""
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec, Schema, TensorSpec
 
@@ -75,7 +83,8 @@ def model_signature(recipe: ModelRecipe) -> Any:
                           outputs=Schema([TensorSpec(np.dtype(np.uint8), (-1, -1, -1))]),
                           params=ParamSchema([ParamSpec("spacing", "double", [], (-1,)),
                                               ParamSpec("orientation", "string", ""),
-                                              ParamSpec("layout", "string", recipe.layout)]))
+                                              ParamSpec("layout", "string", recipe.layout),
+                                              ParamSpec("folds", "long", [], (-1,))]))
 
 
 def input_example(recipe: ModelRecipe) -> np.ndarray | tuple[np.ndarray, dict[str, Any]]:
@@ -124,14 +133,40 @@ def model_requirements(recipe: ModelRecipe) -> list[str]:
     return pins
 
 
-#: The network's file in the model's artifacts, per framework.
+#: The network's file in the model's artifacts, per framework (a fold ensemble's: ``network_fold<i>.pt2``,
+#: ``model_fold<i>.keras``, :func:`network_file`).
 NETWORK_FILES = {"torch": "network.pt2", "tensorflow": "model.keras"}
 
 
-def _write_network(network: Any, recipe: ModelRecipe, folder: Path) -> Path:
+def network_file(framework: str, fold: int | None = None) -> str:
+    """The file name of a network in the model's artifacts: :data:`NETWORK_FILES`'s, or for fold ``fold`` of a fold
+    ensemble its stem with ``_fold<i>`` (``network_fold2.pt2``, ``model_fold2.keras``)."""
+    name = NETWORK_FILES[framework]
+    if fold is None:
+        return name
+    stem, suffix = name.split(".", 1)
+    return f"{stem}_fold{int(fold)}.{suffix}"
+
+
+def check_networks(networks: Sequence[Any], recipe: ModelRecipe) -> list[Any]:
+    """``networks`` as a list, one per fold of ``recipe.folds`` (exactly one when the recipe has no folds);
+    ValueError otherwise."""
+    if not isinstance(networks, (list, tuple)):
+        raise ValueError(f"networks must be a list of networks (one per fold of recipe.folds, or exactly one), got "
+                         f"{type(networks).__name__}: wrap a single network in a list")
+    wanted = len(recipe.folds) or 1
+    if len(networks) != wanted:
+        what = (f"a fold ensemble of folds {list(recipe.folds)} takes {wanted} network(s), one per fold, in that "
+                "order" if recipe.folds else "a recipe without folds takes exactly one network")
+        raise ValueError(f"{len(networks)} network(s) given: {what}")
+    return list(networks)
+
+
+def _write_network(network: Any, recipe: ModelRecipe, folder: Path, fold: int | None = None) -> Path:
     """The network as a file that needs only its framework: a ``torch.export`` program of the network in eval mode
-    on the CPU, for a batch of any number of windows (``.pt2``), or the Keras model file."""
-    path = folder / NETWORK_FILES[recipe.framework]
+    on the CPU, for a batch of any number of windows (``.pt2``), or the Keras model file; ``fold``: the fold of a
+    fold ensemble it is the network of."""
+    path = folder / network_file(recipe.framework, fold)
     if recipe.framework == "tensorflow":
         network.save(str(path))
         return path
@@ -153,50 +188,66 @@ class ModelFiles:
 
     recipe: ModelRecipe
     recipe_file: Path
-    network_file: Path
+    network_files: tuple[Path, ...]  # one; a fold ensemble's, one per fold of recipe.folds, in that order
+
+    def artifacts(self) -> dict[str, str]:
+        """The MLflow model's artifacts: the recipe, and the network (``network``) or each fold's
+        (``network_fold<i>``)."""
+        from distmis import pyfunc_model
+
+        folds: Sequence[int | None] = self.recipe.folds or (None,)
+        return {pyfunc_model.RECIPE_ARTIFACT: str(self.recipe_file),
+                **{pyfunc_model.network_artifact(fold): str(path) for fold, path in zip(folds, self.network_files)}}
 
     def arguments(self) -> dict[str, Any]:
         """The keyword arguments of ``mlflow.pyfunc.save_model`` / ``log_model`` for this model."""
         from distmis import pyfunc_model
 
         return {"python_model": str(Path(pyfunc_model.__file__)),  # models from code: this file, nothing pickled
-                "artifacts": {pyfunc_model.RECIPE_ARTIFACT: str(self.recipe_file),
-                              pyfunc_model.NETWORK_ARTIFACT: str(self.network_file)},
+                "artifacts": self.artifacts(),
                 "signature": model_signature(self.recipe), "input_example": input_example(self.recipe),
                 "pip_requirements": model_requirements(self.recipe)}
 
 
 @contextmanager
-def model_files(network: Any, recipe: ModelRecipe) -> Iterator[ModelFiles]:
-    """The recipe and the network written to a temporary folder (removed afterwards)."""
+def model_files(networks: Sequence[Any], recipe: ModelRecipe) -> Iterator[ModelFiles]:
+    """The recipe and the networks (one per fold of ``recipe.folds``, in that order; exactly one when it has none:
+    :func:`check_networks`) written to a temporary folder (removed afterwards)."""
+    networks = check_networks(networks, recipe)
+    folds: Sequence[int | None] = recipe.folds or (None,)
     with tempfile.TemporaryDirectory(prefix="distmis-model-") as tmp:
-        yield ModelFiles(recipe, recipe.write(Path(tmp) / RECIPE_FILE), _write_network(network, recipe, Path(tmp)))
+        written = tuple(_write_network(network, recipe, Path(tmp), fold) for network, fold in zip(networks, folds))
+        yield ModelFiles(recipe, recipe.write(Path(tmp) / RECIPE_FILE), written)
 
 
 @contextmanager
-def _files(network: Any, recipe: ModelRecipe, files: ModelFiles | None) -> Iterator[ModelFiles]:
+def _files(networks: Sequence[Any], recipe: ModelRecipe, files: ModelFiles | None) -> Iterator[ModelFiles]:
     if files is not None:
         if files.recipe != recipe:
             raise ValueError("files were written for another recipe")
         yield files
         return
-    with model_files(network, recipe) as written:
+    with model_files(networks, recipe) as written:
         yield written
 
 
-def save_model(network: Any, recipe: ModelRecipe, folder: str | Path, *, files: ModelFiles | None = None) -> Path:
-    """Write the MLflow model folder ``folder`` whole: built beside it, then moved into place (an earlier model
-    folder there, one distmis wrote, is replaced; any other existing path is refused). ``files``: the artifacts,
-    when :func:`model_files` wrote them already."""
+def save_model(networks: Sequence[Any], recipe: ModelRecipe, folder: str | Path, *,
+               files: ModelFiles | None = None) -> Path:
+    """Write the MLflow model folder ``folder`` of ``networks`` (one per fold of ``recipe.folds``, in that order;
+    exactly one when it has none) whole: built beside it, then moved into place (an earlier model folder there, one
+    distmis wrote, is replaced; any other existing path is refused). ``files``: the artifacts, when
+    :func:`model_files` wrote them already."""
     import mlflow.pyfunc
 
+    if files is None:
+        check_networks(networks, recipe)  # before anything is written
     folder = Path(folder)
     if folder.exists() and not (folder / "MLmodel").is_file():
         raise FileExistsError(f"{str(folder)!r} exists and is not a model folder distmis wrote: not replacing it")
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        with _files(network, recipe, files) as written:
+        with _files(networks, recipe, files) as written:
             mlflow.pyfunc.save_model(str(staging / "model"), **written.arguments())
         old = None
         if folder.exists():
@@ -223,20 +274,23 @@ def fluent_tracking_uri(uri: str) -> Iterator[None]:
         mlflow.set_tracking_uri(previous)  # None: unset again
 
 
-def log_model(network: Any, recipe: ModelRecipe, tracking_uri: str, run_id: str, *,
+def log_model(networks: Sequence[Any], recipe: ModelRecipe, tracking_uri: str, run_id: str, *,
               files: ModelFiles | None = None) -> str:
-    """Log the model on the (finished) run ``run_id`` as an MLflow model named :data:`MODEL_NAME`, in the run's
-    experiment; the recipe also as a run artifact, to read in the UI. Returns the model's URI (``models:/m-...``).
-    MLflow checks the input example on the logged model (loads it and predicts the small example once)."""
+    """Log the model of ``networks`` (one per fold of ``recipe.folds``, in that order; exactly one when it has none)
+    on the (finished) run ``run_id`` as an MLflow model named :data:`MODEL_NAME`, in the run's experiment; the recipe
+    also as a run artifact, to read in the UI. Returns the model's URI (``models:/m-...``). MLflow checks the input
+    example on the logged model (loads it and predicts the small example once)."""
     import mlflow.pyfunc
     from mlflow.models import Model
     from mlflow.tracking import MlflowClient
 
+    if files is None:
+        check_networks(networks, recipe)  # before a logged model is created
     client = MlflowClient(tracking_uri=tracking_uri)
     run = client.get_run(run_id)
     logged = client.create_logged_model(experiment_id=run.info.experiment_id, name=MODEL_NAME, source_run_id=run_id,
                                         tags={"distmis.recipe": RECIPE_FILE})
-    with fluent_tracking_uri(tracking_uri), _files(network, recipe, files) as written:
+    with fluent_tracking_uri(tracking_uri), _files(networks, recipe, files) as written:
         # Model.log, which mlflow.pyfunc.log_model calls, with the run: logging does not reopen the finished run
         info = Model.log(artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id,
                          model_id=logged.model_id,

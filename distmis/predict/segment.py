@@ -103,10 +103,12 @@ def check_outputs(scans: Sequence[Any], output_dir: str | Path, *, overwrite: bo
 
 
 def segment(model: SegmentationModel, image: np.ndarray, layout: str,
-            spacing: Sequence[float] | None = None, orientation: str | None = None) -> np.ndarray:
+            spacing: Sequence[float] | None = None, orientation: str | None = None,
+            folds: Sequence[int] | None = None) -> np.ndarray:
     """The label map ``(H, W, D)`` of a scan's image ``(H, W, D, C)``, in the data set's label values (brain-tumour
-    label modes: ``layout``'s); ``spacing``: the scan's voxel spacing (mm), ``orientation``: its axis codes."""
-    return model.segment(image, layout, spacing, orientation)
+    label modes: ``layout``'s); ``spacing``: the scan's voxel spacing (mm), ``orientation``: its axis codes;
+    ``folds``: a fold ensemble's folds to average (default all)."""
+    return model.segment(image, layout, spacing, orientation, folds=folds)
 
 
 def scan_spacing(reference: Any) -> tuple[float, float, float]:
@@ -190,15 +192,18 @@ def check_scans(scans: Sequence[Any], *, labels: bool = False, progress: bool = 
 
 
 def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: str | Path, *, score: bool = False,
-                  progress: bool = True, overwrite: bool = False, checked: bool = False) -> list[CaseResult]:
+                  progress: bool = True, overwrite: bool = False, checked: bool = False,
+                  folds: Sequence[int] | None = None) -> list[CaseResult]:
     """Segment every scan into ``output_dir/<case>_seg.nii.gz``; with ``score``, also score the cases that have a
-    label file. The outputs (:func:`check_outputs`) and every scan's headers and voxel data (:func:`check_scans`)
-    are checked before the first segmentation is written; ``checked``: the caller already ran
+    label file. ``folds``, checked before anything else (:meth:`SegmentationModel.check_folds`): the folds of a fold
+    ensemble to average (default all). The outputs (:func:`check_outputs`) and every scan's headers and voxel data
+    (:func:`check_scans`) are checked before the first segmentation is written; ``checked``: the caller already ran
     :func:`check_scans` on these scans (with ``labels=score``), so their data is not read twice."""
     from tqdm import tqdm
 
     from distmis.data.scans import read_scan
 
+    folds = model.check_folds(folds)
     output_dir = Path(output_dir)
     outputs = check_outputs(scans, output_dir, overwrite=overwrite)
     if not checked:  # every file before the first case: bad input stops the command before it writes
@@ -208,7 +213,7 @@ def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: st
     for scan, path in zip(tqdm(scans, desc="predict", unit="case", disable=not progress, file=sys.stderr), outputs):
         start = time.perf_counter()
         image, reference = read_scan(scan, model.recipe.modalities)
-        labels = segment(model, image, scan.layout, scan_spacing(reference), scan_orientation(reference))
+        labels = segment(model, image, scan.layout, scan_spacing(reference), scan_orientation(reference), folds)
         write_segmentation(labels, reference, path)
         scores = _scores(labels, scan, reference, model.recipe) if score and scan.label is not None else None
         results.append(CaseResult(scan.case_id, path, time.perf_counter() - start, scores))

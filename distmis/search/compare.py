@@ -8,12 +8,20 @@ warm file caches. The table holds, per mode and N: elapsed seconds, speedup ``T1
 mode's own 1-worker run, efficiency ``speedup / N``, and the best validation dice (distributing the
 search should not change it).
 
+With ``parallelism.repeats`` R (``distmis compare --repeats R``) every cell runs R times, interleaved: the whole
+sequence of cells once, then again, R times (:func:`cell_sequence`), so that a slow drift of a shared machine
+hits every cell alike and each repeat's 1-worker run is close in time to its N-worker runs. The table then holds
+the mean and the sample standard deviation over the repeats that finished, the speedup of each repeat taken
+against the 1-worker time of the same repeat (:func:`~distmis.tracking.results.speedup_table`).
+
 Each cell is a search of its own spec (:func:`cell_spec`): the comparison's spec in mode ``experiment``
 (N trials at once, one worker each) or ``data`` (N workers per trial), so its trials are laid out, logged
 and timed exactly as that search alone would be.
 
 MLflow: a ``compare`` parent run holds the table (CSV, markdown, PNG); each (mode, N) search is its
-child run, with the trials as its children.
+child run (``data x2``; with repeats, each repeat is one, ``data x2 #2``, tagged ``distmis.compare.repeat``),
+with the trials as its children. ``search_state.json`` keeps the cells done by (mode, N, repeat), so a resumed
+comparison skips them and resumes the one under way.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from distmis.spec.load import SpecError
 from distmis.spec.schema import ParallelismSpec, Spec
 from distmis.tracking.figures import speedup_figure
 from distmis.tracking.mlflow_tracking import SearchRun
-from distmis.tracking.results import MODES, RESUMED_CELL, speedup_table
+from distmis.tracking.results import MODES, REPEAT_TAG, RESUMED_CELL, speedup_table
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +79,23 @@ def cell_spec(spec: Spec, mode: str, workers: int) -> Spec:
     return spec.model_copy(update={"parallelism": cell})
 
 
+def cell_sequence(counts: Sequence[int], repeats: int = 1) -> list[tuple[str, int, int]]:
+    """The order the cells run in, as ``(mode, workers, repeat)``: for each worker count (ascending) both modes,
+    the first of them alternating from one count to the next; that whole sequence once per repeat (1-based)."""
+    once = [(mode, n) for index, n in enumerate(sorted(counts)) for mode in (MODES if index % 2 == 0 else MODES[::-1])]
+    return [(mode, n, repeat) for repeat in range(1, repeats + 1) for mode, n in once]
+
+
+def cell_key(cell: dict[str, Any]) -> tuple[str, int, int]:
+    """``(mode, workers, repeat)`` of a cell of the saved state (one saved before repeats is repeat 1)."""
+    return cell["mode"], int(cell["workers"]), int(cell.get("repeat", 1))
+
+
+def cell_label(mode: str, workers: int, repeat: int, repeats: int) -> str:
+    """A cell's run name and how the output names it: ``data x2``, or ``data x2 #2`` in a repeated comparison."""
+    return f"{mode} x{workers}" + (f" #{repeat}" if repeats > 1 else "")
+
+
 def check_capacity(spec: Spec, counts: Sequence[int]) -> None:
     """Refuse, before anything runs, a worker count the connected cluster cannot hold (the data-parallel cell
     of N workers is the larger of the two)."""
@@ -101,9 +126,11 @@ def run_compare(
     ``progress`` and ``verbose``: what each cell prints (see :func:`execute_search`).
     ``trainable`` replaces the Tune function of every trial (see :func:`execute_search`). ``resume`` continues
     an interrupted comparison in ``output_dir``: the cells done are kept, the one under way is resumed (its
-    results count, its time does not: status RESUMED), and the rest run.
+    results count, its time does not: status RESUMED), and the rest run. Each cell runs
+    ``spec.parallelism.repeats`` times, in the order of :func:`cell_sequence`.
     """
     counts = sorted(set(workers or spec.parallelism.worker_counts) | {1})
+    repeats = spec.parallelism.repeats
     if any(n < 1 for n in counts):
         raise SpecError(spec.name, [("parallelism.workers", f"worker counts must be >= 1, got {counts}")])
     output_dir = Path(output_dir).resolve()
@@ -113,7 +140,8 @@ def run_compare(
         data = prepare_output(spec, output_dir, progress=progress)
         if state is None:
             compare_run = open_search_run(spec, output_dir, data, run_name=f"{spec.name} compare", role="compare",
-                                          tags={"distmis.workers": ",".join(map(str, counts))})
+                                          tags={"distmis.workers": ",".join(map(str, counts)),
+                                                "distmis.repeats": str(repeats)})
             with ended_unless_recorded(compare_run):
                 state = new_state("compare", spec, output_dir, compare_run.run_id)
                 state.save(output_dir)
@@ -121,17 +149,17 @@ def run_compare(
             compare_run = reopen_search_run(spec, output_dir, state.run_id)
         try:
             with recorded(state, output_dir):
-                for index, n in enumerate(counts):
-                    for mode in MODES if index % 2 == 0 else MODES[::-1]:
-                        if any(c["mode"] == mode and c["workers"] == n for c in state.cells):
-                            continue  # done before the comparison was interrupted
-                        state.cells.append(_run_cell(spec, data, mode, n, compare_run, output_dir, progress,
-                                                     verbose, trainable, state))
-                        state.current = None
-                        state.save(output_dir)
+                done = {cell_key(c) for c in state.cells}  # before the comparison was interrupted
+                for mode, n, repeat in cell_sequence(counts, repeats):
+                    if (mode, n, repeat) in done:
+                        continue
+                    state.cells.append(_run_cell(spec, data, mode, n, repeat, compare_run, output_dir, progress,
+                                                 verbose, trainable, state))
+                    state.current = None
+                    state.save(output_dir)
                 table = speedup_table(state.cells)
                 _log_table(compare_run, table, spec)
-                failed_cells = [f"{c['mode']} x{c['workers']}" for c in state.cells
+                failed_cells = [cell_label(*cell_key(c), repeats) for c in state.cells
                                 if c["status"] not in ("FINISHED", RESUMED_CELL) or c["failed_trials"]]
                 compare_run.log_metrics({"failed_cells": len(failed_cells)})
                 compare_run.finish("FINISHED")
@@ -144,37 +172,40 @@ def run_compare(
     return ComparisonOutcome(table, failed_cells, compare_run.tracking_uri, spec.experiment_name, compare_run.run_id)
 
 
-def _run_cell(spec: Spec, data: Any, mode: str, workers: int, compare_run: SearchRun, output_dir: Path,
-              progress: bool, verbose: bool, trainable: Callable[..., None] | None,
+def _run_cell(spec: Spec, data: Any, mode: str, workers: int, repeat: int, compare_run: SearchRun,
+              output_dir: Path, progress: bool, verbose: bool, trainable: Callable[..., None] | None,
               state: SearchState) -> dict[str, Any]:
-    """One (mode, workers) search as a child run of the comparison; a crash is recorded, not raised.
+    """One run (``repeat``, 1-based) of the (mode, workers) search as a child run of the comparison; a crash is
+    recorded, not raised.
 
     The cell under way is named in ``state.current``; a resumed comparison continues that cell's search.
     """
     search = cell_spec(spec, mode, workers)
     plan = plan_search(search)
     current = state.current
-    resume = bool(current and current["mode"] == mode and current["workers"] == workers)
+    resume = bool(current and cell_key(current) == (mode, workers, repeat))
+    label = cell_label(mode, workers, repeat, spec.parallelism.repeats)
     if current is not None and resume:
         run = reopen_search_run(search, output_dir, current["run_id"])
         experiment = current["experiment"]
     else:
-        run = open_search_run(search, output_dir, data, run_name=f"{mode} x{workers}",
-                              parent_run_id=compare_run.run_id,
-                              tags={"distmis.compare.mode": mode, "distmis.compare.workers": str(workers)})
+        run = open_search_run(search, output_dir, data, run_name=label, parent_run_id=compare_run.run_id,
+                              tags={"distmis.compare.mode": mode, "distmis.compare.workers": str(workers),
+                                    REPEAT_TAG: str(repeat)})
         experiment = experiment_name(search, plan, run.run_id)
-        state.current = {"mode": mode, "workers": workers, "run_id": run.run_id, "experiment": experiment}
+        state.current = {"mode": mode, "workers": workers, "repeat": repeat, "run_id": run.run_id,
+                         "experiment": experiment}
         state.save(output_dir)
     best_key = f"best_{spec.search.metric}"
-    cell: dict[str, Any] = {"mode": mode, "workers": workers, "elapsed_s": math.nan, best_key: math.nan,
-                            "trials": 0, "failed_trials": 0, "status": "FAILED"}
+    cell: dict[str, Any] = {"mode": mode, "workers": workers, "repeat": repeat, "elapsed_s": math.nan,
+                            best_key: math.nan, "trials": 0, "failed_trials": 0, "status": "FAILED"}
     try:
         # a cell's best model is logged on its trial's run; registering each cell's would fill the registry
         outcome = execute_search(search, data, plan, run, output_dir, experiment=experiment, resume=resume,
                                  progress=progress, verbose=verbose, keep_model=False, trainable=trainable)
     except Exception as exc:  # noqa: BLE001 - the comparison goes on and says which cell failed
-        logger.error("comparison cell %s x%d failed: %s", mode, workers, exc)
-        logger.debug("comparison cell %s x%d", mode, workers, exc_info=True)  # the traceback with --verbose
+        logger.error("comparison cell %s failed: %s", label, exc)
+        logger.debug("comparison cell %s", label, exc_info=True)  # the traceback with --verbose
         return cell | {"error": f"{type(exc).__name__}: {exc}"}
     best = outcome.results.get(best_key)
     if best is not None and best.notna().any():

@@ -16,7 +16,7 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
@@ -52,6 +52,32 @@ class BestModel:
     config: TrialConfig
     best_value: float
     checkpoint: StoredCheckpoint  # a ray Checkpoint: the trial's newest complete checkpoint folder
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What a search may publish as its model: one finished trial's best weights, or (cross-validation) a
+    configuration's fold models, every fold finished, ranked by the mean over the folds of each one's best value.
+
+    ``name``: the trial's id, or the configuration's; ``models``: fold -> its trial (``{None: trial}`` without
+    folds)."""
+
+    name: str
+    best_value: float
+    models: dict[int | None, BestModel]
+
+    @property
+    def folds(self) -> tuple[int, ...]:
+        """The folds of a fold ensemble, in order; ``()`` for one trial."""
+        return tuple(sorted(fold for fold in self.models if fold is not None))
+
+    @property
+    def trial_id(self) -> str:  # the name notes, tags and the registry give it
+        return self.name
+
+    @classmethod
+    def of(cls, model: BestModel) -> Candidate:
+        return cls(model.trial_id, model.best_value, {None: model})
 
 
 @dataclass(frozen=True)
@@ -114,6 +140,23 @@ def best_models(grid: Iterable[TrialResult], last_checkpoint: dict[str, str], co
     return found[:top]
 
 
+def fold_candidates(models: Iterable[BestModel], trial_folds: Mapping[str, tuple[str, int]],
+                    cv_means: Mapping[str, float], folds: Sequence[int], mode: str, top: int) -> list[Candidate]:
+    """The ``top`` best configurations of a cross-validated search as fold ensembles, best first: those of
+    ``cv_means`` (configuration -> the mean over its folds, every fold finished) with weights for every fold of
+    ``folds`` among ``models`` (:func:`best_models` of the finished trials); ``trial_folds``: trial id ->
+    (configuration, fold)."""
+    grouped: dict[str, dict[int | None, BestModel]] = {}
+    for model in models:
+        if model.trial_id in trial_folds:
+            configuration, fold = trial_folds[model.trial_id]
+            grouped.setdefault(configuration, {})[fold] = model
+    found = [Candidate(configuration, value, grouped[configuration]) for configuration, value in cv_means.items()
+             if set(grouped.get(configuration, {})) == set(folds)]
+    found.sort(key=lambda candidate: candidate.best_value, reverse=mode == "max")
+    return found[:top]
+
+
 @contextmanager
 def loaded_trainer(model: BestModel, spec: Spec, data: PreparedData) -> Iterator[Trainer]:
     """The trial's trainer in this process, on one device (a local mesh: the trial's layout as it was, no
@@ -157,29 +200,52 @@ def _axcodes(case: CaseFiles) -> str:
 def evaluate_on_test(trainer: Trainer, spec: Spec, data: PreparedData, trial_id: str,
                      spacings: dict[str, tuple[float, float, float]]) -> TestEvaluation | None:
     """Score ``trainer``'s model on every test case; None when the test split is empty."""
+    if not data.split.get("test"):
+        return None
+    return evaluate_ensemble_on_test({None: trainer}, data, trial_id, spacings)[1]
+
+
+def evaluate_ensemble_on_test(trainers: Mapping[int | None, Trainer], data: PreparedData, name: str,
+                              spacings: dict[str, tuple[float, float, float]]
+                              ) -> tuple[dict[int | None, TestEvaluation], TestEvaluation]:
+    """Score each of ``trainers`` (fold -> its trial's trainer) and their ensemble on every test case: the
+    ensemble's probabilities are the mean of theirs, thresholded (sigmoid) or argmaxed (softmax) after averaging,
+    as the fold ensemble's MLflow model predicts. Returns each one's scores (named after ``name`` and the fold) and
+    the ensemble's (named ``name``); with one trainer they are the same scores."""
     from distmis.data.tfrecord import iter_cases
     from distmis.train.epoch import trainer_targets
     from distmis.train.evaluation import case_metrics, score_names
     from distmis.train.metrics import foreground_indices, foreground_masks
 
-    if not data.split.get("test"):
-        return None
     targets = trainer_targets(data.manifest, data.tfrecord_dir)
     names, scored = score_names(targets), foreground_indices(targets)
-    rows = []
+
+    def row(case_id: str, prob: np.ndarray, truth: np.ndarray) -> dict[str, object]:
+        return {"case": case_id, **case_metrics(foreground_masks(prob, targets), truth, spacings[case_id], names)}
+
+    rows: dict[int | None, list[dict[str, object]]] = {fold: [] for fold in trainers}
+    ensemble: list[dict[str, object]] = []
     for case_id, image, label in iter_cases(data.tfrecord_dir, "test"):
-        prob = trainer.predict_volume(image)
         truth = np.asarray(label)[..., scored] > 0.5
-        rows.append({"case": case_id, **case_metrics(foreground_masks(prob, targets), truth, spacings[case_id], names)})
-    return TestEvaluation(trial_id, pd.DataFrame(rows))
+        probs = {fold: trainer.predict_volume(image) for fold, trainer in trainers.items()}
+        for fold, prob in probs.items():
+            rows[fold].append(row(case_id, prob, truth))
+        ensemble.append(row(case_id, np.mean(list(probs.values()), axis=0), truth) if len(probs) > 1
+                        else rows[next(iter(probs))][-1])
+    each = {fold: TestEvaluation(name if fold is None else f"{name} fold {fold}", pd.DataFrame(found))
+            for fold, found in rows.items()}
+    return each, TestEvaluation(name, pd.DataFrame(ensemble))
 
 
-def publish_model(trainer: Trainer, model: BestModel, spec: Spec, data: PreparedData, *, tracking_uri: str,
-                  trial_run_id: str | None, search_run_id: str, evaluation: TestEvaluation | None,
-                  folder: Path | None, register: bool) -> PublishedModel:
+def publish_model(trainers: Sequence[Trainer], model: BestModel | Candidate, spec: Spec, data: PreparedData, *,
+                  tracking_uri: str, trial_run_id: str | None, search_run_id: str, evaluation: TestEvaluation | None,
+                  folder: Path | None, register: bool, folds: Sequence[int] = ()) -> PublishedModel:
     """Make the trial's loaded model usable: an MLflow model folder at ``folder`` (a copy that needs no tracking
     store; a python_function model that needs no distmis either), the model logged on the trial's run, and, with ``register``, a new version of the search's registered
     model with the test metrics as tags (see :mod:`distmis.predict.registry`).
+
+    ``trainers``: one per fold of ``folds`` (in that order), which make ONE model, a fold ensemble that averages
+    their probabilities; or, with ``folds`` empty, exactly one. The recipe is ``trainers[0].spec``'s.
 
     The local copy is written first, so a tracking store that is away costs the logging and registration (the
     returned model's ``error`` says why), not the model.
@@ -187,24 +253,29 @@ def publish_model(trainer: Trainer, model: BestModel, spec: Spec, data: Prepared
     from distmis.predict.recipe import ModelRecipe
     from distmis.predict.registry import log_model, model_files, save_model
 
-    recipe = ModelRecipe.from_spec(trainer.spec, data.manifest)
-    with model_files(trainer.model, recipe) as files:  # the network exported once, for the copy and the store
-        local = save_model(trainer.model, recipe, folder, files=files) if folder is not None else None
+    if not trainers:
+        raise ValueError("publish_model needs a trainer (one per fold of a fold ensemble)")
+    recipe = ModelRecipe.from_spec(trainers[0].spec, data.manifest, folds=folds)
+    networks = [t.model for t in trainers]
+    with model_files(networks, recipe) as files:  # the networks exported once, for the copy and the store
+        local = save_model(networks, recipe, folder, files=files) if folder is not None else None
         if trial_run_id is None:
             return PublishedModel(local, None)
         model_uri = None
         try:
-            model_uri = log_model(trainer.model, recipe, tracking_uri, trial_run_id, files=files)
+            model_uri = log_model(networks, recipe, tracking_uri, trial_run_id, files=files)
             if not register:
                 return PublishedModel(local, model_uri)
-            return _register(model_uri, model, spec, local, evaluation, tracking_uri, trial_run_id, search_run_id)
+            return _register(model_uri, model, spec, local, evaluation, tracking_uri, trial_run_id, search_run_id,
+                             folds=recipe.folds)
         except Exception as exc:  # noqa: BLE001  (the store's errors, whatever its kind)
             logger.warning("could not log or register the model of trial %s", model.trial_id, exc_info=True)
             return PublishedModel(local, model_uri, error=f"{type(exc).__name__}: {exc}")
 
 
-def _register(model_uri: str, model: BestModel, spec: Spec, local: Path | None, evaluation: TestEvaluation | None,
-              tracking_uri: str, trial_run_id: str, search_run_id: str) -> PublishedModel:
+def _register(model_uri: str, model: BestModel | Candidate, spec: Spec, local: Path | None,
+              evaluation: TestEvaluation | None, tracking_uri: str, trial_run_id: str, search_run_id: str, *,
+              folds: Sequence[int] = ()) -> PublishedModel:
     """A new version of the search's registered model, tagged with the test metrics (or the search metric)."""
     from distmis.predict.registry import register_model
 
@@ -218,7 +289,8 @@ def _register(model_uri: str, model: BestModel, spec: Spec, local: Path | None, 
         key = "test_dice_mean" if "test_dice_mean" in means else f"test_dice_{evaluation.regions[0]}"
         score = (key, means[key], "max")
     description = (f"distmis search {spec.name!r}: trial {model.trial_id} ({metric} {model.best_value:.4f}"
-                   + (f"; test: {evaluation.summary()}" if evaluation is not None else "") + ")")
+                   + (f"; test: {evaluation.summary()}" if evaluation is not None else "") + ")"
+                   + (f", fold ensemble of folds {', '.join(map(str, folds))}" if folds else ""))
     name = spec.registered_model_name
     version, best = register_model(tracking_uri, model_uri, name, run_id=trial_run_id, tags=tags, score=score,
                                    description=description)

@@ -15,7 +15,7 @@ import shutil
 import signal
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -27,11 +27,12 @@ from mlflow.tracking import MlflowClient
 from distmis.predict.resolve import LOCAL_MODEL_FOLDER
 from distmis.search.console import SearchConsole
 from distmis.search.evaluate import (
-    TestEvaluation, best_models, evaluate_on_test, loaded_trainer, publish_model, test_spacings,
+    BestModel, Candidate, TestEvaluation, best_models, evaluate_ensemble_on_test, fold_candidates, loaded_trainer,
+    publish_model, test_spacings,
 )
 from distmis.search.plan import SearchPlan
 from distmis.search.prepare import PreparedData, prepare_data
-from distmis.search.search_space import num_trials, param_space, scheduler, search_algorithm
+from distmis.search.search_space import num_trials, scheduler, search_algorithm, tune_param_space
 from distmis.search.trainable import data_parallel_trial, runs_on_worker_group, single_process_trial
 from distmis.search.worker_group import release_groups
 from distmis.service.net import LOOPBACK, free_port, port_in_use
@@ -413,7 +414,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     handle = callback.handle(*([console] if console else []))
     if resume and tune.Tuner.can_restore(storage / experiment):
-        tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=param_space(spec.search),
+        tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=tune_param_space(spec),
                                    resume_unfinished=True, resume_errored=True)
     else:
         # Ray Train restarts a data-parallel trial's workers itself (trainable.py); Tune restarts the others, and
@@ -421,11 +422,12 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         retries = 0 if plan.distributed and not runs_on_worker_group(spec) else spec.parallelism.max_failures
         tuner = tune.Tuner(
             function,
-            param_space=param_space(spec.search),
+            param_space=tune_param_space(spec),
             tune_config=tune.TuneConfig(
                 metric=spec.search.metric,
                 mode=spec.search.mode,
-                num_samples=spec.search.num_samples,
+                # with folds the searcher gives every trial (configurations x folds), then says it is done
+                num_samples=num_trials(spec) if spec.cv_folds else spec.search.num_samples,
                 search_alg=search_algorithm(spec),
                 scheduler=scheduler(spec),
                 max_concurrent_trials=plan.max_concurrent_trials,
@@ -443,9 +445,9 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
                 verbose=1 if verbose else 0,  # Tune's boxed tables: --verbose only
             ),
         )
-    logger.info("running %d trial(s) of %s: %s", num_trials(spec.search), spec.name, plan.label)
+    logger.info("running %d trial(s) of %s: %s", num_trials(spec), spec.name, plan.label)
     if console is not None:
-        console.header(spec, trials=num_trials(spec.search), layout=plan.label,
+        console.header(spec, trials=num_trials(spec), layout=plan.label,
                        store=redact_uri(search_run.tracking_uri), experiment=spec.experiment_name)
     start = time.perf_counter()
     tune_failure = ""  # why Ray Tune itself stopped, if it did (e.g. it could not write a trial's error file)
@@ -472,6 +474,8 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         _record_interruption(callback, search_run)
         raise SearchInterrupted(received.get("signal", signal.SIGINT))
     search_seconds = time.perf_counter() - start
+    if spec.cv_folds:  # each configuration's folds' outcome on its run, before the results are read
+        callback.summarize_configurations(final=True)
     callback.close()  # the trial records a store outage held back, before the results are read
     # Counted from each trial's own final status as the callback recorded it: Tune's grid.errors misses a trial
     # whose error file could not be written (a full or read-only disk).
@@ -495,9 +499,10 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         search_run.log_text(format_results(inference, "csv"), "inference.csv")
         search_run.log_text(format_results(inference, "markdown"), "inference.md")
     search_run.log_metrics({"trials": len(results), "failed_trials": failed, "search_seconds": search_seconds})
-    best_column = results.get(f"best_{spec.search.metric}")
+    ranked_by = f"{'cv' if spec.cv_folds else 'best'}_{spec.search.metric}"  # the table's order
+    best_column = results.get(ranked_by)
     if best_column is not None and best_column.notna().any():
-        search_run.log_metrics({f"best_{spec.search.metric}": float(best_column.iloc[0])})
+        search_run.log_metrics({ranked_by: float(best_column.iloc[0])})
     elapsed = search_run.finish("FAILED" if tune_failure else "FINISHED")
     return SearchOutcome(results, failed, elapsed, search_seconds, search_run.tracking_uri, spec.experiment_name,
                          search_run.run_id, data, test, test_note, model, tuple(problems), failed_trials, tune_failure)
@@ -522,10 +527,12 @@ def _results_so_far(tuner: Any) -> Any:
 def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowTrialCallback, spec: Spec,
                              data: PreparedData, model_folder: Path | None
                              ) -> tuple[TestEvaluation | None, str, PublishedModel | None, list[str]]:
-    """What follows the trials: the ``search.evaluate_top`` best finished trials scored on the test split (each on
-    its own run; the best also on the search's run), the best one's overlay, and the best one's model published
+    """What follows the trials: the ``search.evaluate_top`` best candidates scored on the test split (each on its
+    own run; the best also on the search's run), the best one's overlay, and the best one's model published
     (:func:`~distmis.search.evaluate.publish_model`; ``model_folder`` None: logged on its run, not copied nor
-    registered). Only trials whose own final status is FINISHED are considered.
+    registered). A candidate is a finished trial, or with cross-validation folds a configuration whose every fold
+    finished: its fold models predict as one ensemble (the mean of their probabilities), which is scored on the
+    configuration's run, each fold on its own, and published. Only trials whose own final status is FINISHED count.
 
     Returns the best's scores (None if none), a note for the user, where the model went, and the problems: what
     could not be done (a model that did not load, a test split that could not be scored, a model that could not be
@@ -534,8 +541,6 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
     """
     top = spec.search.evaluate_top
     finished = callback.finished
-    models = best_models(grid, callback.last_checkpoint, callback.configs, callback.best, spec.search.mode,
-                         top=max(top, 1), finished=finished)
     problems: list[str] = []
     notes: list[str] = [] if top else ["search.evaluate_top is 0: the test split was not evaluated"]
 
@@ -544,9 +549,21 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
         notes.append(text)
         search_run.set_tag(tag, text[:500])
 
-    if not models:
-        if finished:  # trials finished, none of them has weights to load
-            problem(f"no finished trial has a checkpoint to load its best weights from "
+    if spec.cv_folds:
+        models = best_models(grid, callback.last_checkpoint, callback.configs, callback.best, spec.search.mode,
+                             top=len(finished), finished=finished)
+        means = {configuration: result.mean for configuration, result in callback.cv.items()}
+        candidates = fold_candidates(models, callback.trial_folds, means, spec.cv_folds, spec.search.mode,
+                                     top=max(top, 1))
+        unit = "configuration whose every fold finished"
+    else:
+        candidates = [Candidate.of(model) for model in best_models(
+            grid, callback.last_checkpoint, callback.configs, callback.best, spec.search.mode, top=max(top, 1),
+            finished=finished)]
+        unit = "trial"
+    if not candidates:
+        if finished:  # trials finished, no candidate has weights to load
+            problem(f"no finished {unit} has a checkpoint to load its best weights from "
                     f"(trials {', '.join(sorted(finished))})", "distmis.test_error")
         else:
             notes.append("no trial finished: there is no model to evaluate")
@@ -558,31 +575,58 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
     if top and not evaluate:
         notes.append("the test split is empty: nothing to evaluate")
         search_run.set_tag("distmis.test", notes[-1])
-    for rank, model in enumerate(models if evaluate else models[:1]):
+    for rank, candidate in enumerate(candidates if evaluate else candidates[:1]):
+        run_id = (callback.configuration_runs.get(candidate.name) if candidate.folds
+                  else callback.run_ids.get(candidate.name))
         try:
-            with loaded_trainer(model, spec, data) as trainer:
+            with ExitStack() as stack:
+                trainers = {}
+                for fold, model in candidate.models.items():
+                    try:
+                        trainers[fold] = stack.enter_context(loaded_trainer(model, spec, data))
+                    except Exception as exc:  # noqa: BLE001  (its weights could not be loaded)
+                        raise _NotLoaded(model) from exc
                 if rank == 0:
-                    _log_overlay(search_run, trainer)
+                    _log_overlay(search_run, next(iter(trainers.values())))
                 evaluation = None
                 if evaluate:
                     try:
                         spacings = spacings or test_spacings(spec, data)
-                        evaluation = evaluate_on_test(trainer, spec, data, model.trial_id, spacings)
-                        _record_test(search_run, callback.run_ids.get(model.trial_id), evaluation, model,
-                                     best=rank == 0)
+                        each, evaluation = evaluate_ensemble_on_test(trainers, data, candidate.name, spacings)
+                        if candidate.folds:  # each fold's own scores on its own run
+                            for fold, fold_evaluation in each.items():
+                                _record_test(search_run, callback.run_ids.get(candidate.models[fold].trial_id),
+                                             fold_evaluation, candidate.models[fold], best=False)
+                        _record_test(search_run, run_id, evaluation, candidate, best=rank == 0)
                     except Exception as exc:  # noqa: BLE001
-                        logger.warning("could not evaluate trial %s on the test split", model.trial_id, exc_info=True)
-                        problem(f"trial {model.trial_id} could not be scored on the test split: "
+                        logger.warning("could not evaluate %s on the test split", candidate.name, exc_info=True)
+                        problem(f"{_named(candidate)} could not be scored on the test split: "
                                 f"{type(exc).__name__}: {exc}", "distmis.test_error")
                 if rank == 0:
                     best = evaluation
-                    published = _publish(trainer, model, spec, data, search_run, callback, evaluation, model_folder,
-                                         problem)
-        except Exception as exc:  # noqa: BLE001  (its weights could not be loaded)
-            logger.warning("could not load trial %s's best weights", model.trial_id, exc_info=True)
+                    published = _publish(list(trainers.values()), candidate, spec, data, search_run, run_id,
+                                         evaluation, model_folder, problem)
+        except _NotLoaded as failure:
+            model, exc = failure.model, failure.__cause__
+            logger.warning("could not load trial %s's best weights", model.trial_id, exc_info=exc)
             problem(f"trial {model.trial_id}'s best weights could not be loaded from {_where(model.checkpoint)}: "
                     f"{type(exc).__name__}: {exc}", "distmis.test_error")
     return best, "; ".join(notes), published, problems
+
+
+class _NotLoaded(Exception):
+    """A candidate's trial whose best weights could not be loaded (the cause says why)."""
+
+    def __init__(self, model: BestModel) -> None:
+        super().__init__(model.trial_id)
+        self.model = model
+
+
+def _named(candidate: Candidate) -> str:
+    """``trial 00002``, or ``configuration c001 (folds 0, 1, 2)``."""
+    if not candidate.folds:
+        return f"trial {candidate.name}"
+    return f"configuration {candidate.name} (folds {', '.join(map(str, candidate.folds))})"
 
 
 def _where(checkpoint: Any) -> str:
@@ -602,24 +646,25 @@ def _record_test(search_run: SearchRun, run_id: str | None, evaluation: TestEval
         search_run.set_tag("distmis.test_trial", model.trial_id)
 
 
-def _publish(trainer: Any, model: Any, spec: Spec, data: PreparedData, search_run: SearchRun,
-             callback: MLflowTrialCallback, evaluation: TestEvaluation | None, folder: Path | None,
+def _publish(trainers: list[Any], candidate: Candidate, spec: Spec, data: PreparedData, search_run: SearchRun,
+             run_id: str | None, evaluation: TestEvaluation | None, folder: Path | None,
              problem: Callable[[str, str], None]) -> PublishedModel | None:
-    """The best trial's model, saved, logged and registered; a failure is a ``problem`` (exit 1), not a raise."""
+    """The best candidate's model (one trial's, or a fold ensemble), saved, logged on ``run_id`` (its trial's or
+    configuration's run) and registered; a failure is a ``problem`` (exit 1), not a raise."""
     try:
-        published = publish_model(trainer, model, spec, data, tracking_uri=search_run.tracking_uri,
-                                  trial_run_id=callback.run_ids.get(model.trial_id), search_run_id=search_run.run_id,
-                                  evaluation=evaluation, folder=folder,
+        published = publish_model(trainers, candidate, spec, data, tracking_uri=search_run.tracking_uri,
+                                  trial_run_id=run_id, search_run_id=search_run.run_id,
+                                  evaluation=evaluation, folder=folder, folds=candidate.folds,
                                   register=folder is not None and spec.tracking.register_model)
     except Exception as exc:  # noqa: BLE001
-        logger.warning("could not save, log or register the best trial's model", exc_info=True)
-        problem(f"trial {model.trial_id}'s model could not be published: {type(exc).__name__}: {exc}",
+        logger.warning("could not save, log or register the best model", exc_info=True)
+        problem(f"{_named(candidate)}'s model could not be published: {type(exc).__name__}: {exc}",
                 "distmis.model_error")
         return None
     if published.error:
-        problem(f"trial {model.trial_id}'s model is in {published.folder}, but could not be logged or registered: "
+        problem(f"{_named(candidate)}'s model is in {published.folder}, but could not be logged or registered: "
                 f"{published.error}", "distmis.model_error")
-    tags = {"distmis.model_trial": model.trial_id}
+    tags = {"distmis.model_trial": candidate.name}
     if published.model_uri:
         tags["distmis.model"] = published.model_uri
     if published.registry_uri:

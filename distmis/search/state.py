@@ -56,8 +56,9 @@ class SearchState:
     spec: dict[str, Any]
     status: Status = "running"
     experiment: str | None = None  # the Ray Tune experiment folder of the search (of the current cell)
-    cells: list[dict[str, Any]] = field(default_factory=list)  # compare: the rows of the cells done
-    current: dict[str, Any] | None = None  # compare: the cell under way: mode, workers, run_id
+    cells: list[dict[str, Any]] = field(default_factory=list)  # compare: the rows of the cells done (mode,
+    # workers, repeat: a cell saved without a repeat is repeat 1)
+    current: dict[str, Any] | None = None  # compare: the cell under way: mode, workers, repeat, run_id, experiment
     # What a resume must find as it was (None: a state written before distmis recorded it):
     dataset: dict[str, list[int]] | None = None  # the data set's files: {path: [bytes, mtime_ns]}
     tracking_store: str | None = None  # the tracking URI the search logs to, any password redacted

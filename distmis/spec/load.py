@@ -460,6 +460,13 @@ def _model_section(spec: Spec, config: Mapping[str, Any], source: str) -> ModelS
                                  for sub, message in problems_from_validation_error(exc)]) from None
 
 
+#: A trial config's key that is not a spec path: the id of the configuration a cross-validation fold's trial belongs
+#: to (:mod:`distmis.search.folds`). :func:`apply_config` passes over it.
+CONFIGURATION_KEY = "distmis.configuration"
+#: The trial config's key of the fold a cross-validation trial validates on: a spec path, set per trial by the search.
+FOLD_KEY = "dataset.split.fold"
+
+
 def apply_config(spec: Spec, config: Mapping[str, Any], *, source: str = "trial config") -> Spec:
     """The spec of one trial: a copy of ``spec`` with each dotted path of ``config`` (a Ray Tune trial's config,
     ``{"training.optimizer.lr": 0.001}``) set, every changed section validated by the schema as a whole (so
@@ -471,6 +478,7 @@ def apply_config(spec: Spec, config: Mapping[str, Any], *, source: str = "trial 
 
     The one place where a trial's values reach its spec; trainers, workers and callbacks receive the result.
     """
+    config = {path: value for path, value in config.items() if path != CONFIGURATION_KEY}
     if not config:
         return spec
     if MODEL_NAME_PATH in config and config[MODEL_NAME_PATH] != spec.model.name:  # the model section anew

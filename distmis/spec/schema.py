@@ -54,7 +54,9 @@ class SplitSpec(StrictModel):
     @model_validator(mode="after")
     def _fractions_sum_to_one(self) -> SplitSpec:
         if self.folds is not None:
-            given = sorted({"train", "val"} & self.model_fields_set)
+            # a trial's spec is rebuilt from a whole dump (the defaults included): only other values are refused
+            given = [name for name in ("train", "val") if name in self.model_fields_set
+                     and getattr(self, name) != type(self).model_fields[name].default]
             if given:
                 raise ValueError(f"with folds, every non-test case is in one fold: give test (and seed) only, not "
                                  f"{' or '.join(given)}")

@@ -61,12 +61,17 @@ MAX_LEGEND_ENTRIES = 16
 
 def learning_curves_figure(client: MlflowClient, parent: Run, metric: str = "val_dice"):
     """A matplotlib figure of ``metric`` per epoch for every trial of the search, labelled by run name
-    (which already names the trial's values: ``00003 lr=0.005 norm=group``)."""
+    (which already names the trial's values: ``00003 lr=0.005 norm=group``; a cross-validation fold's its fold too:
+    the folds' runs are under their configurations')."""
+    from distmis.tracking.mlflow_tracking import CONFIGURATION_ROLE, ROLE_TAG
     from distmis.tracking.results import trial_runs
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    runs = []
     for run in trial_runs(client, parent):
+        runs += trial_runs(client, run) if run.data.tags.get(ROLE_TAG) == CONFIGURATION_ROLE else [run]
+    for run in runs:
         history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
         if history:
             ax.plot([m.step for m in history], [m.value for m in history], marker="o", ms=3,
@@ -85,19 +90,26 @@ def learning_curves_figure(client: MlflowClient, parent: Run, metric: str = "val
 
 
 def speedup_figure(table: "pd.DataFrame", *, title: str = ""):
-    """Elapsed time and speedup against workers for both modes, with the ideal (linear) speedup."""
+    """Elapsed time and speedup against workers for both modes, with the ideal (linear) speedup; a repeated
+    comparison's means with error bars of ± one standard deviation where more than one repeat finished."""
     from distmis.tracking.results import MODES
 
     plt = _pyplot()
     fig, (ax_time, ax_speed) = plt.subplots(1, 2, figsize=(10, 4))
     for mode, marker in zip(MODES, ("o", "s")):
         rows = table[table["mode"] == mode]
-        ax_time.plot(rows["workers"], rows["elapsed_s"], marker=marker, label=f"{mode}-parallel")
-        ax_speed.plot(rows["workers"], rows["speedup"], marker=marker, label=f"{mode}-parallel")
+        for ax, column in ((ax_time, "elapsed_s"), (ax_speed, "speedup")):
+            (line,) = ax.plot(rows["workers"], rows[column], marker=marker, label=f"{mode}-parallel")
+            if f"{column}_std" in rows:
+                spread = rows[rows[f"{column}_std"].notna() & rows[column].notna()]
+                if not spread.empty:
+                    ax.errorbar(spread["workers"], spread[column], yerr=spread[f"{column}_std"], fmt="none",
+                                ecolor=line.get_color(), capsize=4, elinewidth=1)
     workers = sorted(table["workers"].unique())
     ax_speed.plot(workers, workers, "k--", lw=1, label="ideal")
-    ax_time.set(xlabel="workers", ylabel="elapsed seconds", title="elapsed time")
-    ax_speed.set(xlabel="workers", ylabel="speedup (T1 / TN)", title="speedup")
+    spread = " (mean ± std over repeats)" if "elapsed_s_std" in table else ""
+    ax_time.set(xlabel="workers", ylabel="elapsed seconds", title=f"elapsed time{spread}")
+    ax_speed.set(xlabel="workers", ylabel="speedup (T1 / TN)", title=f"speedup{spread}")
     for ax in (ax_time, ax_speed):
         ax.set_xticks(workers)
         ax.grid(alpha=0.3)

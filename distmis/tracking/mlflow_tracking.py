@@ -1,5 +1,9 @@
 """MLflow records of a search: one parent run per search, one child run per trial.
 
+With cross-validation folds (:mod:`distmis.search.folds`) the search's children are its configurations, one run
+each (role ``configuration``: the searched values as params, ``cv_<metric>`` and ``cv_<metric>_std`` once its folds
+have ended), and each fold's trial is a run under its configuration's, tagged ``distmis.fold``.
+
 All writes happen in the driver process. Trials report to Ray Tune, and
 :class:`MLflowTrialCallback` (a Tune ``Callback``, running in the driver) turns each report into
 MLflow calls. A sqlite store accepts one writer at a time, so logging from N concurrent trial
@@ -14,16 +18,18 @@ import math
 import os
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import numpy as np
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 from ray import tune
 
 from distmis.tracking.predicted import predict_trial
 from distmis.spec.layout import TrialLayout, resolve_trial
-from distmis.spec.load import SpecError, spec_to_dict
+from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, SpecError, spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.writer import ResilientWriter
 from distmis.trial_record import HISTORY_KEY, STARTUP_PREFIX
@@ -38,6 +44,10 @@ TRIAL_ID_TAG = "distmis.trial_id"
 ATTEMPTS_TAG = "distmis.attempts"  # processes (or worker groups) that trained a trial: > 1 after a retry or resume
 CHECKPOINT_TAG = "distmis.checkpoint"  # a trial's latest checkpoint folder: its best epoch's weights at the root
 RESUMES_TAG = "distmis.resumes"  # times a search (or a trial in it) was resumed after an interruption
+SEARCH_RUN_TAG = "distmis.search_run"  # every trial run: its search's run (a fold's parent is its configuration's)
+CONFIGURATION_TAG = "distmis.configuration"  # cross-validation: a configuration's id, on its run and its folds'
+FOLD_TAG = "distmis.fold"  # cross-validation: the fold a trial's run validated on
+CONFIGURATION_ROLE = "configuration"
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +115,12 @@ def short_name(path: str) -> str:
 
 
 def searched_values(config: Mapping[str, Any]) -> str:
-    """A trial's searched values as a person reads them: ``"lr=0.005 norm=group"``."""
+    """A trial's searched values as a person reads them: ``"lr=0.005 norm=group"`` (a cross-validation trial's
+    fold last: ``"lr=0.005 fold=1"``)."""
+    shown = [(path, value) for path, value in config.items() if path not in (CONFIGURATION_KEY, FOLD_KEY)]
+    shown += [(FOLD_KEY, config[FOLD_KEY])] if FOLD_KEY in config else []
     return " ".join(f"{short_name(path)}={value:g}" if isinstance(value, float)
-                    else f"{short_name(path)}={value}" for path, value in config.items())
+                    else f"{short_name(path)}={value}" for path, value in shown)
 
 
 def trial_run_name(trial_id: str, config: Mapping[str, Any]) -> str:
@@ -291,6 +304,23 @@ class SearchRun:
         return elapsed
 
 
+@dataclass(frozen=True)
+class CrossValidated:
+    """A configuration whose every fold finished: each fold's best value of the search metric, their mean and
+    sample standard deviation (NaN with one fold)."""
+
+    configuration: str
+    values: dict[int, float]  # fold -> that fold's best value
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(list(self.values.values())))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(list(self.values.values()), ddof=1)) if len(self.values) > 1 else math.nan
+
+
 def _log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: str) -> None:
     import tempfile
 
@@ -341,6 +371,13 @@ class MLflowTrialCallback(tune.Callback):
         self.adopted: set[str] = set()  # trials whose runs a resumed search took over
         self.num_parameters_logged: set[str] = set()
         self.reopened: set[str] = set()
+        # cross-validation (spec.cv_folds): the folds every configuration trains, and the configurations' runs
+        self.folds = spec.cv_folds
+        self.trial_folds: dict[str, tuple[str, int]] = {}  # trial id -> (configuration, fold)
+        self.configuration_runs: dict[str, str] = {}  # configuration -> its run's id, once created
+        self.configurations_started: set[str] = set()
+        self.summarized: set[str] = set()  # configurations whose run holds their folds' outcome and final status
+        self.cv: dict[str, CrossValidated] = {}  # the configurations whose every fold finished
 
     def close(self, timeout: float = 300.0) -> bool:
         """Flush the writes still waiting for the store; False if some could not be made."""
@@ -359,12 +396,21 @@ class MLflowTrialCallback(tune.Callback):
         that had finished is left as it is; the others are reopened when their trials start again (those a killed
         driver left RUNNING were marked KILLED first: :func:`mark_interrupted`).
         """
-        for run in self.client.search_runs([self.search.experiment_id], max_results=10_000,
-                                           filter_string=f"tags.`{PARENT_TAG}` = '{self.search.run_id}'"):
+        runs = {}
+        for tag in (PARENT_TAG, SEARCH_RUN_TAG):  # the search's children; a fold's run is its configuration's child
+            for run in self.client.search_runs([self.search.experiment_id], max_results=10_000,
+                                               filter_string=f"tags.`{tag}` = '{self.search.run_id}'"):
+                runs[run.info.run_id] = run
+        for run in runs.values():
+            if run.data.tags.get(ROLE_TAG) == CONFIGURATION_ROLE:
+                self._adopt_configuration(run)
+                continue
             trial_id = run.data.tags.get(TRIAL_ID_TAG)
             if not trial_id:
                 continue
             run_id = run.info.run_id
+            if FOLD_TAG in run.data.tags:
+                self.trial_folds[trial_id] = (run.data.tags[CONFIGURATION_TAG], int(run.data.tags[FOLD_TAG]))
             self.run_ids[trial_id] = run_id
             self.started.add(trial_id)
             self.adopted.add(trial_id)
@@ -382,6 +428,17 @@ class MLflowTrialCallback(tune.Callback):
                 self.finished_before.add(trial_id)
                 self.ended.add(trial_id)
                 self.statuses[trial_id] = "FINISHED"
+
+    def _adopt_configuration(self, run: Any) -> None:
+        """A configuration's run of the interrupted search: kept as it is when its folds had all ended, else
+        RUNNING again until they have."""
+        configuration, run_id = run.data.tags[CONFIGURATION_TAG], run.info.run_id
+        self.configuration_runs[configuration] = run_id
+        self.configurations_started.add(configuration)
+        if run.info.status in ("FINISHED", "FAILED"):
+            self.summarized.add(configuration)
+            return
+        self.writer.submit(f"reopen ({configuration})", lambda: self.client.update_run(run_id, status="RUNNING"))
 
     def _reopen(self, trial_id: str) -> None:
         """An interrupted or failed trial runs again: its run is RUNNING again and counts the resume."""
@@ -417,15 +474,22 @@ class MLflowTrialCallback(tune.Callback):
                            "training.optimizer.effective_lr": layout.effective_lr})
             invalid = None
             predicted = self._predict(trial_id, spec, layout)
-        tags = {PARENT_TAG: self.search.run_id, ROLE_TAG: "trial", TRIAL_ID_TAG: trial_id,
+        tags = {ROLE_TAG: "trial", TRIAL_ID_TAG: trial_id, SEARCH_RUN_TAG: self.search.run_id,
                 **self.search.source_tags}
         if invalid:
             tags["error"] = invalid[:500]
+        configuration = config.get(CONFIGURATION_KEY)
+        if configuration is not None:  # a cross-validation fold: its run goes under its configuration's
+            configuration = str(configuration)
+            self.trial_folds[trial_id] = (configuration, int(config[FOLD_KEY]))
+            tags.update({CONFIGURATION_TAG: configuration, FOLD_TAG: str(config[FOLD_KEY])})
+            self._start_configuration(configuration, config, params)
 
         def create() -> None:
             if trial_id not in self.run_ids:  # a retried write must not create a second run
+                parent = self.configuration_runs[configuration] if configuration is not None else self.search.run_id
                 run = self.client.create_run(self.search.experiment_id, run_name=trial_run_name(trial_id, config),
-                                             tags=tags)
+                                             tags={**tags, PARENT_TAG: parent})
                 self.run_ids[trial_id] = run.info.run_id
 
         self.writer.submit(f"create run ({trial_id})", create)
@@ -435,6 +499,87 @@ class MLflowTrialCallback(tune.Callback):
             metrics = [Metric(key, value, now, 0) for key, value in predicted.items()]
             self.writer.submit(f"predictions ({trial_id})",
                                lambda: self.client.log_batch(self.run_ids[trial_id], metrics=metrics))
+
+    def _start_configuration(self, configuration: str, config: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+        """The run of a configuration whose first fold starts: a child of the search's, named by its searched values,
+        with the trial's params but the fold."""
+        if configuration in self.configurations_started:
+            return
+        self.configurations_started.add(configuration)
+        searched = {key: value for key, value in config.items() if key not in (FOLD_KEY, CONFIGURATION_KEY)}
+        name = f"{configuration} {searched_values(searched)}".strip()
+        tags = {PARENT_TAG: self.search.run_id, ROLE_TAG: CONFIGURATION_ROLE, CONFIGURATION_TAG: configuration,
+                **self.search.source_tags}
+        shared = {key: value for key, value in params.items() if key != FOLD_KEY}
+
+        def create() -> None:
+            if configuration not in self.configuration_runs:
+                run = self.client.create_run(self.search.experiment_id, run_name=name, tags=tags)
+                self.configuration_runs[configuration] = run.info.run_id
+
+        self.writer.submit(f"create run ({configuration})", create)
+        self.writer.submit(f"params ({configuration})",
+                           lambda: log_params(self.client, self.configuration_runs[configuration], shared))
+
+    def summarize_configurations(self, *, final: bool) -> dict[str, CrossValidated]:
+        """Each configuration whose folds have all ended gets its outcome on its run: ``cv_<metric>`` (the mean over
+        its folds of each fold's best value), ``cv_<metric>_std`` (their sample standard deviation, with two folds
+        or more) and ``fold<i>_<metric>``, status FINISHED; or FAILED, naming the folds that did not finish.
+        ``final``: the search is over, so a configuration with folds that never ran fails too. Returns the
+        configurations whose every fold finished, by id."""
+        metric = self.search.metric
+        by_configuration: dict[str, dict[int, str]] = {}
+        for trial_id, (configuration, fold) in self.trial_folds.items():
+            by_configuration.setdefault(configuration, {})[fold] = trial_id
+        for configuration in sorted(self.configurations_started | set(by_configuration)):
+            folds = by_configuration.get(configuration, {})
+            ended = {fold: self.statuses.get(trial_id) for fold, trial_id in folds.items()}
+            if set(folds) == set(self.folds) and all(status == "FINISHED" for status in ended.values()) \
+                    and all(folds[fold] in self.best for fold in self.folds):
+                self.cv[configuration] = CrossValidated(
+                    configuration, {fold: self.best[folds[fold]][0] for fold in self.folds})
+            if configuration in self.summarized:
+                continue
+            complete = set(folds) == set(self.folds) and all(status is not None for status in ended.values())
+            if not complete and not final:
+                continue
+            self.summarized.add(configuration)
+            metrics: dict[str, float] = {}
+            if configuration in self.cv:
+                result = self.cv[configuration]
+                metrics = {f"cv_{metric}": result.mean,
+                           **{f"fold{fold}_{metric}": value for fold, value in result.values.items()}}
+                if len(self.folds) > 1:
+                    metrics[f"cv_{metric}_std"] = result.std
+                status, error = "FINISHED", ""
+            else:
+                missing = [fold for fold in self.folds if ended.get(fold) != "FINISHED"]
+                unscored = [fold for fold in self.folds if fold in folds and folds[fold] not in self.best]
+                error = (f"fold(s) {', '.join(map(str, missing))} did not finish" if missing else
+                         f"fold(s) {', '.join(map(str, unscored))} reported no finite {metric}")
+                status = "FAILED"
+            self._summarize(configuration, metrics, status, error)
+        return dict(self.cv)
+
+    def _summarize(self, configuration: str, metrics: dict[str, float], status: str, error: str) -> None:
+        now = int(time.time() * 1000)
+        batch = [Metric(key, value, now, 0) for key, value in metrics.items() if math.isfinite(value)]
+
+        def write() -> None:
+            run_id = self.configuration_runs[configuration]
+            if batch:
+                self.client.log_batch(run_id, metrics=batch)
+            if error:
+                self.client.set_tag(run_id, "error", error[:500])
+            self.client.set_terminated(run_id, status)
+
+        self.writer.submit(f"summary ({configuration})", write)
+
+    def _end_configurations(self, status: str, reason: str = "") -> None:
+        """The search stopped: the configurations that had not ended end with ``status``."""
+        for configuration in sorted(self.configurations_started - self.summarized):
+            self.summarized.add(configuration)
+            self._summarize(configuration, {}, status, reason)
 
     def _predict(self, trial_id: str, spec: Spec, layout: TrialLayout) -> dict[str, float]:
         """The performance model's numbers for a ViT-seg trial (``{}`` for other models, or when they cannot be
@@ -454,6 +599,8 @@ class MLflowTrialCallback(tune.Callback):
                                lambda trial_id=trial_id: self.client.set_terminated(self.run_ids[trial_id], killed))
             self.ended.add(trial_id)
             self.statuses[trial_id] = killed
+        self.summarize_configurations(final=False)  # those whose folds had all ended keep their outcome
+        self._end_configurations(killed)
 
     def fail_unfinished(self, reason: str) -> None:
         """Ray Tune itself stopped: mark the runs of trials that started and never ended FAILED, saying why."""
@@ -467,6 +614,8 @@ class MLflowTrialCallback(tune.Callback):
             self.writer.submit(f"status ({trial_id})", write)
             self.ended.add(trial_id)
             self.statuses[trial_id] = failed
+        self.summarize_configurations(final=False)
+        self._end_configurations(failed, f"the search stopped before this configuration's folds ended: {reason}")
 
     @property
     def finished(self) -> set[str]:

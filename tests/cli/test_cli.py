@@ -196,6 +196,7 @@ def test_data_tfrecord_of_a_ct_data_set_in_classes_at_the_median_spacing(tmp_pat
     (["data", "tfrecord", "DATA", "OUT", "--shards", "0"], "--shards"),
     (["data", "tfrecord", "DATA", "OUT", "--workers", "-1"], "--workers"),
     (["compare", "SPEC", "--workers", "0,2"], "--workers"),
+    (["compare", "SPEC", "--repeats", "0"], "--repeats"),
 ])
 def test_bad_argument_values_exit_2_naming_the_argument(tmp_path, capsys, argv, culprit):
     argv = [str(tmp_path / a) if a in ("OUT", "DATA", "SPEC") else a for a in argv]

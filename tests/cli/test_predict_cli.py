@@ -17,7 +17,7 @@ from tests.predict.test_segment import ROTATED, bright_case, bright_model, write
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
     model = bright_model("regions")
-    return save_model(model.network, model.recipe, tmp_path / "model")
+    return save_model([model.network], model.recipe, tmp_path / "model")
 
 
 def brats2023_case(root: Path, case_id: str, shape=(14, 12, 10), skip: str | None = None) -> Path:

@@ -21,7 +21,7 @@ from tests.predict.test_segment import bright_model, write_msd_case
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
     model = bright_model()
-    return save_model(model.network, model.recipe, tmp_path / "model")
+    return save_model([model.network], model.recipe, tmp_path / "model")
 
 
 def msd_images(root: Path, count: int = 3, shape: tuple[int, int, int] = (12, 12, 12)) -> Path:

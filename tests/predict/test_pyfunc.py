@@ -61,7 +61,7 @@ def assert_python_function_from_code(folder: Path) -> None:
 
 def test_the_saved_model_is_python_function_from_code(tmp_path: Path):
     model = regions_model()
-    folder = save_model(model.network, model.recipe, tmp_path / "model")
+    folder = save_model([model.network], model.recipe, tmp_path / "model")
     assert_python_function_from_code(folder)
     assert (folder / "artifacts" / "network.pt2").is_file()
     assert json.loads((folder / "artifacts" / RECIPE_FILE).read_text()) == model.recipe.to_dict()
@@ -71,7 +71,7 @@ def test_mlflow_predict_is_distmis_predict_voxel_for_voxel(tmp_path: Path):
     import mlflow.pyfunc
 
     model = regions_model()
-    folder = save_model(model.network, model.recipe, tmp_path / "model")
+    folder = save_model([model.network], model.recipe, tmp_path / "model")
     truth = write_msd_case(tmp_path / "data", "case_001", SHAPE, ROTATED, seed=1)
     scans = discover_scans(tmp_path / "data" / "imagesTr")
     loaded = SegmentationModel.load(folder)
@@ -103,7 +103,7 @@ def test_mlflow_predict_is_distmis_predict_voxel_for_voxel(tmp_path: Path):
 ])
 def test_a_wrong_input_is_refused_naming_what_is_expected(tmp_path: Path, bad, message):
     model = pyfunc_model.SegmentationModel()
-    model.recipe, model.network, model.device = regions_model().recipe.to_dict(), None, "cpu"
+    model.recipe, model.networks, model.device = regions_model().recipe.to_dict(), [None], "cpu"
     with pytest.raises(ValueError, match=message):
         model.predict(None, bad)
 
@@ -119,7 +119,8 @@ def test_wrong_parameters_are_refused(params, message):
         pyfunc_model.check_params(params, regions_model().recipe.to_dict())
     assert pyfunc_model.check_params({"spacing": [1, 2, 3]}, {"layout": "msd"}) == {"spacing": (1.0, 2.0, 3.0),
                                                                                       "layout": "msd",
-                                                                                      "orientation": None}
+                                                                                      "orientation": None,
+                                                                                      "folds": None}
     assert pyfunc_model.check_params({"spacing": []}, {"layout": "brats"})["spacing"] is None
 
 
@@ -149,7 +150,7 @@ def test_a_model_folder_saved_the_old_way_still_predicts(tmp_path: Path):
     loaded = SegmentationModel.load(old)
     assert loaded.pyfunc is None and loaded.recipe == model.recipe
     written = predict_scans(loaded, scans, tmp_path / "old-out", progress=False)[0].output
-    new = SegmentationModel.load(save_model(model.network, model.recipe, tmp_path / "new-model"))
+    new = SegmentationModel.load(save_model([model.network], model.recipe, tmp_path / "new-model"))
     rewritten = predict_scans(new, scans, tmp_path / "new-out", progress=False)[0].output
     labels = [np.asarray(nib.load(str(path)).dataobj) for path in (written, rewritten)]
     assert labels[0].any() and set(np.unique(labels[0])) == {0, 1, 2, 3}
@@ -172,7 +173,7 @@ def run_without_distmis(model_uri: str, tracking_uri: str, cases: list[str], out
 @pytest.mark.slow  # a fresh Python importing mlflow, torch and MONAI: about 30 s
 def test_the_saved_model_predicts_where_distmis_cannot_be_imported(tmp_path: Path):
     model = regions_model()
-    folder = save_model(model.network, model.recipe, tmp_path / "model")
+    folder = save_model([model.network], model.recipe, tmp_path / "model")
     image, _ = bright_case(SHAPE, seed=3)
     for index, name in enumerate(("flair", "t1", "t1ce", "t2")):  # a BraTS-like case: one file per modality
         nib.save(nib.Nifti1Image(image[..., index], ROTATED), str(tmp_path / f"case_{name}.nii.gz"))

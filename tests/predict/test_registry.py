@@ -59,7 +59,7 @@ def round_trip(kind: str, uri: str, tmp_path: Path) -> None:
     assert expected.shape == (20, 20, 20, 3) and 0 <= expected.min() and expected.max() <= 1
 
     run_id = finished_run(uri, tmp_path)
-    model_uri = log_model(net, recipe, uri, run_id)
+    model_uri = log_model([net], recipe, uri, run_id)
     client = MlflowClient(uri)
     assert client.get_run(run_id).info.status == "FINISHED"  # logging on it did not reopen the trial's run
     assert "preprocessing.json" in {a.path for a in client.list_artifacts(run_id)}
@@ -99,7 +99,7 @@ def test_the_best_alias_moves_only_to_a_better_score(tmp_path: Path):
     for score in (0.7, 0.6, 0.8):
         run_id = finished_run(uri, tmp_path) if not versions else MlflowClient(uri).create_run(
             MlflowClient(uri).get_experiment_by_name("roundtrip").experiment_id).info.run_id
-        model_uri = log_model(net, recipe, uri, run_id)
+        model_uri = log_model([net], recipe, uri, run_id)
         versions.append(register_model(uri, model_uri, "search", run_id=run_id, tags={},
                                        score=("test_dice_WT", score, "max")))
     assert versions == [("1", True), ("2", False), ("3", True)]
@@ -108,14 +108,14 @@ def test_the_best_alias_moves_only_to_a_better_score(tmp_path: Path):
 
 def test_a_model_folder_is_written_whole_and_only_over_a_model_folder(tmp_path: Path):
     net, recipe = network("unet3d"), recipe_for("unet3d")
-    folder = save_model(net, recipe, tmp_path / "model")
+    folder = save_model([net], recipe, tmp_path / "model")
     assert (folder / "MLmodel").is_file() and (folder / "artifacts" / "preprocessing.json").is_file()
-    save_model(net, recipe, folder)  # replaces its own earlier model
+    save_model([net], recipe, folder)  # replaces its own earlier model
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no staging folder left behind
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "mine.txt").write_text("keep")
     with pytest.raises(FileExistsError, match="not a model folder distmis wrote"):
-        save_model(net, recipe, tmp_path / "notes")
+        save_model([net], recipe, tmp_path / "notes")
     assert (tmp_path / "notes" / "mine.txt").read_text() == "keep"
     with model_folder(str(tmp_path)) as found:  # a search's output folder: its model/
         assert found == folder

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import math
 import os
+import re
+from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+import distmis.search.compare as compare
 from distmis.cli.main import main
-from distmis.search.compare import run_compare
+from distmis.search.compare import cell_sequence, run_compare
+from distmis.search.state import SearchState
 from distmis.search.trainable import data_parallel_trial, data_parallel_worker, single_process_trial
 from distmis.spec import SpecError, validate_spec
-from distmis.tracking.results import speedup_table, trial_runs
+from distmis.tracking.results import format_comparison, format_results, speedup_table, trial_runs
 from tests.conftest import small_spec_tree
 
 
@@ -42,14 +47,162 @@ def test_speedup_table_arithmetic():
     assert math.isnan(table["speedup"].iloc[4])
 
 
+def cell_row(mode: str, workers: int, repeat: int, elapsed: float, status: str = "FINISHED", **extra) -> dict:
+    failed = extra.pop("failed_trials", 0)
+    return {"mode": mode, "workers": workers, "repeat": repeat, "elapsed_s": elapsed, "best_val_dice": 0.8,
+            "trials": 2, "failed_trials": failed, "status": status, **extra}
+
+
+def test_repeated_cells_give_means_stds_and_speedups_paired_within_a_repeat():
+    cells = [
+        cell_row("experiment", 1, 1, 100.0), cell_row("experiment", 2, 1, 50.0), cell_row("data", 2, 1, 60.0),
+        cell_row("data", 1, 1, 90.0),
+        cell_row("experiment", 1, 2, 120.0), cell_row("experiment", 2, 2, 40.0), cell_row("data", 2, 2, 45.0),
+        cell_row("data", 1, 2, 90.0),
+        cell_row("experiment", 1, 3, 110.0), cell_row("experiment", 2, 3, 55.0), cell_row("data", 2, 3, 30.0),
+        cell_row("data", 1, 3, 60.0),
+    ]
+    table = speedup_table(cells).set_index(["mode", "workers"])
+    assert list(table.columns[:7]) == ["repeats", "elapsed_s", "elapsed_s_std", "speedup", "speedup_std",
+                                       "efficiency", "efficiency_std"]
+    assert list(table.index) == [("experiment", 1), ("experiment", 2), ("data", 1), ("data", 2)]
+    assert table["repeats"].tolist() == [3, 3, 3, 3]
+    assert table.loc[("experiment", 2), "elapsed_s"] == pytest.approx(48.33, abs=0.01)
+    assert table.loc[("experiment", 2), "elapsed_s_std"] == pytest.approx(pd.Series([50.0, 40.0, 55.0]).std(), abs=0.01)
+    # Each repeat against its own 1-worker time: 100/50, 120/40, 110/55 -- not mean(T1) / mean(TN).
+    paired = pd.Series([2.0, 3.0, 2.0])
+    assert table.loc[("experiment", 2), "speedup"] == pytest.approx(paired.mean())
+    assert table.loc[("experiment", 2), "speedup_std"] == pytest.approx(paired.std(ddof=1))
+    assert table.loc[("experiment", 2), "efficiency"] == pytest.approx(paired.mean() / 2)
+    assert table.loc[("experiment", 2), "efficiency_std"] == pytest.approx(paired.std(ddof=1) / 2)
+    paired = pd.Series([90 / 60, 90 / 45, 60 / 30])
+    assert table.loc[("data", 2), "speedup"] == pytest.approx(paired.mean())
+    assert table.loc[("data", 2), "speedup_std"] == pytest.approx(paired.std(ddof=1))
+    assert table.loc[("data", 1), "speedup"] == 1.0 and table.loc[("data", 1), "speedup_std"] == 0.0
+    assert table["trials"].tolist() == [6, 6, 6, 6] and (table["status"] == "FINISHED").all()
+
+
+def test_a_failed_or_resumed_repeat_is_left_out_of_the_time_statistics():
+    cells = [
+        cell_row("experiment", 1, 1, 100.0), cell_row("experiment", 2, 1, 50.0), cell_row("data", 1, 1, 90.0),
+        cell_row("data", 2, 1, 60.0),
+        cell_row("experiment", 1, 2, 80.0), cell_row("experiment", 2, 2, 10.0, "TRIALS_FAILED", failed_trials=1),
+        cell_row("data", 1, 2, math.nan, "RESUMED"), cell_row("data", 2, 2, 30.0),
+        cell_row("experiment", 1, 3, 90.0), cell_row("experiment", 2, 3, 45.0), cell_row("data", 1, 3, 80.0),
+        cell_row("data", 2, 3, math.nan, "FAILED", error="RuntimeError: boom", trials=0),
+    ]
+    table = speedup_table(cells).set_index(["mode", "workers"])
+    row = table.loc[("experiment", 2)]  # repeat 2 had a failed trial: its 10 s is no figure to compare
+    assert row["repeats"] == 2 and row["elapsed_s"] == pytest.approx(47.5)
+    assert row["speedup"] == pytest.approx(2.0) and row["speedup_std"] == pytest.approx(0.0)
+    assert row["status"] == "FINISHED, #2 TRIALS_FAILED" and row["failed_trials"] == 1
+    # data x2: repeat 2's baseline was resumed (no time), repeat 3 failed: one paired speedup is left.
+    row = table.loc[("data", 2)]
+    assert row["repeats"] == 2 and row["elapsed_s"] == pytest.approx(45.0)
+    assert row["speedup"] == pytest.approx(1.5) and math.isnan(row["speedup_std"])
+    assert row["status"] == "FINISHED, #3 FAILED" and row["error"] == "#3: RuntimeError: boom"
+    assert table.loc[("data", 1), "repeats"] == 2 and table.loc[("data", 1), "status"] == "FINISHED, #2 RESUMED"
+    assert table.loc[("data", 1), "elapsed_s"] == pytest.approx(85.0)
+    text = format_comparison(speedup_table(cells))
+    assert "47.50 ± 3.54" in text and "2.000 ± 0.000" in text and "elapsed_s_std" not in text
+
+
+def test_one_repeat_keeps_the_table_of_a_single_run():
+    cells = [
+        {"mode": "data", "workers": 2, "elapsed_s": 60.0, "best_val_dice": 0.8, "trials": 4, "failed_trials": 0, "status": "FINISHED"},
+        {"mode": "experiment", "workers": 1, "elapsed_s": 100.0, "best_val_dice": 0.8, "trials": 4, "failed_trials": 0, "status": "FINISHED"},
+        {"mode": "experiment", "workers": 2, "elapsed_s": 35.5, "best_val_dice": 0.7, "trials": 4, "failed_trials": 1, "status": "TRIALS_FAILED"},
+        {"mode": "data", "workers": 1, "elapsed_s": 90.0, "best_val_dice": 0.8, "trials": 4, "failed_trials": 0, "status": "FINISHED"},
+    ]
+    unnumbered = speedup_table(cells)
+    numbered = speedup_table([c | {"repeat": 1} for c in cells])
+    pd.testing.assert_frame_equal(unnumbered, numbered)
+    assert list(numbered.columns) == ["mode", "workers", "elapsed_s", "speedup", "efficiency", "best_val_dice",
+                                      "trials", "failed_trials", "status"]
+    row = numbered.iloc[1]  # experiment x2: its trials failed; its time is shown, with no speedup
+    assert row["elapsed_s"] == 35.5 and math.isnan(row["speedup"]) and row["status"] == "TRIALS_FAILED"
+    assert numbered["speedup"].tolist()[2:] == [1.0, 1.5]
+    assert format_comparison(numbered) == format_results(numbered, "table")
+
+
+def test_too_many_repeats_are_refused_naming_the_field(tmp_path: Path, capsys):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(compare_tree(tmp_path / "data")))
+    assert main(["compare", str(spec), "--repeats", "101", "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "parallelism.repeats" in err and "100" in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()  # nothing started
+
+
+def test_the_cells_run_interleaved_repeat_after_repeat():
+    assert cell_sequence([1, 2, 4]) == [("experiment", 1, 1), ("data", 1, 1), ("data", 2, 1), ("experiment", 2, 1),
+                                        ("experiment", 4, 1), ("data", 4, 1)]
+    sequence = cell_sequence([1, 2], repeats=3)
+    assert sequence == [(m, n, r) for r in (1, 2, 3) for m, n, _ in cell_sequence([1, 2])]
+
+
+def test_a_resumed_repeated_comparison_skips_the_cells_done_and_resumes_the_one_under_way(tmp_path: Path,
+                                                                                           monkeypatch):
+    """The bookkeeping of run_compare alone (no Ray): what runs, in which order, resumed or not, named how."""
+    tree = compare_tree(tmp_path / "data")
+    tree["parallelism"]["repeats"] = 2
+    spec = validate_spec(tree)
+    state = SearchState.start("compare", spec, "parent")
+    # Interrupted in repeat 2's second cell; repeat 1 was saved before repeats existed (no "repeat": repeat 1).
+    state.cells = [cell_row("experiment", 1, 1, 100.0), cell_row("data", 1, 1, 90.0), cell_row("data", 2, 1, 60.0),
+                   cell_row("experiment", 2, 1, 50.0), cell_row("experiment", 1, 2, 110.0)]
+    del state.cells[0]["repeat"]
+    state.current = {"mode": "data", "workers": 1, "repeat": 2, "run_id": "cell-under-way", "experiment": "exp"}
+    opened, executed = [], []
+
+    def fake_run(run_id: str) -> SimpleNamespace:
+        return SimpleNamespace(run_id=run_id, tracking_uri="sqlite://", log_metrics=lambda *a, **k: None,
+                               finish=lambda *a, **k: None)
+
+    def open_run(search, output_dir, data, *, run_name, parent_run_id, tags):
+        opened.append((run_name, tags))
+        return fake_run(f"run-{len(opened)}")
+
+    def execute(search, data, plan, run, output_dir, *, resume, **kwargs):
+        par = search.parallelism
+        executed.append((par.mode, par.workers if par.mode == "data" else par.max_concurrent_trials, run.run_id,
+                         resume))
+        return SimpleNamespace(results=pd.DataFrame({"best_val_dice": [0.5, 0.7]}), failed=0, search_seconds=40.0)
+
+    monkeypatch.setattr(compare, "preflight", lambda *a, **k: state)
+    monkeypatch.setattr(compare, "ray_connection", lambda *a, **k: nullcontext())
+    monkeypatch.setattr(compare, "check_capacity", lambda *a: None)
+    monkeypatch.setattr(compare, "prepare_output", lambda *a, **k: None)
+    monkeypatch.setattr(compare, "reopen_search_run", lambda spec, output_dir, run_id: fake_run(run_id))
+    monkeypatch.setattr(compare, "open_search_run", open_run)
+    monkeypatch.setattr(compare, "execute_search", execute)
+    monkeypatch.setattr(compare, "_log_table", lambda *a: None)
+    (tmp_path / "out").mkdir()
+    outcome = run_compare(spec, tmp_path / "out", progress=False, resume=True)
+
+    assert executed == [("data", 1, "cell-under-way", True), ("data", 2, "run-1", False),
+                        ("experiment", 2, "run-2", False)]
+    assert [name for name, _ in opened] == ["data x2 #2", "experiment x2 #2"]
+    assert opened[0][1] == {"distmis.compare.mode": "data", "distmis.compare.workers": "2",
+                            "distmis.compare.repeat": "2"}
+    saved = SearchState.load(tmp_path / "out")
+    assert [compare.cell_key(c) for c in saved.cells][-3:] == [("data", 1, 2), ("data", 2, 2), ("experiment", 2, 2)]
+    assert saved.current is None and saved.status == "finished"
+    table = outcome.table.set_index(["mode", "workers"])
+    assert table.loc[("data", 1), "status"] == "FINISHED, #2 RESUMED" and table.loc[("data", 1), "repeats"] == 1
+    assert table.loc[("experiment", 2), "speedup"] == pytest.approx((100 / 50 + 110 / 40) / 2)
+    assert outcome.failed_cells == []
+
+
 def test_compare_command_records_the_table(ray_local, tmp_path: Path, capsys):
+    """The whole command, with two repeats of every cell (the smallest comparison that has a spread)."""
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump(compare_tree(tmp_path / "data")))
     out = tmp_path / "out"
-    code = main(["compare", str(spec), "--workers", "2", "--output", str(out), "--quiet"])
+    code = main(["compare", str(spec), "--workers", "2", "--repeats", "2", "--output", str(out), "--quiet"])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    assert "speedup" in printed and "efficiency" in printed
+    assert "speedup" in printed and "efficiency" in printed and "2 repeats" in printed and " ± " in printed
 
     client = MlflowClient(f"sqlite:///{(out / 'mlflow.db').resolve()}")
     [parent] = client.search_runs(client.get_experiment_by_name("tiny").experiment_id,
@@ -58,11 +211,21 @@ def test_compare_command_records_the_table(ray_local, tmp_path: Path, capsys):
     table = pd.read_csv(client.download_artifacts(parent.info.run_id, "speedup.csv", str(tmp_path)))
     assert sorted(zip(table["mode"], table["workers"])) == [("data", 1), ("data", 2), ("experiment", 1), ("experiment", 2)]
     assert (table["status"] == "FINISHED").all() and table["elapsed_s"].gt(0).all()
+    assert (table["repeats"] == 2).all()
+    for column in ("elapsed_s_std", "speedup_std", "efficiency_std"):  # two repeats finished: a spread
+        assert table[column].notna().all() and table[column].ge(0).all(), column
     assert table["best_val_dice"].between(0, 1).all()
     assert table.loc[table["workers"] == 1, "speedup"].tolist() == [1.0, 1.0]
-    # Each cell is a search run under the comparison, with its two trials under it.
+    assert table.loc[table["workers"] == 1, "speedup_std"].tolist() == [0.0, 0.0]
+    # Each run of a cell is a search run under the comparison, with its two trials under it.
     cells = trial_runs(client, parent)
-    assert len(cells) == 4
+    assert len(cells) == 8
+    runs = sorted(cells, key=lambda run: run.info.start_time)
+    expected = cell_sequence([1, 2], repeats=2)
+    assert [(run.data.tags["distmis.compare.mode"], int(run.data.tags["distmis.compare.workers"]),
+             int(run.data.tags["distmis.compare.repeat"])) for run in runs] == expected  # repeat 1 of all first
+    assert [run.info.run_name for run in runs][:2] == ["experiment x1 #1", "data x1 #1"]
+    assert runs[-1].info.run_name == "experiment x2 #2"
     for cell in cells:
         assert len(trial_runs(client, cell)) == 2
         workers = int(cell.data.tags["distmis.compare.workers"])
@@ -72,7 +235,12 @@ def test_compare_command_records_the_table(ray_local, tmp_path: Path, capsys):
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
     assert main(["results", "--tracking-uri", uri, "--experiment", "tiny", "--format", "csv"]) == 0
     again = capsys.readouterr().out
-    assert again.splitlines()[0].startswith("mode,workers,elapsed_s,speedup,efficiency,best_val_dice")
+    assert again.splitlines()[0].startswith("mode,workers,repeats,elapsed_s,elapsed_s_std,speedup,speedup_std,"
+                                            "efficiency,efficiency_std,best_val_dice")
+    assert main(["results", str(out)]) == 0  # the comparison rebuilt from its runs: as the command printed it
+    rebuilt = capsys.readouterr().out
+    rows = re.compile(r"^\s*(experiment|data)\s+\d+\s+2\s+.* ± .*$", re.MULTILINE)
+    assert len(rows.findall(printed)) == 4 and rows.findall(rebuilt) == rows.findall(printed)
 
 
 def dying_worker(loop_config: dict) -> None:

@@ -22,7 +22,7 @@ def test_a_store_that_fails_costs_the_registration_not_the_model(tmp_path: Path)
                                      "image_shape": [16, 16, 16, 4], "num_classes": 1})
     unreachable = tmp_path / "not-a-folder"
     unreachable.write_text("a file where the store's folder would be")
-    published = publish_model(trainer, BestModel("t_00000", {}, 0.5, None), spec, data,
+    published = publish_model([trainer], BestModel("t_00000", {}, 0.5, None), spec, data,
                               tracking_uri=f"sqlite:///{unreachable / 'mlflow.db'}", trial_run_id="0" * 32,
                               search_run_id="1" * 32, evaluation=None, folder=tmp_path / "out" / "model",
                               register=True)

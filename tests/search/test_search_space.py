@@ -26,7 +26,7 @@ def test_param_space_maps_each_domain(spec_tree):
     assert space["training.optimizer.amsgrad"] == {"grid_search": [True, False]}
     # randint is inclusive in the spec, exclusive in Tune.
     assert space["training.batch_size"].upper == 3
-    assert num_trials(spec.search) == 6
+    assert num_trials(spec) == 6
     assert search_algorithm(spec) is None and scheduler(spec) is None
 
 

@@ -42,7 +42,7 @@ def test_paper_grid_has_32_points():
     from distmis.search.search_space import num_trials
 
     spec = load_spec(ROOT / "search_spaces/distmis_grid.yaml")
-    assert num_trials(spec.search) == 32
+    assert num_trials(spec) == 32
     assert spec.dataset.crop == (240, 240, 152)
 
 
