@@ -151,8 +151,8 @@ def fold_candidates(models: Iterable[BestModel], trial_folds: Mapping[str, tuple
         if model.trial_id in trial_folds:
             configuration, fold = trial_folds[model.trial_id]
             grouped.setdefault(configuration, {})[fold] = model
-    found = [Candidate(configuration, value, grouped[configuration]) for configuration, value in cv_means.items()
-             if set(grouped.get(configuration, {})) == set(folds)]
+    found = [Candidate(configuration, value, dict(sorted(grouped[configuration].items())))
+             for configuration, value in cv_means.items() if set(grouped.get(configuration, {})) == set(folds)]
     found.sort(key=lambda candidate: candidate.best_value, reverse=mode == "max")
     return found[:top]
 

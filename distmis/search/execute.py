@@ -604,8 +604,9 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
                                 f"{type(exc).__name__}: {exc}", "distmis.test_error")
                 if rank == 0:
                     best = evaluation
-                    published = _publish(list(trainers.values()), candidate, spec, data, search_run, run_id,
-                                         evaluation, model_folder, problem)
+                    ordered = [trainers[fold] for fold in candidate.folds] if candidate.folds else [trainers[None]]
+                    published = _publish(ordered, candidate, spec, data, search_run, run_id, evaluation,
+                                         model_folder, problem)
         except _NotLoaded as failure:
             model, exc = failure.model, failure.__cause__
             logger.warning("could not load trial %s's best weights", model.trial_id, exc_info=exc)

@@ -92,7 +92,6 @@ def test_configurations_hold_their_folds_and_their_mean(cv_search) -> None:
             curve = client.get_metric_history(run.info.run_id, "val_dice")
             assert sorted(m.step for m in curve) == [1, 2]  # the per-epoch curve, as without folds
             best.append(max(m.value for m in curve))
-            assert "test_dice_WT" in run.data.metrics  # each fold model scored on the test split on its own run
         metrics = configuration.data.metrics
         assert metrics["cv_val_dice"] == pytest.approx(np.mean(best), abs=1e-9)
         assert metrics["cv_val_dice_std"] == pytest.approx(np.std(best, ddof=1), abs=1e-9)
@@ -100,6 +99,11 @@ def test_configurations_hold_their_folds_and_their_mean(cv_search) -> None:
         means[configuration.data.tags["distmis.configuration"]] = metrics["cv_val_dice"]
     winner = max(means, key=means.get)
     assert search.data.tags["distmis.model_trial"] == winner
+    for configuration in configurations:  # search.evaluate_top 1: the best configuration's folds are scored
+        scored = configuration.data.tags["distmis.configuration"] == winner
+        assert ("test_dice_WT" in configuration.data.metrics) == scored  # the ensemble's scores
+        for run in children(client, configuration):  # each fold model's own scores on its own run
+            assert ("test_dice_WT" in run.data.metrics) == scored
     assert search.data.metrics["cv_val_dice"] == pytest.approx(means[winner])
     assert "test_dice_WT" in search.data.metrics  # the ensemble's test scores
     results = pd.read_csv(Path(client.download_artifacts(search.info.run_id, "results.csv")))
