@@ -207,7 +207,7 @@ def _run_cell(spec: Spec, data: Any, mode: str, workers: int, repeat: int, compa
         logger.error("comparison cell %s failed: %s", label, exc)
         logger.debug("comparison cell %s", label, exc_info=True)  # the traceback with --verbose
         return cell | {"error": f"{type(exc).__name__}: {exc}"}
-    best = outcome.results.get(best_key)
+    best = outcome.results.get(f"cv_{spec.search.metric}" if spec.cv_folds else best_key)  # folds: configurations
     if best is not None and best.notna().any():
         cell[best_key] = float(best.max() if spec.search.mode == "max" else best.min())
     status = "FINISHED" if outcome.failed == 0 else "TRIALS_FAILED"
