@@ -60,7 +60,19 @@ def searched_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in config.items() if key not in (FOLD_KEY, CONFIGURATION_KEY)}
 
 
-class Configurations(Searcher):
+class _SavedWhole(Searcher):
+    """A searcher whose whole state (an inner searcher's included) is what Tune saves and restores with its own."""
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as handle:
+            pickle.dump(self.__dict__.copy(), handle)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as handle:
+            self.__dict__.update(pickle.load(handle))
+
+
+class Configurations(_SavedWhole):
     """The configurations of a grid or random search, one per :meth:`suggest`, in the order Tune's own variant
     generator makes them (``num_samples`` passes over the grid, random values drawn from a generator seeded with
     ``seed``), then ``FINISHED``. What :class:`FoldSearcher` wraps when there is no Optuna."""
@@ -87,16 +99,8 @@ class Configurations(Searcher):
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         pass  # the configurations are fixed in advance
 
-    def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as handle:
-            pickle.dump(self.__dict__.copy(), handle)
 
-    def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as handle:
-            self.__dict__.update(pickle.load(handle))
-
-
-class FoldSearcher(Searcher):
+class FoldSearcher(_SavedWhole):
     """Each configuration of ``inner`` as one trial per fold of ``folds``; ``inner`` hears of a configuration once,
     when its last fold has ended: the mean over its folds of each fold's best ``metric`` (an error when a fold
     failed). Its state, the inner searcher's included, is saved with Tune's, so a resumed search goes on handing out
@@ -163,14 +167,6 @@ class FoldSearcher(Searcher):
             self.inner.on_trial_complete(configuration, None, error=True)
         else:
             self.inner.on_trial_complete(configuration, {self.metric: sum(values) / len(values)})
-
-    def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as handle:
-            pickle.dump(self.__dict__.copy(), handle)
-
-    def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as handle:
-            self.__dict__.update(pickle.load(handle))
 
 
 class FoldScheduler(FIFOScheduler):

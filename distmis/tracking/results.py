@@ -99,11 +99,7 @@ def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
         row["error"] = run.data.tags.get("error", "")
         row["run_id"] = run.info.run_id
         rows.append(row)
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        return frame
-    frame = frame.sort_values(f"best_{metric}", ascending=(mode == "min"), na_position="last", kind="stable")
-    return frame.reset_index(drop=True)
+    return _ranked(rows, f"best_{metric}", mode)
 
 
 def cv_results_frame(client: MlflowClient, configurations: Sequence[Run], searched: Sequence[str], metric: str,
@@ -135,10 +131,15 @@ def cv_results_frame(client: MlflowClient, configurations: Sequence[Run], search
         row["error"] = "; ".join([*([run.data.tags["error"]] if run.data.tags.get("error") else []), *errors])
         row["run_id"] = run.info.run_id
         rows.append(row)
+    return _ranked(rows, f"cv_{metric}", mode)
+
+
+def _ranked(rows: list[dict[str, Any]], column: str, mode: str) -> pd.DataFrame:
+    """``rows`` as a table, best ``column`` first (``mode`` max or min), unscored rows last."""
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
-    frame = frame.sort_values(f"cv_{metric}", ascending=(mode == "min"), na_position="last", kind="stable")
+    frame = frame.sort_values(column, ascending=(mode == "min"), na_position="last", kind="stable")
     return frame.reset_index(drop=True)
 
 
