@@ -35,18 +35,12 @@ from ray.tune.search import Searcher
 from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY
 
 __all__ = ["CONFIGURATION_KEY", "FOLD_KEY", "Configurations", "FoldScheduler", "FoldSearcher", "configuration_id",
-           "configuration_of", "fold_of", "searched_config"]
+           "fold_of", "searched_config"]
 
 
 def configuration_id(index: int) -> str:
     """The id of the search's ``index``-th configuration: ``c000``, ``c001``, ..."""
     return f"c{index:03d}"
-
-
-def configuration_of(config: Mapping[str, Any]) -> str | None:
-    """The configuration a trial belongs to (None: a search without folds)."""
-    value = config.get(CONFIGURATION_KEY)
-    return None if value is None else str(value)
 
 
 def fold_of(config: Mapping[str, Any]) -> int | None:
