@@ -22,6 +22,7 @@ import yaml
 
 from distmis import pyfunc_model
 from distmis.cli.main import main
+from distmis.predict.resolve import model_folder
 from distmis.search.evaluate import BestModel, loaded_trainer
 from distmis.search.prepare import prepare_data
 from distmis.search.state import SearchState
@@ -138,8 +139,10 @@ def fold_trainers(folder: Path, state: SearchState):
 def test_the_registered_model_is_the_fold_ensemble(cv_search, tmp_path) -> None:
     folder, state = cv_search
     spec = load_spec(folder / "spec.yaml")
-    mlflow.set_tracking_uri(state.tracking_store)
-    registered = mlflow.pyfunc.load_model(f"models:/{spec.registered_model_name}@best")
+    # the registered version, downloaded as `distmis predict` does (mlflow.set_tracking_uri would set the tracking
+    # store of every later test of this process: it sets $MLFLOW_TRACKING_URI)
+    with model_folder(f"models:/{spec.registered_model_name}@best", state.tracking_store) as path:
+        registered = mlflow.pyfunc.load_model(str(path))
     inner = registered.unwrap_python_model()
     recipe = inner.recipe
     assert list(recipe["folds"]) == list(range(FOLDS))
