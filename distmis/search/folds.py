@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
-from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY
+from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, searched_config
 
 __all__ = ["CONFIGURATION_KEY", "FOLD_KEY", "Configurations", "FoldScheduler", "FoldSearcher", "configuration_id",
            "fold_of", "searched_config"]
@@ -47,11 +47,6 @@ def fold_of(config: Mapping[str, Any]) -> int | None:
     """The fold a trial validates on (None: a search without folds)."""
     value = config.get(FOLD_KEY)
     return None if value is None else int(value)
-
-
-def searched_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A trial's searched values alone: its config without the fold and the configuration's id."""
-    return {key: value for key, value in config.items() if key not in (FOLD_KEY, CONFIGURATION_KEY)}
 
 
 class _SavedWhole(Searcher):

@@ -467,6 +467,11 @@ CONFIGURATION_KEY = "distmis.configuration"
 FOLD_KEY = "dataset.split.fold"
 
 
+def searched_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's searched values alone: its config without the fold and the configuration's id."""
+    return {key: value for key, value in config.items() if key not in (FOLD_KEY, CONFIGURATION_KEY)}
+
+
 def apply_config(spec: Spec, config: Mapping[str, Any], *, source: str = "trial config") -> Spec:
     """The spec of one trial: a copy of ``spec`` with each dotted path of ``config`` (a Ray Tune trial's config,
     ``{"training.optimizer.lr": 0.001}``) set, every changed section validated by the schema as a whole (so

@@ -29,7 +29,7 @@ from ray import tune
 
 from distmis.tracking.predicted import predict_trial
 from distmis.spec.layout import TrialLayout, resolve_trial
-from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, SpecError, spec_to_dict
+from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, SpecError, searched_config, spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.writer import ResilientWriter
 from distmis.trial_record import HISTORY_KEY, STARTUP_PREFIX
@@ -117,8 +117,7 @@ def short_name(path: str) -> str:
 def searched_values(config: Mapping[str, Any]) -> str:
     """A trial's searched values as a person reads them: ``"lr=0.005 norm=group"`` (a cross-validation trial's
     fold last: ``"lr=0.005 fold=1"``)."""
-    shown = [(path, value) for path, value in config.items() if path not in (CONFIGURATION_KEY, FOLD_KEY)]
-    shown += [(FOLD_KEY, config[FOLD_KEY])] if FOLD_KEY in config else []
+    shown = [*searched_config(config).items(), *([(FOLD_KEY, config[FOLD_KEY])] if FOLD_KEY in config else [])]
     return " ".join(f"{short_name(path)}={value:g}" if isinstance(value, float)
                     else f"{short_name(path)}={value}" for path, value in shown)
 
@@ -506,8 +505,7 @@ class MLflowTrialCallback(tune.Callback):
         if configuration in self.configurations_started:
             return
         self.configurations_started.add(configuration)
-        searched = {key: value for key, value in config.items() if key not in (FOLD_KEY, CONFIGURATION_KEY)}
-        name = f"{configuration} {searched_values(searched)}".strip()
+        name = f"{configuration} {searched_values(searched_config(config))}".strip()
         tags = {PARENT_TAG: self.search.run_id, ROLE_TAG: CONFIGURATION_ROLE, CONFIGURATION_TAG: configuration,
                 **self.search.source_tags}
         shared = {key: value for key, value in params.items() if key != FOLD_KEY}
