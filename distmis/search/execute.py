@@ -33,6 +33,7 @@ from distmis.search.evaluate import (
 from distmis.search.plan import SearchPlan
 from distmis.search.prepare import PreparedData, prepare_data
 from distmis.search.search_space import num_trials, scheduler, search_algorithm, tune_param_space
+from distmis.search.storage import atomic_local_filesystem
 from distmis.search.trainable import data_parallel_trial, runs_on_worker_group, single_process_trial
 from distmis.search.worker_group import release_groups
 from distmis.service.net import LOOPBACK, free_port, port_in_use
@@ -413,9 +414,10 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     if not verbose:  # Tune's newer output prints its experiment box and paths even at verbose=0; the older is silent
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     handle = callback.handle(*([console] if console else []))
-    if resume and tune.Tuner.can_restore(storage / experiment):
+    filesystem = atomic_local_filesystem()  # a driver killed while Tune saves leaves whole files (storage.py)
+    if resume and tune.Tuner.can_restore(str(storage / experiment), storage_filesystem=filesystem):
         tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=tune_param_space(spec),
-                                   resume_unfinished=True, resume_errored=True)
+                                   resume_unfinished=True, resume_errored=True, storage_filesystem=filesystem)
     else:
         # Ray Train restarts a data-parallel trial's workers itself (trainable.py); Tune restarts the others, and
         # the trials on a search's worker group (which start a new group).
@@ -438,6 +440,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
             run_config=tune.RunConfig(
                 name=experiment,
                 storage_path=str(storage),
+                storage_filesystem=filesystem,
                 callbacks=[handle],
                 # Every folder stays for Tune's saved state to name; the trials empty the old ones (trial_checkpoints).
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=None),

@@ -213,6 +213,7 @@ def data_parallel_trial(
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from distmis.search.placement_groups import release_train_placement_groups
+    from distmis.search.storage import atomic_local_filesystem
 
     trial, layout = resolve_trial(spec, config)
     if runs_on_worker_group(trial):
@@ -226,6 +227,7 @@ def data_parallel_trial(
     run_config = RunConfig(
         name=f"{tune.get_context().get_trial_id()}",
         storage_path=storage_path,
+        storage_filesystem=atomic_local_filesystem(),
         callbacks=[TuneReportCallback()],
         checkpoint_config=CheckpointConfig(num_to_keep=1),  # the latest epoch's (it holds the best weights too)
         # A worker group that can never start (its workers die at once) fails the trial after 3 tries rather than
