@@ -433,9 +433,9 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
                 search_alg=search_algorithm(spec),
                 scheduler=scheduler(spec),
                 max_concurrent_trials=plan.max_concurrent_trials,
-                # A distributed trial's own process only drives its Ray Train run: one process serves the
-                # search's trials in turn rather than a new one (and its imports) per trial.
-                reuse_actors=plan.distributed,
+                # One process serves the search's trials in turn rather than a new one per trial: its imports,
+                # and an experiment-mode trial's traced graphs (trainable.single_process_trial).
+                reuse_actors=True,
             ),
             run_config=tune.RunConfig(
                 name=experiment,

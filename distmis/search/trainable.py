@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NotRequired, TypedDict
 
+from distmis.search.kept_trainers import KeptTrainers, trainer_key
 from distmis.train.loop import Metrics, StoredCheckpoint, quiet_worker, train_and_report
 from distmis.train.startup import StartupClock
 from distmis.spec.layout import TrialLayout, resolve_trial
@@ -140,19 +141,39 @@ def _worker_device() -> str:
 
 
 # --------------------------------------------------------------------------- experiment-parallel
+# What this process keeps between the experiment-mode trials Tune runs on it in turn (``reuse_actors``): its
+# imports and thread pools, and its TensorFlow trainers, their graphs traced (:mod:`distmis.search.kept_trainers`).
+_KEPT = KeptTrainers()
+_TRIALS_STARTED = 0
+
+
 def single_process_trial(config: TrialConfig, *, spec: Spec, tfrecord_dir: str) -> None:
-    """One trial in this Tune actor's process, on the CPUs its layout gives it."""
+    """One trial in this Tune actor's process, on the CPUs its layout gives it.
+
+    Tune runs a search's trials in turn on the same actor: a TensorFlow trial whose graphs equal an earlier
+    trial's restarts that trial's trainer (the same seeded weights, optimizer and data order as a new one) instead of
+    tracing again. ``startup_process_reused`` and ``startup_graphs_reused`` (1 or 0) say what was found warm.
+    """
     from ray import tune
 
     from distmis.search.trial_checkpoints import name_by_epoch, prune_older, resume_candidates, trial_folder
     from distmis.train.threads import pin_threads
 
+    global _TRIALS_STARTED
     clock = StartupClock()
+    process_reused = _TRIALS_STARTED > 0
+    _TRIALS_STARTED += 1
     quiet_worker()
     trial, layout = resolve_trial(spec, config)
     pin_threads(layout.cpu, **trial_frameworks(trial))
     clock.mark("imports")
-    trainer = build_trainer(trial, layout, tfrecord_dir, clock)
+    key = trainer_key(trial, tfrecord_dir) if trial.model.framework == "tensorflow" else None
+    if key is None:
+        trainer, graphs_reused = build_trainer(trial, layout, tfrecord_dir, clock), False
+    else:
+        trainer, graphs_reused = _KEPT.trainer_for(key, trial, layout,
+                                                   lambda: build_trainer(trial, layout, tfrecord_dir))
+        clock.mark("data")  # the model and data, or the restart of a kept trainer
 
     def report(metrics: Metrics, checkpoint: StoredCheckpoint | None = None) -> None:
         if checkpoint is not None:
@@ -161,8 +182,17 @@ def single_process_trial(config: TrialConfig, *, spec: Spec, tfrecord_dir: str) 
         if checkpoint is not None:
             prune_older(tune.get_checkpoint())  # the one just persisted
 
-    train_and_report(trainer, trial, report, tune.Checkpoint,
-                     checkpoints=resume_candidates(tune.get_checkpoint(), trial_folder()), startup=clock.seconds())
+    startup = {**clock.seconds(), "startup_process_reused": float(process_reused),
+               "startup_graphs_reused": float(graphs_reused)}
+    try:
+        train_and_report(trainer, trial, report, tune.Checkpoint,
+                         checkpoints=resume_candidates(tune.get_checkpoint(), trial_folder()), startup=startup)
+    except SystemExit:  # Tune stopped the trial (its scheduler, or the search's end) between two epochs
+        raise
+    except BaseException:
+        if key is not None:
+            _KEPT.discard(key)  # a trainer that failed is not restarted for another trial
+        raise
 
 
 # --------------------------------------------------------------------------- data-parallel

@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
+from distmis.search.kept_trainers import KeptTrainers, trainer_key
 from distmis.spec.layout import TrialLayout
 from distmis.spec.schema import Spec
 
@@ -41,10 +42,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GROUP_NAME_PREFIX = "distmis-workers-"
-
-# Trainers a worker keeps, by their graphs: a grid over two architectures alternates between them; more would
-# hold more models' weights (and device memory) for trials that may never come.
-KEPT_TRAINERS = 2
 
 Files = dict[str, bytes]  # a checkpoint folder: relative path -> contents
 
@@ -76,8 +73,7 @@ class TensorflowWorker:
         self.rank = rank
         pin_threads(cpus, tensorflow=True, torch=False)
         self.strategy: tf.distribute.Strategy | None = None  # this rank's MultiWorkerMirroredStrategy, once joined
-        # graph_key -> UNetTrainer, its graphs traced; least recently used first
-        self.trainers: dict[str, RestartableTrainer] = {}
+        self.trainers = KeptTrainers()  # by their graphs, traced
         self.trainer: RestartableTrainer | None = None  # the current trial's
         self._epochs: Iterator[tuple[Metrics, Path | None]] | None = None
         self._resume_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -105,22 +101,15 @@ class TensorflowWorker:
 
         from distmis.train.loop import epoch_reports
         from distmis.train.startup import StartupClock
-        from distmis.train.tf_unet import UNetTrainer, graph_key
+        from distmis.train.tf_unet import UNetTrainer
 
         self.finish_trial()
         clock = StartupClock(since=submitted_at)
         clock.mark("workers")  # the group, new or kept, up to this worker's first line for the trial
-        key = graph_key(spec)
-        trainer: RestartableTrainer | None = self.trainers.pop(key, None)
-        reused = trainer is not None
-        if trainer is not None:
-            trainer.restart(spec, layout)
-        else:
-            self.trainer = None
-            while len(self.trainers) >= KEPT_TRAINERS:  # the least recently used goes, with its model's memory
-                self.trainers.pop(next(iter(self.trainers)))
-            trainer = UNetTrainer(spec, tfrecord_dir, layout=layout, strategy=self.strategy)
-        self.trainers[key] = trainer  # the most recently used last
+        self.trainer = None
+        trainer, reused = self.trainers.trainer_for(
+            trainer_key(spec, tfrecord_dir), spec, layout,
+            lambda: UNetTrainer(spec, tfrecord_dir, layout=layout, strategy=self.strategy))
         clock.mark("data")
         self.trainer = trainer
         resume = []
