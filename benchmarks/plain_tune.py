@@ -12,7 +12,8 @@ Both run with the same TensorFlow settings (oneDNN kernels on, one thread per tr
 benchmark runs each as a user would, as its own process (`python benchmarks/plain_tune.py --plain ...`
 and `distmis run ...`, distmis from an empty output folder, so its TFRecord conversion counts), timed from
 the outside, experiment-parallel on the same local Ray, and prints the wall times and the best validation
-dice of each:
+dice of each. distmis runs twice in the same output folder: the first search pays the TFRecord conversion, the
+repeated one reuses it (as every later search of a lab's data set does):
 
     python benchmarks/plain_tune.py --set dataset.synthetic.cases=8 --set training.epochs=3 --output runs/plain-tune
 """
@@ -139,11 +140,14 @@ def main() -> None:
     os.environ.update(tensorflow_env())  # both run TensorFlow's oneDNN kernels (the plain one through Ray's workers)
     sets = [f"--set={item}" for item in args.set] + [f"--set={k}={v}" for k, v in EXPERIMENT.items()]
     rows = []
-    for tool in ("plain", "distmis"):
-        folder = output / tool
-        if folder.exists():
-            shutil.rmtree(folder)  # only this benchmark's own folders
-        folder.mkdir(parents=True)
+    # distmis twice in the same output folder: the first search converts the cases to TFRecords, the repeated one
+    # finds them there (as every later search of a lab's data set does)
+    for tool in ("plain", "distmis", "distmis, repeated"):
+        folder = output / tool.split(",")[0]
+        if tool != "distmis, repeated":
+            if folder.exists():
+                shutil.rmtree(folder)  # only this benchmark's own folders
+            folder.mkdir(parents=True)
         if tool == "plain":
             command = [sys.executable, __file__, "--plain", "--output", str(output), *sets]
         else:
@@ -158,12 +162,11 @@ def main() -> None:
             dice = json.loads(done.stdout.strip().splitlines()[-1])["best_val_dice"]
         else:
             dice = distmis_best_dice(spec, folder)
-        rows.append({"tool": tool, "wall_s": round(wall, 1), "best_val_dice": round(dice, 4)})
-    rows[1]["vs_plain"] = round(rows[1]["wall_s"] / rows[0]["wall_s"], 3)
+        rows.append({"tool": tool, "wall_s": round(wall, 1), "best_val_dice": round(dice, 4),
+                     "vs_plain": round(wall / rows[0]["wall_s"], 3) if rows else 1.0})
     print("| tool | wall_s | best_val_dice | wall / plain |\n|---|---|---|---|")
     for row in rows:
-        print(f"| {row['tool']} | {row['wall_s']} | {row['best_val_dice']} | {row.get('vs_plain', 1.0)} |")
-
+        print(f"| {row['tool']} | {row['wall_s']} | {row['best_val_dice']} | {row['vs_plain']} |")
 
 if __name__ == "__main__":
     main()
