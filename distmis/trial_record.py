@@ -17,12 +17,13 @@ import posixpath
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["HISTORY_KEY", "STARTUP_PREFIX", "CHECKPOINT_PREFIX", "RESUME_DIR", "STATE_FILE", "TrainingState",
-           "stored_state", "held_epoch", "complete_folders"]
+__all__ = ["HISTORY_KEY", "STARTUP_PREFIX", "DEVICE_KEY", "CHECKPOINT_PREFIX", "RESUME_DIR", "STATE_FILE",
+           "TrainingState", "stored_state", "held_epoch", "complete_folders"]
 
 # --------------------------------------------------------------------------- keys of a trial's reports
 HISTORY_KEY = "history"  # in a restarted trial's first report: JSON of every epoch's metrics so far
 STARTUP_PREFIX = "startup_"  # the first report's start-up seconds, ``startup_<part>_s`` (train.startup)
+DEVICE_KEY = "device"  # the first report's: where the (primary rank's) model trains, "cpu" or "cuda:0 (NVIDIA ...)"
 
 # --------------------------------------------------------------------------- a checkpoint folder's layout
 CHECKPOINT_PREFIX = "checkpoint_"  # the folders Tune and Ray Train write a trial's checkpoints to

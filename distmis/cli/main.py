@@ -221,7 +221,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         machine = Machine(ranks=args.ranks, memory_per_rank=args.memory_per_rank, device_flops=args.device_flops,
                           bandwidth=args.bandwidth, reserved=args.reserved)
-        rows = plan_layouts(spec, machine, kernel=args.kernel)
+        precision = args.precision or spec.training.precision
+        rows = plan_layouts(spec, machine, kernel=args.kernel, precision=precision)
         kernel = args.kernel or spec.model.params.attention_kernel
     except ValueError as exc:
         raise BadInput(f"{args.spec}: {exc}") from None
@@ -236,11 +237,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
                            f"{args.bandwidth:g})") from None
     print(f"{spec.name}: {args.ranks} rank(s) of {args.memory_per_rank / 2**30:.1f} GiB "
           f"({machine.reserved / 2**30:.1f} GiB reserved), {args.device_flops:.3g} FLOP/s, "
-          f"{args.bandwidth:.3g} B/s, {kernel} attention kernel; batch {spec.training.batch_size}")
-    print("| patch | tokens | SP | DP | attention | peak GiB | fits | step s | sent MB | TFLOP | FOM | |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          f"{args.bandwidth:.3g} B/s, {kernel} attention kernel, precision {precision}; batch "
+          f"{spec.training.batch_size}")
+    print("| patch | tokens | SP | DP | attention | peak GiB | activations MiB | fits | step s | sent MB | TFLOP | FOM "
+          "| |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row.patch} | {row.tokens} | {row.sp} | {row.dp} | {row.attention} | {row.memory.peak / 2**30:.2f} "
+              f"| {row.memory.activation_memory / 2**20:.1f} "
               f"| {'yes' if row.fits else 'no'} | {row.step_seconds:.3g} | {row.comm.total / 1e6:.1f} "
               f"| {row.flops.matmul / 1e12:.3g} | {row.fom:.3g} | {'best' if best.get(row.patch) is row else ''} |")
     output = Path(args.output) if args.output else default_output_dir(spec)
@@ -506,6 +510,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", choices=["math", "fused"], default=None,
                    help="attention kernel: math holds the score matrices, fused does not (default: the spec's "
                         "model.params.attention_kernel)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
+                   help="training precision whose bytes are counted: fp32, or mixed bf16 / fp16 (16-bit "
+                        "activations and weight copies, fp32 weights, gradients and Adam state; default: the "
+                        "spec's training.precision)")
     p.add_argument("--output", help="folder for plan.png (default: runs/<spec name>)")
     p.set_defaults(func=cmd_plan)
 

@@ -9,6 +9,11 @@ exclusive classes, background included). The head's parameters are the same eith
 
 TensorFlow's CPU Conv3D has no channels-first kernel, so inputs are (B, H, W, D, C) where the paper
 transposed to channels-first for its GPUs; the arithmetic is the same.
+
+Mixed precision (``dtype_policy``: ``mixed_bfloat16`` or ``mixed_float16``): every layer but the head computes in
+the policy's 16-bit dtype with float32 variables, each layer given the policy itself (Keras's global policy is
+never set, so no other model built in the process changes); the head, whose activation gives the probabilities,
+stays float32, as Keras's mixed-precision guide has the last layer, so the outputs and the loss are float32.
 """
 
 from __future__ import annotations
@@ -26,22 +31,26 @@ Activation = Literal["sigmoid", "softmax"]
 ACTIVATIONS: tuple[str, ...] = ("sigmoid", "softmax")
 
 
-def _norm(norm: Norm, *, groups: int, momentum: float, name: str) -> layers.Layer:
+#: The Keras dtype policies a U-Net may be built with: float32, or mixed precision (float32 variables).
+DTYPE_POLICIES: tuple[str, ...] = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+def _norm(norm: Norm, *, groups: int, momentum: float, name: str, dtype: str | None = None) -> layers.Layer:
     if norm == "batch":
-        return layers.BatchNormalization(axis=-1, momentum=momentum, name=name)
+        return layers.BatchNormalization(axis=-1, momentum=momentum, name=name, dtype=dtype)
     if norm == "group":
-        return layers.GroupNormalization(groups=groups, axis=-1, name=name)
+        return layers.GroupNormalization(groups=groups, axis=-1, name=name, dtype=dtype)
     raise ValueError(f"norm must be 'batch' or 'group', got {norm!r}")
 
 
-def conv_block(x, filters: int, *, norm: Norm, groups: int, momentum: float, name: str):
-    """Two (3x3x3 conv -> norm -> ReLU) layers."""
+def conv_block(x, filters: int, *, norm: Norm, groups: int, momentum: float, name: str, dtype: str | None = None):
+    """Two (3x3x3 conv -> norm -> ReLU) layers (``dtype``: the layers' dtype policy, None for Keras's default)."""
     for i in (1, 2):
         x = layers.Conv3D(
-            filters, 3, padding="same", kernel_initializer="truncated_normal", name=f"{name}_conv{i}"
+            filters, 3, padding="same", kernel_initializer="truncated_normal", name=f"{name}_conv{i}", dtype=dtype
         )(x)
-        x = _norm(norm, groups=min(groups, filters), momentum=momentum, name=f"{name}_norm{i}")(x)
-        x = layers.ReLU(name=f"{name}_relu{i}")(x)
+        x = _norm(norm, groups=min(groups, filters), momentum=momentum, name=f"{name}_norm{i}", dtype=dtype)(x)
+        x = layers.ReLU(name=f"{name}_relu{i}", dtype=dtype)(x)
     return x
 
 
@@ -56,18 +65,22 @@ def build_unet3d(
     batch_norm_momentum: float = 0.9,
     input_shape: tuple[int | None, int | None, int | None] = (None, None, None),
     activation: Activation = "sigmoid",
+    dtype_policy: str | None = None,
 ) -> keras.Model:
     """Build the U-Net. Spatial input dims may be ``None`` (any size divisible by 2**(levels-1)). ``activation``: the
-    head's, ``sigmoid`` per channel or ``softmax`` over the channels (the last axis)."""
+    head's, ``sigmoid`` per channel or ``softmax`` over the channels (the last axis). ``dtype_policy``: one of
+    :data:`DTYPE_POLICIES` for every layer but the float32 head (None: Keras's default, float32)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if dtype_policy is not None and dtype_policy not in DTYPE_POLICIES:
+        raise ValueError(f"dtype_policy must be one of {DTYPE_POLICIES}, got {dtype_policy!r}")
     if levels < 2:
         raise ValueError(f"levels must be >= 2, got {levels}")
     if in_channels < 1 or num_classes < 1 or base_filters < 1:
         raise ValueError(
             f"in_channels, num_classes and base_filters must be >= 1, got {in_channels}, {num_classes}, {base_filters}"
         )
-    block = dict(norm=norm, groups=norm_groups, momentum=batch_norm_momentum)
+    block = dict(norm=norm, groups=norm_groups, momentum=batch_norm_momentum, dtype=dtype_policy)
 
     inputs = keras.Input(shape=(*input_shape, in_channels), name="image")
     x = inputs
@@ -75,20 +88,22 @@ def build_unet3d(
     for s in range(1, levels):
         x = conv_block(x, base_filters * 2 ** (s - 1), name=f"down{s}", **block)
         skips.append(x)
-        x = layers.MaxPooling3D(pool_size=2, name=f"pool{s}")(x)
+        x = layers.MaxPooling3D(pool_size=2, name=f"pool{s}", dtype=dtype_policy)(x)
 
     x = conv_block(x, base_filters * 2 ** (levels - 1), name="bottleneck", **block)
 
     for s in range(levels - 1, 0, -1):
         filters = base_filters * 2 ** (s - 1)
         x = layers.Conv3DTranspose(
-            filters, 3, strides=2, padding="same", kernel_initializer="truncated_normal", name=f"up{s}_transpose"
+            filters, 3, strides=2, padding="same", kernel_initializer="truncated_normal", name=f"up{s}_transpose",
+            dtype=dtype_policy,
         )(x)
-        x = layers.Concatenate(axis=-1, name=f"up{s}_concat")([x, skips[s - 1]])
+        x = layers.Concatenate(axis=-1, name=f"up{s}_concat", dtype=dtype_policy)([x, skips[s - 1]])
         x = conv_block(x, filters, name=f"up{s}", **block)
 
-    outputs = layers.Conv3D(
-        num_classes, 3, padding="same", activation=activation, kernel_initializer="truncated_normal", name="head"
+    outputs = layers.Conv3D(  # float32 under any policy: the probabilities and the loss in float32
+        num_classes, 3, padding="same", activation=activation, kernel_initializer="truncated_normal", name="head",
+        dtype=None if dtype_policy is None else "float32",
     )(x)
     return keras.Model(inputs, outputs, name="unet3d")
 

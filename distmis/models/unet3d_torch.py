@@ -39,12 +39,28 @@ KERAS_NORM_EPSILON = 1e-3  # BatchNormalization's and GroupNormalization's defau
 
 def activate(logits: torch.Tensor, activation: Activation) -> torch.Tensor:
     """Probabilities from channels-first ``(B, C, ...)`` logits: ``sigmoid`` of each channel, or ``softmax`` over the
-    channels (dim 1)."""
+    channels (dim 1). Always in fp32: logits a mixed-precision forward computed in 16 bits are cast up first, so
+    the probabilities (and the loss computed from them) keep fp32's resolution near 0 and 1."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
     if activation == "sigmoid":
         return torch.sigmoid(logits)
     if activation == "softmax":
         return torch.softmax(logits, dim=1)
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+class MaxPool3dInInputDtype(nn.MaxPool3d):
+    """``nn.MaxPool3d`` that pools in its input's dtype under autocast too. Max pooling selects values, so it is
+    exact in any dtype; CPU autocast would cast a 16-bit input up to fp32 for it (its fp32 list), and autograd would
+    keep that fp32 copy of every encoder level's output for the backward. Without autocast it is ``nn.MaxPool3d``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type  # (a meta tensor has no autocast)
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                return super().forward(x)
+        return super().forward(x)
 
 
 def init_like_keras(layer: nn.Conv3d | nn.ConvTranspose3d) -> None:
@@ -166,7 +182,7 @@ class UNet3D(nn.Module):
         for f in filters[:-1]:
             self.down.append(ConvBlock(channels, f, **block))
             channels = f
-        self.pool = nn.MaxPool3d(kernel_size=2)
+        self.pool = MaxPool3dInInputDtype(kernel_size=2)
         self.bottleneck = ConvBlock(channels, filters[-1], **block)
         self.up = nn.ModuleList(
             UpBlock(filters[s + 1], filters[s], **block) for s in range(levels - 2, -1, -1)

@@ -12,9 +12,10 @@ pipeline).
 
 :meth:`TrialMesh.build` makes the groups (collective: ``torch.distributed.new_group`` must be called by every
 process of the default group, in the same order, for every group, member or not, and it is); an axis of size 1
-gets no group (``None``: the process is alone on it). :meth:`TrialMesh.local` is one process on its own: an
-experiment-parallel trial, or the driver rebuilding a trained trial on one device to evaluate it. The degrees
-come from the layout, never recomputed here.
+gets no group (``None``: the process is alone on it). Every group has the default group's backend, which must be
+the layout's (:func:`~distmis.parallel.backend.process_group_backend`: NCCL on GPUs, gloo on CPUs).
+:meth:`TrialMesh.local` is one process on its own: an experiment-parallel trial, or the driver rebuilding a trained
+trial on one device to evaluate it. The degrees come from the layout, never recomputed here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from distmis.parallel.backend import process_group_backend
 from distmis.spec.layout import TrialLayout
 
 __all__ = ["AXES", "TrialMesh"]
@@ -101,6 +103,11 @@ class TrialMesh:
         if world != layout.world_size:
             raise RuntimeError(f"the trial's layout has {layout.world_size} rank(s) ({layout.describe()}), but the "
                                f"process group holds {world}")
+        # NCCL on GPUs, gloo on CPUs (distmis.parallel.backend): the subgroups take the default group's backend
+        backend = process_group_backend(layout)
+        if dist.get_backend() != backend:
+            raise RuntimeError(f"the trial's layout ({layout.describe()}) calls for {backend} process groups, but the "
+                               f"default group is {dist.get_backend()}")
         me = dist.get_rank()
         fields: dict[str, Any] = {"rank": me}
         for axis in AXES:
@@ -109,7 +116,7 @@ class TrialMesh:
                     if me in members:
                         fields.update({f"{axis}_ranks": members})
                     continue
-                group = dist.new_group(list(members))
+                group = dist.new_group(list(members), backend=backend)
                 if me in members:
                     fields.update({f"{axis}_group": group, f"{axis}_rank": members.index(me),
                                    f"{axis}_size": len(members), f"{axis}_ranks": members})

@@ -203,19 +203,34 @@ class IdentityForwardContiguousBackward(torch.autograd.Function):
 
 class StageCells(nn.Module):
     """The cells of one stage, run in turn: ``forward(*tensors)`` gives the next stage's inputs (a tuple), or the
-    probabilities on the last stage."""
+    probabilities on the last stage.
 
-    def __init__(self, cells: Sequence[nn.Module]) -> None:
+    ``compute_dtype`` (mixed precision, ``training.precision``): the cells run under ``torch.autocast`` of the
+    stage's device to that dtype, and every tensor sent to the next stage is in it (the receiving buffers are
+    made so: :func:`stage_examples`); the backward, which the schedule runs outside the forward, sends their
+    gradients in it too. The parameters stay fp32."""
+
+    def __init__(self, cells: Sequence[nn.Module], compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.cells = nn.ModuleList(cells)
+        self.compute_dtype = compute_dtype
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         out: Any = tuple(IdentityForwardContiguousBackward.apply(t) if t.requires_grad else t for t in tensors)
-        for cell in self.cells:
-            out = cell(*out)
+        if self.compute_dtype is None:
+            for cell in self.cells:
+                out = cell(*out)
+        else:
+            with torch.autocast(tensors[0].device.type, dtype=self.compute_dtype):
+                for cell in self.cells:
+                    out = cell(*out)
         # What crosses to the next stage must be contiguous: the receiving (and gradient) buffers are made like
-        # it, and gloo sends only contiguous memory (a convolution may leave a channels-last layout).
+        # it, and gloo sends only contiguous memory (a convolution may leave a channels-last layout). Under mixed
+        # precision it is in the compute dtype (autocast leaves fp32 what it computes in fp32), the dtype the next
+        # stage's convolution would cast it to anyway.
         if isinstance(out, tuple):
+            if self.compute_dtype is not None:
+                out = tuple(t.to(self.compute_dtype) for t in out)
             return tuple(t.contiguous() for t in out)
         return out
 
@@ -366,29 +381,34 @@ class UNetPipeline:
                     offset += t.numel()
 
 
-def stage_examples(model: UNet3D, bounds: Sequence[tuple[int, int]], micro_batch: Sequence[int]
+def stage_examples(model: UNet3D, bounds: Sequence[tuple[int, int]], micro_batch: Sequence[int], *,
+                   compute_dtype: torch.dtype | None = None
                    ) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
     """Every stage's inputs and outputs for a micro-batch of shape ``micro_batch`` ``(b, C, *tile)``, as
     contiguous tensors on the meta device (shapes only: nothing is computed, no memory is taken).
 
     Given to ``PipelineStage`` they spare it the forward it would otherwise run on the first micro-batch to learn
-    them, a forward that batch normalization would count in its running statistics.
+    them, a forward that batch normalization would count in its running statistics. With ``compute_dtype`` (mixed
+    precision) what stages send each other is in that dtype (:class:`StageCells`); the first stage's input (the
+    batch) and the last stage's output (the probabilities) stay fp32.
     """
     meta_model = copy.deepcopy(model).to("meta")
     cells = unet_cells(meta_model)
 
-    def like(tensors: Sequence[torch.Tensor], requires_grad: bool) -> tuple[torch.Tensor, ...]:
-        return tuple(torch.empty(t.shape, dtype=t.dtype, device="meta", requires_grad=requires_grad) for t in tensors)
+    def like(tensors: Sequence[torch.Tensor], requires_grad: bool, sent: bool) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.empty(t.shape, dtype=compute_dtype if sent and compute_dtype is not None else t.dtype,
+                                 device="meta", requires_grad=requires_grad) for t in tensors)
 
     examples = []
     tensors: tuple[torch.Tensor, ...] = (torch.empty(tuple(micro_batch), device="meta"),)
+    last = len(bounds) - 1
     for index, (start, stop) in enumerate(bounds):
-        inputs = like(tensors, requires_grad=index > 0)
+        inputs = like(tensors, requires_grad=index > 0, sent=index > 0)
         out: Any = tensors
         for cell in cells[start:stop]:
             out = cell(*out)
         tensors = out if isinstance(out, tuple) else (out,)
-        examples.append((inputs, like(tensors, requires_grad=True)))
+        examples.append((inputs, like(tensors, requires_grad=True, sent=index < last)))
     return examples
 
 
@@ -402,6 +422,7 @@ def pipeline_unet(
     loss_fn: Any,
     group: Any = None,
     device: torch.device | str = "cpu",
+    compute_dtype: torch.dtype | None = None,
 ) -> UNetPipeline:
     """This rank's stage of ``model`` cut into as many stages as ``group`` (default: the world) has ranks, with a
     ``schedule`` over ``microbatches`` micro-batches and ``loss_fn(prediction, target)`` (a mean over samples)
@@ -411,7 +432,9 @@ def pipeline_unet(
     fixed here: :func:`stage_examples`); another tile or batch needs another pipeline, over the same ``model``
     (a short batch: the micro-batches and schedule :func:`batch_plan` gives). The cut balances :func:`cell_macs`
     at ``tile`` (not the batch); the stage's modules move to ``device``. Nothing is sent in making it, but every
-    rank of ``group`` must make the same pipeline for the same steps.
+    rank of ``group`` must make the same pipeline for the same steps. ``compute_dtype``: mixed precision, the
+    stages' autocast dtype and the dtype of what they send each other (:class:`StageCells`); the parameters stay
+    fp32, and ``loss_fn`` gets the last stage's output as it is (the U-Net's probabilities: fp32).
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -434,9 +457,9 @@ def pipeline_unet(
         raise ValueError(f"the batch of {batch_size} samples must divide into {microbatches} micro-batches")
     bounds = balanced_partition(cell_macs(model, tile), stages)
     start, stop = bounds[index]
-    stage_module = StageCells(unet_cells(model)[start:stop]).to(device)
+    stage_module = StageCells(unet_cells(model)[start:stop], compute_dtype).to(device)
     micro_batch = (batch_size // microbatches, model.in_channels, *(int(t) for t in tile))
-    inputs, outputs = stage_examples(model, bounds, micro_batch)[index]
+    inputs, outputs = stage_examples(model, bounds, micro_batch, compute_dtype=compute_dtype)[index]
     stage = PipelineStage(stage_module, index, stages, torch.device(device), input_args=inputs,
                           output_args=outputs, group=group)
     schedule_class = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B

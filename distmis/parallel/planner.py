@@ -6,7 +6,9 @@ sequence-parallel degree that divides the ranks (the rest data-parallel), each a
 and heads allow (``dsp`` too, for an axial model) (:func:`distmis.perf.partition.check_sequence_parallel`). A layout's step time is its FLOPs over
 the device's rate plus its bytes over the bandwidth (no overlap: an upper bound), its figure of merit the seed's
 ``b_s L s^2 d / T`` per rank, and it fits when its predicted peak is within the memory less what the process
-itself reserves (:attr:`Machine.reserved`). Pure arithmetic: no torch.
+itself reserves (:attr:`Machine.reserved`). The memory and bytes are those of the spec's ``training.precision``
+(or another: ``precision``), by the seed's mixed-precision terms (:func:`distmis.perf.model.vit_memory`). Pure
+arithmetic: no torch.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 from distmis.perf.model import (
     MAGNITUDES,
     AttentionKernel,
+    Precision,
     CommBytes,
     FlopCount,
     MemoryEstimate,
@@ -105,9 +108,11 @@ def patch_sizes(spec: Spec) -> list[int]:
     return sizes
 
 
-def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None = None) -> list[PlannedLayout]:
+def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None = None,
+                 precision: Precision | None = None) -> list[PlannedLayout]:
     """Every layout of ``spec``'s ViT-seg on ``machine`` that its shapes allow, fitting or not (see
-    :attr:`PlannedLayout.fits`); ``kernel`` defaults to the model's ``attention_kernel``."""
+    :attr:`PlannedLayout.fits`); ``kernel`` defaults to the model's ``attention_kernel``, ``precision`` to the
+    spec's ``training.precision``."""
     from distmis.spec.load import network_input
     from distmis.perf.partition import check_sequence_parallel
     from distmis.models.params import ViTSegParams
@@ -121,6 +126,7 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
     if tile is None:
         raise ValueError("the network input is unknown: set training.tile (or dataset.crop / resize)")
     kernel = kernel or params.attention_kernel
+    precision = precision or spec.training.precision  # type: ignore[assignment]
     sp_spec = spec.parallelism.sequence_parallel
     batch = spec.training.batch_size
     rows: list[PlannedLayout] = []
@@ -141,8 +147,8 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
                 layout = SequenceLayout(sp=sp, attention=attention, decoder=sp_spec.decoder)  # type: ignore[arg-type]
                 dp = TrialLayout.for_ranks(machine.ranks, sp=sp).dp
                 flops = vit_flops(shape, layout, batch)
-                comm = communication_bytes(shape, layout, batch=batch, dp=dp)
-                memory = vit_memory(shape, layout, batch=batch, kernel=kernel)
+                comm = communication_bytes(shape, layout, batch=batch, dp=dp, precision=precision)
+                memory = vit_memory(shape, layout, batch=batch, kernel=kernel, precision=precision)
                 seconds = flops.matmul / machine.device_flops + comm.total / machine.bandwidth
                 row = PlannedLayout(patch, shape.tokens, sp, dp, attention, flops, comm, memory, seconds,
                                     figure_of_merit(shape, batch=batch, seconds=seconds), memory.peak <= machine.usable)

@@ -44,12 +44,36 @@ from distmis.perf.partition import dsp_schedule, partition_tokens
 __all__ = [
     "ViTShape", "SequenceLayout", "FlopCount", "CommBytes", "MemoryEstimate", "vit_flops", "vit_parameters",
     "communication_bytes", "vit_memory", "seed_block_macs", "figure_of_merit", "seed_table2",
-    "onednn_convolution", "process_overhead", "PROCESS_OVERHEAD", "MAGNITUDES",
+    "onednn_convolution", "process_overhead", "PROCESS_OVERHEAD", "MAGNITUDES", "Precision", "PRECISIONS",
+    "activation_bytes", "parameter_bytes",
 ]
 
 AttentionKind = Literal["allgather-kv", "ulysses", "dsp"]
 DecoderKind = Literal["gather", "no-gather"]
 ModelAttention = Literal["full", "axial"]
+#: ``training.precision``: fp32, or mixed precision computing in bfloat16 or float16 (fp32 master weights).
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be 'fp32', 'bf16' or 'fp16', got {precision!r}")
+
+
+def activation_bytes(precision: Precision = "fp32") -> int:
+    """Bytes of one activation value: 4 in fp32, 2 under mixed precision (bf16, fp16), the seed's ``2``."""
+    _check_precision(precision)
+    return 4 if precision == "fp32" else 2
+
+
+def parameter_bytes(precision: Precision = "fp32") -> dict[str, int]:
+    """Bytes per parameter by part, the seed's mixed-precision terms (its section 4): the weights, ``4`` in fp32
+    plus, under mixed precision, ``2`` for the 16-bit copy the forward computes with (the seed's "6 bytes for each
+    model parameter"); the gradient, one fp32 value (``4``); the optimizer state, fp32: Adam's two moments (``8``;
+    the seed counts its momentum alone, 4 bytes)."""
+    _check_precision(precision)
+    return {"weights": 4, "copy": 0 if precision == "fp32" else 2, "gradient": 4, "optimizer": 8}
 
 #: The magnitudes a machine's figures and the model's predictions lie within: beyond them a figure is no
 #: device's, and a log-scale plot of the predictions overflows (the planner checks its machine and predictions
@@ -224,7 +248,8 @@ class CommBytes:
 
 
 def communication_bytes(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), *, batch: int = 1, dp: int = 1,
-                        bytes_per_value: int = 4, cost: CollectiveCost = "ring") -> CommBytes:
+                        bytes_per_value: int = 4, cost: CollectiveCost = "ring",
+                        precision: Precision = "fp32") -> CommBytes:
     """Per-rank bytes sent in one step, with ``T = s/SP`` tokens per rank of width ``d`` and ``P`` parameters.
 
     Ring all-gather sends ``(k-1)/k`` of the gathered tensor, reduce-scatter the same, all-reduce twice that,
@@ -246,7 +271,13 @@ def communication_bytes(shape: ViTShape, layout: SequenceLayout = SequenceLayout
     ``cost="gloo"`` counts gloo's reduce-scatter as what it measurably sends, an all-reduce's volume
     (``benchmarks/README.md``, section ``sp_scaling.py``): ``allgather-kv``'s backward then sends
     ``(k-1) 4Td`` per layer.
+
+    ``bytes_per_value``: the width of every value sent. ``precision`` (mixed precision: ``bf16``, ``fp16``): the
+    activations and their gradients (attention's collectives, the decoder's gather) travel in 2 bytes, the dtype
+    autocast computes them in (the seed's half-precision activations); the parameters' gradients are the fp32
+    master weights', so the SP and DP gradient all-reduces keep ``bytes_per_value``.
     """
+    _check_precision(precision)
     if cost not in ("ring", "gloo"):
         raise ValueError(f"cost must be 'ring' or 'gloo', got {cost!r}")
     if dp < 1:
@@ -266,7 +297,8 @@ def communication_bytes(shape: ViTShape, layout: SequenceLayout = SequenceLayout
         attention = shape.layers * shape.stages * 8.0 * (k - 1) / k * t * d
     params = vit_parameters(shape)
     gather = (k - 1) * t * d if layout.decoder == "gather" else 0.0
-    return CommBytes(attention=bytes_per_value * attention, decoder_gather=bytes_per_value * gather,
+    sent = bytes_per_value if precision == "fp32" else activation_bytes(precision)  # an activation's bytes
+    return CommBytes(attention=sent * attention, decoder_gather=sent * gather,
                      sp_gradients=bytes_per_value * 2.0 * (k - 1) / k * params,
                      dp_gradients=bytes_per_value * 2.0 * (dp - 1) / dp * params)
 
@@ -320,13 +352,25 @@ class MemoryEstimate:
     workspace: float = 0.0  # kernels' own buffers at the peak: convolution columns, oneDNN reorders, gloo's
     overhead: float = 0.0  # the process's, not a tensor's: code pages, thread buffers, the heap's retention
     moment: str = ""  # where in the step the peak falls
-    saved: float = 0.0  # what autograd holds at the forward's end: activations and scores (not in the peak)
+    saved: float = 0.0  # what the step made that autograd holds at the forward's end: activations and scores (the
+    # input batch and the parameters and their copies aside; under mixed precision, the input's 16-bit copy in)
+    parameter_copies: float = 0.0  # mixed precision: the parameters' 16-bit copies alive at the peak (2 bytes each)
+    batch: float = 0.0  # the network's input batch (fp32), read by the step: not the step's, not in the peak
+    precision: Precision = "fp32"
 
     @property
     def tensors(self) -> float:
         """The tensors' peak: what ``torch.profiler`` (``profile_memory``) sees, the parameters included."""
         return (self.parameters + self.gradients + self.optimizer + self.activations + self.scores
-                + self.transient + self.workspace)
+                + self.transient + self.workspace + self.parameter_copies)
+
+    @property
+    def activation_memory(self) -> float:
+        """The seed's activation memory (its section 4, "all inputs and activations"): every tensor autograd holds
+        for the backward at the forward's end but the parameters and their 16-bit copies, the network's input
+        included: in fp32 the batch itself, which the first layer saves as it is; under mixed precision the
+        16-bit copy autocast makes of it (in :attr:`saved`)."""
+        return self.saved + (self.batch if self.precision == "fp32" else 0.0)
 
     @property
     def peak(self) -> float:
@@ -340,10 +384,24 @@ class MemoryEstimate:
 
 def vit_memory(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), *, batch: int = 1,
                kernel: AttentionKernel = "math", bytes_per_value: int = 4, threads: int = 2,
-               overhead: float | None = None) -> MemoryEstimate:
+               overhead: float | None = None, precision: Precision = "fp32") -> MemoryEstimate:
     """Per-rank peak memory of one training step (fp32 Adam; ``bytes_per_value`` for the activations), as
     torch 2.13 runs :class:`~distmis.models.vit_seg.ViTSeg` on a CPU: the largest of the tensors alive at each
     moment of the step where the live set can peak, plus the process's :data:`PROCESS_OVERHEAD`.
+
+    ``precision``: ``bf16`` or ``fp16`` counts mixed precision as ``training.precision`` trains it (the forward
+    under ``torch.autocast``), by the seed's mixed-precision terms (:func:`parameter_bytes`): fp32 weights, plus
+    their 16-bit copies (2 bytes a parameter: autocast's casts, which autograd keeps for the backward until each
+    layer's backward has run), fp32 gradients and Adam moments, and activations in 2 bytes
+    (:func:`activation_bytes`). Where torch keeps fp32 under autocast on a CPU the model does too: the math
+    attention kernel casts Q, K and V up to fp32 and keeps its probabilities in fp32 (so only the fused kernel
+    halves attention's memory), the fused kernel's log-sum-exps are fp32, and the loss reads an fp32 copy of the
+    logits. The first layer saves a 16-bit copy of the input (in fp32 it saves the batch itself, which is not the
+    step's). Every half-precision convolution runs oneDNN (torch's rule for 16-bit CPU inputs), whose reorders the
+    workspace counts in 2 bytes; oneDNN's own scratch buffers for the weight gradients of few-channel
+    convolutions in bf16 are not counted (measured on an AMX CPU at a 96^3 tile: 78-336 MiB for the patch
+    embedding and 109 MiB for the 1x1x1 head: ``benchmarks/precision_memory.py``), so the peak under mixed precision
+    is a lower bound there; :attr:`MemoryEstimate.activation_memory` is not affected.
 
     The moments follow a second training step (Adam's moments exist; ``zero_grad(set_to_none=True)`` freed the
     gradients), in the order autograd runs it, with ``T = s/SP`` local tokens of width ``d``, ``h`` MLP features
@@ -392,16 +450,21 @@ def vit_memory(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), *, ba
     """
     if kernel not in ("math", "fused"):
         raise ValueError(f"kernel must be 'math' or 'fused', got {kernel!r}")
+    _check_precision(precision)
     if batch < 1 or threads < 1:
         raise ValueError(f"batch and threads must be >= 1, got {batch} and {threads}")
     k, s = layout.sp, shape.tokens
     if s % k:
         raise ValueError(f"the {s} tokens of tile {list(shape.tile)} at patch {shape.patch} do not divide by SP={k}")
     params = float(vit_parameters(shape))
-    step = _StepMemory(shape, layout, batch, kernel, threads, float(bytes_per_value), params)
+    step = _StepMemory(shape, layout, batch, kernel, threads, float(bytes_per_value), params, precision)
     step.run()
     extra = process_overhead(step.best) if overhead is None else float(overhead)
-    return MemoryEstimate(parameters=4 * params, overhead=extra, saved=step.peak_saved, **step.peak)
+    peak = dict(step.peak)
+    copies = float(peak.pop("copies"))
+    return MemoryEstimate(parameters=4 * params, overhead=extra, saved=step.peak_saved, parameter_copies=copies,
+                          batch=4.0 * batch * shape.in_channels * math.prod(shape.tile), precision=precision,
+                          **peak)
 
 
 def _pad8(channels: int) -> int:
@@ -421,24 +484,32 @@ class _StepMemory:
     """The live bytes of one rank's training step, moment by moment (see :func:`vit_memory`)."""
 
     def __init__(self, shape: ViTShape, layout: SequenceLayout, batch: int, kernel: str, threads: int,
-                 value: float, params: float) -> None:
+                 value: float, params: float, precision: str = "fp32") -> None:
         self.shape, self.layout, self.b, self.kernel, self.threads = shape, layout, batch, kernel, threads
-        self.v = value  # bytes per activation value
+        self.mixed = precision != "fp32"
+        self.v = 2.0 if self.mixed else value  # bytes per activation value
+        self.f = 4.0 if self.mixed else value  # bytes of a value autocast leaves in fp32 (= v without autocast)
         self.params = params
-        self.live = {"gradients": 0.0, "optimizer": 8 * params, "activations": 0.0, "scores": 0.0}
+        self.live = {"gradients": 0.0, "optimizer": 8 * params, "activations": 0.0, "scores": 0.0, "copies": 0.0}
         self.peak: dict[str, float | str] = {}
         self.best = -1.0
         self.peak_saved = 0.0  # activations and scores at the forward's end
 
-    def moment(self, name: str, transient: float = 0.0, workspace: float = 0.0) -> None:
-        """A moment of the step: what is live, plus ``transient`` and ``workspace`` values (not bytes)."""
-        parts = {**self.live, "transient": self.v * transient, "workspace": self.v * workspace}
+    def moment(self, name: str, transient: float = 0.0, workspace: float = 0.0, transient32: float = 0.0) -> None:
+        """A moment of the step: what is live, plus ``transient`` and ``workspace`` values (not bytes), and
+        ``transient32`` values that stay fp32 under autocast."""
+        parts = {**self.live, "transient": self.v * transient + self.f * transient32,
+                 "workspace": self.v * workspace}
         total = sum(parts.values())
         if total > self.best:
             self.best, self.peak = total, {**parts, "moment": name}
 
     def save(self, values: float, part: str = "activations") -> None:
         self.live[part] += self.v * values
+
+    def save32(self, values: float, part: str = "activations") -> None:
+        """Values autocast leaves in fp32 (the math kernel's, the loss's): 4 bytes under mixed precision."""
+        self.live[part] += self.f * values
 
     def run(self) -> None:
         shape, layout, b = self.shape, self.layout, self.b
@@ -447,7 +518,12 @@ class _StepMemory:
         td, keys = b * t * d, b * s * d  # a local token tensor; a whole sequence's (the gathered tokens)
 
         # ---- forward: the first block's input (tokens plus positions); the patch embedding's output, which the
-        # caller holds until the encoder returns
+        # caller holds until the encoder returns. Under mixed precision autocast's 16-bit copies of the parameters
+        # (kept for the backward) and of the rank's input voxels (the patch embedding saves it: in fp32 it saves
+        # the batch itself, which is not the step's)
+        if self.mixed:
+            self.live["copies"] = 2.0 * self.params
+            self.save(b * shape.in_channels * shape.patch**3 * t)
         self.save(td)
         if shape.attention == "axial":
             self.axial_blocks_forward()
@@ -464,7 +540,8 @@ class _StepMemory:
         stages = []
         self.save(decoder_in)
         for c_in, c_out in zip(channels[:-1], channels[1:]):
-            onednn = onednn_convolution(b, c_in, int(plane), 3, self.threads)
+            # a 16-bit convolution always runs oneDNN on a CPU that has the dtype (torch's rule)
+            onednn = self.mixed or onednn_convolution(b, c_in, int(plane), 3, self.threads)
             work = (_pad8(c_in) + _pad8(c_out)) * voxels if onednn else 27 * c_in * voxels
             work += decoder_in if not stages else 0.0
             self.moment(f"forward: decoder convolution {c_in}->{c_out}", workspace=work)
@@ -472,11 +549,15 @@ class _StepMemory:
             stages.append((c_in, c_out, voxels, onednn))
             voxels, plane = voxels * 8, plane * 4
         c_last, classes = channels[-1], shape.num_classes
-        head_onednn = onednn_convolution(b, c_last, int(plane), 1, self.threads)
+        head_onednn = self.mixed or onednn_convolution(b, c_last, int(plane), 1, self.threads)
         head_work = (_pad8(c_last) + _pad8(classes)) * voxels if head_onednn else 0.0
         self.moment("forward: decoder head", workspace=head_work)
-        self.save(classes * voxels)  # the logits (the loss keeps them)
-        self.moment("forward: loss", transient=2 * classes * voxels)
+        if self.mixed:  # the loss keeps an fp32 copy of the 16-bit logits, which live while it runs
+            self.save32(classes * voxels)
+            self.moment("forward: loss", transient=classes * voxels, transient32=2 * classes * voxels)
+        else:
+            self.save(classes * voxels)  # the logits (the loss keeps them)
+            self.moment("forward: loss", transient=2 * classes * voxels)
 
         self.peak_saved = self.live["activations"] + self.live["scores"]
 
@@ -484,10 +565,15 @@ class _StepMemory:
         decoder_params = sum(27 * a * c + 3 * c for a, c in zip(channels[:-1], channels[1:]))
         decoder_params += c_last * classes + classes
         self.live["gradients"] = 4.0 * decoder_params
-        grad = classes * voxels  # the logits' gradient
+        grad = classes * voxels  # the logits' gradient (under mixed precision: fp32, then cast to 16 bits)
         head_work = (_pad8(c_last) + _pad8(classes)) * voxels if head_onednn else c_last * voxels
-        self.moment("backward: decoder head", transient=grad + c_last * voxels, workspace=head_work)
-        self.save(-(classes + c_last) * voxels)  # the logits; the head's input (the last upsampled map)
+        self.moment("backward: decoder head", transient=grad + c_last * voxels, workspace=head_work,
+                    transient32=grad if self.mixed else 0.0)
+        if self.mixed:  # the logits' fp32 copy; the head's input (the last upsampled map)
+            self.save32(-classes * voxels)
+            self.save(-c_last * voxels)
+        else:
+            self.save(-(classes + c_last) * voxels)  # the logits; the head's input (the last upsampled map)
         grad = c_last * voxels  # the head input's gradient
         for i, (c_in, c_out, voxels, onednn) in reversed(list(enumerate(stages))):
             self.moment("backward: decoder upsampling", transient=grad + c_out * voxels)
@@ -500,8 +586,10 @@ class _StepMemory:
             self.save(-c_in * voxels)  # the convolution's input: the previous upsampled map, or the decoder's
             grad = c_in * voxels
 
-        # ---- backward: blocks, from the last
+        # ---- backward: blocks, from the last (the decoder's 16-bit weight copies went with its backward)
         self.live["gradients"] = 4.0 * self.params
+        if self.mixed:
+            self.live["copies"] = 2.0 * (self.params - decoder_params)
         if shape.attention == "axial":
             self.axial_blocks_backward()
         else:
@@ -521,24 +609,34 @@ class _StepMemory:
         for layer in range(shape.layers):
             self.save(td)  # norm1's output
             qkv = 3 * td
+            # under mixed precision the math kernel keeps fp32 copies of its 16-bit Q, K and V instead
+            upcast = self.mixed and math_kernel
             if gathered:  # stack K, V; a contiguous copy; the gathered output; gloo's staging of it
                 self.moment("forward: all-gather of K and V", transient=embedded + qkv + 4 * td + 2 * keys,
                             workspace=2 * keys)
-                self.save(2 * keys)
+                if not upcast:
+                    self.save(2 * keys)
             elif ulysses:  # the stacked Q, K, V, its contiguous chunks, the received chunks, their concatenation
                 self.moment("forward: all-to-all of Q, K, V", transient=embedded + qkv + 12 * td)
-            if ulysses:
+            if ulysses and not upcast:
                 self.save(3 * td)  # the head-split Q, K, V (the projection's output is freed after the block)
-            elif not (gathered and math_kernel):
+            elif not (gathered and math_kernel) and not upcast:
                 self.save(qkv)  # Q (or V) is a view of the projection's output, which it keeps
             extra = embedded + (qkv if ulysses or (gathered and math_kernel) else 0.0)
-            if math_kernel:
+            if upcast:  # torch's math kernel computes 16-bit inputs in fp32: scaled Q and K, V, the probabilities
+                self.save32(td + 2 * (keys if gathered else td))
+                self.moment(f"forward: softmax of layer {layer + 1}", transient=extra,
+                            transient32=2 * probs + probs / self.f)
+                self.save32(probs, "scores")
+                self.save(td)  # the output's token-major copy (the projection's input)
+            elif math_kernel:
                 self.save(td + (keys if gathered else td))  # the scaled Q and K (K gathered under allgather-kv)
                 self.moment(f"forward: softmax of layer {layer + 1}", transient=extra + 2 * probs + probs / v)
                 self.save(probs, "scores")
                 self.save(td)  # the output's token-major copy (the projection's input)
             else:
-                self.save(td + b * heads * t)  # the output (token-major but under Ulysses) and its log-sum-exps
+                self.save(td)  # the output (token-major but under Ulysses) and its log-sum-exps (fp32 always)
+                self.save32(b * heads * t)
                 if ulysses:
                     self.save(td)  # the output back in sequence-split, copied token-major
             self.save((3 * d + 2 * h) * b * t)  # residual, norm2, MLP hidden before and after GELU, residual
@@ -555,8 +653,8 @@ class _StepMemory:
         probs = b * heads * t * s
         self.save(-((3 * d + 2 * h) * b * t))
         stream = 2 * td  # the gradient flowing back and the one being formed
-        if math_kernel:
-            self.moment(f"backward: softmax of layer {shape.layers}", transient=stream + 2 * probs)
+        if math_kernel:  # the probabilities' gradient and the softmax's (fp32 under mixed precision)
+            self.moment(f"backward: softmax of layer {shape.layers}", transient=stream, transient32=2 * probs)
         elif gathered:
             self.moment(f"backward: attention of layer {shape.layers}", transient=stream + td + 2 * keys)
         else:
@@ -599,13 +697,15 @@ class _StepMemory:
                     lines_kv = 2 * td * self.axial_line_share(axis)
                     self.moment(f"forward: all-gather of K and V at {name}",
                                 transient=3 * td + 2 * td + 2 * keys + lines_kv, workspace=2 * keys)
-                if math_kernel:
-                    self.save(td + lines_kv)  # the scaled Q and K, and V
-                    self.moment(f"forward: softmax at {name}", transient=3 * td + 2 * probs + probs / self.v)
-                    self.save(probs, "scores")
+                if math_kernel:  # under mixed precision, fp32 copies of the 16-bit Q, K, V and fp32 probabilities
+                    self.save32(td + lines_kv)  # the scaled Q and K, and V
+                    self.moment(f"forward: softmax at {name}", transient=3 * td,
+                                transient32=2 * probs + probs / self.f)
+                    self.save32(probs, "scores")
                 else:
                     self.moment(f"forward: attention at {name}", transient=3 * td + td)
-                    self.save(td + lines_kv + td + b * heads * t)  # Q, K, V lines; the output; log-sum-exps
+                    self.save(td + lines_kv + td)  # Q, K, V lines; the output
+                    self.save32(b * heads * t)  # its log-sum-exps (fp32 always)
                 self.save(td)  # the projection's input, token-major
                 self.save(td)  # the residual sum: the next stage's input
             self.save((d + 2 * h) * b * t + td)  # the MLP's norm output, hidden before and after GELU; residual
@@ -634,7 +734,7 @@ class _StepMemory:
         name = f"backward: attention at block {shape.layers}, D stage"
         if self.kernel == "math":
             probs = b * heads * t * shape.grid[2]
-            self.moment(name, transient=stream + 6 * td + 2 * probs)
+            self.moment(name, transient=stream + 6 * td, transient32=2 * probs)
         else:
             self.moment(name, transient=stream + 6 * td)
         if k > 1 and layout.attention == "ulysses":

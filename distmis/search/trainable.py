@@ -124,19 +124,20 @@ def trial_frameworks(spec: Spec) -> dict[str, bool]:
 
 
 def _trial_device() -> str:
-    """A single-process torch trial's device: a GPU only when Ray reserved one for it (and set
-    CUDA_VISIBLE_DEVICES to it), else the CPU."""
-    import ray
-    import torch
+    """A single-process torch trial's device: the GPU Ray gave this process (CUDA_VISIBLE_DEVICES holds it), else
+    the CPU. A process given a GPU that torch cannot see is refused (GpuUnavailableError), never put on the CPU."""
+    from distmis.parallel.devices import check_process_gpus
 
-    use_gpu = ray.is_initialized() and bool(ray.get_gpu_ids()) and torch.cuda.is_available()
-    return "cuda" if use_gpu else "cpu"
+    return "cuda" if check_process_gpus(torch=True) else "cpu"
 
 
 def _worker_device() -> str:
-    """A Ray Train worker's torch device (its GPU, or the CPU)."""
+    """A Ray Train worker's torch device (its GPU, or the CPU); refused as :func:`_trial_device` is."""
     import ray.train.torch
 
+    from distmis.parallel.devices import check_process_gpus
+
+    check_process_gpus(torch=True)
     return str(ray.train.torch.get_device())
 
 
@@ -279,11 +280,14 @@ def data_parallel_trial(
                                       backend_config=TensorflowClusterConfig(),
                                       scaling_config=scaling, run_config=run_config)
     else:
-        from ray.train.torch import TorchConfig, TorchTrainer
+        from ray.train.torch import TorchTrainer
 
-        backend = "nccl" if scaling.use_gpu else "gloo"
+        from distmis.parallel.backend import process_group_backend
+        from distmis.parallel.torch_backend import GpuCheckedTorchConfig
+
+        backend = process_group_backend(layout)  # NCCL on GPUs, gloo on CPUs; its workers' GPUs checked first
         trainer = TorchTrainer(worker_loop, train_loop_config=loop_config, scaling_config=scaling,
-                               run_config=run_config, torch_config=TorchConfig(backend=backend))
+                               run_config=run_config, torch_config=GpuCheckedTorchConfig(backend=backend))
     try:
         trainer.fit()
     finally:  # whatever fit did: a worker group lost while it started keeps its CPUs otherwise

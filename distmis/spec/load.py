@@ -697,12 +697,35 @@ def check_loss(spec: Spec) -> list[tuple[str, str]]:
     return []
 
 
+def trial_gpus(spec: Spec) -> float:
+    """The GPUs each process of a trial of ``spec`` is given (its workers', or its own): the fewest over the modes a
+    comparison runs."""
+    par = spec.parallelism
+    if par.mode == "compare":
+        return min(par.resources_per_trial.gpu, par.resources_per_worker.gpu)
+    workers = par.mode == "data" or par.workers_per_trial > 1
+    return (par.resources_per_worker if workers else par.resources_per_trial).gpu
+
+
+def check_precision(spec: Spec) -> list[tuple[str, str]]:
+    """``training.precision: fp16`` in TensorFlow needs a GPU: TensorFlow's CPU kernels of the U-Net's max pooling
+    (``MaxPool3D``) take float32 and bfloat16 only, so a Keras ``mixed_float16`` trial fails at its first step on a
+    CPU. (torch's fp16 on a CPU is checked where the trial runs: it needs the CPU's float16 instructions.)"""
+    if spec.training.precision != "fp16" or spec.model.framework != "tensorflow" or trial_gpus(spec) > 0:
+        return []
+    return [("training.precision", "fp16 with model.framework 'tensorflow' needs a GPU: TensorFlow has no CPU "
+                                   "float16 kernel for the U-Net's max pooling (MaxPool3D). Use bf16 on CPUs (mixed "
+                                   "bfloat16, which TensorFlow runs there), or give the trials a GPU "
+                                   "(parallelism.resources_per_trial / resources_per_worker gpu)")]
+
+
 def trial_problems(spec: Spec) -> list[tuple[str, str]]:
     """The rules every trial's spec must meet (checked for the spec and for every searched value)."""
     curriculum = check_curriculum(spec)
     refused = any(path == "training.curriculum" for path, _ in curriculum)  # its stages are not checked one by one
     shape = [] if refused else check_input_shape(spec)
-    return shape + curriculum + check_sequence_parallel(spec) + check_pipeline(spec) + check_loss(spec)
+    return (shape + curriculum + check_sequence_parallel(spec) + check_pipeline(spec) + check_loss(spec)
+            + check_precision(spec))
 
 
 def check_folds(spec: Spec) -> list[tuple[str, str]]:

@@ -299,6 +299,10 @@ class InferenceSpec(StrictModel):
                                              "(LAMP's question; U-Nets)")
 
 
+#: ``training.precision``: fp32, or mixed precision with fp32 master weights computing in bfloat16 or float16.
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+
 LRScheduleName = Literal["constant", "cosine", "cyclic", "poly"]
 ScheduleInterval = Literal["epoch", "step"]
 
@@ -405,6 +409,16 @@ class TrainingSpec(StrictModel):
     loss: LossSpec = LossSpec()
     inference: InferenceSpec = InferenceSpec()
     seed: int = 0
+    precision: Precision = Field(
+        "fp32", description="fp32, or mixed precision: bf16 (the forward computes in bfloat16) or fp16 (float16, "
+                            "the loss scaled against underflow); the weights, gradients and optimizer state stay "
+                            "fp32 either way")
+    cudnn_benchmark: bool = Field(
+        False, description="torch on a GPU: cuDNN times its convolution algorithms for each new input shape and "
+                           "keeps the fastest (torch.backends.cudnn.benchmark). Faster steps for a trial's fixed "
+                           "tiles, at the cost of a slower first step per shape and an algorithm choice that can "
+                           "differ between runs, so results are not bit-for-bit repeatable. No effect on CPUs or "
+                           "in TensorFlow")
     curriculum: list[CurriculumStageSpec] | None = Field(
         None, description="stages of training on growing inputs (LAMP): each {tile, epochs, batch_size, "
                           "tile_sampling}; the epochs add up to training.epochs, and the last stage's input is the "
@@ -467,6 +481,14 @@ class TrainingSpec(StrictModel):
         return self.inference.batch_size or self.batch_size
 
     _tile = field_validator("tile")(_check_positive_shape)
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _known_precision(cls, value: Any) -> Any:
+        if not isinstance(value, str) or value not in PRECISIONS:
+            raise ValueError("precision must be 'fp32', 'bf16' or 'fp16' (bf16 and fp16: mixed precision with fp32 "
+                             "master weights)")
+        return value
 
 
 # --------------------------------------------------------------------------- search

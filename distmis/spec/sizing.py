@@ -15,7 +15,8 @@ __all__ = ["PROCESS_RESERVE", "SP_DEGREE_PATH", "AutoDegree", "auto_sp_degree", 
 SP_DEGREE_PATH = "parallelism.sequence_parallel.degree"
 # Search-space paths whose values can change what ``degree: auto`` chooses (the model's shapes and kernel,
 # the tile and batch, the SP settings).
-_MEMORY_PATHS = ("model.params.", "training.tile", "training.batch_size", "parallelism.sequence_parallel.")
+_MEMORY_PATHS = ("model.params.", "training.tile", "training.batch_size", "training.precision",
+                 "parallelism.sequence_parallel.")
 
 
 def auto_sp_degree(spec: Spec, tile: Sequence[int]) -> AutoDegree:
@@ -34,7 +35,8 @@ def auto_sp_degree(spec: Spec, tile: Sequence[int]) -> AutoDegree:
     return auto_degree(shape, heads=params.heads, model_attention=params.attention,  # type: ignore[union-attr]
                        attention=sp_spec.attention, decoder=sp_spec.decoder, split=sp_spec.split,
                        batch=spec.training.batch_size, kernel=params.attention_kernel,  # type: ignore[union-attr]
-                       memory_per_worker=sp_spec.memory_per_worker, max_degree=sp_spec.max_degree)
+                       memory_per_worker=sp_spec.memory_per_worker, max_degree=sp_spec.max_degree,
+                       precision=spec.training.precision)
 
 
 def memory_configs(spec: Spec) -> list[dict[str, Any]]:

@@ -5,7 +5,8 @@ run of every trial whose network the performance model describes (a registry ent
 ViT-seg) at step 0, next to what the trial measures per epoch (``step_seconds``, ``peak_memory_mb``, ``fom``), so
 a search shows model against measurement trial by trial. Everything is per rank and per training step, with the
 trial's own layout (``TrialLayout.sp``, ``dp``), SP attention and decoder, batch (``training.batch_size`` samples
-per rank and step) and attention kernel (``model.params.attention_kernel``). Pure arithmetic: no torch, and
+per rank and step), attention kernel (``model.params.attention_kernel``) and precision (``training.precision``).
+Pure arithmetic: no torch, and
 nothing of distmis's training or parallel runtime.
 """
 
@@ -69,8 +70,9 @@ def predict_trial(spec: Spec, layout: TrialLayout, *, volume: Sequence[int] | No
     batch = spec.training.batch_size
     flops = vit_flops(shape, sequence, batch)
     kernel = spec.model.params.attention_kernel  # type: ignore[union-attr]
-    memory = vit_memory(shape, sequence, batch=batch, kernel=kernel)
-    sent = communication_bytes(shape, sequence, batch=batch, dp=layout.dp, cost="gloo")
+    precision = spec.training.precision  # mixed precision: 16-bit activations and weight copies (the seed's terms)
+    memory = vit_memory(shape, sequence, batch=batch, kernel=kernel, precision=precision)
+    sent = communication_bytes(shape, sequence, batch=batch, dp=layout.dp, cost="gloo", precision=precision)
     return {
         "predicted_flops_per_step": flops.matmul,
         "predicted_forward_flops": flops.forward,

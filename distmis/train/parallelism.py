@@ -24,10 +24,16 @@ over the ranks:
   (:meth:`~distmis.parallel.pipeline.UNetPipeline.gather_weights`) and the validation cases are shared out over
   every rank of the trial, each predicting with the whole model; checkpoints keep every stage's optimizer state
   (``optimizer.stage<k>.pt``).
+
+Every strategy runs its forward in the trainer's ``training.precision``
+(:class:`~distmis.train.precision.TorchPrecision`, ``precision``): under autocast for bf16 and fp16, the backward
+outside it from the (fp16: scaled) fp32 loss; a pipeline's stages compute under autocast and exchange 16-bit
+activations (:class:`~distmis.parallel.pipeline.StageCells`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -105,9 +111,27 @@ def _mesh_groups(mesh: TrialMesh) -> list[Any]:
                                       (mesh.dp_group, mesh.dp_size)) if size > 1]
 
 
-def _plain_forward_backward(train_model: nn.Module, loss_fn: Loss, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    loss = loss_fn(train_model(x), y)
-    loss.backward()
+def _autocast(precision: Any) -> Any:
+    """The forward's context: ``training.precision``'s autocast (:class:`~distmis.train.precision.TorchPrecision`),
+    nothing without one."""
+    return contextlib.nullcontext() if precision is None else precision.autocast()
+
+
+def _backward(precision: Any, loss: torch.Tensor) -> None:
+    """Backward from ``loss``, outside autocast (scaled for fp16)."""
+    if precision is None:
+        loss.backward()
+    else:
+        precision.backward(loss)
+
+
+def _plain_forward_backward(train_model: nn.Module, loss_fn: Loss, x: torch.Tensor, y: torch.Tensor,
+                            precision: Any = None) -> torch.Tensor:
+    with _autocast(precision):
+        output = train_model(x)
+    loss = loss_fn(output, y)
+    del output  # under autocast the loss keeps an fp32 copy: the 16-bit output need not live through the backward
+    _backward(precision, loss)
     return loss.detach()
 
 
@@ -118,6 +142,8 @@ class Replicas:
     mesh: TrialMesh
     device: torch.device
     name: str = "replicas"
+    # training.precision (distmis.train.precision.TorchPrecision): the forward's autocast, the backward's scaling
+    precision: Any = None
 
     def apply(self, model: nn.Module, shape: InputShape) -> nn.Module:
         if self.mesh.dp_group is None:
@@ -130,7 +156,7 @@ class Replicas:
 
     def forward_backward(self, train_model: nn.Module, loss_fn: Loss, x: torch.Tensor,
                          y: torch.Tensor) -> torch.Tensor:
-        return _plain_forward_backward(train_model, loss_fn, x, y)
+        return _plain_forward_backward(train_model, loss_fn, x, y, self.precision)
 
     def synchronize_gradients(self, train_model: nn.Module) -> None:
         """DDP has all-reduced during backward."""
@@ -171,9 +197,11 @@ class SequenceParallel(Replicas):
 
     def forward_backward(self, train_model: nn.Module, loss_fn: Loss, x: torch.Tensor,
                          y: torch.Tensor) -> torch.Tensor:
-        logits = train_model(x)
+        with _autocast(self.precision):
+            logits = train_model(x)
         loss = loss_fn(logits, train_model.local_target(y))  # no-gather: this rank's sub-volume; gather: all of it
-        loss.backward()
+        del logits
+        _backward(self.precision, loss)
         return loss.detach()
 
     def synchronize_gradients(self, train_model: nn.Module) -> None:
@@ -230,9 +258,17 @@ class PipelineParallel(Replicas):
         assert self.pipeline_function is not None and self.shape is not None
         plan = batch_plan(samples, batch_size=self.shape.batch_size, microbatches=self.microbatches,
                           schedule=self.schedule, stages=self.mesh.pp_size)  # type: ignore[arg-type]
+        # training.precision: the stages compute under autocast and send activations in its dtype; fp16's scaled
+        # loss starts the schedule's backward
+        precision = self.precision
+        compute = {} if precision is None or not precision.mixed else {"compute_dtype": precision.compute_dtype}
+        loss_fn = self.loss_fn
+        if precision is not None and precision.scaler is not None and loss_fn is not None:
+            unscaled = loss_fn
+            loss_fn = lambda output, target: precision.scale(unscaled(output, target))  # noqa: E731
         built = self.pipeline_function(
             self.model, tile=self.shape.tile, microbatches=plan.microbatches, schedule=plan.schedule,
-            batch_size=samples, loss_fn=self.loss_fn, group=self.mesh.pp_group, device=self.device)
+            batch_size=samples, loss_fn=loss_fn, group=self.mesh.pp_group, device=self.device, **compute)
         if self.pipeline is not None and built.bounds != self.pipeline.bounds:  # the cut depends on the tile only
             raise RuntimeError(f"a batch of {samples} cut the model at {built.bounds}, the full batch at "
                                f"{self.pipeline.bounds}")
@@ -253,7 +289,8 @@ class PipelineParallel(Replicas):
         """The batch through the pipeline of its size: its mean loss over its samples, the gradients of that mean
         in this stage's parameters (the pipeline's loss is the trainer's training loss, given at construction)."""
         pipe = self.pipeline_for(int(x.shape[0]))
-        return pipe.train_step(x if pipe.is_first else None, y if pipe.is_last else None)
+        loss = pipe.train_step(x if pipe.is_first else None, y if pipe.is_last else None)
+        return loss if self.precision is None else self.precision.unscale_loss(loss)
 
     def synchronize_gradients(self, train_model: nn.Module) -> None:
         if self.mesh.dp_size > 1:
@@ -281,9 +318,11 @@ class PipelineParallel(Replicas):
 
 
 def parallelism_for(entry: ModelEntry, spec: Spec, mesh: TrialMesh, device: torch.device,
-                    loss_fn: Loss) -> Parallelism:
+                    loss_fn: Loss, precision: Any = None) -> Parallelism:
     """The strategy ``mesh`` asks for, for ``entry``'s network; ValueError naming the model and the parallelism
-    when the entry does not support it. ``loss_fn``: the training loss (a pipeline's last stage computes it)."""
+    when the entry does not support it. ``loss_fn``: the training loss (a pipeline's last stage computes it).
+    ``precision``: the trainer's :class:`~distmis.train.precision.TorchPrecision` (None: fp32), whose autocast the
+    strategy's forward runs in and whose scaling its backward starts from."""
     for axis in ("sp", "pp"):
         if getattr(mesh, f"{axis}_size") > 1 and not entry.supports(axis):
             raise ValueError(f"model {entry.name!r} does not support {PARALLELISM_NAMES[axis]}: the trial's mesh "
@@ -293,10 +332,10 @@ def parallelism_for(entry: ModelEntry, spec: Spec, mesh: TrialMesh, device: torc
         if mesh.pp_size != pipe.stages:
             raise ValueError(f"parallelism.pipeline.stages is {pipe.stages}, but the pipeline group holds "
                              f"{mesh.pp_size} rank(s)")
-        return PipelineParallel(mesh, device, pipeline_function=entry.pipeline_function(),
+        return PipelineParallel(mesh, device, precision=precision, pipeline_function=entry.pipeline_function(),
                                 microbatches=pipe.microbatches, schedule=pipe.schedule, loss_fn=loss_fn)
     if mesh.sp_size > 1:
         sp = spec.parallelism.sequence_parallel
-        return SequenceParallel(mesh, device, parallelize=entry.parallelize_function(), attention=sp.attention,
-                                decoder=sp.decoder, split=sp.split)
-    return Replicas(mesh, device)
+        return SequenceParallel(mesh, device, precision=precision, parallelize=entry.parallelize_function(),
+                                attention=sp.attention, decoder=sp.decoder, split=sp.split)
+    return Replicas(mesh, device, precision=precision)

@@ -6,6 +6,14 @@ can later run under a ``tf.distribute`` strategy.
 
 Validation is per case on whole volumes (by sliding windows of the tile when ``training.tile`` is set), so
 the validation dice is the one a user would compute on the preprocessed cases.
+
+Mixed precision (``training.precision``): ``bf16`` and ``fp16`` build the U-Net with the Keras dtype policy
+``mixed_bfloat16`` or ``mixed_float16`` given to each layer (never Keras's global policy: the next trial built in
+the process is not changed), float32 variables and a float32 head, so the probabilities and the loss are float32;
+fp16 wraps Adam in a ``LossScaleOptimizer`` whose scaled loss the step differentiates (it unscales the gradients,
+skips a step that overflowed and keeps its scale among the optimizer's variables, so checkpoints hold it).
+TensorFlow's CPU kernels have no float16 max pooling: fp16 needs a GPU (refused otherwise, here and by the spec's
+checks). The precision is part of :func:`graph_key`.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from distmis.train.epoch import (
 from distmis.train.inference import predict_channels_last
 from distmis.train.schedules import LearningRateSchedule
 
-__all__ = ["EpochMetrics", "NonFiniteLossError", "UNetTrainer", "graph_key"]
+__all__ = ["EpochMetrics", "KERAS_POLICIES", "NonFiniteLossError", "UNetTrainer", "graph_key", "keras_dtype_policy"]
 
 
 def _release_in_background(iterator: Any) -> None:
@@ -77,12 +85,22 @@ def seed_everything(seed: int) -> None:
         keras.utils.set_random_seed(seed)
 
 
+#: The Keras dtype policy of each ``training.precision`` (None: Keras's default, float32).
+KERAS_POLICIES: dict[str, str | None] = {"fp32": None, "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+def keras_dtype_policy(precision: str) -> str | None:
+    """The dtype policy the U-Net's layers are built with for ``training.precision`` (:data:`KERAS_POLICIES`)."""
+    return KERAS_POLICIES[precision]
+
+
 def graph_key(spec: Spec) -> str:
     """What a trainer's traced graphs depend on: the spec but its learning rate and its schedule (a variable the
     graphs read), seed, number of epochs, tile sampling and augmentation (the input pipeline's, made again at a
     restart; augmentation keeps the inputs' shapes), and the fold a cross-validation trial validates on
     (``dataset.split.fold``: a restart reads the new fold's cases; the graphs do not depend on which cases they
-    see): two trials with equal keys can share one trainer (:meth:`UNetTrainer.restart`)."""
+    see): two trials with equal keys can share one trainer (:meth:`UNetTrainer.restart`). ``training.precision`` is
+    part of it: a trainer traced in fp32 is never restarted for a bf16 trial."""
     training = spec.training.model_dump(mode="json",
                                         exclude={"epochs", "seed", "lr_schedule", "tile_sampling", "augment"})
     training["optimizer"].pop("lr")
@@ -123,6 +141,10 @@ class UNetTrainer:
         self.metric_keys: list[str] = metric_keys(self.targets)
         training = spec.training
 
+        if training.precision == "fp16" and not tf.config.list_physical_devices("GPU"):
+            raise ValueError("training.precision 'fp16' with TensorFlow needs a GPU: TensorFlow has no CPU float16 "
+                             "kernel for the U-Net's max pooling (MaxPool3D), and this process sees no GPU. Use "
+                             "'bf16' on CPUs")
         self.strategy = strategy or tf.distribute.get_strategy()
         self.replicas = int(self.strategy.num_replicas_in_sync)
         # Same seed -> same initial weights and data order, whatever hyperparameters differ.
@@ -156,12 +178,15 @@ class UNetTrainer:
 
         model, optimizer, loss_fn, strategy = self.model, self.optimizer, self.loss_fn, self.strategy
         replicas = self.replicas
+        loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)  # fp16
 
         def train_step(x, y):
             def replica_step(x, y):
                 with tf.GradientTape() as tape:
                     loss = loss_fn(y, model(x, training=True))
                     scaled = loss / replicas  # gradients are summed over replicas: average them
+                    if loss_scaling:  # apply_gradients unscales them (and skips a step that overflowed)
+                        scaled = optimizer.scale_loss(scaled)
                 grads = tape.gradient(scaled, model.trainable_variables)
                 optimizer.apply_gradients(zip(grads, model.trainable_variables))
                 return loss
@@ -223,12 +248,14 @@ class UNetTrainer:
             learning_rate=self.layout.effective_lr, beta_1=opt.beta1, beta_2=opt.beta2, epsilon=opt.epsilon,
             amsgrad=opt.amsgrad,
         )
+        if self.spec.training.precision == "fp16":  # float16's narrow range: a dynamically scaled loss
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         return model, optimizer
 
     def _build_model(self, build_unet3d: Any, manifest: dict[str, Any]) -> Any:
         return build_unet3d(  # the builder takes model.params' fields by name
             in_channels=int(manifest["image_shape"][-1]), num_classes=self.num_classes, activation=self.activation,
-            **self.spec.model.params.model_dump(),
+            dtype_policy=keras_dtype_policy(self.spec.training.precision), **self.spec.model.params.model_dump(),
         )
 
     # ------------------------------------------------------------------ a new trial on the same graphs
@@ -266,6 +293,8 @@ class UNetTrainer:
         broadcast_from_first_replica(self.strategy, self.model.weights)
         for variable in self.optimizer.variables:
             variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
+        if hasattr(self.optimizer, "dynamic_scale"):  # fp16's loss scale starts again where a new one starts
+            self.optimizer.dynamic_scale.assign(self.optimizer.initial_scale)
         self.optimizer.learning_rate = layout.effective_lr
         self.learning_rates = LearningRateSchedule.for_training(spec.training, layout.effective_lr)
         self._epochs_trained = 0

@@ -42,7 +42,14 @@ def pin_threads(cpus: float, *, tensorflow: bool = True, torch: bool = True) -> 
 
     TensorFlow only accepts thread settings before its runtime starts; if it already has, a
     warning says so rather than silently running oversubscribed.
+
+    The process's devices are set up here too, as every trial process calls this first: TensorFlow's memory growth
+    on each GPU it sees (:func:`~distmis.parallel.devices.tensorflow_memory_growth`, before its runtime starts), and
+    the refusal of a process that Ray gave a GPU which ``tensorflow`` or ``torch`` (those it pins) cannot see
+    (:func:`~distmis.parallel.devices.check_process_gpus`: GpuUnavailableError, before any training).
     """
+    from distmis.parallel.devices import check_process_gpus, tensorflow_memory_growth
+
     n = threads_for(cpus)
     for var in _ENV_VARS:
         os.environ[var] = str(n)
@@ -59,15 +66,17 @@ def pin_threads(cpus: float, *, tensorflow: bool = True, torch: bool = True) -> 
             current = tf.config.threading.get_intra_op_parallelism_threads()
             if current != n:
                 logger.warning("TensorFlow threads already fixed at %s, wanted %s: %s", current, n, exc)
+        tensorflow_memory_growth()
     if torch:
         try:
             import torch as _torch
         except ImportError:  # torch is optional for TensorFlow-only work
-            pass
+            torch = False
         else:
             _torch.set_num_threads(n)
             try:
                 _torch.set_num_interop_threads(1)
             except RuntimeError:  # may only be set once per process
                 pass
+    check_process_gpus(tensorflow=tensorflow, torch=torch)
     return n

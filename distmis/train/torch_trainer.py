@@ -23,6 +23,10 @@ in a process group each rank predicts its share (the strategy's) and the sums ar
 the same numbers. Every epoch reports its steps' ``step_seconds`` and ``peak_memory_mb``
 (:class:`~distmis.train.metering.StepMeter`, the largest over the trial's ranks) and, where the entry has a
 performance-model shape (``perf_shape``), ``fom``, the seed's figure of merit ``b L s^2 d / step_seconds``.
+
+``training.precision`` (:mod:`distmis.train.precision`): bf16 and fp16 train the fp32 network under autocast (fp32
+master weights, gradients and Adam state; the loss in fp32; fp16's loss scaler, whose state the checkpoint keeps),
+and validate and predict under the same autocast with fp32 probabilities.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import dataclasses
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,6 +47,7 @@ from distmis.data.cases import SplitCases
 from distmis.data.targets import metric_keys
 from distmis.models.registry import ModelEntry, NetworkInput
 from distmis.models.unet3d_torch import Activation, activate, count_trainable_parameters
+from distmis.parallel.devices import set_cudnn_benchmark
 from distmis.parallel.mesh import TrialMesh
 from distmis.perf.model import ViTShape
 from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
@@ -54,6 +60,7 @@ from distmis.train.epoch import (
 from distmis.train.inference import predict_channels_last, sliding_window
 from distmis.train.metering import StepMeter
 from distmis.train.parallelism import InputShape, Parallelism, parallelism_for
+from distmis.train.precision import TorchPrecision
 from distmis.train.protocol import Window
 from distmis.train.prefetch import PREFETCH_BATCHES, channels_first, prefetched, shard_batches
 from distmis.train.schedules import LearningRateSchedule
@@ -86,6 +93,7 @@ class TorchTrainer:
         self.tfrecord_dir = Path(tfrecord_dir)
         self.rank, self.world_size = mesh.dp_rank, mesh.dp_size  # the data's share: the DP replica's
         self.device = torch.device(device)
+        set_cudnn_benchmark(spec.training.cudnn_benchmark)  # this process's, set for every trial it trains
         manifest = read_manifest(self.tfrecord_dir)
         self.num_classes = int(manifest["num_classes"])
         # What the output channels mean (distmis.data.targets): the activation, the loss, the scored channels
@@ -113,11 +121,16 @@ class TorchTrainer:
 
         loss = training.loss
         self.loss_fn = make_loss(loss.name, loss.smooth, activation=self.activation)  # on probabilities
+        # training.precision: the forward under autocast (bf16, fp16), the weights, gradients and Adam's state fp32,
+        # the loss in fp32, fp16's loss scaled (distmis.train.precision); ValueError where the device cannot
+        self.precision = TorchPrecision(training.precision, self.device)
         # A network that gives logits trains on them (BCE with logits for sigmoid targets, MONAI's DiceCELoss for
         # softmax ones); validation scores the probabilities either way.
-        self.train_loss_fn = (make_loss(loss.name, loss.smooth, from_logits=True, activation=self.activation)
-                              if self.entry.output == "logits" else self.loss_fn)
-        self.parallelism: Parallelism = parallelism_for(self.entry, spec, mesh, self.device, self.train_loss_fn)
+        self.train_loss_fn = self.precision.fp32_loss(
+            make_loss(loss.name, loss.smooth, from_logits=True, activation=self.activation)
+            if self.entry.output == "logits" else self.loss_fn)
+        self.parallelism: Parallelism = parallelism_for(self.entry, spec, mesh, self.device, self.train_loss_fn,
+                                                        precision=self.precision)
 
         # Same seed -> same initial weights, whatever hyperparameters differ.
         torch.manual_seed(training.seed)
@@ -297,7 +310,7 @@ class TorchTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss = self._forward_backward(x, y)
                 self.parallelism.synchronize_gradients(self.train_model)
-                self.optimizer.step()
+                self.precision.step(self.optimizer, self._overflow_groups())  # fp16: unscaled, skipped on overflow
                 losses.append(float(loss))
                 meter.end_step()
         finally:
@@ -322,6 +335,13 @@ class TorchTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def _overflow_groups(self) -> list[Any]:
+        """The groups over which fp16's overflow is agreed (they span the trial's ranks); none alone, or without
+        loss scaling."""
+        if self.precision.scaler is None or not (dist.is_available() and dist.is_initialized()):
+            return []
+        return self.parallelism.measurement_groups()
+
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step's forward and backward (the parallelism's): the gradients in place, the batch's training loss
         returned (detached)."""
@@ -332,9 +352,10 @@ class TorchTrainer:
     def _probabilities(self, x: torch.Tensor) -> torch.Tensor:
         """Probabilities of whole windows (B, C, *window) -> (B, K, *window), on every rank of a group: the
         network's output, or the target scheme's activation (sigmoid, or softmax over the channels) of its
-        logits."""
-        out = self.parallelism.forward(self.model, self.train_model, x)  # eval mode: set on the shared model
-        return activate(out, self.activation) if self.entry.output == "logits" else out
+        logits. Under mixed precision the forward runs in the training's autocast; the probabilities are fp32."""
+        with self.precision.autocast():
+            out = self.parallelism.forward(self.model, self.train_model, x)  # eval mode: set on the shared model
+        return activate(out, self.activation) if self.entry.output == "logits" else out.float()
 
     @torch.no_grad()
     def _predict(self, images_hwdc: np.ndarray) -> np.ndarray:
@@ -483,9 +504,9 @@ class TorchTrainer:
         state (``rng.rank<rank>.pt``: torch's global generator and the tile generators)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if primary:
-            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
-                       directory / "trainer.pt")
+        if primary:  # with fp16's loss scaler (its scale is the same on every rank of the trial)
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        **self.precision.state_dict()}, directory / "trainer.pt")
         rng = {"torch": torch.get_rng_state(), "tiles": self._tile_rng.get_state(),
                "foreground": self._foreground_rng.get_state()}
         if self.device.type == "cuda":
@@ -505,6 +526,7 @@ class TorchTrainer:
         state = torch.load(directory / "trainer.pt", map_location=self.device, weights_only=True)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(self.parallelism.optimizer_state(directory, state))
+        self.precision.load_state_dict(state)
         rng_file = directory / f"rng.rank{rank}.pt"
         if rng_file.is_file():
             rng = torch.load(rng_file, weights_only=True)

@@ -32,13 +32,14 @@ def main(workdir: Path) -> dict:
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": free_port()})
     try:
-        workers = [cluster.add_node(num_cpus=1, num_gpus=1) for _ in range(2)]  # GPUs: logical resources
+        workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, runtime_env={"env_vars": TRIAL_ENV}, logging_level="WARNING")
         report: dict = {"worker_nodes": [n.node_id for n in workers]}
 
-        # Experiment-parallel: two trials of one CPU + one GPU each; one worker node fits one trial.
-        tree = small_spec_tree(workdir / "data", parallelism={"resources_per_trial": {"cpu": 1, "gpu": 1}})
+        # Experiment-parallel: two trials of one CPU each; one worker node fits one trial. (No logical GPU: a trial
+        # given a GPU that its framework cannot see is refused, tests/search/test_gpu_refusal.py.)
+        tree = small_spec_tree(workdir / "data", parallelism={"resources_per_trial": {"cpu": 1}})
         tree["training"]["epochs"] = 1
         outcome = run_search(validate_spec(tree), workdir / "experiment", progress=False)
         report["experiment"] = {"failed": outcome.failed, "trials": len(outcome.results),

@@ -1,5 +1,5 @@
 """Searches on a multi-node Ray cluster simulated on this machine (``ray.cluster_utils.Cluster``):
-a head with no CPUs and two worker nodes of one CPU and one (logical) GPU each."""
+a head with no CPUs and two worker nodes of one CPU each."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_trials_spread_over_nodes_and_a_data_parallel_trial_spans_them(tmp_path)
 
     experiment = report["experiment"]
     assert experiment["trials"] == 2 and experiment["failed"] == 0
-    # One trial per worker node: each node holds one CPU and one GPU, a trial needs both.
+    # One trial per worker node: each node holds one CPU, a trial needs it.
     assert sorted(experiment["trial_nodes"]) == sorted(workers), experiment
 
     data = report["data"]

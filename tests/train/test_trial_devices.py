@@ -1,0 +1,57 @@
+"""A torch trial process's device set-up on real TFRecords: ``training.cudnn_benchmark`` applied by the trainer,
+and the first report of a trial naming the device its model trains on (the run's ``distmis.device`` tag)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distmis.search.prepare import prepare_data
+from distmis.spec import validate_spec
+from distmis.train.loop import epoch_reports
+from distmis.trial_record import DEVICE_KEY
+from tests.conftest import small_spec_tree
+from tests.train.torch_trainers import local_trainer
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("trial_devices")
+    tree = small_spec_tree(tmp / "data", model={"name": "unet3d", "framework": "torch",
+                                                "params": {"base_filters": 4, "levels": 3}})
+    spec = validate_spec(tree)
+    return spec, prepare_data(spec, tmp / "out", progress=False)
+
+
+def with_training(spec, **training):
+    tree = spec.model_dump(mode="json")
+    tree["training"].update(training)
+    return validate_spec(tree)
+
+
+def test_cudnn_benchmark_is_off_by_default_and_searchable(tmp_path):
+    tree = small_spec_tree(tmp_path / "data")
+    assert validate_spec(tree).training.cudnn_benchmark is False
+    tree["search"]["space"] = {"training.cudnn_benchmark": {"grid": [False, True]}}
+    assert validate_spec(tree).search.space["training.cudnn_benchmark"].values == [False, True]
+
+
+def test_the_torch_trainer_sets_cudnn_benchmark_from_its_trials_spec(prepared):
+    spec, data = prepared
+    before = torch.backends.cudnn.benchmark
+    try:
+        local_trainer(with_training(spec, cudnn_benchmark=True), data.tfrecord_dir)
+        assert torch.backends.cudnn.benchmark is True
+        local_trainer(spec, data.tfrecord_dir)  # the next trial of the process: its own setting, off
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def test_a_trials_first_report_names_the_device_its_model_trains_on(prepared):
+    spec, data = prepared
+    trainer = local_trainer(spec, data.tfrecord_dir)
+    reports = [metrics for metrics, _folder in epoch_reports(trainer, spec)]
+    assert [r["epoch"] for r in reports] == [1, 2]
+    assert reports[0][DEVICE_KEY] == "cpu"
+    assert DEVICE_KEY not in reports[1]  # once, with the start-up figures
