@@ -139,6 +139,8 @@ def console(*, verbose: bool, native: bool = True) -> Iterator[None]:
     if not verbose:
         for name in ("mlflow", "alembic"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        # the driver's own TensorFlow (the best model's scoring): its retracing advice is for TensorFlow's users
+        logging.getLogger("tensorflow").setLevel(logging.ERROR)
         # not when a caller captures sys.stderr itself (a test's capsys)
         if native and _writes_to_descriptor_2(sys.stderr):
             try:

@@ -38,9 +38,12 @@ def test_ansi_codes_are_stripped_from_a_stream_that_is_not_a_terminal():
 def run_console(tmp_path: Path, verbose: bool) -> subprocess.CompletedProcess:
     """A process whose console is distmis's, with a child process and C-level writes to descriptor 2."""
     script = textwrap.dedent(f"""
-        import os, subprocess, sys
+        import logging, os, subprocess, sys
         from distmis.cli.console import console
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
         with console(verbose={verbose}):
+            logging.getLogger("tensorflow").warning("retracing advice")
+            logging.getLogger("tensorflow").error("a tensorflow error")
             os.write(2, {ABSL!r}.encode() + b"\\n" + {ONEDNN!r}.encode() + b"\\n")
             subprocess.run([sys.executable, "-c", "import os; os.write(2, b{ABSL!r} + b'\\\\nchild error\\\\n')"])
             print("\\x1b[32mcoloured\\x1b[0m to a pipe", file=sys.stderr)
@@ -60,8 +63,9 @@ def test_descriptor_2_keeps_what_matters_and_drops_the_notices(tmp_path: Path):
     done = run_console(tmp_path, verbose=False)
     assert done.returncode == 0, done.stderr
     assert "absl::InitializeLog" not in done.stderr and "oneDNN" not in done.stderr
-    for kept in ("child error", "coloured to a pipe", "progress 50%", "a real error", "after"):
+    for kept in ("child error", "coloured to a pipe", "progress 50%", "a real error", "after", "a tensorflow error"):
         assert kept in done.stderr
+    assert "retracing advice" not in done.stderr
     assert "\x1b" not in done.stderr and "\x1b" not in done.stdout
     assert done.stdout.splitlines() == ["stdout line", "WARNING"]
 
@@ -70,4 +74,5 @@ def test_verbose_leaves_the_notices_on_the_console(tmp_path: Path):
     done = run_console(tmp_path, verbose=True)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("absl::InitializeLog") == 2 and "oneDNN" in done.stderr
+    assert "retracing advice" in done.stderr
     assert done.stdout.splitlines()[-1] == "None"
