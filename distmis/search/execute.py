@@ -372,16 +372,15 @@ def _search_run_killed_on_interrupt(execute: Callable[..., SearchOutcome]) -> Ca
 
 
 def warm_driver_imports(spec: Spec) -> threading.Thread:
-    """Import, in a background thread of the lowest CPU priority, what the driver needs once the trials end: the
-    trial's framework (to load and score the best model) and matplotlib (the figures). The driver mostly waits while
-    the trials run; the imports (seconds for TensorFlow) then take CPU time the trials leave idle rather than
-    adding to the search's wall time after them."""
+    """Import, in a background thread, what the driver needs once the trials end: the trials' framework (to load
+    and score the best model) and matplotlib (the figures). Started before Ray and the data, whose start-up mostly
+    waits on other processes, the imports (seconds for TensorFlow) are done by the time the trials end instead of
+    adding to the search's wall time after them.
+
+    Not at a lowered priority: the thread holds the GIL while it imports, and one the scheduler starves would
+    starve the driver's Tune loop with it (the trials then wait for their results to be taken)."""
 
     def imports() -> None:
-        try:  # this thread only: on Linux a thread's nice value is its own
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
         try:
             if spec.model.framework == "tensorflow":
                 import keras  # noqa: F401
@@ -480,7 +479,6 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     if console is not None:
         console.header(spec, trials=num_trials(spec), layout=plan.label,
                        store=redact_uri(search_run.tracking_uri), experiment=spec.experiment_name)
-    warm_driver_imports(spec)
     start = time.perf_counter()
     tune_failure = ""  # why Ray Tune itself stopped, if it did (e.g. it could not write a trial's error file)
     received: dict[str, int] = {}

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from distmis.search.compare import run_compare
 from distmis.search.execute import (
     ended_unless_recorded, execute_search, experiment_name, open_search_run, prepare_output, ray_connection,
-    reopen_search_run,
+    reopen_search_run, warm_driver_imports,
 )
 from distmis.search.plan import check_fit, node_resources, plan_search, trial_layouts, worker_slots
 from distmis.search.preflight import new_state, preflight
@@ -37,6 +37,7 @@ def run_search(spec: Spec, output_dir: str | Path, *, address: str | None = None
                            trainable=trainable, resume=resume)
     output_dir = Path(output_dir).resolve()
     state = preflight(spec, output_dir, "search", resume=resume)  # before any data is converted or Ray starts
+    warm_driver_imports(spec)  # while Ray and the data start: ready when the best model is scored
     with ray_connection(address, verbose=verbose):
         check_fit(spec)  # before any data is converted: a trial that cannot fit would wait forever
         data = prepare_output(spec, output_dir, progress=progress)

@@ -1,4 +1,4 @@
-"""The driver imports the trials' framework in a background thread of the lowest priority while the trials run, so
+"""The driver imports the trials' framework in a background thread while Ray and the data start, so
 scoring the best model after them does not start with seconds of imports; the driver itself keeps its priority."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def test_the_framework_is_imported_in_the_background_and_the_driver_keeps_its_pr
     assert tensorflow["before"] == {"tensorflow": False, "torch": False, "matplotlib.pyplot": False}
     assert not tensorflow["alive"]
     assert tensorflow["after"]["tensorflow"] and tensorflow["after"]["matplotlib.pyplot"]
-    assert tensorflow["nice"] == 0  # only the import thread was lowered
+    assert tensorflow["nice"] == 0  # the driver keeps its priority
     assert tensorflow["onednn"] == "1"  # TensorFlow imported as the trials import it
     torch = run("torch")
     assert torch["after"]["torch"] and not torch["after"]["tensorflow"]
