@@ -95,15 +95,21 @@ class FoldSearcher(_SavedWhole):
     failed). Its state, the inner searcher's included, is saved with Tune's, so a resumed search goes on handing out
     the folds it had not yet."""
 
-    def __init__(self, inner: Searcher, folds: Sequence[int], metric: str, mode: str) -> None:
+    def __init__(self, inner: Searcher, folds: Sequence[int], metric: str, mode: str,
+                 limit: int | None = None) -> None:
+        """``limit``: how many configurations the search tries (after a restore the inner searcher may not know
+        every configuration that began: :meth:`reconcile`)."""
         super().__init__(metric=metric, mode=mode)
         if not folds:
             raise ValueError("a fold searcher needs at least one fold")
         self.inner = inner
+        self.limit = limit
         self.folds = tuple(int(f) for f in folds)
         self.configurations = 0  # how many the inner searcher has given
         self.pending: list[dict[str, Any]] = []  # the current configuration's fold trials not handed out yet
         self.trials: dict[str, tuple[str, int]] = {}  # trial id -> (configuration, fold)
+        self.given: dict[str, dict[str, Any]] = {}  # trial id -> the config it was given
+        self.from_inner: set[str] = set()  # the configurations the inner searcher gave (and so hears of)
         self.best: dict[str, float] = {}  # trial id -> its best metric so far
         self.ended: dict[str, dict[int, float | None]] = {}  # configuration -> fold -> its best (None: failed)
         self.exhausted = False
@@ -117,6 +123,9 @@ class FoldSearcher(_SavedWhole):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         if not self.pending:
+            limit = getattr(self, "limit", None)
+            if limit is not None and self.configurations >= limit:
+                self.exhausted = True
             if self.exhausted:
                 return Searcher.FINISHED
             configuration = configuration_id(self.configurations)
@@ -128,10 +137,48 @@ class FoldSearcher(_SavedWhole):
                 return Searcher.FINISHED
             self.configurations += 1
             self.ended[configuration] = {}
+            self.from_inner.add(configuration)
             self.pending = [{**suggestion, FOLD_KEY: fold, CONFIGURATION_KEY: configuration} for fold in self.folds]
         config = self.pending.pop(0)
         self.trials[trial_id] = (config[CONFIGURATION_KEY], config[FOLD_KEY])
+        self.given[trial_id] = dict(config)
         return config
+
+    def restore_from_dir(self, checkpoint_dir: str) -> None:
+        """Restore the saved state, then agree with the trials Tune restored (:meth:`reconcile`)."""
+        super().restore_from_dir(checkpoint_dir)
+        restored = restored_trials(checkpoint_dir)
+        if restored is not None:
+            self.reconcile(restored)
+
+    def reconcile(self, restored: Mapping[str, Mapping[str, Any]]) -> None:
+        """Agree with ``restored`` (trial id -> config: the trials of the experiment state Tune resumed from).
+
+        Tune saves its experiment state and this searcher's in separate files; a driver killed between the two
+        leaves one older than the other. A trial Tune has that this state never handed out is adopted (its fold is
+        not handed out again: that would train it twice); a trial this state handed out that Tune lost has its
+        config handed out again. A configuration known only from Tune's trials is not reported to the inner
+        searcher, which never gave it."""
+        for trial_id in [t for t in self.trials if t not in restored]:  # handed out, lost by Tune
+            self.trials.pop(trial_id)
+            self.best.pop(trial_id, None)
+            config = getattr(self, "given", {}).pop(trial_id, None)
+            if config is not None:
+                self.pending.insert(0, config)
+        self.given = getattr(self, "given", {})
+        self.from_inner = getattr(self, "from_inner", set(self.ended))
+        for trial_id, config in restored.items():
+            if trial_id in self.trials or CONFIGURATION_KEY not in config or FOLD_KEY not in config:
+                continue
+            configuration, fold = str(config[CONFIGURATION_KEY]), int(config[FOLD_KEY])
+            self.trials[trial_id] = (configuration, fold)
+            self.given[trial_id] = dict(config)
+            if configuration not in self.ended:  # begun after this state was saved: its other folds are pending
+                self.ended[configuration] = {}
+                self.configurations = max(self.configurations, int(configuration.lstrip("c")) + 1)
+                self.pending = [{**config, FOLD_KEY: f} for f in self.folds] + self.pending
+            self.pending = [c for c in self.pending
+                            if (str(c[CONFIGURATION_KEY]), int(c[FOLD_KEY])) != (configuration, fold)]
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         value = result.get(self.metric)
@@ -151,11 +198,34 @@ class FoldSearcher(_SavedWhole):
         ended[fold] = None if error else self.best.get(trial_id)
         if len(ended) < len(self.folds):
             return
+        if configuration not in getattr(self, "from_inner", {configuration}):
+            return  # adopted after a restore: the inner searcher never gave it (reconcile)
         values = [value for value in ended.values() if value is not None]
         if len(values) < len(self.folds):  # a fold failed: the configuration has no cross-validated value
             self.inner.on_trial_complete(configuration, None, error=True)
         else:
             self.inner.on_trial_complete(configuration, {self.metric: sum(values) / len(values)})
+
+
+def restored_trials(checkpoint_dir: str) -> dict[str, dict[str, Any]] | None:
+    """Trial id -> config of the trials in the newest experiment state in ``checkpoint_dir`` (the one Tune resumes
+    from, read as Tune reads it); None when there is none."""
+    import glob
+    import json
+    import os
+
+    from ray.tune.experiment.trial import Trial
+
+    paths = glob.glob(os.path.join(checkpoint_dir, "experiment_state-*.json"))
+    if not paths:
+        return None
+    with open(max(paths)) as handle:
+        state = json.load(handle)
+    trials = {}
+    for json_state, _metadata in state.get("trial_data", []):
+        trial = Trial.from_json_state(json_state, stub=True)
+        trials[trial.trial_id] = dict(trial.config)
+    return trials
 
 
 class FoldScheduler(FIFOScheduler):

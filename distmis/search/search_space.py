@@ -59,7 +59,7 @@ def search_algorithm(spec: Spec):
     from distmis.search.folds import Configurations, FoldSearcher
 
     inner = optuna_search or Configurations(param_space(search), search.num_samples, spec.training.seed)
-    return FoldSearcher(inner, folds, search.metric, search.mode)
+    return FoldSearcher(inner, folds, search.metric, search.mode, limit=num_configurations(search))
 
 
 def scheduler(spec: Spec):

@@ -154,3 +154,31 @@ def test_a_search_without_folds_is_as_before() -> None:
                           "search": {"space": {"training.optimizer.lr": {"grid": [0.001, 0.01]}}}})
     assert spec.cv_folds == () and search_algorithm(spec) is None and scheduler(spec) is None
     assert num_trials(spec) == 2 and list(tune_param_space(spec)) == ["training.optimizer.lr"]
+
+
+def test_a_restored_searcher_agrees_with_the_trials_tune_restored(tmp_path) -> None:
+    """Tune's experiment state and the searcher's are separate files: a driver killed between their writes leaves
+    one older than the other (issue 37's CI run). Trials Tune kept that the saved searcher never handed out are
+    adopted, not handed out twice; trials the searcher handed out that Tune lost are handed out again."""
+    searcher = FoldSearcher(Recording(2), [0, 1, 2], "val_dice", "max", limit=2)
+    handed = dict(_hand_out(searcher, 3))  # c000's folds 0, 1, 2
+    searcher.save(str(tmp_path / "searcher.pkl"))  # the searcher's state, saved here...
+    handed.update(_hand_out(searcher, 1, start=3))  # ...then c001's fold 0 (t3), which Tune's newer state holds
+
+    older = FoldSearcher(Recording(2), [0, 1, 2], "val_dice", "max", limit=2)
+    older.restore(str(tmp_path / "searcher.pkl"))
+    older.reconcile({tid: handed[tid] for tid in ("t0", "t1", "t2", "t3")})
+    rest = _hand_out(older, 2, start=4)
+    assert [(c[CONFIGURATION_KEY], c[FOLD_KEY], c["x"]) for _, c in rest] == [("c001", 1, 1), ("c001", 2, 1)]
+    assert older.suggest("t6") == Searcher.FINISHED  # c001's fold 0 is t3's: not trained twice
+    for tid, value in (("t3", 0.5), ("t4", 0.7), ("t5", 0.6)):
+        older.on_trial_complete(tid, {"val_dice": value})
+    assert older.inner.told == []  # c001 came from Tune's trials, not from this (restored) inner searcher
+
+    newer = FoldSearcher(Recording(2), [0, 1, 2], "val_dice", "max", limit=2)
+    newer.restore(str(tmp_path / "searcher.pkl"))
+    newer.reconcile({tid: handed[tid] for tid in ("t0", "t1")})  # Tune lost t2 (c000's fold 2)
+    again = newer.suggest("t7")
+    assert (again[CONFIGURATION_KEY], again[FOLD_KEY], again["x"]) == ("c000", 2, 0)
+    assert [(c[CONFIGURATION_KEY], c[FOLD_KEY]) for _, c in _hand_out(newer, 3, start=8)] == [
+        ("c001", 0), ("c001", 1), ("c001", 2)]
