@@ -926,7 +926,20 @@ def make_dataset(
         else:
             ds = ds.map(lambda image, label, draw: (image, label), num_parallel_calls=autotune, deterministic=True)
     ds = ds.batch(int(batch_size), drop_remainder=drop_remainder)
-    return ds.prefetch(autotune)
+    return ds.prefetch(autotune).with_options(_fixed_parallelism(tf))
+
+
+def _fixed_parallelism(tf: Any) -> Any:
+    """The pipeline's options: no autotuning thread. Its ``AUTOTUNE`` parallelism and buffers are then fixed at
+    the process's thread pool (a trial's pinned threads: :func:`~distmis.train.threads.pin_threads`).
+
+    An iterator's destructor joins its autotuning thread, which waits out its optimization period first (TensorFlow
+    2.20): each epoch's iterator, dropped at the epoch's end, held a trial of one CPU idle for 2 to 17 s, in 7 of
+    the 12 epochs of four 3-epoch trials on one Tune actor (benchmarks/README.md). A trial of one or two CPUs has
+    no parallelism for it to tune."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
 
 
 def _parser(tf: Any, image_shape: list[int], label_shape: list[int]) -> Callable[[Any], tuple[Any, Any]]:

@@ -426,6 +426,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     from their saved state. (A search killed before Tune saved anything starts its trials afresh.)
     """
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     search_run.set_tag("distmis.layout", plan.label)
     callback = search_run.trial_callback(spec, volume=tuple(int(v) for v in data.manifest["image_shape"][:3]))
@@ -435,6 +436,10 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     # (which trials ended, the searcher's) every few seconds, so little is run again after the driver is killed.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
+    # Tune's result files (result.json, progress.csv) but not its TensorBoard logger: importing tensorboardX
+    # imports torch into the driver (1.2 s of a 2-core machine as the trials start) and it writes every result
+    # again; MLflow holds the curves.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     function = trial_function(plan, spec, data, output_dir, experiment, trainable)
     storage = output_dir / "ray_results"
     console = SearchConsole(spec) if progress else None
@@ -468,7 +473,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
                 name=experiment,
                 storage_path=str(storage),
                 storage_filesystem=filesystem,
-                callbacks=[handle],
+                callbacks=[handle, JsonLoggerCallback(), CSVLoggerCallback()],
                 # Every folder stays for Tune's saved state to name; the trials empty the old ones (trial_checkpoints).
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
                 failure_config=tune.FailureConfig(max_failures=retries),

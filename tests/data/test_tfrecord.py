@@ -188,6 +188,15 @@ def test_make_dataset_whole_volumes(brats_tfr) -> None:
     assert [b[0].shape[0] for b in dropped] == [2]
 
 
+def test_make_dataset_runs_without_an_autotuning_thread(brats_tfr) -> None:
+    """Dropping an iterator joins its autotuning thread, which sleeps out its optimization period first: a trial
+    sat idle for seconds at an epoch's end. The pipelines run at a fixed parallelism instead."""
+    out, _, _ = brats_tfr
+    for ds in (make_dataset(out, "train", batch_size=1), make_dataset(out, "train", batch_size=1, tile=(6, 6, 6),
+                                                                      shard=(2, 0), repeat=True)):
+        assert ds.options().autotune.enabled is False
+
+
 def test_make_dataset_tiles_crop_image_and_label_together(brats_tfr) -> None:
     out, _, _ = brats_tfr
     stored = [(image, label) for _, image, label in iter_cases(out, "train")]
