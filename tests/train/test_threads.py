@@ -26,3 +26,20 @@ def test_pin_threads_sets_every_pool():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "1", "1", "1"]
+
+
+def test_a_trial_process_imports_tensorflow_without_keras_extras():
+    # Keras imports scikit-learn and pyplot for features a trial never uses; kept out while it is imported, both
+    # still import afterwards, and the model builds as usual.
+    code = (
+        "import sys\n"
+        "from distmis.train.threads import pin_threads\n"
+        "pin_threads(1, torch=False)\n"
+        "print('sklearn' in sys.modules, 'matplotlib.pyplot' in sys.modules)\n"
+        "import keras\n"
+        "print(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])(__import__('numpy').ones((1, 3))).shape)\n"
+        "import sklearn, matplotlib.pyplot\n"
+        "print(sklearn.__name__, matplotlib.pyplot.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["False False", "(1, 2)", "sklearn matplotlib.pyplot"]
