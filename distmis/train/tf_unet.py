@@ -42,8 +42,10 @@ __all__ = ["EpochMetrics", "KERAS_POLICIES", "NonFiniteLossError", "UNetTrainer"
 
 
 def _release_in_background(iterator: Any) -> None:
-    """Drop the last reference to an endless input iterator in a thread of its own: its destructor waits for the
-    pipeline's in-flight work, measured at 1 to 14 s on a worker of 1 CPU, which the next trial need not wait for."""
+    """Drop the last reference to an endless input iterator in a thread of its own: its destructor joins the
+    pipeline's threads (1 to 14 s on a worker of 1 CPU while tf.data's autotuning thread ran, which waited out its
+    optimization period; :func:`~distmis.data.tfrecord.make_dataset` now runs without it), which the next trial
+    need not wait for."""
     if iterator is None:
         return
     held = [iterator]
@@ -311,7 +313,7 @@ class UNetTrainer:
         The shard is a plain ``tf.data`` pipeline of this worker, fed to its replica by ``strategy.run``, rather
         than ``distribute_datasets_from_function``'s multi-device iterator: with one device a worker that adds
         nothing but a buffer thread, and dropping one (a new trial on a kept trainer: :meth:`restart`) blocked its
-        worker for 1 to 14 s on 2 cores. The cases and their order are the same (the same shard of the same
+        worker for 1 to 14 s on 2 cores (tf.data's autotuning thread, since turned off). The cases and their order are the same (the same shard of the same
         seeded pipeline)."""
         from distmis.data.tfrecord import make_dataset
 
