@@ -58,7 +58,11 @@ class _SavedWhole(Searcher):
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as handle:
-            self.__dict__.update(pickle.load(handle))
+            self.__dict__.update(self.upgrade(pickle.load(handle)))
+
+    def upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` as this class saves it now: a subclass fills in the fields an older version did not save."""
+        return state
 
 
 class Configurations(_SavedWhole):
@@ -123,8 +127,7 @@ class FoldSearcher(_SavedWhole):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         if not self.pending:
-            limit = getattr(self, "limit", None)
-            if limit is not None and self.configurations >= limit:
+            if self.limit is not None and self.configurations >= self.limit:
                 self.exhausted = True
             if self.exhausted:
                 return Searcher.FINISHED
@@ -144,6 +147,14 @@ class FoldSearcher(_SavedWhole):
         self.given[trial_id] = dict(config)
         return config
 
+    def upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A state saved before ``limit``, ``given`` and ``from_inner`` were: this searcher's limit, no configs
+        known to hand out again, and every configuration it had begun given by the inner searcher."""
+        state.setdefault("limit", self.__dict__.get("limit"))
+        state.setdefault("given", {})
+        state.setdefault("from_inner", set(state.get("ended", {})))
+        return state
+
     def restore_from_dir(self, checkpoint_dir: str) -> None:
         """Restore the saved state, then agree with the trials Tune restored (:meth:`reconcile`)."""
         super().restore_from_dir(checkpoint_dir)
@@ -162,11 +173,9 @@ class FoldSearcher(_SavedWhole):
         for trial_id in [t for t in self.trials if t not in restored]:  # handed out, lost by Tune
             self.trials.pop(trial_id)
             self.best.pop(trial_id, None)
-            config = getattr(self, "given", {}).pop(trial_id, None)
+            config = self.given.pop(trial_id, None)
             if config is not None:
                 self.pending.insert(0, config)
-        self.given = getattr(self, "given", {})
-        self.from_inner = getattr(self, "from_inner", set(self.ended))
         for trial_id, config in restored.items():
             if trial_id in self.trials or CONFIGURATION_KEY not in config or FOLD_KEY not in config:
                 continue
@@ -198,7 +207,7 @@ class FoldSearcher(_SavedWhole):
         ended[fold] = None if error else self.best.get(trial_id)
         if len(ended) < len(self.folds):
             return
-        if configuration not in getattr(self, "from_inner", {configuration}):
+        if configuration not in self.from_inner:
             return  # adopted after a restore: the inner searcher never gave it (reconcile)
         values = [value for value in ended.values() if value is not None]
         if len(values) < len(self.folds):  # a fold failed: the configuration has no cross-validated value

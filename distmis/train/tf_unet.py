@@ -313,8 +313,8 @@ class UNetTrainer:
         The shard is a plain ``tf.data`` pipeline of this worker, fed to its replica by ``strategy.run``, rather
         than ``distribute_datasets_from_function``'s multi-device iterator: with one device a worker that adds
         nothing but a buffer thread, and dropping one (a new trial on a kept trainer: :meth:`restart`) blocked its
-        worker for 1 to 14 s on 2 cores (tf.data's autotuning thread, since turned off). The cases and their order are the same (the same shard of the same
-        seeded pipeline)."""
+        worker for 1 to 14 s on 2 cores (tf.data's autotuning thread, since turned off). The cases and their order
+        are the same (the same shard of the same seeded pipeline)."""
         from distmis.data.tfrecord import make_dataset
 
         training, stage = self.spec.training, self.stage

@@ -85,7 +85,7 @@ def pin_threads(cpus: float, *, tensorflow: bool = True, torch: bool = True) -> 
 
 
 # What Keras imports for features a trial never uses: scikit-learn (its scikit-learn estimator wrappers) and
-# matplotlib's pyplot (its image-gallery plots), when installed (MLflow and MONAI bring them).
+# matplotlib's pyplot (its image-gallery plots), when installed (MLflow requires both).
 _KERAS_EXTRAS = ("sklearn", "matplotlib.pyplot")
 
 
@@ -100,7 +100,7 @@ class _WithoutKerasExtras(importlib.abc.MetaPathFinder):
 
 def import_tensorflow() -> Any:
     """``import tensorflow`` (and Keras) for a trial process, without the modules Keras imports only for its
-    scikit-learn wrappers and plotting (:data:`_KERAS_EXTRAS`): 0.6 to 0.8 s of each new trial process's 3 s
+    scikit-learn wrappers and plotting (:data:`_KERAS_EXTRAS`): 0.3 to 0.8 s of each new trial process's 3 s
     start-up on a 2-core machine. Keras catches their ImportError and leaves those features off; once it is
     imported, both import as usual again (a process that had them already keeps them)."""
     if "tensorflow" in sys.modules:

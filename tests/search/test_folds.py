@@ -182,3 +182,25 @@ def test_a_restored_searcher_agrees_with_the_trials_tune_restored(tmp_path) -> N
     assert (again[CONFIGURATION_KEY], again[FOLD_KEY], again["x"]) == ("c000", 2, 0)
     assert [(c[CONFIGURATION_KEY], c[FOLD_KEY]) for _, c in _hand_out(newer, 3, start=8)] == [
         ("c001", 0), ("c001", 1), ("c001", 2)]
+
+
+def test_a_state_saved_before_reconciliation_existed_restores_with_its_configurations_from_the_inner_searcher(
+        tmp_path) -> None:
+    """A search begun before ``limit``, ``given`` and ``from_inner`` were saved: resumed, its configurations' ends
+    still reach the inner searcher (they came from it)."""
+    import pickle
+
+    searcher = FoldSearcher(Recording(1), [0, 1], "val_dice", "max")
+    handed = _hand_out(searcher, 2)  # c000's two folds
+    state = searcher.__dict__.copy()
+    for field in ("limit", "given", "from_inner"):
+        del state[field]
+    (tmp_path / "old.pkl").write_bytes(pickle.dumps(state))
+
+    resumed = FoldSearcher(Recording(1), [0, 1], "val_dice", "max", limit=1)
+    resumed.restore(str(tmp_path / "old.pkl"))
+    assert resumed.limit == 1 and resumed.given == {} and resumed.from_inner == {"c000"}
+    for (tid, _), value in zip(handed, (0.5, 0.7)):
+        resumed.on_trial_complete(tid, {"val_dice": value})
+    assert [(tid, result) for tid, result, _ in resumed.inner.told] == [("c000", {"val_dice": 0.6})]
+    assert resumed.suggest("t2") == Searcher.FINISHED
