@@ -28,22 +28,32 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Done:
-    """A finished ``distmis`` process: its exit code, output, wall time and pid."""
+    """A finished ``distmis`` process: its exit code, output, wall time, and the Ray sessions it started."""
 
-    def __init__(self, process: subprocess.Popen, stdout: str, stderr: str, seconds: float) -> None:
+    def __init__(self, process: subprocess.Popen, stdout: str, stderr: str, seconds: float,
+                 new_sessions: set[Path]) -> None:
         self.returncode, self.stdout, self.stderr, self.seconds = process.returncode, stdout, stderr, seconds
-        self.pid = process.pid
+        self.pid, self.new_sessions = process.pid, new_sessions
 
     @property
     def started_ray(self) -> bool:
-        """Whether this process started a local Ray: Ray names a session's folder after its driver's pid."""
-        return any(Path("/tmp/ray").glob(f"session_2*_{self.pid}"))
+        """Whether this process started a local Ray: Ray names a session's folder after its driver's pid.
+
+        Only folders that appeared while the process ran count: pids are reused, and ``/tmp/ray`` keeps the
+        folders of every earlier session on this machine.
+        """
+        return any(session.name.endswith(f"_{self.pid}") for session in self.new_sessions)
+
+
+def ray_sessions() -> set[Path]:
+    return set(Path("/tmp/ray").glob("session_2*"))
 
 
 def distmis(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> Done:
     """The command in its own process (imports included in its time)."""
     environment = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     environment.update(env or {})
+    sessions_before = ray_sessions()
     start = time.monotonic()
     process = subprocess.Popen([sys.executable, "-m", "distmis", *args], cwd=ROOT, env=environment, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -52,7 +62,7 @@ def distmis(*args: str, timeout: float = 60, env: dict[str, str] | None = None) 
     finally:
         if process.poll() is None:
             process.kill()
-    return Done(process, stdout, stderr, time.monotonic() - start)
+    return Done(process, stdout, stderr, time.monotonic() - start, ray_sessions() - sessions_before)
 
 
 def write_spec(tmp_path: Path, tree: dict[str, Any]) -> Path:
