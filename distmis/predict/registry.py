@@ -168,7 +168,9 @@ def _write_network(network: Any, recipe: ModelRecipe, folder: Path, fold: int | 
     fold ensemble it is the network of."""
     path = folder / network_file(recipe.framework, fold)
     if recipe.framework == "tensorflow":
-        network.save(str(path))
+        from distmis.models.tf_layers import keras_portable
+
+        keras_portable(network).save(str(path))  # Keras's own layer classes: loads without distmis
         return path
     import copy
 
