@@ -65,14 +65,14 @@ def ray_local():
     """One local Ray for every test that needs it (starting Ray costs seconds)."""
     import ray
 
-    from distmis.search.execute import local_ray_options, loopback_node
+    from distmis.search.execute import init_local_ray, local_ray_options
     from distmis.service.net import LOOPBACK, free_port
     from distmis.service.token import prepare_local_token
 
     prepare_local_token()  # as distmis does: the token file 0600 before Ray would write one readable by all
-    # A free dashboard port, not Ray's usual 8265: a distmis run started beside the tests may be taking it.
-    with loopback_node():  # as distmis's own local Ray: every server on 127.0.0.1
-        ray.init(**local_ray_options(free_port(LOOPBACK)), num_cpus=2, logging_level="WARNING")
+    # As distmis's own local Ray (every server on 127.0.0.1, the trial environment in every worker's), on a free
+    # dashboard port, not Ray's usual 8265: a distmis run started beside the tests may be taking it.
+    init_local_ray({**local_ray_options(free_port(LOOPBACK)), "num_cpus": 2, "logging_level": "WARNING"})
     yield ray
     ray.shutdown()
 

@@ -41,14 +41,13 @@ def main(workdir: Path, cases: list[str]) -> dict:
     import ray
     from mlflow.tracking import MlflowClient
 
-    from distmis.search.execute import local_ray_options, loopback_node
+    from distmis.search.execute import init_local_ray, local_ray_options
     from distmis.search.run import run_search
     from distmis.service.net import LOOPBACK, free_port
     from distmis.spec import validate_spec
     from distmis.tracking.results import find_search_run, trial_runs
 
-    with loopback_node():
-        ray.init(**local_ray_options(free_port(LOOPBACK)), num_cpus=2, num_gpus=1, logging_level="WARNING")
+    init_local_ray({**local_ray_options(free_port(LOOPBACK)), "num_cpus": 2, "num_gpus": 1, "logging_level": "WARNING"})
     report: dict = {"cluster_gpus": ray.cluster_resources().get("GPU", 0.0)}
     try:
         for case in cases:
