@@ -32,7 +32,7 @@ from distmis.search.evaluate import (
 )
 from distmis.search.plan import SearchPlan
 from distmis.search.prepare import PreparedData, prepare_data
-from distmis.search.search_space import num_trials, scheduler, search_algorithm, tune_param_space
+from distmis.search.search_space import gives_every_trial, num_trials, scheduler, search_algorithm, tune_param_space
 from distmis.search.storage import atomic_local_filesystem
 from distmis.search.trainable import data_parallel_trial, runs_on_worker_group, single_process_trial
 from distmis.search.worker_group import release_groups
@@ -492,8 +492,8 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
             tune_config=tune.TuneConfig(
                 metric=spec.search.metric,
                 mode=spec.search.mode,
-                # with folds the searcher gives every trial (configurations x folds), then says it is done
-                num_samples=num_trials(spec) if spec.cv_folds else spec.search.num_samples,
+                # distmis's searcher gives every trial (configurations x folds), then says it is done
+                num_samples=num_trials(spec) if gives_every_trial(spec) else spec.search.num_samples,
                 search_alg=search_algorithm(spec),
                 scheduler=scheduler(spec),
                 max_concurrent_trials=plan.max_concurrent_trials,

@@ -34,16 +34,52 @@ def param_space(search: SearchSpec) -> dict[str, Any]:
 
 
 def tune_param_space(spec: Spec) -> dict[str, Any]:
-    """What the ``Tuner`` is given as its ``param_space``: the search space, or nothing in a search with folds, whose
-    searcher holds the space (:class:`~distmis.search.folds.FoldSearcher`)."""
-    return {} if spec.cv_folds else param_space(spec.search)
+    """What the ``Tuner`` is given as its ``param_space``: the search space, or nothing where distmis's own searcher
+    holds it (:func:`gives_every_trial`)."""
+    return {} if gives_every_trial(spec) else param_space(spec.search)
+
+
+def graph_affine(spec: Spec) -> bool:
+    """Whether a search's trials are handed out by graph (:mod:`distmis.search.affinity`): a grid or random
+    search without folds of experiment-mode TensorFlow trials, which keep their traced graphs on their actor."""
+    return (spec.search.algorithm in ("grid", "random") and not spec.cv_folds
+            and spec.model.framework == "tensorflow" and spec.parallelism.mode == "experiment")
+
+
+def gives_every_trial(spec: Spec) -> bool:
+    """Whether distmis's searcher makes every trial (a search with folds, or :func:`graph_affine`): the ``Tuner`` then
+    has no ``param_space``, and its ``num_samples`` is the number of trials (:func:`num_trials`)."""
+    return bool(spec.cv_folds) or graph_affine(spec)
+
+
+def configuration_graph(spec: Spec):
+    """A trial configuration's graph key (:func:`~distmis.train.tf_unet.graph_key` of its trial spec); a
+    configuration the trial will refuse as it starts has one of its own."""
+    import json
+
+    from distmis.spec.layout import resolve_trial
+    from distmis.train.tf_unet import graph_key
+
+    def graph(config: dict[str, Any]) -> str:
+        try:
+            return graph_key(resolve_trial(spec, config)[0])
+        except Exception:  # noqa: BLE001 - the trial fails with the reason when it starts
+            return json.dumps({"unresolved": config}, sort_keys=True, default=str)
+
+    return graph
 
 
 def search_algorithm(spec: Spec):
     """``None`` (Tune's variant generator: grid and random), an ``OptunaSearch``, or, with cross-validation folds,
     a :class:`~distmis.search.folds.FoldSearcher` around either (grid and random: their configurations, drawn as
-    Tune draws them, seeded with ``training.seed``)."""
+    Tune draws them, seeded with ``training.seed``). Grid and random searches of experiment-mode TensorFlow trials
+    hand out those configurations by graph (:class:`~distmis.search.affinity.GraphAffineConfigurations`)."""
     search, folds = spec.search, spec.cv_folds
+    if graph_affine(spec):
+        from distmis.search.affinity import GraphAffineConfigurations
+
+        return GraphAffineConfigurations(param_space(search), search.num_samples, spec.training.seed,
+                                         configuration_graph(spec))
     optuna_search = None
     if search.algorithm == "optuna":
         import optuna

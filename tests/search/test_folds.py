@@ -150,7 +150,8 @@ def test_asha_judges_each_fold_against_the_same_fold() -> None:
 
 
 def test_a_search_without_folds_is_as_before() -> None:
-    spec = validate_spec({"name": "plain", "dataset": {"path": "data"},
+    # (a TensorFlow one hands out its configurations by graph: tests/search/test_affinity.py)
+    spec = validate_spec({"name": "plain", "dataset": {"path": "data"}, "model": {"framework": "torch"},
                           "search": {"space": {"training.optimizer.lr": {"grid": [0.001, 0.01]}}}})
     assert spec.cv_folds == () and search_algorithm(spec) is None and scheduler(spec) is None
     assert num_trials(spec) == 2 and list(tune_param_space(spec)) == ["training.optimizer.lr"]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from ray import tune
 
+from distmis.search.affinity import GraphAffineConfigurations
 from distmis.search.search_space import num_trials, param_space, scheduler, search_algorithm
 from distmis.train.loop import is_better
 from distmis.spec import validate_spec
@@ -27,7 +28,10 @@ def test_param_space_maps_each_domain(spec_tree):
     # randint is inclusive in the spec, exclusive in Tune.
     assert space["training.batch_size"].upper == 3
     assert num_trials(spec) == 6
-    assert search_algorithm(spec) is None and scheduler(spec) is None
+    assert scheduler(spec) is None
+    # Tune's own variant generator for torch trials; experiment-mode TensorFlow ones are handed out by graph
+    assert search_algorithm(validate_spec({**spec_tree, "model": {**spec_tree["model"], "framework": "torch"}})) is None
+    assert isinstance(search_algorithm(spec), GraphAffineConfigurations) and len(search_algorithm(spec).configs) == 6
 
 
 def test_optuna_and_asha(spec_tree):
