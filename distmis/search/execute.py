@@ -46,6 +46,7 @@ from distmis.tracking.mlflow_tracking import (
     MLflowTrialCallback, SearchRun, default_tracking_uri, flatten, mark_interrupted,
 )
 from distmis.tracking.results import format_results, inference_frame, results_frame
+from distmis.tracking.store import process_environment
 from distmis.tracking.uri import redact_uri
 from distmis.train.threads import tensorflow_env
 
@@ -172,21 +173,6 @@ def local_worker_env(options: dict[str, Any]) -> dict[str, str]:
     cluster through Ray's ``/tmp/ray/ray_current_cluster``, which a ``ray start`` cluster that has since gone leaves
     behind: each Ray Train run then waited about 10 s at its end on a state query to that dead cluster."""
     return {**TRIAL_ENV, "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{options['dashboard_port']}"}
-
-
-@contextmanager
-def process_environment(env: dict[str, str]) -> Iterator[None]:
-    """``env`` in this process's environment for the block, the previous values (or their absence) after."""
-    before = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def init_local_ray(options: dict[str, Any]) -> None:

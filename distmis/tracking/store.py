@@ -13,7 +13,7 @@ import re
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 from urllib.parse import unquote, urlsplit
 
 from distmis.tracking.uri import redact_uri
@@ -61,7 +61,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 @contextmanager
-def _environment(**values: str) -> Iterator[None]:
+def process_environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment for the block, the previous values (or their absence) after."""
     before = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:
@@ -78,7 +79,8 @@ def _ask_server(uri: str, timeout: float) -> None:
     """One experiments query through MLflow's own client (its authentication included), without its retries."""
     from mlflow.tracking import MlflowClient
 
-    with _environment(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT=str(int(max(timeout, 1)))):
+    with process_environment({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                              "MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(max(timeout, 1)))}):
         MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
 
