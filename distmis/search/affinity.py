@@ -30,7 +30,7 @@ class GraphAffineConfigurations(Configurations):
     the first not yet given whose ``graph`` is that of the earliest ended trial no trial has followed yet (the
     first not yet given when none has that graph, or when no trial has ended).
 
-    ``graph``: a configuration's graph key (:func:`~distmis.search.kept_trainers.trainer_key` of its trial spec).
+    ``graph``: a configuration's graph key (:func:`~distmis.search.search_space.configuration_graph`).
     A trial that failed is not followed: its actor is not reused, and its trainer was dropped.
     """
 
