@@ -193,19 +193,43 @@ def _watch_parent(parent: int) -> None:
 
 
 @contextmanager
-def _ctrl_c_ignored_by_new_readers() -> Iterator[None]:
-    """SIGINT ignored while the reader processes are started, so that they start ignoring it (a process inherits an
-    ignored signal, and Python then leaves it ignored). A terminal's Ctrl-C reaches its whole process group: a
-    reader still importing its modules would print a KeyboardInterrupt traceback. The converting process handles
-    Ctrl-C and stops them; one in the few milliseconds the readers take to start is not seen."""
-    if threading.current_thread() is not threading.main_thread():  # signal.signal works in the main thread only
-        yield
+def _ctrl_c_held_while_readers_start() -> Iterator[None]:
+    """Ctrl-C held back while the reader processes are started, then acted on.
+
+    A terminal's Ctrl-C reaches its whole process group: a reader still importing its modules would print a
+    KeyboardInterrupt traceback. SIGINT is therefore blocked in this thread while the readers are started, and
+    a process inherits its starter's blocked signals: the readers never take it (the converting process
+    handles Ctrl-C and stops them). A Ctrl-C that arrives meanwhile is not lost: a blocked one waits and is
+    delivered once the readers have started; one taken by another thread of this process (Python runs its
+    handler in the main thread even while that thread blocks the signal) is recorded and passed on then.
+    """
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # starting the tracker unblocks SIGINT in the calling thread
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    if threading.current_thread() is not threading.main_thread():  # signal.signal works in the main thread only;
+        try:  # a SIGINT then runs the main thread's handler as ever
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a SIGINT that waited is delivered to `previous` now
+        if received:
+            _pass_on_ctrl_c(previous)
+
+
+def _pass_on_ctrl_c(handler: Any) -> None:
+    """What a SIGINT received while it was held back would have done under ``handler``."""
+    if callable(handler):
+        handler(signal.SIGINT, None)  # Python's own handler raises KeyboardInterrupt
+    elif handler in (signal.SIG_DFL, None):
+        signal.raise_signal(signal.SIGINT)
 
 
 def _load_case(case: CaseFiles, job: tuple[PreprocessConfig, Any]) -> tuple[str, np.ndarray, np.ndarray]:
@@ -242,7 +266,7 @@ def _ordered_map(fn: Callable[..., R], items: Sequence[T], config: Any, workers:
     pending: deque[Future[R]] = deque()
     queue = iter(items)
     try:
-        with _ctrl_c_ignored_by_new_readers():  # the first submits start the readers
+        with _ctrl_c_held_while_readers_start():  # the first submits start the readers
             for item in queue:
                 pending.append(pool.submit(fn, item, config))
                 if len(pending) >= 2 * workers:
