@@ -48,6 +48,7 @@ from distmis.tracking.mlflow_tracking import (
 from distmis.tracking.results import format_results, inference_frame, results_frame
 from distmis.tracking.store import process_environment
 from distmis.tracking.uri import redact_uri
+from distmis.train.startup import loading_libraries
 from distmis.train.threads import tensorflow_env
 
 logger = logging.getLogger(__name__)
@@ -396,16 +397,21 @@ def warm_driver_imports(spec: Spec) -> threading.Thread:
     adding to the search's wall time after them.
 
     Not at a lowered priority: the thread holds the GIL while it imports, and one the scheduler starves would
-    starve the driver's Tune loop with it (the trials then wait for their results to be taken)."""
+    starve the driver's Tune loop with it (the trials then wait for their results to be taken).
+
+    The imports run in :func:`~distmis.train.startup.loading_libraries`: the cyclic garbage collector waits while
+    they load, and their objects are frozen once loaded, so that the driver's later full collections, as it loads
+    and scores the best model, and the interpreter's at exit, skip them."""
 
     def imports() -> None:
         try:
-            if spec.model.framework == "tensorflow":
-                import keras  # noqa: F401
-                import tensorflow  # noqa: F401
-            else:
-                import torch  # noqa: F401
-            import matplotlib.pyplot  # noqa: F401
+            with loading_libraries():
+                if spec.model.framework == "tensorflow":
+                    import keras  # noqa: F401
+                    import tensorflow  # noqa: F401
+                else:
+                    import torch  # noqa: F401
+                import matplotlib.pyplot  # noqa: F401
         except Exception:  # noqa: BLE001 - the same import after the trials will say what is wrong
             logger.debug("warming the driver's imports failed", exc_info=True)
 

@@ -11,11 +11,15 @@ between the processes of one node (between nodes, up to their clocks' skew).
 
 from __future__ import annotations
 
+import gc
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from distmis.trial_record import STARTUP_PREFIX
 
-__all__ = ["StartupClock", "STARTUP_PREFIX"]
+__all__ = ["StartupClock", "STARTUP_PREFIX", "loading_libraries"]
 
 
 class StartupClock:
@@ -35,3 +39,34 @@ class StartupClock:
                for (_, previous), (part, t) in zip(self.marks, self.marks[1:])}
         out[f"{STARTUP_PREFIX}total_s"] = round(max(0.0, self.marks[-1][1] - self.marks[0][1]), 3)
         return out
+
+
+_loading = threading.Lock()
+_loaders = 0
+_collecting_before = True
+
+
+@contextmanager
+def loading_libraries() -> Iterator[None]:
+    """While a process imports its large libraries (TensorFlow, Keras, torch, Ray, MLflow): no cyclic garbage
+    collection, and after it their objects are frozen (``gc.freeze``), so that no later collection scans them.
+
+    They live as long as the process (several hundred thousand objects with TensorFlow and Ray), and Python's
+    full collections scan every live object: each took about a second of a 2-core machine, the imports alone set
+    off several, and the interpreter's own at exit took 6 to 14 s. Blocks may overlap (threads): collection is
+    back, as it was before the first, when the last ends."""
+    global _loaders, _collecting_before
+    with _loading:
+        if _loaders == 0:
+            _collecting_before = gc.isenabled()
+            gc.disable()
+        _loaders += 1
+    try:
+        yield
+    finally:
+        with _loading:
+            _loaders -= 1
+            if _loaders == 0:
+                gc.freeze()
+                if _collecting_before:
+                    gc.enable()

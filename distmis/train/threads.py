@@ -52,6 +52,7 @@ def pin_threads(cpus: float, *, tensorflow: bool = True, torch: bool = True) -> 
     (:func:`~distmis.parallel.devices.check_process_gpus`: GpuUnavailableError, before any training).
     """
     from distmis.parallel.devices import check_process_gpus, tensorflow_memory_growth
+    from distmis.train.startup import loading_libraries
 
     n = threads_for(cpus)
     for var in _ENV_VARS:
@@ -60,7 +61,8 @@ def pin_threads(cpus: float, *, tensorflow: bool = True, torch: bool = True) -> 
     if tensorflow:
         for var, value in tensorflow_env().items():
             os.environ.setdefault(var, value)
-        tf = import_tensorflow()
+        with loading_libraries():
+            tf = import_tensorflow()
         try:
             tf.config.threading.set_intra_op_parallelism_threads(n)
             tf.config.threading.set_inter_op_parallelism_threads(1 if n <= 2 else 2)
@@ -71,7 +73,8 @@ def pin_threads(cpus: float, *, tensorflow: bool = True, torch: bool = True) -> 
         tensorflow_memory_growth()
     if torch:
         try:
-            import torch as _torch
+            with loading_libraries():
+                import torch as _torch
         except ImportError:  # torch is optional for TensorFlow-only work
             torch = False
         else:

@@ -17,15 +17,20 @@ def test_threads_for():
 def test_pin_threads_sets_every_pool():
     # A fresh interpreter: TensorFlow takes thread settings only before its runtime starts.
     code = (
-        "import os\n"
+        "import gc, os\n"
         "from distmis.train.threads import pin_threads\n"
         "n = pin_threads(1.5)\n"
         "import tensorflow as tf, torch\n"
         "print(n, tf.config.threading.get_intra_op_parallelism_threads(), torch.get_num_threads(),"
         " os.environ['OMP_NUM_THREADS'])\n"
+        "print(gc.isenabled(), gc.get_freeze_count())\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["1", "1", "1", "1"]
+    pools, collector = out.stdout.splitlines()
+    assert pools.split() == ["1", "1", "1", "1"]
+    # the frameworks' objects were frozen once imported (distmis.train.startup.loading_libraries): collection on
+    enabled, frozen = collector.split()
+    assert enabled == "True" and int(frozen) > 100_000
 
 
 def test_a_trial_process_imports_tensorflow_without_keras_extras():
