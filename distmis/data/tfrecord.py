@@ -199,9 +199,9 @@ def _ctrl_c_held_while_readers_start() -> Iterator[None]:
     A terminal's Ctrl-C reaches its whole process group: a reader still importing its modules would print a
     KeyboardInterrupt traceback. SIGINT is therefore blocked in this thread while the readers are started, and
     a process inherits its starter's blocked signals: the readers never take it (the converting process
-    handles Ctrl-C and stops them). A Ctrl-C that arrives meanwhile is not lost: a blocked one waits and is
-    delivered once the readers have started; one taken by another thread of this process (Python runs its
-    handler in the main thread even while that thread blocks the signal) is recorded and passed on then.
+    handles Ctrl-C and stops them). A Ctrl-C that arrives meanwhile is not lost: it is recorded, whether it waited
+    for this thread to unblock it or another thread of this process took it (Python runs its handler in the main
+    thread even while that thread blocks the signal), and passed on once the readers have started.
     """
     from multiprocessing import resource_tracker
 
@@ -218,8 +218,10 @@ def _ctrl_c_held_while_readers_start() -> Iterator[None]:
     try:
         yield
     finally:
+        # unblocked first: a SIGINT that waited is recorded too (signal.signal runs the handler of a pending one
+        # before it swaps), and nothing raises before the mask is as it was
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a SIGINT that waited is delivered to `previous` now
         if received:
             _pass_on_ctrl_c(previous)
 
