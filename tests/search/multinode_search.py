@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 
-def actor_nodes(class_name: str) -> list[str]:
+def actor_nodes(class_name: str, expected: int, wait_s: float = 60.0) -> list[str]:
+    """The nodes of the actors of ``class_name``, once the state API lists ``expected`` of them (it reads the GCS's
+    actor table as it stands: an actor Tune has just ended may not be there yet) or after ``wait_s`` seconds."""
     from ray.util.state import list_actors
 
-    return [a.node_id for a in list_actors(filters=[("class_name", "=", class_name)], limit=1000, detail=True)]
+    deadline = time.monotonic() + wait_s
+    while True:
+        nodes = [a.node_id for a in list_actors(filters=[("class_name", "=", class_name)], limit=1000, detail=True)]
+        if len(nodes) >= expected or time.monotonic() > deadline:
+            return nodes
+        time.sleep(1.0)
 
 
 def main(workdir: Path) -> dict:
@@ -43,7 +51,7 @@ def main(workdir: Path) -> dict:
         tree["training"]["epochs"] = 1
         outcome = run_search(validate_spec(tree), workdir / "experiment", progress=False)
         report["experiment"] = {"failed": outcome.failed, "trials": len(outcome.results),
-                                "trial_nodes": actor_nodes("ImplicitFunc")}
+                                "trial_nodes": actor_nodes("ImplicitFunc", expected=len(outcome.results))}
 
         # Data-parallel: one trial over two one-CPU workers: more than any node holds.
         tree["name"] = "tiny-data"
@@ -52,7 +60,7 @@ def main(workdir: Path) -> dict:
         tree["parallelism"] = {"mode": "data", "workers": 2, "resources_per_worker": {"cpu": 1, "gpu": 0}}
         outcome = run_search(validate_spec(tree), workdir / "data-parallel", progress=False)
         report["data"] = {"failed": outcome.failed, "trials": len(outcome.results),
-                          "train_worker_nodes": actor_nodes("RayTrainWorker")}
+                          "train_worker_nodes": actor_nodes("RayTrainWorker", expected=2)}
         return report
     finally:
         ray.shutdown()
