@@ -26,7 +26,7 @@ the cap, as benchmarks/sp_scaling.py does: a rank whose steps need more fails to
 memory", "out of memory"), and the table says so. With the defaults one rank exceeds the 3000 MB cap and two
 and four stages train.
 
-    python benchmarks/pipeline_unet.py                 # the tables in benchmarks/README.md, about 6 minutes
+    python benchmarks/pipeline_unet.py                 # the tables in benchmarks/history.md, about 6 minutes
     python benchmarks/pipeline_unet.py --cap-mb 0      # the memory table only
     python benchmarks/pipeline_unet.py --cap-only      # the memory-cap table only
     python benchmarks/pipeline_unet.py --quick         # a smoke run (32^3, 8 filters, 3 levels), under a minute

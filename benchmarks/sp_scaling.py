@@ -40,7 +40,7 @@ per (patch, SP) then gives the measured DSP/Ulysses ratio of the bytes sent, in 
 the measured attention bytes are the bytes sent less the perf model's ring count of the rest (decoder_gather +
 sp_gradients, which gloo's all-gather and all-reduce send exactly), beside the analytic attention-only ratio.
 
-    python benchmarks/sp_scaling.py                                    # the table in benchmarks/README.md
+    python benchmarks/sp_scaling.py                                    # the table in benchmarks/history.md
     python benchmarks/sp_scaling.py --patches 16,8 --degrees 1,2       # a quick look
     python benchmarks/sp_scaling.py --skip-full --cap-mb 0             # the axial rows only (patches 4 and 2)
     python benchmarks/sp_scaling.py --skip-full --cap-mb 0 --tile 32 --axial-patches 4 --degrees 1,2,4  # quick

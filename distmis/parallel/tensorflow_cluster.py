@@ -5,7 +5,7 @@ A TensorFlow data-parallel trial is a Ray Train run whose workers build a ``Mult
 ``TensorflowConfig`` do exactly this, but their package (``ray.train.tensorflow``) imports TensorFlow when it is
 imported, and it is imported in three processes per trial: the Tune trial that starts the run, the Ray Train
 controller that unpickles the backend, and each worker. Only the workers train. On a 2-core machine each
-of the other two imports cost about 6 s a trial (benchmarks/README.md, "start-up").
+of the other two imports cost about 6 s a trial (benchmarks/history.md, "start-up").
 
 :class:`TensorflowClusterConfig` is that backend again, in a module that imports no framework: the workers
 get ``TF_CONFIG`` before the training function starts, and import TensorFlow themselves when they build their
@@ -50,7 +50,7 @@ def set_tf_config(addresses: list[str], index: int) -> None:
 
 # Gradients are all-reduced in packs of up to this many bytes (flattened and concatenated), not one collective
 # per variable: the U-Net of benchmarks/speedup.yaml (1.6 MB of gradients) then makes one all-reduce a step, and
-# a 2-worker epoch on CPU took 2.5-2.8 s against 2.8-3.1 s (benchmarks/README.md, "tf_collectives.py"). The size
+# a 2-worker epoch on CPU took 2.5-2.8 s against 2.8-3.1 s (benchmarks/history.md, "tf_collectives.py"). The size
 # of PyTorch DDP's buckets (25 MiB) in spirit: large enough for the models distmis trains to fit in a few packs.
 GRADIENT_PACK_BYTES = 32 * 1024 * 1024
 
@@ -71,7 +71,7 @@ def variables_without_broadcast(strategy: Any) -> Iterator[None]:
     ``MultiWorkerMirroredStrategy`` broadcasts the first worker's initial value of every variable as it is
     created, one eager collective each: the U-Net of benchmarks/speedup.yaml and its Adam state make 222,
     and the two 2-worker trainers of issue 12's compare took 2.5 and 1.7 s to build with them, 1.2 and 0.8 s
-    without (one worker: 0.7 and 0.4 s; benchmarks/README.md). Follow the block with
+    without (one worker: 0.7 and 0.4 s; benchmarks/history.md). Follow the block with
     :func:`broadcast_from_first_replica`, which sends them all in one collective. Any other
     strategy is left as it is. (The per-variable broadcast is in ``CollectiveAllReduceExtended``; its parent,
     ``MirroredExtended``, takes the given initial value on a worker's first replica, as here.)

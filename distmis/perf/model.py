@@ -269,7 +269,7 @@ def communication_bytes(shape: ViTShape, layout: SequenceLayout = SequenceLayout
     ``8M/N``, with ``M = s d`` the activation and ``N = k``; the schedule here needs one switch per two stages.
 
     ``cost="gloo"`` counts gloo's reduce-scatter as what it measurably sends, an all-reduce's volume
-    (``benchmarks/README.md``, section ``sp_scaling.py``): ``allgather-kv``'s backward then sends
+    (``benchmarks/history.md``, section ``sp_scaling.py``): ``allgather-kv``'s backward then sends
     ``(k-1) 4Td`` per layer.
 
     ``bytes_per_value``: the width of every value sent. ``precision`` (mixed precision: ``bf16``, ``fp16``): the
@@ -432,7 +432,7 @@ def vit_memory(shape: ViTShape, layout: SequenceLayout = SequenceLayout(), *, ba
     The seed's ``(6 s d + 4 s d + 2 s^2 d)/SP`` per layer is the same count with fewer saved intermediates.
 
     Against ``benchmarks/perf_model.py`` (96^3 tile, L=2, d=96, 4 heads, decoder 16 features, gloo on one 2-core
-    machine; its tables in ``benchmarks/README.md``, a run after the one that calibrated :data:`HEAP_RETENTION`,
+    machine; its tables in ``benchmarks/history.md``, a run after the one that calibrated :data:`HEAP_RETENTION`,
     2026-11-24): the tensors (:attr:`MemoryEstimate.tensors` less the parameters) are within 2.1% of the
     profiler's tensor peak at patches 8 and 4 and within 4.7% at patch 16 (under, at SP=4);
     :attr:`MemoryEstimate.step` is within 15% of the measured resident peak at patches 8 and 4 with both kernels

@@ -349,11 +349,11 @@ class UNetTrainer:
 
         Several replicas take the same number of steps an epoch from an iterator made once (a new distributed
         iterator per epoch, with its cross-worker check for the end of the data at every ``next``, kept two
-        workers on CPU waiting on each other for seconds to a minute at epoch starts: benchmarks/README.md). A
+        workers on CPU waiting on each other for seconds to a minute at epoch starts: benchmarks/history.md). A
         worker's own pipeline is stepped from Python, one call of the traced step per batch; a distributed
         dataset (several replicas in one worker) runs the epoch's steps in one ``tf.function`` loop, its ``next``
         in the graph. Four 3-epoch trials on a kept 2-worker group took 62 to 67 s stepped from Python against
-        72.5 s in the loop, whose first epochs were longer (benchmarks/README.md).
+        72.5 s in the loop, whose first epochs were longer (benchmarks/history.md).
         """
         import tensorflow as tf
 

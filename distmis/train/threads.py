@@ -26,7 +26,7 @@ def tensorflow_env() -> dict[str, str]:
     - quiet C++ logs, and Keras on TensorFlow;
     - oneDNN's kernels on: TensorFlow turns them on by itself only on CPUs with AVX-512 VNNI, BF16 or AMX.
       Without them, its 3D convolutions on an AVX2 CPU ran a U-Net step 7 times slower (8.7 s against
-      1.2 s: benchmarks/README.md). ``TF_ENABLE_ONEDNN_OPTS=0`` turns them off.
+      1.2 s: benchmarks/history.md). ``TF_ENABLE_ONEDNN_OPTS=0`` turns them off.
     """
     return {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
             "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "tensorflow"),
