@@ -19,7 +19,9 @@ from distmis.data.preprocess import LabelMode, PreprocessConfig, preprocessed_sh
 from distmis.data.split import development_cases, make_split
 from distmis.data.synthetic import synthesize_dataset
 from distmis.data.tfrecord import convert_to_tfrecords, read_manifest, verify_checksums
-from distmis.spec.load import SpecError, apply_config, check_input_shape
+from distmis.spec.curriculum import training_stages
+from distmis.spec.load import (SpecError, apply_config, check_input_shape, check_spec, shown, volume_shape,
+                               with_volume)
 from distmis.spec.schema import DatasetSpec, Spec
 
 
@@ -148,7 +150,7 @@ def check_dataset_path(spec: Spec) -> None:
     """Before anything starts (no Ray, no output folder, no conversion): DataError when ``dataset.path`` is
     missing and nothing would generate it, or its ``dataset.json`` is missing a key or does not fit the spec
     (``dataset.labels``); SpecError when a ``dataset.normalization`` channel or a ``search.metric`` class is not the
-    data set's, or a tile is larger than the volumes (:func:`check_tile_fits`)."""
+    data set's, or a network input does not fit the volumes (:func:`check_inputs_fit`)."""
     from distmis.data.targets import metric_keys, target_scheme
 
     root = Path(spec.dataset.path)
@@ -166,7 +168,7 @@ def check_dataset_path(spec: Spec) -> None:
                                                       f"labels {spec.dataset.labels!r}; its per-class metrics are "
                                                       f"{allowed} (or val_dice, their mean)")])
     normalization_schemes(spec, description.channels)
-    check_tile_fits(spec)
+    check_inputs_fit(spec)
 
 
 # --------------------------------------------------------------------------- tile against the volumes
@@ -248,26 +250,81 @@ def preprocessed_volumes(spec: Spec) -> Iterator[Volume]:
                      f"case file {str(case.images[0])!r} ({_geometry(f'stored shape {list(stored)}', config)})")
 
 
-def check_tile_fits(spec: Spec) -> None:
+#: The most distinct preprocessed shapes whose whole volumes are checked against the networks: the conversion takes
+#: cases of one shape only (it refuses the others), so more than one already means a spec to change.
+MAX_CHECKED_SHAPES = 8
+
+
+def check_inputs_fit(spec: Spec) -> None:
+    """SpecError when a trial's network input does not fit the data set's preprocessed volumes, read once from the
+    NIfTI headers (no voxel data): a tile larger than a case's volume (:func:`check_tile_fits`) or, where no field
+    fixes the volume (no ``dataset.crop`` or ``resize``, the data set on disk), a whole volume that a network the
+    search may train does not take (:func:`check_whole_volumes`). Reads nothing when no input needs it."""
+    whole = volume_shape(spec) is None and takes_whole_volumes(spec)
+    if not tiles_to_check(spec) and not whole:
+        return
+    volumes = distinct_volumes(spec)
+    check_tile_fits(spec, volumes)
+    if whole:
+        check_whole_volumes(spec, volumes)
+
+
+def takes_whole_volumes(spec: Spec) -> bool:
+    """Whether some trial of ``spec`` trains on whole volumes: ``training.tile`` null, a curriculum stage's, or a
+    value of a search over the tile, the curriculum or the whole ``training`` section that makes one so."""
+    trials = [spec]
+    for path, domain in spec.search.space.items():
+        if path in ("training", "training.tile", "training.curriculum"):
+            for value in domain.values:
+                try:
+                    trials.append(apply_config(spec, {path: value}))
+                except SpecError:
+                    continue  # the spec's own checks report it
+    return any(stage.tile is None for trial in trials for stage in training_stages(trial.training))
+
+
+def distinct_volumes(spec: Spec) -> list[Volume]:
+    """The preprocessed shapes of the cases (:func:`preprocessed_volumes`), each once with the first case that has it;
+    those before a case whose header cannot be read, none when the cases cannot be found (preparing the data reports
+    either)."""
+    volumes: dict[tuple[int, int, int], Volume] = {}
+    try:
+        for volume in preprocessed_volumes(spec):
+            volumes.setdefault(volume.shape, volume)
+    except DataError:
+        pass
+    return list(volumes.values())
+
+
+def check_whole_volumes(spec: Spec, volumes: Sequence[Volume]) -> None:
+    """SpecError when a whole preprocessed volume of the data set on disk breaks the input rule of a network that a
+    trial trains on it (the spec's, each ``model.name`` of a search, each whole-volume curriculum stage's): the spec's
+    own checks (:func:`~distmis.spec.load.check_spec`), run as if the spec fixed that volume
+    (:func:`~distmis.spec.load.with_volume`), for each distinct shape up to :data:`MAX_CHECKED_SHAPES`."""
+    for volume in volumes[:MAX_CHECKED_SHAPES]:
+        problems = check_spec(with_volume(spec, volume.shape, volume.source))
+        if problems:
+            raise SpecError(f"{spec.name} (with the data at {spec.dataset.path})", problems)
+
+
+def check_tile_fits(spec: Spec, volumes: Sequence[Volume] | None = None) -> None:
     """SpecError when ``training.tile``, or a tile the search may try, is larger than a case's preprocessed
     volume in any dimension: conversion would succeed and every trial would then fail.
 
     The shapes come from the NIfTI headers (crop and resize applied as the preprocessing applies them), or
-    from ``dataset.synthetic`` for a dataset not generated yet. When they cannot be read (no cases found, a
-    broken header) this says nothing: preparing the data reports that, and the trainers check the tile again.
+    from ``dataset.synthetic`` for a dataset not generated yet (``volumes``: those already read). When they cannot
+    be read (no cases found, a broken header) this says nothing: preparing the data reports that, and the trainers
+    check the tile again.
     """
     pending = tiles_to_check(spec)
+    if not pending:
+        return
     problems: list[tuple[str, str]] = []
-    try:
-        for volume in preprocessed_volumes(spec):
-            if not pending:
-                break
-            too_large = [item for item in pending if any(t > v for t, v in zip(item[2], volume.shape))]
-            for field, value, tile in too_large:
-                problems.append((field, _too_large_message(value, tile, volume)))
-            pending = [item for item in pending if item not in too_large]
-    except DataError:  # cases or a header that cannot be read: reported when the data is prepared
-        pass
+    for volume in volumes if volumes is not None else distinct_volumes(spec):
+        too_large = [item for item in pending if any(t > v for t, v in zip(item[2], volume.shape))]
+        for field, value, tile in too_large:
+            problems.append((field, _too_large_message(value, tile, volume)))
+        pending = [item for item in pending if item not in too_large]
     if problems:
         raise SpecError(f"{spec.name} (with the data at {spec.dataset.path})", problems)
 
@@ -275,7 +332,8 @@ def check_tile_fits(spec: Spec) -> None:
 def _too_large_message(value: Any, tile: tuple[int, int, int], volume: Volume) -> str:
     """What is wrong and what is allowed; ``value``: the searched value that sets the tile (None: the spec's)."""
     allowed = list(volume.shape)
-    subject = f"{list(tile)} is" if value is None else f"value {value!r} makes training.tile {list(tile)}, which is"
+    subject = (f"{list(tile)} is" if value is None
+               else f"value {shown(value)} makes training.tile {list(tile)}, which is")
     return (f"{subject} larger than the preprocessed volume {allowed} of {volume.source}; a tile must be at most "
             f"the volume in every dimension (here <= {allowed}), or set dataset.crop / dataset.resize to a shape "
             "at least as large as the tile")
@@ -388,7 +446,7 @@ def prepare_data(spec: Spec, output_dir: str | Path, *, progress: bool = True) -
         convert_to_tfrecords(cases, split, config, tfrecord_dir, progress=progress, description=description)
     manifest = read_manifest(tfrecord_dir)
     shape = tuple(int(v) for v in manifest["image_shape"][:3])
-    problems = check_input_shape(spec, shape)
+    problems = check_input_shape(with_volume(spec, shape, f"the image_shape of {tfrecord_dir / 'manifest.json'}"))
     if problems:
         raise SpecError(f"{spec.name} (with the data at {spec.dataset.path})", problems)
     return PreparedData(tfrecord_dir, manifest, split, generated)

@@ -30,14 +30,41 @@ def is_searchable(path: str) -> bool:
     return any(path == section or path.startswith(f"{section}.") for section in SEARCHABLE_SECTIONS)
 
 
+#: A SpecError's message lists at most this many problems (the rest are counted), each line at most
+#: MAX_LINE_CHARACTERS long, and shows a value's repr up to MAX_VALUE_CHARACTERS: whatever a spec holds (10^5 unknown
+#: keys, a grid value of megabytes), its error stays a screenful.
+MAX_LISTED_PROBLEMS = 20
+MAX_LINE_CHARACTERS = 1000
+MAX_VALUE_CHARACTERS = 200
+
+
+def clipped(text: str, limit: int = MAX_LINE_CHARACTERS) -> str:
+    """``text`` whole if it has at most ``limit`` characters; else its start and end around how long it is, so that
+    a line keeps both the field it names and what is allowed."""
+    if len(text) <= limit:
+        return text
+    tail = limit // 4
+    return f"{text[:limit - tail]} ... ({len(text):,} characters) ... {text[-tail:]}"
+
+
+def shown(value: Any, limit: int = MAX_VALUE_CHARACTERS) -> str:
+    """A value as an error message shows it: its repr, cut after ``limit`` characters with its length."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 class SpecError(ValueError):
-    """A search spec is invalid. ``problems`` holds ``(field path, message)`` pairs."""
+    """A search spec is invalid. ``problems`` holds ``(field path, message)`` pairs, all of them; the message lists
+    the first :data:`MAX_LISTED_PROBLEMS`, each line cut to :data:`MAX_LINE_CHARACTERS`."""
 
     def __init__(self, source: str, problems: list[tuple[str, str]]):
         self.source = source
         self.problems = problems
-        lines = [f"invalid search spec {source}:"]
-        lines += [f"  - {path or '<top level>'}: {message}" for path, message in problems]
+        lines = [clipped(f"invalid search spec {source}:")]
+        listed = problems[:MAX_LISTED_PROBLEMS]
+        lines += [clipped(f"  - {path or '<top level>'}: {message}") for path, message in listed]
+        if len(problems) > len(listed):
+            lines.append(f"  ... and {len(problems) - len(listed):,} more problem(s) ({len(problems):,} in all)")
         super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple:  # picklable, so a trial's SpecError reaches the driver with its message
@@ -76,16 +103,16 @@ def parse_set_options(items: Iterable[str]) -> dict[str, Any]:
         try:
             out[key.strip()] = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
-            raise SpecError("--set", [(key.strip(), f"value {raw!r} is not valid YAML: {exc}")]) from None
+            raise SpecError("--set", [(key.strip(), f"value {shown(raw)} is not valid YAML: {exc}")]) from None
+        except RecursionError:
+            raise SpecError("--set", [(key.strip(), f"value {shown(raw)} nests too deeply to read")]) from None
+        why = too_large(out[key.strip()])
+        if why:
+            raise SpecError("--set", [(key.strip(), why)])
     return out
 
 
 # --------------------------------------------------------------------------- errors
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class that owns the field at ``loc`` (for listing allowed keys)."""
     model: Any = Spec
@@ -110,14 +137,16 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
 def problems_from_validation_error(error: ValidationError) -> list[tuple[str, str]]:
     """Turn pydantic's errors into ``(path, message)`` with the bad value and what is allowed."""
     problems = []
+    allowed_at: dict[tuple[Any, ...], str] = {}  # the allowed keys of a section, found once (10^5 unknown keys in one)
     for err in error.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         path = ".".join(str(p) for p in loc)
         kind = err["type"]
         if kind == "extra_forbidden":
-            owner = _model_at(loc[:-1])
-            allowed = ", ".join(owner.model_fields) if owner else "see docs/spec.md"
-            message = f"unknown key {str(loc[-1])!r}; allowed keys here: {allowed}"
+            if loc[:-1] not in allowed_at:
+                owner = _model_at(loc[:-1])
+                allowed_at[loc[:-1]] = ", ".join(owner.model_fields) if owner else "see docs/spec.md"
+            message = f"unknown key {shown(str(loc[-1]))}; allowed keys here: {allowed_at[loc[:-1]]}"
         elif kind == "missing":
             message = "required field is missing"
         elif kind in ("unknown_argument", "unknown_model"):  # the model's params: the message names what is allowed
@@ -125,23 +154,103 @@ def problems_from_validation_error(error: ValidationError) -> list[tuple[str, st
         else:
             message = err["msg"].removeprefix("Value error, ")
             if "input" in err and kind != "model_type":
-                message += f" (got {_short(err['input'])})"
+                message += f" (got {shown(err['input'], limit=80)})"
         problems.append((path, message))
     return problems
 
 
 # --------------------------------------------------------------------------- loading
+#: The most values (mappings, lists, keys and scalars) a spec may hold with its YAML aliases expanded. A real spec
+#: holds hundreds; the cap refuses an alias bomb (a few lines whose aliases of aliases expand to billions of values)
+#: before anything walks it.
+MAX_SPEC_VALUES = 1_000_000
+
+
+def _safe_loader() -> type:
+    """``yaml.safe_load``'s loader with its scanning and parsing in C where PyYAML has libyaml: the same safe
+    constructors, the nodes composed in Python as ``yaml.safe_load`` composes them, four times faster on a large
+    spec. (libyaml's own composer, ``yaml.CSafeLoader``'s, recurses in C: a document nested 50,000 deep, 100 kB
+    of ``- - - ...``, crashes the process; Python's composer raises RecursionError.)"""
+    if not getattr(yaml, "__with_libyaml__", False):
+        return yaml.SafeLoader
+    from yaml.composer import Composer
+    from yaml.constructor import SafeConstructor
+    from yaml.cyaml import CParser
+    from yaml.resolver import Resolver
+
+    class SafeLoader(Composer, CParser, SafeConstructor, Resolver):  # Composer's methods before CParser's
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            Composer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+    return SafeLoader
+
+
+SAFE_LOADER = _safe_loader()
+
+
+def expanded_size(tree: Any, limit: int = MAX_SPEC_VALUES) -> int:
+    """How many values ``tree`` holds with every YAML alias expanded: a mapping, list or scalar counts one, a
+    mapping's keys count too, and a list or mapping that several places refer to (an alias) counts at each of them.
+    Each shared object is walked once, so a bomb costs no more than its text. Stops counting above ``limit``
+    (returning a number above it). ValueError when a list or mapping holds itself (a recursive alias)."""
+    sizes: dict[int, int] = {}  # id -> expanded size, of the lists and mappings done
+    started: set[int] = set()  # the lists and mappings whose children are being counted: the current path
+    stack: list[tuple[Any, bool]] = [(tree, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        key = id(node)
+        children = list(node.values()) if isinstance(node, dict) else node
+        if children_done:
+            size = 1 + (len(node) if isinstance(node, dict) else 0)
+            size += sum(sizes[id(c)] if isinstance(c, (dict, list)) else 1 for c in children)
+            if size > limit:
+                return size
+            sizes[key] = size
+            started.discard(key)
+        elif key in started:
+            raise ValueError("a list or mapping holds itself (a recursive YAML alias)")
+        elif key not in sizes:
+            started.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children)
+    return sizes.get(id(tree), 1)
+
+
+def too_large(tree: Any) -> str | None:
+    """Why a value read from YAML is refused before it is validated (None: it is not): it holds itself, or more than
+    :data:`MAX_SPEC_VALUES` values once its aliases are expanded."""
+    try:
+        size = expanded_size(tree)
+    except ValueError as exc:
+        return f"{exc}: a spec is a tree of values"
+    if size > MAX_SPEC_VALUES:
+        return (f"holds more than {MAX_SPEC_VALUES:,} values once its YAML aliases (*name) are expanded: a spec "
+                "holds hundreds; write the values out, or refer to fewer")
+    return None
+
+
 def read_spec_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML spec safely; ``SpecError`` if missing, unparsable or not a mapping."""
+    """Read a YAML spec safely; ``SpecError`` if missing, unparsable, not a mapping, or too large once its aliases are
+    expanded (:func:`too_large`)."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(str(path), [("", "file not found")])
     try:
-        tree = yaml.safe_load(path.read_text())
+        tree = yaml.load(path.read_text(), Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise SpecError(str(path), [("", f"not valid YAML: {exc}")]) from None
+    except RecursionError:
+        raise SpecError(str(path), [("", "its lists or mappings nest too deeply to read")]) from None
     if not isinstance(tree, dict):
         raise SpecError(str(path), [("", f"must be a YAML mapping, got {type(tree).__name__}")])
+    why = too_large(tree)
+    if why:
+        raise SpecError(str(path), [("", why)])
     return tree
 
 
@@ -179,15 +288,45 @@ def spec_to_yaml(spec: Spec) -> str:
 
 # --------------------------------------------------------------------------- cross-field rules
 def volume_shape(spec: Spec) -> tuple[int, int, int] | None:
-    """The shape every case has after preprocessing, when the spec alone determines it."""
+    """The shape every case has after preprocessing, when the spec determines it (or, on a :func:`with_volume` copy,
+    the data set on disk does)."""
     data = spec.dataset
     if data.resize is not None:
         return data.resize
     if data.crop is not None:
         return data.crop
+    if spec._volume is not None:
+        return spec._volume[0]
     if data.synthetic is not None and not Path(data.path).exists():
         return data.synthetic.shape
     return None
+
+
+def with_volume(spec: Spec, shape: Sequence[int], source: str) -> Spec:
+    """A copy of ``spec`` whose cases have the preprocessed ``shape`` (``source``: where it comes from, for
+    messages), for a data set on disk whose shape no field fixes (no ``dataset.crop`` or ``resize``): its checks
+    (:func:`check_spec`) then hold every whole-volume input a trial may take, each searched network's and each
+    curriculum stage's, to the network's input rule, as they do for a volume the spec fixes."""
+    known = spec.model_copy(deep=True)
+    known._volume = (tuple(int(s) for s in shape), source)  # type: ignore[assignment]
+    return known
+
+
+def _volume_field(spec: Spec) -> str:
+    """The field (or, for a volume only the data set fixes, the tile that leaves it the input) to change for another
+    whole volume, in a message."""
+    data = spec.dataset
+    if data.resize is not None:
+        return "dataset.resize"
+    if data.crop is not None:
+        return "dataset.crop"
+    return "training.tile (null: the whole volume)" if spec._volume is not None else "dataset.synthetic.shape"
+
+
+def _of_volume(spec: Spec) -> str:
+    """`` (where the volume comes from)`` for a volume the data set on disk fixes, else nothing."""
+    data = spec.dataset
+    return f" ({spec._volume[1]})" if spec._volume is not None and data.resize is None and data.crop is None else ""
 
 
 def check_input_shape(spec: Spec, shape: tuple[int, int, int] | None = None) -> list[tuple[str, str]]:
@@ -210,10 +349,10 @@ def check_input_shape(spec: Spec, shape: tuple[int, int, int] | None = None) -> 
                 ("training.tile", f"{list(tile)} is larger than the preprocessed volume {list(volume)}")
             )
     elif volume is not None and any(v % factor for v in volume):
-        where = "dataset.resize" if spec.dataset.resize else "dataset.crop" if spec.dataset.crop else "dataset.synthetic.shape"
         problems.append(
-            (where, f"the whole volume {list(volume)} is the network input (training.tile is null), so every "
-             f"dimension must divide by {factor}; crop/resize to such a shape or set training.tile")
+            (_volume_field(spec), f"the whole volume {list(volume)}{_of_volume(spec)} is the network input "
+             f"(training.tile is null), so every dimension must divide by {factor} ({spec.model.name}: "
+             f"{spec.model.input_rule}); crop/resize to such a shape or set training.tile")
         )
     network = tile if tile is not None else volume
     check = spec.model.entry.input_check
@@ -221,7 +360,8 @@ def check_input_shape(spec: Spec, shape: tuple[int, int, int] | None = None) -> 
         why = check(spec.model.params, tuple(network), spec.training.batch_size)  # type: ignore[arg-type]
         if why:
             where = "training.tile" if tile is not None else "training.tile (null: the whole volume)"
-            problems.append((where, f"{spec.model.name} cannot train on {list(network)}: {why}"))
+            of = "" if tile is not None else _of_volume(spec)
+            problems.append((where, f"{spec.model.name} cannot train on {list(network)}{of}: {why}"))
     return problems
 
 
@@ -335,10 +475,10 @@ def check_search_space(spec: Spec) -> list[tuple[str, str]]:
                     trial = apply_config(spec, {**model, path: value})
                 except SpecError as exc:
                     for sub_path, message in exc.problems:
-                        problems.append((where, f"value {value!r}{picked} is invalid for {sub_path}: {message}"))
+                        problems.append((where, f"value {shown(value)}{picked} is invalid for {sub_path}: {message}"))
                     continue
                 for sub_path, message in set(trial_problems(trial)) - base_problems:
-                    problems.append((where, f"value {value!r}{picked} makes {sub_path} invalid: {message}"))
+                    problems.append((where, f"value {shown(value)}{picked} makes {sub_path} invalid: {message}"))
     return problems
 
 
@@ -378,7 +518,10 @@ def searched_combinations(searched: Mapping[str, list[Any]]) -> Iterator[dict[st
 
 def _named(config: Mapping[str, Any]) -> str:
     """``"path=value, ..."``: a trial config in a message."""
-    return ", ".join(f"{path}={value}" for path, value in config.items())
+    def text(value: Any) -> str:
+        return value if isinstance(value, str) and len(value) <= MAX_VALUE_CHARACTERS else shown(value)
+
+    return ", ".join(f"{path}={text(value)}" for path, value in config.items())
 
 
 # Integer ranges up to this many values are checked value by value (a rule such as "a power of two" can hold
@@ -622,8 +765,7 @@ def check_auto_degree_combinations(spec: Spec) -> list[tuple[str, str]]:
         if trial.parallelism.sequence_parallel.degree != "auto":
             continue
         for _, message in check_auto_degree(trial):
-            values = ", ".join(f"{path}={value}" for path, value in config.items())
-            problems.append(("search.space", f"the trial with {values}: degree {message}"))
+            problems.append(("search.space", f"the trial with {_named(config)}: degree {message}"))
     return problems[:5]
 
 

@@ -8,11 +8,13 @@ search-space paths that exist) live in :mod:`distmis.spec.load`.
 from __future__ import annotations
 
 import math
+import os
+import posixpath
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError,
+                      ValidationInfo, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from distmis.models.params import NetworkParams
@@ -729,6 +731,36 @@ class ParallelismSpec(StrictModel):
 
 
 # --------------------------------------------------------------------------- tracking
+def registered_model_name_problem(name: str) -> str | None:
+    """Why MLflow's model registry would refuse ``name`` for a registered model (None: it takes it).
+
+    MLflow 3's rule, checked when a model is registered (that is, after the whole search): its
+    ``mlflow.utils.validation._validate_model_name``, which every registry store applies (not blank, no ``/`` or
+    ``:``, a name that stays itself as a path: ``posixpath.normpath`` leaves it unchanged, not ``.``, not starting
+    with ``..`` or ``/``), and its file store's own (no path separator of the platform, no ``%``). Written out here:
+    importing MLflow to ask it costs seconds, and the spec imports no tracking library (tests/spec checks the two
+    agree)."""
+    if not name.strip():
+        return "a blank name"
+    held = [c for c in dict.fromkeys(("/", ":", "%", os.sep, os.altsep)) if c and c in name]
+    if held:
+        return f"it holds {' and '.join(repr(c) for c in held)}"
+    normal = posixpath.normpath(name)
+    if normal != name:
+        return f"as a path it would resolve to {normal!r}"
+    if name == "." or name.startswith(".."):
+        return "a path's '.' or '..'" if name in (".", "..") else "it starts with '..'"
+    return None
+
+
+def _registrable(name: str) -> str:
+    why = registered_model_name_problem(name)
+    if why is not None:
+        raise ValueError(f"MLflow's model registry refuses this name ({why}): a registered model's name must not be "
+                         "blank, hold '/', ':' or '%', be '.' or start with '..' (e.g. 'brats-unet3d')")
+    return name
+
+
 class TrackingSpec(StrictModel):
     uri: str | None = None
     experiment: str | None = None
@@ -737,7 +769,13 @@ class TrackingSpec(StrictModel):
         description="where a new experiment keeps its artifacts (a folder or a URI: s3://..., file:///...); default: "
                     "mlartifacts/ beside a local sqlite store, a tracking server's own artifact store")
     register_model: bool = Field(True, description="register the search's best model in the MLflow model registry")
-    model_name: str | None = Field(None, min_length=1, description="its registered name (default: the search's name)")
+    model_name: Annotated[str, AfterValidator(_registrable)] | None = Field(
+        None, min_length=1, description="its registered name (default: the search's name)")
+    system_metrics: bool = Field(True, description="record each trial's CPU, memory and GPU use on its run "
+                                                   "(MLflow's system metrics, system/...)")
+    system_metrics_interval: float = Field(5.0, ge=1.0, le=3600.0,
+                                           description="seconds between two system-metrics samples (and one more at "
+                                                       "each epoch's end)")
 
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -753,6 +791,10 @@ class Spec(StrictModel):
     search: SearchSpec = SearchSpec()
     parallelism: ParallelismSpec = ParallelismSpec()
     tracking: TrackingSpec = TrackingSpec()
+    # The whole preprocessed volume of the data set on disk and where it comes from, when no field fixes it (no
+    # dataset.crop or resize): never in the YAML, set on a copy by distmis.spec.load.with_volume for the checks
+    # against the data.
+    _volume: tuple[tuple[int, int, int], str] | None = PrivateAttr(None)
 
     @field_validator("name")
     @classmethod
