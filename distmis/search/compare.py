@@ -38,6 +38,7 @@ from distmis.search.execute import (
     ended_unless_recorded, execute_search, experiment_name, open_search_run, prepare_output, ray_connection,
     reopen_search_run,
 )
+from distmis.search.output_lock import output_locked
 from distmis.search.plan import fit_problems, node_resources, plan_search, trial_layouts
 from distmis.search.preflight import new_state, preflight
 from distmis.search.state import SearchState, recorded
@@ -130,14 +131,25 @@ def run_compare(
     ``spec.parallelism.repeats`` times, in the order of :func:`cell_sequence`.
     """
     counts = sorted(set(workers or spec.parallelism.worker_counts) | {1})
-    repeats = spec.parallelism.repeats
     if any(n < 1 for n in counts):
         raise SpecError(spec.name, [("parallelism.workers", f"worker counts must be >= 1, got {counts}")])
     output_dir = Path(output_dir).resolve()
+    command = "distmis compare" + (" --resume" if resume else "")
+    with output_locked(output_dir, command) as lock:  # one search (or comparison) a folder
+        return _compare(spec, output_dir, counts, made_folder=lock.made_folder, address=address, progress=progress,
+                        verbose=verbose, trainable=trainable, resume=resume)
+
+
+def _compare(spec: Spec, output_dir: Path, counts: list[int], *, made_folder: bool | None, address: str | None,
+             progress: bool, verbose: bool, trainable: Callable[..., None] | None,
+             resume: bool) -> ComparisonOutcome:
+    """:func:`run_compare` with the output folder's lock held (``made_folder``: the folder was made for the lock, so
+    a preparation that fails removes it; None: no lock was taken)."""
+    repeats = spec.parallelism.repeats
     state = preflight(spec, output_dir, "compare", resume=resume)  # before any data is converted or Ray starts
     with ray_connection(address, verbose=verbose):
         check_capacity(spec, counts)  # before any data is converted
-        data = prepare_output(spec, output_dir, progress=progress)
+        data = prepare_output(spec, output_dir, progress=progress, created=made_folder)
         if state is None:
             compare_run = open_search_run(spec, output_dir, data, run_name=f"{spec.name} compare", role="compare",
                                           tags={"distmis.workers": ",".join(map(str, counts)),

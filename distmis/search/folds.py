@@ -21,6 +21,8 @@ What the searchers and schedulers see:
   fold of the other configurations. The folds' mean is known only when a configuration's last fold ends, too late
   for a rung; and comparing fold 0 of one configuration with fold 2 of another would stop configurations for
   having drawn the harder validation cases.
+- :class:`FoldSearchGenerator` is what Tune is given (with ``num_samples=-1``): the fold searcher alone says when the
+  search is done, and a restored search hands out again a fold whose trial Tune's older saved state lost.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ import pickle
 from typing import Any, Callable, Mapping, Sequence
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
-from ray.tune.search import Searcher
+from ray.tune.search import ConcurrencyLimiter, SearchGenerator, Searcher
 
 from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, searched_config
 
-__all__ = ["CONFIGURATION_KEY", "FOLD_KEY", "Configurations", "FoldScheduler", "FoldSearcher", "configuration_id",
-           "fold_of", "searched_config"]
+__all__ = ["CONFIGURATION_KEY", "FOLD_KEY", "Configurations", "FoldScheduler", "FoldSearchGenerator", "FoldSearcher",
+           "configuration_id", "fold_of", "searched_config"]
 
 
 def configuration_id(index: int) -> str:
@@ -214,6 +216,31 @@ class FoldSearcher(_SavedWhole):
             self.inner.on_trial_complete(configuration, None, error=True)
         else:
             self.inner.on_trial_complete(configuration, {self.metric: sum(values) / len(values)})
+
+
+class FoldSearchGenerator(SearchGenerator):
+    """Tune's :class:`SearchGenerator` around a :class:`FoldSearcher` (through a ``ConcurrencyLimiter`` when at most
+    ``max_concurrent`` trials run at once), for a ``Tuner`` with ``num_samples=-1``: the search ends when the fold
+    searcher says it is done (``Searcher.FINISHED``), not at a count of trials.
+
+    Tune's experiment state and the searchers' are separate files, so a killed driver may leave the searchers' a
+    moment newer, with a trial Tune's state lost (:meth:`FoldSearcher.reconcile` hands its fold out again). Tune's own
+    generator state, saved with the searchers', then already counts that trial (with ``num_samples`` the number of
+    trials, Tune would make no more) and may already say "finished"; its concurrency limiter may still count the lost
+    trial as running, and wait for its end for ever. Restored, this generator is finished only when the fold
+    searcher has nothing to hand out again, and its limiter forgets the trials the fold searcher no longer has."""
+
+    def __init__(self, searcher: FoldSearcher, max_concurrent: int | None = None) -> None:
+        super().__init__(ConcurrencyLimiter(searcher, max_concurrent=max_concurrent) if max_concurrent else searcher)
+        self.folds = searcher
+
+    def set_state(self, state: dict) -> None:
+        """The state Tune saved; called last as Tune restores the search, after the fold searcher has reconciled."""
+        super().set_state(state)
+        if self.folds.pending:  # a fold whose trial Tune lost is handed out again
+            self._finished = False
+        if isinstance(self.searcher, ConcurrencyLimiter):  # a lost trial never ends: it holds no place
+            self.searcher.live_trials &= set(self.folds.trials)
 
 
 def restored_trials(checkpoint_dir: str) -> dict[str, dict[str, Any]] | None:

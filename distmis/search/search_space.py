@@ -98,6 +98,26 @@ def search_algorithm(spec: Spec):
     return FoldSearcher(inner, folds, search.metric, search.mode, limit=num_configurations(search))
 
 
+def tune_search(spec: Spec, max_concurrent: int | None) -> dict[str, Any]:
+    """The ``TuneConfig`` arguments that say which trials the search makes: ``search_alg``, ``num_samples`` and
+    ``max_concurrent_trials`` (``max_concurrent``: at most that many trials at once; None: as many as fit).
+
+    With cross-validation folds the fold searcher caps the configurations itself and says when it is done: Tune is
+    given it in a :class:`~distmis.search.folds.FoldSearchGenerator` (which limits the trials at once) with
+    ``num_samples=-1``, so that Tune's own count of trials never stops a resumed search short of a fold (Ray Tune
+    2.x: a search algorithm's trials are made until it says ``FINISHED`` or ``num_samples`` are made; -1 is no
+    limit). Grid and random searches handed out by graph give every trial and then say they are done too;
+    ``num_samples`` is their number of trials."""
+    searcher = search_algorithm(spec)
+    if spec.cv_folds:
+        from distmis.search.folds import FoldSearchGenerator
+
+        return {"search_alg": FoldSearchGenerator(searcher, max_concurrent), "num_samples": -1,
+                "max_concurrent_trials": None}
+    samples = num_trials(spec) if gives_every_trial(spec) else spec.search.num_samples
+    return {"search_alg": searcher, "num_samples": samples, "max_concurrent_trials": max_concurrent}
+
+
 def scheduler(spec: Spec):
     """ASHA when ``search.scheduler`` asks for it (with folds: one ASHA per fold,
     :class:`~distmis.search.folds.FoldScheduler`); None otherwise."""

@@ -4,6 +4,12 @@
 Tune experiment folder and, for a comparison, the cells already done and the one under way. The spec it was
 started with is kept too: a resume continues the same search, so a changed spec is refused, naming the fields.
 
+Its status says how the search last stopped: ``running`` (still running, or killed before it could say more),
+``interrupted`` (Ctrl-C, SIGTERM), ``failed`` (Ray Tune itself stopped the search, or the driver raised),
+``trials_failed`` (every trial ended, some of them failed: ``--resume`` runs those again) or ``finished`` (every
+trial finished: nothing to resume). All but ``finished`` are continued by ``--resume``, and a plain run into the
+folder is refused rather than replace them.
+
 The state file holds no secret: the tracking URI is not in it (it comes from the spec) and the spec's own
 ``tracking.uri`` is stored redacted.
 """
@@ -25,11 +31,11 @@ from distmis.tracking.uri import redact_uri
 
 STATE_FILE = "search_state.json"
 Kind = Literal["search", "compare"]
-Status = Literal["running", "finished", "interrupted", "failed"]
+Status = Literal["running", "finished", "interrupted", "failed", "trials_failed"]
 
 
 class NothingToResume(Exception):
-    """``--resume`` found a search that had finished: there is nothing left to run."""
+    """``--resume`` found a search whose every trial finished: there is nothing left to run."""
 
 
 class SearchStateError(ValueError):
@@ -62,6 +68,7 @@ class SearchState:
     # What a resume must find as it was (None: a state written before distmis recorded it):
     dataset: dict[str, list[int]] | None = None  # the data set's files: {path: [bytes, mtime_ns]}
     tracking_store: str | None = None  # the tracking URI the search logs to, any password redacted
+    failed_trials: list[str] = field(default_factory=list)  # status trials_failed: the trials --resume runs again
 
     @classmethod
     def start(cls, kind: Kind, spec: Spec, run_id: str, *, dataset: dict[str, list[int]] | None = None,
@@ -128,12 +135,20 @@ def state_to_resume(spec: Spec, output_dir: str | Path, kind: Kind) -> SearchSta
 
 
 def refuse_unfinished(output_dir: str | Path) -> None:
-    """A plain run (no ``--resume``) into a folder whose search did not finish would replace its state and lose
-    it: SearchStateError naming ``--resume`` and how to start afresh. A finished search's folder may be reused."""
+    """A plain run (no ``--resume``) into a folder whose search did not finish, or ended with failed trials, would
+    replace its state and lose it: SearchStateError naming ``--resume`` and how to start afresh. The folder of a
+    search whose every trial finished may be reused."""
     output_dir = Path(output_dir)
     state = SearchState.load(output_dir)
     if state is None or state.status == "finished":
         return
+    if state.status == "trials_failed":
+        failed = state.failed_trials
+        named = f" ({', '.join(failed[:10])}{', ...' if len(failed) > 10 else ''})" if failed else ""
+        raise SearchStateError(
+            f"{output_dir} holds a {state.kind} that ended with {len(failed) or 'some'} failed trial(s){named} "
+            f"({output_dir / STATE_FILE}); nothing was started. Run them again with the same command and --resume "
+            "(the trials that finished are kept), or start afresh with another --output")
     how = {"running": "was stopped without a word (killed) or is still running",
            "interrupted": "was interrupted", "failed": "failed"}.get(state.status, f"is {state.status}")
     raise SearchStateError(
@@ -167,7 +182,7 @@ def check_resume_matches(state: SearchState, *, dataset: dict[str, list[int]], t
 @contextmanager
 def recorded(state: SearchState, output_dir: str | Path) -> Iterator[SearchState]:
     """Keep ``search_state.json`` saying how the work inside went: running, then finished, interrupted or failed
-    (raised, or set on the state by the work)."""
+    (raised), or what the work set on the state (failed, trials_failed)."""
     state.status = "running"
     state.save(output_dir)
     try:
@@ -180,6 +195,6 @@ def recorded(state: SearchState, output_dir: str | Path) -> Iterator[SearchState
         state.status = "failed"
         state.save(output_dir)
         raise
-    if state.status == "running":  # the work may have said otherwise ("failed": a search --resume continues)
+    if state.status == "running":  # the work may have said otherwise (failed, trials_failed: --resume continues)
         state.status = "finished"
     state.save(output_dir)

@@ -63,6 +63,15 @@ def children(client: mlflow.MlflowClient, run: mlflow.entities.Run) -> list[mlfl
     return client.search_runs([run.info.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{run.info.run_id}'")
 
 
+def dataset_parts(run: mlflow.entities.Run) -> dict[str, str]:
+    """The parts of the data a run records as MLflow dataset inputs, with the context of each."""
+    parts = {}
+    for item in run.inputs.dataset_inputs:
+        tags = {tag.key: tag.value for tag in item.tags}
+        parts[tags["distmis.part"]] = tags["mlflow.data.context"]
+    return parts
+
+
 def test_the_folds_cover_the_development_cases_once(cv_search) -> None:
     folder, state = cv_search
     spec = load_spec(folder / "spec.yaml")
@@ -100,11 +109,17 @@ def test_configurations_hold_their_folds_and_their_mean(cv_search) -> None:
         means[configuration.data.tags["distmis.configuration"]] = metrics["cv_val_dice"]
     winner = max(means, key=means.get)
     assert search.data.tags["distmis.model_trial"] == winner
+    folds = [f"fold{i}" for i in range(FOLDS)]
+    assert dataset_parts(search) == {**{fold: fold for fold in folds}, "test": "test"}  # MLflow dataset inputs
     for configuration in configurations:  # search.evaluate_top 1: the best configuration's folds are scored
         scored = configuration.data.tags["distmis.configuration"] == winner
+        test = {"test": "test"} if scored else {}
         assert ("test_dice_WT" in configuration.data.metrics) == scored  # the ensemble's scores
+        assert dataset_parts(configuration) == {**{fold: fold for fold in folds}, **test}
         for run in children(client, configuration):  # each fold model's own scores on its own run
             assert ("test_dice_WT" in run.data.metrics) == scored
+            own = f"fold{run.data.tags['distmis.fold']}"  # validated on, trained on the others
+            assert dataset_parts(run) == {**{fold: "val" if fold == own else "train" for fold in folds}, **test}
     assert search.data.metrics["cv_val_dice"] == pytest.approx(means[winner])
     assert "test_dice_WT" in search.data.metrics  # the ensemble's test scores
     results = pd.read_csv(Path(client.download_artifacts(search.info.run_id, "results.csv")))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -10,6 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from distmis.search.run import run_search
+from distmis.search.state import SearchState, SearchStateError, refuse_unfinished
 from distmis.search.trainable import single_process_trial
 from distmis.spec import validate_spec
 from distmis.tracking.results import find_search_run, trial_runs
@@ -129,11 +132,30 @@ def flaky_trial(config, **kwargs):
     single_process_trial(config, **kwargs)
 
 
+def diverging_trial(workdir: str, config, **kwargs):
+    """:func:`flaky_trial` while ``workdir/diverges`` exists, else the real trial. First, each trial writes in
+    ``workdir/lock-<lr>`` what it is told when it tries to take its search's output folder (from its own process)."""
+    from distmis.search.output_lock import OutputInUse, output_locked
+
+    lr = config["training.optimizer.lr"]
+    try:
+        with output_locked(Path(workdir, "out"), "a trial"):
+            Path(workdir, f"lock-{lr}").write_text("free")
+    except OutputInUse as exc:
+        Path(workdir, f"lock-{lr}").write_text(str(exc))
+    if Path(workdir, "diverges").exists():
+        flaky_trial(config, **kwargs)
+    else:
+        single_process_trial(config, **kwargs)
+
+
 def test_failing_trial_is_recorded_and_search_goes_on(ray_local, tmp_path: Path):
     tree = small_spec_tree(tmp_path / "data")
     tree["training"]["epochs"] = 1
     tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3, 5.0e-2]}}
-    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False, trainable=flaky_trial)
+    (tmp_path / "diverges").touch()
+    trainable = functools.partial(diverging_trial, str(tmp_path))
+    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False, trainable=trainable)
 
     assert outcome.failed == 1
     by_status = {row["status"]: row for row in outcome.results.to_dict("records")}
@@ -145,6 +167,30 @@ def test_failing_trial_is_recorded_and_search_goes_on(ray_local, tmp_path: Path)
     failed_run = client.get_run(by_status["FAILED"]["run_id"])
     assert {a.path for a in client.list_artifacts(failed_run.info.run_id)} == {"error.txt"}
     assert client.get_run(outcome.parent_run_id).data.metrics["failed_trials"] == 1
+
+    # The search held its output folder while its trials ran (issue 46, 8): a trial's process was refused it.
+    for lr in (1.0e-3, 5.0e-2):
+        assert f"in use by another distmis (pid {os.getpid()} " in (tmp_path / f"lock-{lr}").read_text()
+    assert not (tmp_path / "out" / ".distmis.lock").exists()  # let go (and removed) at the end
+
+    # It ended with a failed trial: recorded so, not "finished" (issue 46, 2). A plain run into the folder is
+    # refused; --resume runs the failed trial again (its cause gone), in its own run, and ends as a search whose
+    # trials all finished: scored, published, "finished".
+    state = SearchState.load(tmp_path / "out")
+    assert state.status == "trials_failed" and state.failed_trials == list(outcome.failed_trials)
+    with pytest.raises(SearchStateError, match=r"ended with 1 failed trial\(s\).*--resume"):
+        refuse_unfinished(tmp_path / "out")
+    (tmp_path / "diverges").unlink()
+    resumed = run_search(validate_spec(tree), tmp_path / "out", progress=False, trainable=trainable, resume=True)
+    assert resumed.failed == 0 and resumed.parent_run_id == outcome.parent_run_id
+    assert dict(zip(resumed.results["run_id"], resumed.results["status"])) == {
+        by_status["FINISHED"]["run_id"]: "FINISHED", by_status["FAILED"]["run_id"]: "FINISHED"}
+    assert "distmis run --resume" in (tmp_path / f"lock-{5.0e-2}").read_text()  # the failed trial ran again
+    assert client.get_run(failed_run.info.run_id).info.status == "FINISHED"
+    assert client.get_run(outcome.parent_run_id).data.metrics["failed_trials"] == 0
+    assert resumed.test is not None and resumed.model is not None and not resumed.problems
+    state = SearchState.load(tmp_path / "out")
+    assert state.status == "finished" and state.failed_trials == []
 
 
 def test_bad_dataset_path_leaves_nothing_behind(tmp_path: Path):

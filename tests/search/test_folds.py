@@ -11,7 +11,8 @@ from ray import tune
 from ray.tune.search import Searcher
 
 from distmis.search.folds import (
-    CONFIGURATION_KEY, FOLD_KEY, Configurations, FoldScheduler, FoldSearcher, fold_of, searched_config,
+    CONFIGURATION_KEY, FOLD_KEY, Configurations, FoldScheduler, FoldSearchGenerator, FoldSearcher, fold_of,
+    searched_config,
 )
 from distmis.search.search_space import num_trials, scheduler, search_algorithm, tune_param_space
 from distmis.spec.load import validate_spec
@@ -205,3 +206,27 @@ def test_a_state_saved_before_reconciliation_existed_restores_with_its_configura
         resumed.on_trial_complete(tid, {"val_dice": value})
     assert [(tid, result) for tid, result, _ in resumed.inner.told] == [("c000", {"val_dice": 0.6})]
     assert resumed.suggest("t2") == Searcher.FINISHED
+
+
+def test_a_restored_generator_asks_again_for_a_fold_whose_trial_tune_lost() -> None:
+    """Issue 46, 13, without Ray: Tune's generator state says "finished" and its limiter counts the lost trial as
+    running; restored after the fold searcher reconciled, the generator hands the fold out again, then finishes.
+    (tests/search/test_fold_search_restore.py runs the same through Tune itself.)"""
+    searcher = FoldSearcher(Recording(1), [0, 1], "val_dice", "max", limit=1)
+    generator = FoldSearchGenerator(searcher, max_concurrent=1)
+    limiter = generator.searcher
+    first = limiter.suggest("t0")
+    limiter.on_trial_complete("t0", {"val_dice": 0.5})
+    assert limiter.suggest("t1")[FOLD_KEY] == 1 and limiter.suggest("t2") is None  # t1 runs: one at a time
+    saved = {"counter": 2, "total_samples": 2**63 - 1, "finished": True, "experiment": None}
+
+    searcher.reconcile({"t0": first})  # Tune's older state lost t1, which the saved searcher state handed out
+    generator.set_state(dict(saved))
+    assert not generator.is_finished() and limiter.live_trials == set()
+    again = limiter.suggest("t3")
+    assert (again[CONFIGURATION_KEY], again[FOLD_KEY]) == ("c000", 1)
+    limiter.on_trial_complete("t3", {"val_dice": 0.7})
+    assert limiter.suggest("t4") == Searcher.FINISHED
+
+    generator.set_state(dict(saved))  # nothing to hand out again: finished as saved
+    assert generator.is_finished()

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from distmis.cli.main import main
-from distmis.search.state import STATE_FILE, NothingToResume, SearchState, state_to_resume
+from distmis.search.state import (
+    STATE_FILE, NothingToResume, SearchState, SearchStateError, recorded, refuse_unfinished, state_to_resume,
+)
 from distmis.spec import SpecError, validate_spec
 from tests.conftest import small_spec_tree
 
@@ -77,3 +79,39 @@ def test_cli_resume_of_a_finished_search_says_so_and_exits_0(tmp_path: Path, cap
     assert main(["run", str(spec), "--output", str(out), "--resume"]) == 0
     assert "finished: nothing to resume" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == [STATE_FILE]  # nothing started
+
+
+def test_a_search_that_ended_with_failed_trials_is_resumed_not_finished(tmp_path: Path):
+    """Issue 46, 2: its state says so (not "finished"), --resume continues it, a plain run is told what to do."""
+    spec = validate_spec(small_spec_tree(tmp_path / "data"))
+    state = SearchState.start("search", spec, "run123")
+    with recorded(state, tmp_path):
+        state.status, state.failed_trials = "trials_failed", ["a1b2c_00001"]  # what run_search sets
+    assert SearchState.load(tmp_path).status == "trials_failed"
+    assert state_to_resume(spec, tmp_path, "search").failed_trials == ["a1b2c_00001"]
+    with pytest.raises(SearchStateError) as refused:
+        refuse_unfinished(tmp_path)
+    message = str(refused.value)
+    assert "ended with 1 failed trial(s) (a1b2c_00001)" in message and "--resume" in message
+    assert "another --output" in message
+    resumed = state_to_resume(spec, tmp_path, "search")
+    with recorded(resumed, tmp_path):  # the failed trial finished this time
+        resumed.failed_trials = []
+    assert SearchState.load(tmp_path).status == "finished"
+    with pytest.raises(NothingToResume):
+        state_to_resume(spec, tmp_path, "search")
+    refuse_unfinished(tmp_path)  # a finished search's folder may be reused
+
+
+def test_cli_plain_run_into_a_search_with_failed_trials_exits_2_and_starts_nothing(tmp_path: Path, capsys):
+    tree = small_spec_tree(tmp_path / "data")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps(tree))
+    out = tmp_path / "out"
+    out.mkdir()
+    state = SearchState.start("search", validate_spec(tree), "run123")
+    state.status, state.failed_trials = "trials_failed", ["t1", "t2"]
+    state.save(out)
+    assert main(["run", str(spec), "--output", str(out)]) == 2
+    assert "ended with 2 failed trial(s) (t1, t2)" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == [STATE_FILE] and not (tmp_path / "data").exists()
