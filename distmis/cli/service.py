@@ -1,8 +1,9 @@
 """The service commands: a Ray head node (``cluster``), jobs on it (``submit``, ``jobs``, ``status``,
 ``logs``, ``stop``) and the MLflow UI (``ui``).
 
-Exit codes as in :mod:`distmis.cli.main`: 0 success; 1 a job failed or a server did not come up;
-2 bad input (a bad spec is refused here and never reaches the cluster).
+Exit codes as in :mod:`distmis.cli.main`: 0 success; 1 a job failed, a server did not come up, or the cluster
+stopped answering while a job was followed (``submit --follow``, ``logs --follow``: one line saying so, the job's
+fate unknown); 2 bad input (a bad spec is refused here and never reaches the cluster).
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from distmis.cli.errors import EXIT_FAILED, EXIT_OK, BadInput
 
 
 # --------------------------------------------------------------------------- cluster
 def cmd_cluster_up(args: argparse.Namespace) -> int:
-    from distmis.service.cluster import cluster_up
+    from distmis.service.cluster import SINGLE_MACHINE_ENV, cluster_up, open_endpoints
 
     try:
         state = cluster_up(host=args.host, port=args.port, dashboard_port=args.dashboard_port,
@@ -28,7 +29,16 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         raise BadInput(str(exc)) from None
     print(f"Ray head node up (pid {state.pid}), token authentication on")
     print(f"  dashboard / Jobs API: {state.dashboard_url}")
-    print(f"  cluster address:      {state.gcs_address}   (ray start --address=... on worker nodes)")
+    if state.single_machine:
+        print(f"  cluster address:      {state.gcs_address}   (this machine only: every port on 127.0.0.1)")
+        mode = " ".join(f"{name}={value}" for name, value in SINGLE_MACHINE_ENV.items())
+        print(f"  Ray's own clients here (ray status, ray.init) need {mode} in their environment; distmis sets it")
+    else:
+        print(f"  cluster address:      {state.gcs_address}   (ray start --address=... on worker nodes)")
+        print("  open to every machine that reaches this one, WITHOUT a token (Ray cannot bind them elsewhere):")
+        for line in open_endpoints(state):
+            print(f"    {line}")
+        print("  the token guards Ray's other ports; firewall them all (docs/cluster.md, Security)")
     print(f"  token file:           {state.token_path}   (copy to clients; never log it)")
     print(f"  log:                  {state.log_path}")
     print("Next: distmis submit SPEC   |   distmis cluster status   |   distmis cluster down")
@@ -71,8 +81,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return EXIT_OK
     client = job_client(submission.address)
     with token_accepted(submission.address):  # the cluster may restart with another token meanwhile
-        for chunk in follow_logs(client, submission.job_id):
-            print(chunk, end="", flush=True)
+        print_log(follow_logs(client, submission.job_id))
         status = wait_for_job(client, submission.job_id)
     print(f"\njob {submission.job_id}: {status}")
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
@@ -110,8 +119,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     _job_info(client, args.job, args.address)
     with token_accepted(resolve_address(args.address)):
         if args.follow:
-            for chunk in follow_logs(client, args.job):
-                print(chunk, end="", flush=True)
+            print_log(follow_logs(client, args.job))
         else:
             print(client.get_job_logs(args.job), end="")
     return EXIT_OK
@@ -126,6 +134,20 @@ def cmd_stop(args: argparse.Namespace) -> int:
         stopped = client.stop_job(args.job)
     print(f"{args.job}: {'stop requested' if stopped else 'already ended'}")
     return EXIT_OK
+
+
+def print_log(chunks: Iterator[str]) -> None:
+    """Print a job's log as it comes. When following it fails (the cluster went away: ClusterGone), its last line is
+    ended first, so that the error starts a line of its own."""
+    ended = True
+    try:
+        for chunk in chunks:
+            print(chunk, end="", flush=True)
+            ended = chunk.endswith("\n") if chunk else ended
+    except BaseException:
+        if not ended:
+            print(flush=True)
+        raise
 
 
 def _job_info(client: Any, job_id: str, address: str | None) -> Any:
@@ -175,7 +197,8 @@ def add_service_commands(sub: Any, spec_args: Any) -> None:
     cluster = sub.add_parser("cluster", help="a Ray head node on this machine: up, status, down")
     csub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="CLUSTER_COMMAND")
     p = csub.add_parser("up", help="start a Ray head node (dashboard + Jobs API) with token authentication")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others warn)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: every port on loopback, "
+                                                       "this machine only; others take worker nodes, and warn)")
     p.add_argument("--port", type=int, default=6379, help="cluster (GCS) port (default 6379)")
     p.add_argument("--dashboard-port", type=int, default=8265, help="dashboard and Jobs API port (default 8265)")
     p.add_argument("--num-cpus", type=int, help="CPUs to offer (default: all)")

@@ -23,7 +23,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import yaml
 
@@ -36,10 +36,31 @@ logger = logging.getLogger(__name__)
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 LOCAL_STORE_SCHEMES = ("", "file", "sqlite")
+#: How long a job being followed may go without an answer from its cluster before the follower gives up: a
+#: tunnel that drops for a moment, or a dashboard that is slow to answer under load, is waited out.
+RECONNECT_S = 10.0
+
+T = TypeVar("T")
 
 
 class SubmitError(ValueError):
     """The search cannot be submitted as asked (nothing was sent); the message says why."""
+
+
+class ClusterGone(ClusterError):
+    """The cluster stopped answering about a job that was being followed (exit 1, as a cluster that is not up)."""
+
+    def __init__(self, address: str, job_id: str, reason: str) -> None:
+        try:
+            default = default_dashboard_address()
+        except ClusterError:  # a damaged state file
+            default = None
+        where = "" if default and resolve_address(default) == resolve_address(address) else f" --address {address}"
+        super().__init__(
+            f"lost the Ray cluster at {address} while following job {job_id}: no answer for {RECONNECT_S:.0f} s "
+            f"({reason}); the cluster stopped or restarted, or the network or tunnel to it is down. What became of "
+            f"the job is not known here: once the cluster answers again, see 'distmis status {job_id}{where}' and "
+            f"'distmis logs {job_id}{where}'")
 
 
 def resolve_address(address: str | None) -> str:
@@ -196,11 +217,33 @@ def _quote(text: str) -> str:
 
 
 # --------------------------------------------------------------------------- following jobs
+def answered(client: Any, job_id: str, request: Callable[[], T], *, poll: float = 1.0) -> T:
+    """``request()``, a question to the Jobs API about ``job_id``, asked again every ``poll`` seconds while the
+    cluster does not answer it (no connection, or an error instead of an answer: a dashboard going down, or a new
+    cluster that does not know the job), for up to :data:`RECONNECT_S` seconds; then :class:`ClusterGone`.
+
+    A refused token (Ray's ``AuthenticationError``) is not retried: :func:`token_accepted` turns it into its message.
+    """
+    deadline = None
+    while True:
+        try:
+            return request()
+        except (OSError, RuntimeError) as exc:  # requests' ConnectionError and Timeout are OSErrors
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            if deadline is None:
+                deadline = time.monotonic() + RECONNECT_S
+            elif time.monotonic() >= deadline:
+                raise ClusterGone(str(client.get_address()), job_id, reason) from None
+            logger.debug("no answer about job %s (%s); asking again", job_id, reason)
+            time.sleep(poll)
+
+
 def wait_for_job(client: Any, job_id: str, *, timeout: float | None = None, poll: float = 1.0) -> str:
-    """Poll until the job ends; its final status (SUCCEEDED, FAILED or STOPPED)."""
+    """Poll until the job ends; its final status (SUCCEEDED, FAILED or STOPPED). :class:`ClusterGone` when the
+    cluster stops answering (:func:`answered`)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        status = str(client.get_job_status(job_id).value)
+        status = str(answered(client, job_id, lambda: client.get_job_status(job_id), poll=poll).value)
         if status in TERMINAL:
             return status
         if deadline is not None and time.monotonic() > deadline:
@@ -210,23 +253,26 @@ def wait_for_job(client: Any, job_id: str, *, timeout: float | None = None, poll
 
 def follow_logs(client: Any, job_id: str, *, poll: float = 1.0) -> Iterator[str]:
     """The job's log as it grows, until the job has ended: streamed by the Jobs API's websocket
-    (``JobSubmissionClient.tail_job_logs``, from the log's start), or, where that stream fails (a proxy that drops
-    websockets, say), polled every ``poll`` seconds from where the stream stopped."""
+    (``JobSubmissionClient.tail_job_logs``, from the log's start), or, where that stream fails or ends before the
+    job has (a proxy that drops websockets, a dashboard going down), polled every ``poll`` seconds from where the
+    stream stopped. :class:`ClusterGone` when the cluster stops answering (:func:`answered`)."""
     import asyncio
 
+    if not logger.isEnabledFor(logging.DEBUG):  # unless --verbose: Ray's INFO line on every stream's close is noise
+        logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)
     loop = asyncio.new_event_loop()
     stream = client.tail_job_logs(job_id)
-    shown = 0
+    shown, closed = 0, False
     try:
         while True:
             try:
                 chunk = loop.run_until_complete(stream.__anext__())
-            except StopAsyncIteration:
-                return
+            except StopAsyncIteration:  # the server closed the stream: at the job's end, or as it went down
+                closed = True
+                break
             except Exception as exc:  # noqa: BLE001  (aiohttp's and the server's errors)
                 logger.debug("log stream of job %s failed (%s); polling instead", job_id, exc)
-                yield from _poll_logs(client, job_id, poll=poll, shown=shown)
-                return
+                break
             shown += len(chunk)
             yield chunk
     finally:
@@ -234,12 +280,15 @@ def follow_logs(client: Any, job_id: str, *, poll: float = 1.0) -> Iterator[str]
             loop.run_until_complete(stream.aclose())
         finally:
             loop.close()
+    if closed and str(answered(client, job_id, lambda: client.get_job_status(job_id), poll=poll).value) in TERMINAL:
+        return
+    yield from _poll_logs(client, job_id, poll=poll, shown=shown)
 
 
 def _poll_logs(client: Any, job_id: str, *, poll: float, shown: int = 0) -> Iterator[str]:
     while True:
-        ended = str(client.get_job_status(job_id).value) in TERMINAL
-        text = client.get_job_logs(job_id)
+        ended = str(answered(client, job_id, lambda: client.get_job_status(job_id), poll=poll).value) in TERMINAL
+        text = answered(client, job_id, lambda: client.get_job_logs(job_id), poll=poll)
         if len(text) > shown:
             yield text[shown:]
             shown = len(text)

@@ -5,6 +5,13 @@ artifacts beside it in ``mlartifacts/``), bound to 127.0.0.1. A team passes a da
 (``postgresql://...``). ``mlflow server`` starts worker processes of its own, so it runs in a session
 of its own and is stopped by process group.
 
+The server also dies with the process that started it, even one killed by SIGKILL (which runs no handler). It
+runs under :mod:`distmis.service.guard`, which leads its process group: on Linux the kernel sends the guard SIGTERM
+when its parent dies (:func:`~distmis.service.lifetime.dies_with_parent`), and the guard stops the whole group,
+``mlflow server``, its uvicorn worker, its job runner and that runner's huey consumers (SIGTERM, then SIGKILL after
+a few seconds). Elsewhere (macOS, Windows) there is no such signal: a ``distmis ui`` killed by SIGKILL leaves its
+server running, to be stopped with ``kill -TERM -PID`` (the server's process group, whose id is the guard's pid).
+
 The store URI can hold a password (``postgresql://user:secret@host/db``). It never goes on the server's
 command line, which every user of the machine can read (``ps``, ``/proc/PID/cmdline``): the server gets it
 from its environment (:data:`BACKEND_STORE_ENV`, readable only by its owner), as ``mlflow server`` passes
@@ -26,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from distmis.service.lifetime import dies_with_parent
 from distmis.service.net import LOOPBACK, is_loopback, port_in_use
 from distmis.tracking.mlflow_tracking import default_tracking_uri
 from distmis.tracking.uri import redact_uri
@@ -124,7 +132,8 @@ def start_server(
     log_path: Path | None = None,
     timeout: float = 120.0,
 ) -> MLflowServer:
-    """Start ``mlflow server`` and wait until ``/health`` answers."""
+    """Start ``mlflow server`` (it dies with this process: :func:`dies_with_parent`) and wait until ``/health``
+    answers."""
     if not 0 < port < 65536:
         raise ValueError(f"--port must be a TCP port in 1..65535, got {port}")
     if port_in_use(host, port):
@@ -132,12 +141,14 @@ def start_server(
     if not is_loopback(host):
         logger.warning("the MLflow server listens on %s: anyone who reaches it can read and change every run. "
                        "MLflow has no login here; prefer 127.0.0.1 with an SSH tunnel.", host)
-    command = server_command(host=host, port=port, artifacts=artifacts)
+    # The guard leads the server's process group and takes it all down when this process dies (module docstring).
+    command = [sys.executable, "-m", "distmis.service.guard",
+               *server_command(host=host, port=port, artifacts=artifacts)]
     env = server_environment(backend_store_uri)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=env, start_new_session=True)
+                                   env=env, start_new_session=True, preexec_fn=dies_with_parent())
     finally:
         if log_path:
             out.close()  # type: ignore[union-attr]

@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from distmis.service.net import is_loopback
+from tests.sockets import listening
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,20 +35,6 @@ with ray_connection():
     print(json.dumps({"ip": node["NodeManagerAddress"], "metrics": node["MetricsExportPort"]}), flush=True)
     sys.stdin.readline()
 """
-
-
-def listening(pid: int) -> list[tuple[str, int, str]]:
-    """``(address, port, process name)`` of every TCP socket listening in the process tree of ``pid``."""
-    root = psutil.Process(pid)
-    found = []
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            name = process.name()
-            connections = process.net_connections(kind="tcp")
-        except psutil.Error:
-            continue
-        found += [(c.laddr.ip, c.laddr.port, name) for c in connections if c.status == psutil.CONN_LISTEN]
-    return found
 
 
 def loopback(address: str) -> bool:
@@ -85,3 +71,56 @@ def test_the_local_ray_of_a_run_listens_on_loopback_only(tmp_path: Path):
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(timeout=30)
+
+
+RACER = """
+import json, sys
+import ray
+import distmis.search.execute as execute
+
+execute.RAY_DASHBOARD_PORT = int(sys.argv[1])  # "Ray's usual port", free: 8265 may be taken on this machine
+print("ready", flush=True)
+sys.stdin.readline()  # both start their Ray at the same moment
+with execute.ray_connection():
+    url = ray._private.worker._global_node.address_info["webui_url"]
+    print(json.dumps({"dashboard": int(url.rsplit(":", 1)[1])}), flush=True)
+    sys.stdin.readline()  # both Rays up at once
+"""
+
+
+@pytest.mark.slow  # starts two real local Rays
+def test_two_local_rays_started_at_once_both_start_without_errors(tmp_path: Path):
+    """Issue 46, finding 12: two ``distmis run``s on one machine start their local Rays at the same moment. Both saw
+    Ray's usual dashboard port free and both chose it; the one whose dashboard lost the race to bind it waited out
+    Ray's 60 s dashboard timeout, printed Ray's ERROR lines, and started again on another port."""
+    from distmis.service.net import free_port
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_AUTH_TOKEN_PATH"] = str(tmp_path / "auth_token")
+    usual = free_port()
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(usual)], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+              for _ in range(2)]
+    try:
+        for racer in racers:
+            assert racer.stdout is not None and racer.stdout.readline() == "ready\n", racer.communicate()[1][-3000:]
+        for racer in racers:
+            assert racer.stdin is not None
+            racer.stdin.write("\n")
+            racer.stdin.flush()
+        ports = []
+        for racer in racers:
+            assert racer.stdout is not None
+            line = racer.stdout.readline()
+            assert line, racer.communicate(timeout=60)[1][-3000:]
+            ports.append(json.loads(line)["dashboard"])
+        assert usual in ports and len(set(ports)) == 2, ports  # one took the usual port, the other another one
+        for racer in racers:
+            _, err = racer.communicate("\n", timeout=120)
+            assert racer.returncode == 0, err[-3000:]
+            assert "ERROR" not in err and "Failed to start the dashboard" not in err, err[-3000:]
+    finally:
+        for racer in racers:
+            if racer.poll() is None:
+                os.killpg(racer.pid, signal.SIGKILL)
+                racer.wait(timeout=30)

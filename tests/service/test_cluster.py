@@ -11,6 +11,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -30,6 +32,7 @@ from distmis.service.jobs import (
 from distmis.spec import validate_spec
 from distmis.service.server import store_for
 from tests.conftest import small_spec_tree
+from tests.sockets import listening
 
 pytestmark = pytest.mark.slow  # real `ray start --head` clusters and MLflow servers
 
@@ -110,11 +113,21 @@ def test_head_node_is_on_loopback_with_token_authentication(head):
     assert _get(f"{head.dashboard_url}/api/version", auth_headers())[0] == 200
     assert _get(f"{head.dashboard_url}/api/version")[0] in (401, 403)  # no token, no answer
     assert _get(f"{head.dashboard_url}/api/version", {"Authorization": "Bearer wrong"})[0] in (401, 403)
-    # The dashboard and Jobs API listen on loopback only. (Ray's GCS and raylet listen on every interface
-    # whatever --node-ip-address says; the token guards them, docs/cluster.md says to firewall them.)
+    # The dashboard and Jobs API listen on loopback only,
     port = int(head.dashboard_url.rsplit(":", 1)[1])
     hosts = _listening_hosts(head.pid, port)
     assert hosts and all(is_loopback(h.removeprefix("::ffff:")) for h in hosts), hosts
+    # and so does every other server of the head (issue 46, finding 11: Ray's GCS, raylet and agents listened on
+    # every interface or the machine's address, and its three Prometheus endpoints, which answer without a token,
+    # on 0.0.0.0). Those three open last: the dashboard agent's, the autoscaler's and the dashboard's own.
+    assert head.single_machine and set(head.metrics_ports) == {"metrics export", "autoscaler metrics",
+                                                               "dashboard metrics"}
+    deadline = time.monotonic() + 120
+    while not set(head.metrics_ports.values()) <= {port for _, port, _ in listening(head.pid)}:
+        assert time.monotonic() < deadline, f"not all of {head.metrics_ports} listen: {listening(head.pid)}"
+        time.sleep(0.5)
+    outward = sorted({s for s in listening(head.pid) if not is_loopback(s[0].removeprefix("::ffff:"))})
+    assert not outward, f"listening beyond loopback: {outward}"
 
 
 def test_second_cluster_up_is_refused(head):
@@ -226,9 +239,72 @@ def test_ui_store_choice(tmp_path):
 
 
 # --------------------------------------------------------------------------- down (last: stops the module's head)
-def test_cluster_down_stops_only_its_own_processes(head, ray_local):
-    tree = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
-    assert len(tree) > 3  # ray start, GCS, raylet, dashboard, ...
+class Follower:
+    """``distmis ARGS`` in a process of its own, its output read as it comes (a thread per stream)."""
+
+    def __init__(self, *args: str, cwd: Path) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "distmis", *args], cwd=cwd, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [threading.Thread(target=lambda s=s, to=to: to.extend(s), daemon=True)
+                        for s, to in ((self.process.stdout, self.out), (self.process.stderr, self.err))]
+        for reader in self.readers:
+            reader.start()
+
+    def wait_for(self, text: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.out):
+            assert self.process.poll() is None, f"exited {self.process.returncode}: {''.join(self.err)[-3000:]}"
+            assert time.monotonic() < deadline, f"no {text!r} in {''.join(self.out)[-3000:]}"
+            time.sleep(0.2)
+
+    def finish(self, timeout: float = 120) -> tuple[int, str]:
+        try:
+            code = self.process.wait(timeout=timeout)
+        finally:
+            self.kill()
+        for reader in self.readers:
+            reader.join(timeout=30)
+        return code, "".join(self.err)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
+def test_followers_whose_dashboard_goes_say_so_and_cluster_down_stops_only_its_own_processes(head, ray_local,
+                                                                                            tmp_path):
+    """Issue 46, finding 3: ``logs --follow`` and ``submit --follow`` whose cluster's dashboard goes away end with one
+    line saying so (exit 1), not a traceback. The dashboard alone is stopped (SIGTERM, which ``ray start --block``
+    takes as a graceful exit), so that nothing is left to mark the jobs ended; then ``cluster down`` stops the rest."""
+    client = job_client(None)
+    sleeper = client.submit_job(entrypoint="python -c \"import time; print('started', flush=True); time.sleep(600)\"")
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(small_spec_tree(tmp_path / "data")))
+    logs = Follower("logs", sleeper, "--follow", cwd=tmp_path)
+    submit = Follower("submit", "spec.yaml", "--follow", cwd=tmp_path)
+    try:
+        logs.wait_for("started")  # the job's log is streaming
+        submit.wait_for("submitted ")  # the search is on the cluster, followed
+        submitted = "".join(submit.out).split("submitted ", 1)[1].split()[0]
+
+        tree = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
+        assert len(tree) > 3  # ray start, GCS, raylet, dashboard, ...
+        dashboard = [p for p in tree if any(arg.endswith("dashboard/dashboard.py") for arg in p.cmdline())]
+        assert len(dashboard) == 1, [p.cmdline() for p in tree]
+        dashboard[0].terminate()
+        for follower, job_id in ((logs, sleeper), (submit, submitted)):
+            code, err = follower.finish()
+            assert code == 1 and "Traceback" not in err, err[-3000:]
+            said = [line for line in err.splitlines() if "lost the Ray cluster" in line]
+            assert len(said) == 1 and said[0].startswith("error: "), err[-3000:]
+            assert f"at {head.dashboard_url} while following job {job_id}" in said[0]
+            assert f"'distmis status {job_id}" in said[0] and f"'distmis logs {job_id}" in said[0]
+    finally:
+        logs.kill()
+        submit.kill()
+
     stopped = cluster_down()
     assert head.pid in stopped
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -253,6 +329,7 @@ def test_distmis_ui_stops_its_server_when_killed(tmp_path):
         ui.send_signal(signal.SIGTERM)
         assert ui.wait(timeout=60) == 0
         _, alive = psutil.wait_procs(tree, timeout=30)
-        assert not alive
+        # (a zombie has ended; whatever adopted it may not collect it)
+        assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         with pytest.raises(ConnectionRefusedError):  # nothing listens there any more
             socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=5)
