@@ -49,6 +49,7 @@ __all__ = [
     "channel_masks", "probabilities_to_labels", "normalize_channels", "check_axcodes", "reorient",
     "reoriented_spacing", "resampled_shape", "preprocess_geometry", "prepare_volume", "prepare_image",
     "restore_probabilities", "network_artifact", "recipe_folds", "check_folds", "mean_probabilities",
+    "keras_float16", "keras_float32", "keras_runnable_here",
 ]
 
 #: The model folder's artifacts (``artifacts/`` of the MLflow model): the recipe JSON and the network (a fold
@@ -646,7 +647,8 @@ def segment(image: np.ndarray, recipe: dict[str, Any], probabilities: Callable[[
 
 def load_network(path: str, framework: str) -> tuple[Any, str]:
     """The network saved at ``path`` and the device it runs on: a ``torch.export`` program's module (on the GPU
-    when torch sees one) or a Keras model (``keras.saving.load_model``, not compiled: inference only)."""
+    when torch sees one) or a Keras model (``keras.saving.load_model``, not compiled: inference only; one that
+    computes in float16 rebuilt in float32 where TensorFlow sees no GPU, :func:`keras_runnable_here`)."""
     if framework == "torch":
         import torch
 
@@ -663,7 +665,62 @@ def load_network(path: str, framework: str) -> tuple[Any, str]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
 
-    return keras.saving.load_model(path, compile=False), "cpu"
+    return keras_runnable_here(keras.saving.load_model(path, compile=False)), "cpu"
+
+
+def _keras_layers(model: Any) -> list[Any]:
+    """Every layer of a Keras model, those of the models inside it too."""
+    found = []
+    for layer in getattr(model, "layers", ()):
+        found.append(layer)
+        found += _keras_layers(layer)
+    return found
+
+
+def keras_float16(model: Any) -> bool:
+    """Whether a Keras model computes in float16 somewhere: a layer whose dtype policy's compute dtype is float16
+    (``mixed_float16``: a model trained with ``training.precision: fp16``)."""
+    return any(getattr(getattr(layer, "dtype_policy", None), "compute_dtype", None) == "float16"
+               for layer in _keras_layers(model))
+
+
+def keras_float32(model: Any) -> Any:
+    """``model`` rebuilt with every layer's dtype policy float32 (``keras.models.clone_model``, each layer from its
+    configuration) and given its weights. Under a mixed policy the weights are float32 already (the master
+    weights the optimizer updated) and only the computation is 16-bit: this is the float32 network trained."""
+    import keras
+
+    def float32_layer(layer: Any) -> Any:
+        config = layer.get_config()
+        if "dtype" in config:
+            config["dtype"] = "float32"
+        return type(layer).from_config(config)
+
+    rebuilt = keras.models.clone_model(model, clone_function=float32_layer)
+    rebuilt.set_weights(model.get_weights())
+    return rebuilt
+
+
+def keras_runnable_here(model: Any) -> Any:
+    """``model``, or, where it computes in float16 and TensorFlow sees no GPU, the same network in float32
+    (:func:`keras_float32`). TensorFlow has no CPU kernel of float16 3-D max pooling (``MaxPool3D``), so a model
+    trained with ``mixed_float16`` on a GPU cannot predict on a CPU as it was saved; in float32 its probabilities
+    differ from the GPU's float16 ones by float16's rounding only. ValueError, saying why, when it cannot be
+    rebuilt."""
+    if not keras_float16(model):
+        return model
+    import keras
+
+    if keras.distribution.list_devices("gpu"):  # the backend's (TensorFlow's) GPUs
+        return model
+    try:
+        return keras_float32(model)
+    except Exception as exc:  # noqa: BLE001  (whatever Keras refuses)
+        raise ValueError(
+            "this Keras model computes in float16 (dtype policy mixed_float16: trained with training.precision "
+            "fp16), which TensorFlow cannot run on a CPU (it has no float16 kernel of 3-D max pooling); there is no "
+            f"GPU here, and it could not be rebuilt in float32 ({type(exc).__name__}: {exc}): predict with it on a "
+            "machine with a GPU") from exc
 
 
 def check_image(model_input: Any, modalities: Sequence[str]) -> np.ndarray:

@@ -10,7 +10,9 @@
   and segmented by the same functions of :mod:`distmis.pyfunc_model` around the unpickled network.
 
 :meth:`SegmentationModel.probabilities` predicts a preprocessed volume by sliding windows of the network's input,
-on a GPU when torch sees one. A fold ensemble (the recipe's ``folds``: one network per cross-validation fold, in a
+on a GPU when torch sees one; a Keras model trained in float16 is rebuilt in float32 where there is no GPU
+(:func:`distmis.pyfunc_model.keras_runnable_here`: TensorFlow has no float16 max pooling on a CPU), whatever code its
+folder holds. A fold ensemble (the recipe's ``folds``: one network per cross-validation fold, in a
 python_function folder) predicts the mean of its folds' probabilities, or of the ``folds`` asked for.
 """
 
@@ -117,6 +119,12 @@ class SegmentationModel:
         inner = loaded.unwrap_python_model()
         # the folder's own code runs: one saved before fold ensembles holds ``network``, not ``networks``
         networks = getattr(inner, "networks", None) or [inner.network]
+        if recipe.framework == "tensorflow":  # code saved before it rebuilt a float16 Keras model for a CPU itself
+            networks = [pyfunc_model.keras_runnable_here(network) for network in networks]
+            if hasattr(inner, "networks"):
+                inner.networks = networks
+            else:
+                inner.network = networks[0]
         return cls(recipe, list(networks) if recipe.folds else networks[0], inner.device, loaded)
 
     @classmethod
@@ -132,7 +140,7 @@ class SegmentationModel:
         import mlflow.tensorflow
 
         logging.getLogger("absl").setLevel(logging.ERROR)
-        return cls(recipe, mlflow.tensorflow.load_model(str(folder)))
+        return cls(recipe, pyfunc_model.keras_runnable_here(mlflow.tensorflow.load_model(str(folder))))
 
     def probabilities(self, image: np.ndarray, folds: Sequence[int] | None = None) -> np.ndarray:
         """Float32 probabilities ``(h, w, d, K)`` of one preprocessed channels-last volume ``(h, w, d, C)``,

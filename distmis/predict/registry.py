@@ -38,10 +38,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["BEST_ALIAS", "MODEL_NAME", "PublishedModel", "ModelFiles", "log_model", "model_files", "register_model",
            "save_model", "model_signature", "network_file", "check_networks", "model_requirements", "input_example",
-           "fluent_tracking_uri"]
+           "fluent_tracking_uri", "logged_models", "registered_version"]
 
 #: The name of the logged model on its trial's run.
 MODEL_NAME = "model"
+#: The tag distmis gives the models it logs (its value: the recipe's file name).
+LOGGED_TAG = "distmis.recipe"
 #: The registry alias of the best version of a search's model.
 BEST_ALIAS = "best"
 SCORE_TAG, SCORE_KIND_TAG = "distmis.score", "distmis.score_metric"
@@ -281,8 +283,14 @@ def log_model(networks: Sequence[Any], recipe: ModelRecipe, tracking_uri: str, r
     """Log the model of ``networks`` (one per fold of ``recipe.folds``, in that order; exactly one when it has none)
     on the (finished) run ``run_id`` as an MLflow model named :data:`MODEL_NAME`, in the run's experiment; the recipe
     also as a run artifact, to read in the UI. Returns the model's URI (``models:/m-...``). MLflow checks the input
-    example on the logged model (loads it and predicts the small example once)."""
+    example on the logged model (loads it and predicts the small example once).
+
+    A run holds one such model, logged once: when ``run_id`` holds one already (a search's end that was interrupted
+    and is resumed), a model logged whole (READY) is that model, its URI returned and nothing logged; one whose
+    logging was cut short (PENDING: the process was killed; FAILED) is completed in place, under its own id
+    (:func:`_complete_logged_model`), rather than a second one logged beside it."""
     import mlflow.pyfunc
+    from mlflow.entities import LoggedModelStatus
     from mlflow.models import Model
     from mlflow.tracking import MlflowClient
 
@@ -290,15 +298,53 @@ def log_model(networks: Sequence[Any], recipe: ModelRecipe, tracking_uri: str, r
         check_networks(networks, recipe)  # before a logged model is created
     client = MlflowClient(tracking_uri=tracking_uri)
     run = client.get_run(run_id)
-    logged = client.create_logged_model(experiment_id=run.info.experiment_id, name=MODEL_NAME, source_run_id=run_id,
-                                        tags={"distmis.recipe": RECIPE_FILE})
+    earlier = logged_models(client, run.info.experiment_id, run_id)
+    ready = [model for model in earlier if model.status == LoggedModelStatus.READY]
+    if ready:  # its recipe beside it on the run again: the interruption may have come between the two
+        with tempfile.TemporaryDirectory(prefix="distmis-recipe-") as tmp:
+            client.log_artifact(run_id, str(recipe.write(Path(tmp) / RECIPE_FILE)))
+        return f"models:/{ready[0].model_id}"
     with fluent_tracking_uri(tracking_uri), _files(networks, recipe, files) as written:
-        # Model.log, which mlflow.pyfunc.log_model calls, with the run: logging does not reopen the finished run
-        info = Model.log(artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id,
-                         model_id=logged.model_id,
-                         **written.arguments())
+        if earlier:
+            _complete_logged_model(client, earlier[0], run_id, written)
+            model_uri = f"models:/{earlier[0].model_id}"
+        else:
+            logged = client.create_logged_model(experiment_id=run.info.experiment_id, name=MODEL_NAME,
+                                                source_run_id=run_id, tags={LOGGED_TAG: RECIPE_FILE})
+            # Model.log, which mlflow.pyfunc.log_model calls, with the run: logging does not reopen the finished run
+            model_uri = Model.log(artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id,
+                                  model_id=logged.model_id, **written.arguments()).model_uri
         client.log_artifact(run_id, str(written.recipe_file))
-    return info.model_uri
+    return model_uri
+
+
+def logged_models(client: Any, experiment_id: str, run_id: str) -> list[Any]:
+    """The models distmis logged on run ``run_id`` (named :data:`MODEL_NAME`, tagged :data:`LOGGED_TAG`), in any
+    status, oldest first."""
+    found = client.search_logged_models([experiment_id], filter_string=f"source_run_id = '{run_id}'")
+    ours = [model for model in found if model.name == MODEL_NAME and LOGGED_TAG in model.tags]
+    return sorted(ours, key=lambda model: model.creation_timestamp)
+
+
+def _complete_logged_model(client: Any, logged: Any, run_id: str, written: ModelFiles) -> None:
+    """Finish logging the model ``logged`` whose logging on ``run_id`` was cut short: what ``Model.log`` does, under
+    the model's own id. The run's link to it (its output) is made unless made already (``Model.log`` would make it
+    a second time, which the store refuses), the model folder is written and uploaded whole over whatever part of
+    it was, and the model marked READY."""
+    import mlflow.pyfunc
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+    from mlflow.models import Model
+
+    outputs = client.get_run(run_id).outputs
+    if logged.model_id not in {output.model_id for output in (outputs.model_outputs if outputs else [])}:
+        client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
+    with tempfile.TemporaryDirectory(prefix="distmis-model-") as tmp:
+        folder = Path(tmp) / MODEL_NAME
+        described = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=run_id,
+                          model_id=logged.model_id)
+        mlflow.pyfunc.save_model(str(folder), mlflow_model=described, **written.arguments())
+        client.log_model_artifacts(logged.model_id, str(folder))
+    client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
 
 
 def _better(score: float, than: float, mode: str) -> bool:
@@ -308,7 +354,11 @@ def _better(score: float, than: float, mode: str) -> bool:
 def register_model(tracking_uri: str, model_uri: str, name: str, *, run_id: str, tags: Mapping[str, Any],
                    score: tuple[str, float, str] | None, description: str = "") -> tuple[str, bool]:
     """Register ``model_uri`` as a new version of ``name`` with ``tags``; give it the alias ``best`` when its
-    ``score`` (``(metric, value, "max" | "min")``) beats the holder's. Returns the version and whether it is best."""
+    ``score`` (``(metric, value, "max" | "min")``) beats the holder's. Returns the version and whether it is best.
+
+    A model is registered once: when ``name`` has a version of ``model_uri`` from ``run_id`` already (a search's end
+    that was interrupted and is resumed), that version is the one, with the tags it was registered with; its
+    description and the alias are set again (the interruption may have come before them)."""
     import mlflow
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -318,18 +368,34 @@ def register_model(tracking_uri: str, model_uri: str, name: str, *, run_id: str,
     if score is not None:
         all_tags.update({SCORE_KIND_TAG: score[0], SCORE_TAG: repr(float(score[1]))})
     said = io.StringIO()  # MLflow prints "Successfully registered model ..." to stderr: the search's console says it
-    with fluent_tracking_uri(tracking_uri), redirect_stderr(said):
-        version = mlflow.register_model(model_uri, name, tags=all_tags, await_registration_for=60).version
-    logger.debug("%s", said.getvalue().strip())
+    version = registered_version(client, name, model_uri, run_id)
+    if version is None:
+        with fluent_tracking_uri(tracking_uri), redirect_stderr(said):
+            version = mlflow.register_model(model_uri, name, tags=all_tags, await_registration_for=60).version
+        logger.debug("%s", said.getvalue().strip())
     if description:
         client.update_model_version(name, version, description=description)
     try:
         holder = client.get_model_version_by_alias(name, BEST_ALIAS)
     except MlflowException:
         holder = None
-    best = holder is None or score is None or holder.tags.get(SCORE_KIND_TAG) != score[0]
+    best = (holder is None or str(holder.version) == str(version) or score is None
+            or holder.tags.get(SCORE_KIND_TAG) != score[0])
     if not best and holder is not None and score is not None:
         best = _better(float(score[1]), float(holder.tags.get(SCORE_TAG, "nan")), score[2])
     if best:
         client.set_registered_model_alias(name, BEST_ALIAS, version)
     return str(version), best
+
+
+def registered_version(client: Any, name: str, model_uri: str, run_id: str) -> str | None:
+    """The version of the registered model ``name`` made from ``model_uri`` (logged on ``run_id``), if there is
+    one (the newest)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = client.search_model_versions(f"run_id = '{run_id}'")
+    except MlflowException:  # a registry that cannot search by run: registered as ever (its errors come next)
+        return None
+    versions = [v for v in found if v.name == name and v.source == model_uri]
+    return str(max(int(v.version) for v in versions)) if versions else None

@@ -16,7 +16,7 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
@@ -160,15 +160,29 @@ def fold_candidates(models: Iterable[BestModel], trial_folds: Mapping[str, tuple
 @contextmanager
 def loaded_trainer(model: BestModel, spec: Spec, data: PreparedData) -> Iterator[Trainer]:
     """The trial's trainer in this process, on one device (a local mesh: the trial's layout as it was, no
-    process group), with its best epoch's weights."""
+    process group), with its best epoch's weights, predicting as its published model does
+    (:func:`as_published`)."""
     from distmis.parallel.mesh import TrialMesh
     from distmis.search.trainable import build_trainer
 
     trial, layout = resolve_trial(spec, model.config)
-    trainer = build_trainer(trial, layout, data.tfrecord_dir, mesh=TrialMesh.local(layout))
+    trainer = build_trainer(as_published(trial), layout, data.tfrecord_dir, mesh=TrialMesh.local(layout))
     with model.checkpoint.as_directory() as directory:
         trainer.load(directory)
     yield trainer
+
+
+def as_published(trial: Spec) -> Spec:
+    """A trial's spec as its published model computes: a torch trial trained in mixed precision (``bf16``,
+    ``fp16``: autocast over fp32 master weights) in ``fp32``, for the published network is a ``torch.export``
+    program of those fp32 weights without autocast (it runs on any CPU or GPU; bfloat16 is emulated, slowly, on a
+    CPU without its instructions, and float16 refused). Its test split is scored, and its overlay drawn, by what is
+    published. A Keras model keeps its layers' dtype policy in its file: it is scored as it is."""
+    from distmis.spec.load import apply_config
+
+    if trial.model.framework == "torch" and trial.training.precision != "fp32":
+        return apply_config(trial, {"training.precision": "fp32"}, source="the published model's precision")
+    return trial
 
 
 def test_spacings(spec: Spec, data: PreparedData) -> dict[str, tuple[float, float, float]]:

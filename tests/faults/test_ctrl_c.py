@@ -11,7 +11,8 @@ leaves on disk or in the process tree, never by a hook in distmis:
 * the data set's generation: its ``.NAME.partial-*`` folder exists;
 * the TFRecord conversion: its ``.partial-*`` folder exists and its reader processes run;
 * the trials: a trial has logged an epoch;
-* the search's end: the search's learning curves are logged (scoring the best trial, publishing its model).
+* the search's end: its best trial's model is being logged (scored on the test split, published: copied, logging);
+  resumed, the end logs the model, registers it and records each test score once (issue 46, finding 7).
 """
 
 from __future__ import annotations
@@ -205,21 +206,40 @@ def test_ctrl_c_in_every_phase_of_a_run(tmp_path: Path):
         assert run_statuses(db) == {"search": ["KILLED"], "trial": ["KILLED"]}
         assert state_of(out) == "interrupted"
 
-        # The search's end, resumed: the trial went on and finished; interrupted while its model is scored.
+        # The search's end, resumed: the trial went on and finished; interrupted while its model is logged (scored,
+        # its copy written, its logged model created in the store).
         run = start(spec, out, "--resume")
-        run.wait_for(lambda: any((out / "mlartifacts").rglob("val_dice_curves.png")), "the search's end")
+        run.wait_for(lambda: bool(query(db, "SELECT 1 FROM logged_models")), "the search's end")
         run.ctrl_c()
         assert run_statuses(db) == {"search": ["KILLED"], "trial": ["FINISHED"]}
         assert state_of(out) == "interrupted"
-        assert not (out / "model").exists() and not [p for p in out.iterdir() if p.name.startswith(".model")]
+        assert not [p for p in out.iterdir() if p.name.startswith(".model")]  # the copy is whole or absent
 
-        # Resumed once more, the search ends as an uninterrupted one does.
+        # Resumed once more, the search ends as an uninterrupted one does: one model, registered once, each test
+        # score once.
         start(spec, out, "--resume").finish()
         assert run_statuses(db) == {"search": ["FINISHED"], "trial": ["FINISHED"]}
         assert state_of(out) == "finished" and (out / "model" / "MLmodel").is_file()
+        assert_published_once(db)
     finally:
         for run in runs:
             run.kill()
+
+
+def assert_published_once(db: Path) -> None:
+    """One model logged (READY, on the trial's run) and one version registered; every test score (``test_*``) has
+    one value on the runs it is on (the trial's and the search's)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    runs = {role: run for role, run in query(db, "SELECT t.value, t.run_uuid FROM tags t WHERE t.key = 'distmis.role'")}
+    experiment = client.get_run(runs["trial"]).info.experiment_id
+    logged = client.search_logged_models([experiment])
+    assert [(str(m.status), m.source_run_id) for m in logged] == [("READY", runs["trial"])]
+    assert len(client.search_model_versions()) == 1
+    for run_id in runs.values():
+        scores = [key for key in client.get_run(run_id).data.metrics if key.startswith("test_")]
+        assert scores and all(len(client.get_metric_history(run_id, key)) == 1 for key in scores), run_id
 
 
 def mapped(pid: int, library: str, timeout: float = 30) -> bool:

@@ -182,3 +182,42 @@ def test_the_saved_model_predicts_where_distmis_cannot_be_imported(tmp_path: Pat
     run_without_distmis(str(folder), "sqlite:///" + str(tmp_path / "unused.db"), [files], tmp_path / "labels",
                         tmp_path / "elsewhere")
     np.testing.assert_array_equal(np.load(tmp_path / "labels" / "case_flair.npy"), model.segment(image, "msd"))
+
+
+def test_a_keras_model_trained_in_float16_predicts_on_a_cpu(tmp_path: Path):
+    """A Keras U-Net trained with ``training.precision: fp16`` (on a GPU: the ``mixed_float16`` policy, saved in the
+    model file) cannot run on a CPU as saved: TensorFlow has no float16 ``MaxPool3D`` there. Where there is no GPU
+    the model's code rebuilds it in float32 with its weights (the float32 master weights): MLflow's own
+    ``predict`` gives the float32 network's label map. ``distmis predict`` does the same for a folder whose code was
+    saved before that (its ``load_network`` emulated by the plain Keras load)."""
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import keras
+    import mlflow.pyfunc
+    import tensorflow as tf
+
+    from distmis.models.unet3d_tf import build_unet3d
+    from tests.predict.test_registry import recipe_for
+
+    assert not tf.config.list_physical_devices("GPU")
+    keras.utils.set_random_seed(0)
+    sizes = {"in_channels": 4, "num_classes": 3, "base_filters": 4, "levels": 2, "norm": "group", "norm_groups": 2}
+    fp16 = build_unet3d(dtype_policy="mixed_float16", **sizes)
+    float32 = build_unet3d(**sizes)
+    float32.set_weights(fp16.get_weights())
+    image = np.random.default_rng(0).normal(100, 20, (20, 20, 20, 4)).astype(np.float32)
+    with pytest.raises(tf.errors.NotFoundError, match="MaxPool3D"):  # the model as saved, on this CPU
+        fp16(image[None, :16, :16, :16], training=False)
+
+    recipe = recipe_for("tensorflow")
+    folder = save_model([fp16], recipe, tmp_path / "model")
+    twin = SegmentationModel(recipe, float32)
+    labels = mlflow.pyfunc.load_model(str(folder)).predict(image, params={"layout": recipe.layout})
+    np.testing.assert_array_equal(labels, twin.segment(image))
+
+    code = folder / "pyfunc_model.py"  # a folder saved before its code rebuilt the model
+    plain_load = 'keras_runnable_here(keras.saving.load_model(path, compile=False)), "cpu"'
+    assert plain_load in code.read_text()
+    code.write_text(code.read_text().replace(plain_load, 'keras.saving.load_model(path, compile=False), "cpu"'))
+    volume = pyfunc_model.zscore_nonzero(image)
+    np.testing.assert_allclose(SegmentationModel.load(folder).probabilities(volume), twin.probabilities(volume),
+                               rtol=0, atol=1e-5)

@@ -42,3 +42,41 @@ def test_the_test_split_is_scored_per_class(tmp_path):
     for key, present in zip(CLASS_KEYS, label[..., 1:].reshape(-1, 3).any(axis=0)):
         assert present  # the synthetic case holds every organ
         assert missed[f"test_dice_{key}"] == 0.0 and missed[f"test_hd95_{key}"] == pytest.approx(diagonal)
+
+
+def test_a_bf16_trial_is_scored_as_its_published_model_predicts(tmp_path):
+    """A torch trial trained under ``training.precision: bf16`` (autocast over fp32 master weights) is published as
+    an fp32 program: its recorded test scores are those of that program, the published model's own probabilities
+    scored the same way, not those of a bf16 forward."""
+    import contextlib
+
+    import pandas as pd
+
+    from distmis.parallel.mesh import TrialMesh
+    from distmis.predict.model import SegmentationModel
+    from distmis.search.evaluate import BestModel, loaded_trainer, publish_model
+    from distmis.search.trainable import build_trainer
+    from distmis.spec.layout import resolve_trial
+
+    data = make_classes_data(tmp_path)
+    tree = data.spec_tree(name="unet3d", framework="torch", params={"base_filters": 4, "levels": 2})
+    tree["training"]["precision"] = "bf16"
+    spec = validate_spec(tree)
+    prepared = SimpleNamespace(tfrecord_dir=data.tfrecord_dir, manifest=data.manifest, split=data.split)
+    trial, layout = resolve_trial(spec, {})
+    trained = build_trainer(trial, layout, data.tfrecord_dir, mesh=TrialMesh.local(layout))
+    assert trained.precision.mixed  # the trial itself computed in bf16
+    trained.save(tmp_path / "best")  # its best weights: the fp32 master weights
+    weights = SimpleNamespace(as_directory=lambda: contextlib.nullcontext(tmp_path / "best"))
+    best = BestModel("t_00000", {}, 0.5, weights)
+    spacings = {case: (1.0, 1.0, 1.0) for case in data.split["test"]}
+
+    with loaded_trainer(best, spec, prepared) as trainer:
+        recorded = evaluate_on_test(trainer, spec, prepared, "t_00000", spacings)
+        published = publish_model([trainer], best, spec, prepared, tracking_uri="", trial_run_id=None,
+                                  search_run_id="", evaluation=recorded, folder=tmp_path / "model", register=False)
+    model = SegmentationModel.load(published.folder)
+    predicted = evaluate_on_test(SimpleNamespace(predict_volume=model.probabilities), spec, prepared, "t_00000",
+                                 spacings)
+    assert recorded is not None and predicted is not None
+    pd.testing.assert_frame_equal(recorded.cases, predicted.cases, check_exact=False, rtol=1e-6)
