@@ -75,6 +75,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from distmis.data.case_progress import CaseProgress
+from distmis.data.disk_space import Room, check_room, full_disk_error, is_disk_full
 from distmis.data.errors import DataError
 from distmis.data.layouts import MODALITIES, CaseFiles, read_case
 from distmis.data.preprocess import PreprocessConfig, preprocess_case
@@ -637,7 +639,7 @@ def convert_to_tfrecords(
         shards_per_split: shards per split; default: ~8 cases per shard.
             Always clamped to ``[1, number of cases in the split]``.
         workers: reader processes; default ``min(cpu count, 4)``; 1 = in-process.
-        progress: show a tqdm progress bar on stderr.
+        progress: show the progress on stderr (:mod:`~distmis.data.case_progress`).
         description: the data set's :class:`~distmis.data.description.DatasetDescription` (its channels and
             labels); None: the layout's own (the BraTS layouts, MSD Task01).
         overwrite: replace an existing TFRecord folder at ``out_dir``: an
@@ -651,14 +653,15 @@ def convert_to_tfrecords(
     Raises:
         DataError: naming the file or case, for unreadable files, mismatched
             shapes, bad label values, cases with different shapes after
-            preprocessing, or an existing ``out_dir``.  Nothing is left on
+            preprocessing, or an existing ``out_dir``; naming the folder, for a
+            disk without room for the records (checked from the headers before
+            anything is read: :mod:`~distmis.data.disk_space`, or met while
+            writing) or a folder that cannot be written in.  Nothing is left on
             disk when it fails.
 
     Leftovers of killed conversions beside ``out_dir`` are removed first
     (:func:`remove_leftovers`).
     """
-    from tqdm import tqdm
-
     out_dir = Path(out_dir)
     if shards_per_split is not None and int(shards_per_split) < 1:
         raise ValueError(f"shards_per_split must be >= 1, got {shards_per_split!r}")
@@ -669,20 +672,26 @@ def convert_to_tfrecords(
     if workers is None:
         workers = min(os.cpu_count() or 1, 4)
     workers = max(1, min(int(workers), len(ordered)))
+    room = check_room(ordered, config, out_dir.parent)  # before anything is read or written
 
     tf = _tf()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex[:8]
     tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{tag}"
-    tmp.mkdir()
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise _unwritable(room, exc) from None
     try:
         marker = _claim(tmp, tag)
-    except BaseException:
+    except BaseException as exc:
+        if os.path.lexists(tmp / PARTIAL_MARKER):  # made, but not written in full (a full disk)
+            os.unlink(tmp / PARTIAL_MARKER)
         os.rmdir(tmp)
-        raise
+        raise _unwritable(room, exc) if isinstance(exc, OSError) else exc
     try:
         results = _ordered_map(_load_case, ordered, (config, description), workers)
-        bar = tqdm(total=len(ordered), desc="tfrecords", unit="case", disable=not progress, file=sys.stderr)
+        bar = CaseProgress(len(ordered), "tfrecords", enabled=progress)
         try:
             image_shape: tuple[int, ...] | None = None
             label_shape: tuple[int, ...] | None = None
@@ -734,12 +743,22 @@ def convert_to_tfrecords(
             results.close()  # stops the worker pool
             bar.close()
         _move_into_place(tmp, out_dir, tag)
-    except BaseException:
+    except BaseException as exc:
         _discard_partial(tmp)
+        if is_disk_full(exc):  # TensorFlow's writer or Python's: one clear error, nothing half-written left
+            raise full_disk_error(room, exc) from None
         raise
     finally:
         _release(marker, tag)
     return manifest
+
+
+def _unwritable(room: Room, exc: OSError) -> DataError:
+    """The DataError of an output folder that cannot be made or written in (read-only, no permission, full)."""
+    if is_disk_full(exc):
+        return full_disk_error(room, exc)
+    return DataError(f"cannot write the TFRecords in {str(room.folder)!r}: {exc.strerror or exc} "
+                     f"({str(exc.filename or room.folder)!r}); choose an output folder this user can write in")
 
 
 def _move_into_place(tmp: Path, out_dir: Path, tag: str) -> None:
@@ -961,7 +980,7 @@ def _fixed_parallelism(tf: Any) -> Any:
 
     An iterator's destructor joins its autotuning thread, which waits out its optimization period first (TensorFlow
     2.20): each epoch's iterator, dropped at the epoch's end, held a trial of one CPU idle for 2 to 17 s, in 7 of
-    the 12 epochs of four 3-epoch trials on one Tune actor (benchmarks/README.md). A trial of one or two CPUs has
+    the 12 epochs of four 3-epoch trials on one Tune actor (benchmarks/history.md). A trial of one or two CPUs has
     no parallelism for it to tune."""
     options = tf.data.Options()
     options.autotune.enabled = False

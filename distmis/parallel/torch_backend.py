@@ -7,6 +7,11 @@ say why. :class:`GpuCheckedTorchConfig` first runs :func:`distmis.parallel.devic
 worker, so the trial fails with :class:`~distmis.parallel.devices.GpuUnavailableError` (what Ray gave, what torch
 saw, what to do) instead. Its set-up is otherwise Ray's own ``TorchConfig``'s.
 
+Ray (2.60) has no public hook between a worker group's start and its process group, so this subclasses Ray's
+private ``_TorchBackend`` (what the public ``TorchConfig.backend_cls`` returns).
+``tests/parallel/test_torch_backend.py`` pins what that relies on, for the Ray versions pyproject.toml allows
+(docs/gpu.md).
+
 Imports torch (through ``ray.train.torch``): for the trial processes of torch searches only.
 """
 
@@ -14,7 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ray.train.torch.config import TorchConfig, _TorchBackend  # Ray 2.60's; the backend class is not exported
+import ray
+from ray.train.torch.config import TorchConfig
+
+try:
+    from ray.train.torch.config import _TorchBackend  # Ray 2.60's; the backend class is not exported
+except ImportError as exc:  # pragma: no cover - a Ray that moved it: say so, not just the missing name
+    raise ImportError(f"Ray {ray.__version__} has no ray.train.torch.config._TorchBackend, which distmis's GPU check "
+                      "for Ray Train's torch workers subclasses (distmis/parallel/torch_backend.py; docs/gpu.md): "
+                      "install the Ray that constraints.txt pins") from exc
 
 from distmis.parallel.devices import check_process_gpus
 

@@ -82,6 +82,20 @@ def trial_folder() -> tuple[Any, str] | None:
     return None if storage is None else (storage.storage_filesystem, storage.trial_fs_path)
 
 
+def trial_working_folder() -> str | None:
+    """This Tune trial's working folder on this node (Ray makes it the trial process's working directory, unless
+    ``RAY_CHDIR_TO_TRIAL_DIR=0``): where the trial keeps its scratch files (:func:`distmis.train.loop.trial_scratch`),
+    so that what a killed trial leaves goes with the trial's folder. None when it cannot be told.
+
+    Ray's public context gives the trial's driver-side folder only (``get_trial_dir``), so this reads the session's
+    storage context, as :func:`trial_folder` does."""
+    storage = _session_storage()
+    try:
+        return None if storage is None else str(storage.trial_working_directory)
+    except Exception:  # noqa: BLE001 - no trial named yet, or Ray moved it: the system's temporary folder serves
+        return None
+
+
 def _session_storage() -> Any | None:
     try:
         from ray.train._internal.session import get_session

@@ -4,28 +4,35 @@ from its last epoch and finishes, in its one MLflow run. Real processes killed w
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from distmis.search.run import run_search
-from distmis.search.trainable import data_parallel_trial, data_parallel_worker, single_process_trial
+from distmis.search.trainable import (
+    data_parallel_trial, data_parallel_worker, single_process_trial, worker_working_folder,
+)
+from distmis.search.trial_checkpoints import trial_working_folder
 from distmis.spec import validate_spec
 from distmis.tracking.mlflow_tracking import ATTEMPTS_TAG
 from distmis.tracking.results import trial_runs
+from distmis.train.loop import BEST_DIR, SCRATCH_PREFIX
 from tests.conftest import small_spec_tree
 
 EPOCHS = 4
 KILL_AFTER = 2  # epochs: the process is SIGKILLed once the second epoch's checkpoint is saved
 
 
-def die_after_reports(report: Any, log: Path, armed: bool) -> Any:
-    """``report``, logging each epoch as "pid epoch"; when ``armed``, SIGKILL this process after KILL_AFTER."""
+def die_after_reports(report: Any, log: Path, armed: bool, working_folder: Callable[[], str | None],
+                      rank: int = 0) -> Any:
+    """``report``, logging each epoch as "pid epoch"; when ``armed``, SIGKILL this process after KILL_AFTER, once
+    it has written down what its trial's working folder held (``scratch.json``)."""
 
     def wrapped(metrics: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         report(metrics, *args, **kwargs)
@@ -33,6 +40,10 @@ def die_after_reports(report: Any, log: Path, armed: bool) -> Any:
             handle.write(f"{os.getpid()} {metrics['epoch']}\n")
         if armed and metrics["epoch"] >= KILL_AFTER:
             time.sleep(3)  # let the driver (and Ray Train's controller) take in the reports made so far
+            folder = working_folder()
+            scratch = Path(folder or "/nonexistent", f"{SCRATCH_PREFIX}{rank}")
+            held = sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*")) if scratch.is_dir() else []
+            Path(log.parent, "scratch.json").write_text(json.dumps({"scratch": str(scratch), "held": held}))
             os.kill(os.getpid(), signal.SIGKILL)
 
     return wrapped
@@ -50,7 +61,8 @@ def dying_single_trial(workdir: str, config: dict[str, Any], **kwargs: Any) -> N
     """The real single-process trial, whose first process is killed after its second epoch."""
     from ray import tune
 
-    tune.report = die_after_reports(tune.report, Path(workdir, "reports.log"), first_time(Path(workdir, "killed")))
+    tune.report = die_after_reports(tune.report, Path(workdir, "reports.log"), first_time(Path(workdir, "killed")),
+                                    trial_working_folder)
     single_process_trial(config, **kwargs)
 
 
@@ -61,7 +73,7 @@ def dying_worker(workdir: str, loop_config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     armed = rank == 1 and first_time(Path(workdir, "killed"))
     log = Path(workdir, f"reports.rank{rank}.log")
-    ray.train.report = die_after_reports(ray.train.report, log, armed)
+    ray.train.report = die_after_reports(ray.train.report, log, armed, worker_working_folder, rank)
     data_parallel_worker(loop_config)
 
 
@@ -105,3 +117,11 @@ def test_a_killed_trial_restarts_from_its_last_epoch(ray_local, tmp_path: Path, 
         epochs_by_process(log)[-1]]
     assert first[:KILL_AFTER] == list(range(1, KILL_AFTER + 1))
     assert second == list(range(KILL_AFTER + 1, EPOCHS + 1)), second  # went on from its last epoch, not the start
+
+    # The killed process kept its scratch (the best weights so far, on rank 0) in its trial's own working folder,
+    # not the system's temporary folder (issue 46, finding 14); the restarted run reused it and removed it at its end.
+    killed = json.loads((tmp_path / "scratch.json").read_text())
+    assert BEST_DIR in killed["held"], killed
+    if mode == "experiment":
+        assert f"{BEST_DIR}/model.pt" in killed["held"], killed
+    assert not Path(killed["scratch"]).exists()

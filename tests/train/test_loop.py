@@ -1,0 +1,69 @@
+"""The epoch loop's scratch files (issue 46, finding 14): a trial's best weights so far and each epoch's checkpoint
+live in the trial's own working folder, not the system's temporary folder, where every SIGKILLed trial used to
+leave a ``distmis-best-*`` folder for good (114 had piled up). What a killed run of the same trial left there is
+reused, and the scratch goes when the run ends. The trainables' folders, with real Ray processes killed:
+``tests/search/test_retries.py``; the TensorFlow worker group's: ``tests/search/test_worker_group.py``."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from distmis.search.prepare import prepare_data
+from distmis.spec import validate_spec
+from distmis.train.loop import BEST_DIR, SCRATCH_PREFIX, epoch_reports
+from tests.conftest import small_spec_tree
+from tests.train.torch_trainers import local_trainer
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("loop")
+    tree = small_spec_tree(tmp / "data")
+    tree["model"]["framework"] = "torch"
+    tree["training"].update({"epochs": 2, "tile": [8, 8, 8]})
+    spec = validate_spec(tree)
+    return spec, prepare_data(spec, tmp / "out", progress=False).tfrecord_dir
+
+
+def test_the_best_weights_live_in_the_trials_folder_reuse_a_killed_runs_and_go_at_the_end(
+        prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    spec, tfrecords = prepared
+    system_temp = tmp_path / "system-temp"
+    system_temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_temp))  # what the loop would leave there, seen
+    trial = tmp_path / "trial"
+    # What a run of this trial SIGKILLed mid-epoch left: its best weights and an epoch's checkpoint half-written.
+    leftover = trial / f"{SCRATCH_PREFIX}0"
+    (leftover / BEST_DIR).mkdir(parents=True)
+    (leftover / BEST_DIR / "model.pt").write_bytes(b"the weights of a killed run")
+    (leftover / "checkpoint-halfway").mkdir()
+
+    epochs = epoch_reports(local_trainer(spec, tfrecords), spec, scratch=trial)
+    metrics, checkpoint = next(epochs)
+    assert metrics["epoch"] == 1 and checkpoint is not None
+    assert checkpoint.parent == leftover  # this epoch's checkpoint, in the trial's folder until it is reported
+    best = leftover / BEST_DIR / "model.pt"
+    assert best.is_file() and best.read_bytes() != b"the weights of a killed run"  # the first epoch is the best yet
+    assert (checkpoint / "model.pt").read_bytes() == best.read_bytes()
+    assert not (leftover / "checkpoint-halfway").exists()  # the killed run's folder was emptied, then reused
+    assert sorted(p.name for p in trial.iterdir()) == [leftover.name]
+
+    assert [m["epoch"] for m, _ in epochs] == [2]
+    assert not leftover.exists() and not checkpoint.exists()  # the run's end removes its scratch
+    assert [p.name for p in system_temp.iterdir() if "distmis" in p.name] == []  # nor the system's temporary folder
+
+
+def test_outside_a_trial_the_scratch_is_a_fresh_temporary_folder(prepared, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    spec, tfrecords = prepared
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    epochs = epoch_reports(local_trainer(spec, tfrecords), spec)
+    _, checkpoint = next(epochs)
+    assert checkpoint is not None and checkpoint.parent.parent == tmp_path
+    assert checkpoint.parent.name.startswith(f"{SCRATCH_PREFIX}0-")
+    assert (checkpoint.parent / BEST_DIR / "model.pt").is_file()
+    epochs.close()  # a trial stopped between two epochs
+    assert not checkpoint.parent.exists()
