@@ -1,10 +1,11 @@
 """What a trial leaves for the driver to read: the reserved keys of its reports and its checkpoint folders.
 
-The trial's side (:mod:`distmis.train.loop`, :mod:`distmis.train.checkpoint`, :mod:`distmis.train.startup`)
-writes them; the driver's side (:mod:`distmis.tracking.mlflow_tracking`, :mod:`distmis.search.trial_checkpoints`)
-reads them. Both import this module, so the tracking package need not import the training code to read what a
-trial wrote. Plain Python (pyarrow's filesystem classes are imported where a folder is listed): no torch,
-TensorFlow, Ray or other distmis module.
+The trial's side (:mod:`distmis.train.loop`, :mod:`distmis.train.checkpoint`, :mod:`distmis.train.startup`,
+:mod:`distmis.train.system_metrics`: its :class:`SystemSample` s) writes them; the driver's side
+(:mod:`distmis.tracking.mlflow_tracking`, :mod:`distmis.search.trial_checkpoints`) reads them. Both import this
+module, so the tracking package need not import the training code to read what a trial wrote. Plain Python
+(pyarrow's filesystem classes are imported where a folder is listed): no torch, TensorFlow, Ray or other distmis
+module.
 
 A checkpoint folder (``checkpoint_000012``) holds ``resume/state.json`` (a :class:`TrainingState`) once it is
 complete; the rest of its files are the trainer's (:mod:`distmis.train.checkpoint`).
@@ -17,13 +18,50 @@ import posixpath
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["HISTORY_KEY", "STARTUP_PREFIX", "DEVICE_KEY", "CHECKPOINT_PREFIX", "RESUME_DIR", "STATE_FILE",
+__all__ = ["HISTORY_KEY", "STARTUP_PREFIX", "DEVICE_KEY", "SYSTEM_KEY", "CHECKPOINT_PREFIX", "RESUME_DIR",
+           "STATE_FILE", "SystemSample", "samples_to_json", "samples_from_json", "with_every_rank_samples",
            "TrainingState", "stored_state", "held_epoch", "complete_folders"]
 
 # --------------------------------------------------------------------------- keys of a trial's reports
 HISTORY_KEY = "history"  # in a restarted trial's first report: JSON of every epoch's metrics so far
 STARTUP_PREFIX = "startup_"  # the first report's start-up seconds, ``startup_<part>_s`` (train.startup)
 DEVICE_KEY = "device"  # the first report's: where the (primary rank's) model trains, "cpu" or "cuda:0 (NVIDIA ...)"
+SYSTEM_KEY = "system_metrics"  # a report's system samples since the previous report: JSON (samples_to_json)
+
+
+@dataclass(frozen=True)
+class SystemSample:
+    """One sample of a trial's system use (:mod:`distmis.train.system_metrics`): when (milliseconds since the epoch,
+    as MLflow times a metric) and each figure by MLflow's system-metric name without its ``system/`` prefix
+    (``cpu_utilization_percentage``, ``gpu_0_utilization_percentage``, ``rank0_memory_usage_megabytes``...)."""
+
+    timestamp_ms: int
+    values: dict[str, float]
+
+
+def samples_to_json(samples: list[SystemSample]) -> str:
+    return json.dumps([{"t": sample.timestamp_ms, "v": sample.values} for sample in samples])
+
+
+def samples_from_json(text: str) -> list[SystemSample]:
+    """The samples a report carries; ``[]`` for anything else (a report is a record, never a reason to fail)."""
+    try:
+        return [SystemSample(int(item["t"]), {str(k): float(v) for k, v in item["v"].items()})
+                for item in json.loads(text)]
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return []
+
+
+def with_every_rank_samples(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's report of an epoch (``reports``: every rank's, rank 0 first) carrying every rank's system samples:
+    each rank samples its own processes and GPUs under names of its own (``rank<r>_...``, ``gpu_<i>_...``)."""
+    merged = dict(reports[0])
+    samples = [sample for report in reports if report.get(SYSTEM_KEY)
+               for sample in samples_from_json(str(report[SYSTEM_KEY]))]
+    if samples:
+        merged[SYSTEM_KEY] = samples_to_json(sorted(samples, key=lambda sample: sample.timestamp_ms))
+    return merged
+
 
 # --------------------------------------------------------------------------- a checkpoint folder's layout
 CHECKPOINT_PREFIX = "checkpoint_"  # the folders Tune and Ray Train write a trial's checkpoints to

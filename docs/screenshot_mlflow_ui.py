@@ -1,5 +1,6 @@
-"""Screenshot a search in the MLflow UI: its runs (the parent expanded to its trials), the best trial's page (its
-logged and registered model, source and tags) and the search's results table.
+"""Screenshot a search in the MLflow UI: its runs (the parent expanded to its trials, with their data set), the best
+trial's page (its logged and registered model, data set, source and tags), its system metrics and the search's
+results table.
 
 Used for the README (docs/img/mlflow-ui-*.png). Needs a browser, which the project does not install: Debian's
 ``chromium`` and ``pip install playwright`` (its Python driver only; no browser download). With ``distmis ui``
@@ -8,7 +9,8 @@ serving on 127.0.0.1:5000:
     python docs/screenshot_mlflow_ui.py --experiment quickstart --out-dir docs/img
 
 writes ``mlflow-ui-quickstart.png`` (the runs), ``mlflow-ui-model.png`` (the run of the version the registry's alias
-``best`` names) and ``mlflow-ui-results.png`` (the search run's ``results.md``).
+``best`` names), ``mlflow-ui-system-metrics.png`` (that run's "System metrics" tab) and ``mlflow-ui-results.png``
+(the search run's ``results.md``).
 """
 
 from __future__ import annotations
@@ -77,13 +79,21 @@ def main() -> None:
 
         page.goto(f"{base}/runs/{best_run}")
         settle("Registered models")
+        page.fill("input[placeholder='Search metrics']", "test_")  # its test scores, below its system metrics
+        page.wait_for_timeout(1000)
         page.screenshot(path=str(out / "mlflow-ui-model.png"), clip={"x": 0, "y": 0, "width": 1900, "height": 800})
+
+        page.goto(f"{base}/runs/{best_run}/system-metrics")
+        settle("rank0_cpu_utilization_percentage")
+        page.screenshot(path=str(out / "mlflow-ui-system-metrics.png"),
+                        clip={"x": 0, "y": 0, "width": 1900, "height": 900})
 
         page.goto(f"{base}/runs/{search_run}/artifacts/results.md")
         settle("best_val_dice")
         page.screenshot(path=str(out / "mlflow-ui-results.png"), clip={"x": 0, "y": 0, "width": 1700, "height": 520})
         browser.close()
-    print(f"wrote {out}/mlflow-ui-quickstart.png, mlflow-ui-model.png, mlflow-ui-results.png")
+    print(f"wrote {out}/mlflow-ui-quickstart.png, mlflow-ui-model.png, mlflow-ui-system-metrics.png, "
+          "mlflow-ui-results.png")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Callable, Mapping, NotRequired, TypedDict
 
 from distmis.search.kept_trainers import KeptTrainers, trainer_key
 from distmis.train.loop import Metrics, StoredCheckpoint, quiet_worker, train_and_report
@@ -33,6 +33,8 @@ from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.schema import Spec
 
 if TYPE_CHECKING:
+    from ray.tune.integration.ray_train import TuneReportCallback
+
     from distmis.parallel.mesh import TrialMesh
     from distmis.train.protocol import Trainer
 
@@ -157,7 +159,9 @@ def single_process_trial(config: TrialConfig, *, spec: Spec, tfrecord_dir: str) 
     """
     from ray import tune
 
-    from distmis.search.trial_checkpoints import name_by_epoch, prune_older, resume_candidates, trial_folder
+    from distmis.search.trial_checkpoints import (
+        name_by_epoch, prune_older, resume_candidates, trial_folder, trial_working_folder,
+    )
     from distmis.train.threads import pin_threads
 
     global _TRIALS_STARTED
@@ -187,7 +191,8 @@ def single_process_trial(config: TrialConfig, *, spec: Spec, tfrecord_dir: str) 
                "startup_graphs_reused": float(graphs_reused)}
     try:
         train_and_report(trainer, trial, report, tune.Checkpoint,
-                         checkpoints=resume_candidates(tune.get_checkpoint(), trial_folder()), startup=startup)
+                         checkpoints=resume_candidates(tune.get_checkpoint(), trial_folder()), startup=startup,
+                         scratch=trial_working_folder())
     except SystemExit:  # Tune stopped the trial (its scheduler, or the search's end) between two epochs
         raise
     except BaseException:
@@ -221,7 +226,20 @@ def data_parallel_worker(loop_config: LoopConfig) -> None:
     rank = ray.train.get_context().get_world_rank()
     checkpoint = ray.train.get_checkpoint()  # Ray Train's latest, after a restart
     train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint, rank=rank, primary=rank == 0,
-                     checkpoints=[checkpoint] if checkpoint is not None else [], startup=clock.seconds())
+                     checkpoints=[checkpoint] if checkpoint is not None else [], startup=clock.seconds(),
+                     scratch=worker_working_folder())
+
+
+def worker_working_folder() -> str | None:
+    """This Ray Train worker's working folder on its node (Ray Train makes it the worker's working directory, one
+    per run, so per trial: the run is named after it): where the worker keeps its scratch files
+    (:func:`distmis.train.loop.trial_scratch`, one folder per rank). None when Ray cannot tell it."""
+    import ray.train
+
+    try:
+        return str(ray.train.get_context().get_storage().local_working_directory)
+    except Exception:  # noqa: BLE001 - a DeveloperAPI: where Ray moved it, the system's temporary folder serves
+        return None
 
 
 def data_parallel_trial(
@@ -241,7 +259,6 @@ def data_parallel_trial(
     """
     from ray import tune
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     from distmis.search.placement_groups import release_train_placement_groups
     from distmis.search.storage import atomic_local_filesystem
@@ -259,7 +276,7 @@ def data_parallel_trial(
         name=f"{tune.get_context().get_trial_id()}",
         storage_path=storage_path,
         storage_filesystem=atomic_local_filesystem(),
-        callbacks=[TuneReportCallback()],
+        callbacks=[_tune_report_every_rank()],
         checkpoint_config=CheckpointConfig(num_to_keep=1),  # the latest epoch's (it holds the best weights too)
         # A worker group that can never start (its workers die at once) fails the trial after 3 tries rather than
         # retrying for ever, unless the cluster may still grow.
@@ -294,6 +311,20 @@ def data_parallel_trial(
         release_train_placement_groups()
 
 
+def _tune_report_every_rank() -> TuneReportCallback:
+    """Ray Train's ``TuneReportCallback``, which forwards rank 0's report of each epoch to Tune, with every rank's
+    system samples in it (:func:`~distmis.trial_record.with_every_rank_samples`)."""
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from distmis.trial_record import with_every_rank_samples
+
+    class EveryRankReport(TuneReportCallback):
+        def after_report(self, run_context: object, metrics: list[Metrics], checkpoint: object) -> None:
+            super().after_report(run_context, [with_every_rank_samples(metrics)], checkpoint)
+
+    return EveryRankReport()
+
+
 def tensorflow_group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, *, search: str) -> None:
     """One data-parallel TensorFlow trial of a data-mode search on the search's worker group
     (:mod:`distmis.search.worker_group`): started by the first trial, kept by this reused Tune process for the
@@ -302,7 +333,9 @@ def tensorflow_group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, 
     from ray import tune
 
     from distmis.search.worker_group import folder_files, group_for, write_files
-    from distmis.search.trial_checkpoints import name_by_epoch, prune_older, resume_candidates, trial_folder
+    from distmis.search.trial_checkpoints import (
+        name_by_epoch, prune_older, resume_candidates, trial_folder, trial_working_folder,
+    )
 
     submitted_at = time.time()  # the workers' start-up clocks count from here (distmis.train.startup)
     group = group_for(layout, search)
@@ -310,11 +343,12 @@ def tensorflow_group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, 
     for checkpoint in resume_candidates(tune.get_checkpoint(), trial_folder()):
         with checkpoint.as_directory() as folder:
             checkpoints.append(folder_files(folder))
-    for metrics, files in group.epochs(trial, layout, tfrecord_dir, checkpoints, submitted_at):
+    scratch = trial_working_folder()  # the workers' scratch files go there too (on their nodes)
+    for metrics, files in group.epochs(trial, layout, tfrecord_dir, checkpoints, submitted_at, scratch=scratch):
         if files is None:
             tune.report(metrics)
             continue
         name_by_epoch(int(metrics["epoch"]))
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory(prefix="distmis-checkpoint-", dir=scratch) as tmp:
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(write_files(files, tmp))))
         prune_older(tune.get_checkpoint())  # the one just persisted

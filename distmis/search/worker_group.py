@@ -1,7 +1,7 @@
 """TensorFlow workers kept from one trial to the next of a data-parallel search.
 
 A data-mode search runs its trials one after another on the same N workers. As a Ray Train run per trial,
-every trial paid again for what does not change between them (benchmarks/README.md, issue 12): a controller
+every trial paid again for what does not change between them (benchmarks/history.md, issue 12): a controller
 and N new processes, TensorFlow imported in each (6 to 9 s on 2 cores), ``MultiWorkerMirroredStrategy``'s
 cluster, and the tracing of the U-Net's training and prediction graphs (5 to 10 s a model). On a short trial
 that was most of it, and more with two workers than with one.
@@ -95,8 +95,10 @@ class TensorflowWorker:
         return int(self.strategy.num_replicas_in_sync)
 
     def start_trial(self, spec: Spec, layout: TrialLayout, tfrecord_dir: str, checkpoints: Sequence[Files],
-                    submitted_at: float) -> None:
-        """Set up a trial: restart the trainer of its graphs, or build one; load its checkpoints if it resumes."""
+                    submitted_at: float, scratch: str | None = None) -> None:
+        """Set up a trial: restart the trainer of its graphs, or build one; load its checkpoints if it resumes.
+        ``scratch``: the trial's working folder, where this rank keeps its scratch files (made on this node if
+        need be; None: the system's temporary folder)."""
         from ray.train import Checkpoint
 
         from distmis.train.loop import epoch_reports
@@ -114,13 +116,15 @@ class TensorflowWorker:
         self.trainer = trainer
         resume = []
         if checkpoints:
-            self._resume_dir = tempfile.TemporaryDirectory(prefix="distmis-resume-")
+            if scratch is not None:
+                Path(scratch).mkdir(parents=True, exist_ok=True)
+            self._resume_dir = tempfile.TemporaryDirectory(prefix=f"distmis-resume-rank{self.rank}-", dir=scratch)
             for index, files in enumerate(checkpoints):
                 folder = write_files(files, Path(self._resume_dir.name) / str(index))
                 resume.append(Checkpoint.from_directory(str(folder)))
         startup = {**clock.seconds(), "startup_graphs_reused": float(reused)}
         self._epochs = epoch_reports(trainer, spec, checkpoints=resume, rank=self.rank, primary=self.rank == 0,
-                                     startup=startup)
+                                     startup=startup, scratch=scratch)
 
     def next_epoch(self) -> tuple[Metrics, Files | None] | None:
         """Train the trial's next epoch: its metrics and (rank 0) its checkpoint's files; None after the last."""
@@ -175,19 +179,22 @@ class TensorflowWorkerGroup:
             self.layout.world_size, self.layout.worker_resources, self.layout.cpu)
 
     def epochs(self, spec: Spec, layout: TrialLayout, tfrecord_dir: str, checkpoints: Sequence[Files],
-               submitted_at: float) -> Iterator[tuple[Metrics, Files | None]]:
-        """Run a trial on the group, one epoch per step: rank 0's metrics and checkpoint files. Any error (a
-        worker's exception or death) shuts the group down before it is raised."""
+               submitted_at: float, scratch: str | None = None) -> Iterator[tuple[Metrics, Files | None]]:
+        """Run a trial on the group, one epoch per step: rank 0's metrics (with every rank's system samples) and
+        checkpoint files. Any error (a worker's exception or death) shuts the group down before it is raised.
+        ``scratch``: the trial's working folder, where each worker keeps its scratch files (:meth:`start_trial`)."""
         import ray
 
+        from distmis.trial_record import with_every_rank_samples
+
         try:
-            ray.get([worker.start_trial.remote(spec, layout, tfrecord_dir, checkpoints, submitted_at)
+            ray.get([worker.start_trial.remote(spec, layout, tfrecord_dir, checkpoints, submitted_at, scratch)
                      for worker in self.workers])
             while True:
                 results = ray.get([worker.next_epoch.remote() for worker in self.workers])
                 if results[0] is None:
                     return
-                yield results[0]
+                yield with_every_rank_samples([metrics for metrics, _ in results]), results[0][1]
         except GeneratorExit:  # the trial stopped early (Tune's scheduler, an interruption): the workers idle
             ray.get([worker.finish_trial.remote() for worker in self.workers])
             raise

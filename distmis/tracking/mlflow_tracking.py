@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
-from mlflow.entities import Metric, Param, RunStatus
+from mlflow.entities import DatasetInput, Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 from ray import tune
 
@@ -31,8 +31,9 @@ from distmis.tracking.predicted import predict_trial
 from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, SpecError, searched_config, spec_to_dict
 from distmis.spec.schema import Spec
+from distmis.tracking.datasets import TrackedData
 from distmis.tracking.writer import ResilientWriter
-from distmis.trial_record import DEVICE_KEY, HISTORY_KEY, STARTUP_PREFIX
+from distmis.trial_record import DEVICE_KEY, HISTORY_KEY, STARTUP_PREFIX, SYSTEM_KEY, samples_from_json
 
 ROLE_TAG = "distmis.role"
 SEARCHED_TAG = "distmis.searched"
@@ -62,6 +63,10 @@ EPOCH_METRICS = ("train_loss", "val_loss", "val_dice", "epoch_seconds", "learnin
 # Each scored channel's validation dice, val_dice_<key> (the data set's class or region: distmis.data.targets), is
 # logged every epoch beside them.
 CLASS_DICE_PREFIX = "val_dice_"
+# A trial's system samples (distmis.train.system_metrics), under MLflow's prefix for system metrics: the UI's
+# "System metrics" tab draws every metric whose key starts with it, against time.
+SYSTEM_PREFIX = "system/"
+MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 
 
 def default_tracking_uri(output_dir: str | Path) -> str:
@@ -283,14 +288,21 @@ class SearchRun:
         png = buffer.getvalue()
         self._submit(artifact_file, lambda client, run_id: _log_bytes(client, run_id, png, artifact_file))
 
-    def log_metrics(self, metrics: Mapping[str, float], run_id: str | None = None) -> None:
-        """Metrics at step 0 on the search's run (or on ``run_id``, a trial's run)."""
+    def log_metrics(self, metrics: Mapping[str, float], run_id: str | None = None, *, step: int = 0) -> None:
+        """Metrics at ``step`` (default 0) on the search's run (or on ``run_id``, a trial's run)."""
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
         self._submit("metrics", lambda client, own: client.log_batch(run_id or own, metrics=batch))
 
-    def trial_callback(self, spec: Spec, *, volume: tuple[int, ...] | None = None) -> MLflowTrialCallback:
-        return MLflowTrialCallback(self, spec, self.writer, volume=volume)
+    def log_inputs(self, inputs: list[DatasetInput], run_id: str | None = None) -> None:
+        """MLflow dataset inputs (:mod:`distmis.tracking.datasets`) of the search's run (or of ``run_id``)."""
+        inputs = list(inputs)
+        if inputs:
+            self._submit("datasets", lambda client, own: client.log_inputs(run_id or own, datasets=inputs))
+
+    def trial_callback(self, spec: Spec, *, volume: tuple[int, ...] | None = None,
+                       data: TrackedData | None = None) -> MLflowTrialCallback:
+        return MLflowTrialCallback(self, spec, self.writer, volume=volume, data=data)
 
     def finish(self, status: str = "FINISHED", timeout: float = 300.0) -> float:
         """End the run with ``status`` once every write waiting for the store is made (retried up to ``timeout``
@@ -346,15 +358,18 @@ class MLflowTrialCallback(tune.Callback):
 
     A ViT-seg trial's run also gets the performance model's predictions for its layout at step 0
     (:func:`~distmis.tracking.predicted.predict_trial`: ``predicted_*``); ``volume``, the preprocessed volume's
-    shape, lets it predict trials that train on whole volumes the spec alone does not size.
+    shape, lets it predict trials that train on whole volumes the spec alone does not size. ``data``: the search's
+    data, whose parts each trial's run gets as MLflow dataset inputs (:mod:`distmis.tracking.datasets`). The system
+    samples a trial's reports carry are logged on its run as MLflow's system metrics (``system/...``).
     """
 
     def __init__(self, search_run: SearchRun, spec: Spec, writer: ResilientWriter | None = None, *,
-                 volume: tuple[int, ...] | None = None):
+                 volume: tuple[int, ...] | None = None, data: TrackedData | None = None):
         self.search = search_run
         self.client = search_run.client
         self.spec = spec
         self.volume = volume
+        self.data = data
         self.writer = writer or ResilientWriter()
         self.last_checkpoint: dict[str, str] = {}  # trial id -> the path of its latest checkpoint
         self.configs: dict[str, dict[str, Any]] = {}  # trial id -> its config (searched paths), as Tune gave it
@@ -430,15 +445,24 @@ class MLflowTrialCallback(tune.Callback):
                 self.statuses[trial_id] = "FINISHED"
 
     def _adopt_configuration(self, run: Any) -> None:
-        """A configuration's run of the interrupted search: kept as it is when its folds had all ended, else
-        RUNNING again until they have."""
+        """A configuration's run of the interrupted search: kept as it is when its folds had all finished, else
+        RUNNING again until they have ended (a FAILED one's failed folds run again: its error becomes
+        ``distmis.previous_error``)."""
         configuration, run_id = run.data.tags[CONFIGURATION_TAG], run.info.run_id
         self.configuration_runs[configuration] = run_id
         self.configurations_started.add(configuration)
-        if run.info.status in ("FINISHED", "FAILED"):
+        if run.info.status == "FINISHED":
             self.summarized.add(configuration)
             return
-        self.writer.submit(f"reopen ({configuration})", lambda: self.client.update_run(run_id, status="RUNNING"))
+        error = run.data.tags.get("error")
+
+        def reopen() -> None:
+            if error is not None:
+                self.client.set_tag(run_id, "distmis.previous_error", error)
+                self.client.delete_tag(run_id, "error")
+            self.client.update_run(run_id, status="RUNNING")
+
+        self.writer.submit(f"reopen ({configuration})", reopen)
 
     def _reopen(self, trial_id: str) -> None:
         """An interrupted or failed trial runs again: its run is RUNNING again and counts the resume."""
@@ -494,6 +518,10 @@ class MLflowTrialCallback(tune.Callback):
 
         self.writer.submit(f"create run ({trial_id})", create)
         self.writer.submit(f"params ({trial_id})", lambda: log_params(self.client, self.run_ids[trial_id], params))
+        if self.data is not None:  # the parts it trains and validates on
+            inputs = self.data.trial_inputs(int(config[FOLD_KEY]) if FOLD_KEY in config else None)
+            self.writer.submit(f"datasets ({trial_id})",
+                               lambda: self.client.log_inputs(self.run_ids[trial_id], datasets=inputs))
         if predicted:
             now = int(time.time() * 1000)
             metrics = [Metric(key, value, now, 0) for key, value in predicted.items()]
@@ -519,6 +547,10 @@ class MLflowTrialCallback(tune.Callback):
         self.writer.submit(f"create run ({configuration})", create)
         self.writer.submit(f"params ({configuration})",
                            lambda: log_params(self.client, self.configuration_runs[configuration], shared))
+        if self.data is not None:  # the folds it trains and validates on in turn
+            inputs = self.data.configuration_inputs(self.folds)
+            self.writer.submit(f"datasets ({configuration})", lambda: self.client.log_inputs(
+                self.configuration_runs[configuration], datasets=inputs))
 
     def summarize_configurations(self, *, final: bool) -> dict[str, CrossValidated]:
         """Each configuration whose folds have all ended gets its outcome on its run: ``cv_<metric>`` (the mean over
@@ -678,6 +710,8 @@ class MLflowTrialCallback(tune.Callback):
         replayed = json.loads(result[HISTORY_KEY]) if result.get(HISTORY_KEY) else []
         for entry in [*replayed, {**result, "epoch": epoch}]:
             self._log_epoch(trial, int(entry["epoch"]), entry)
+        if result.get(SYSTEM_KEY):
+            self._log_system(trial, epoch, str(result[SYSTEM_KEY]))
         if "num_parameters" in result and trial_id not in self.num_parameters_logged:
             self.num_parameters_logged.add(trial_id)
             count = int(result["num_parameters"])
@@ -706,6 +740,17 @@ class MLflowTrialCallback(tune.Callback):
             best = self.best.get(trial_id)
             if best is None or (value > best[0] if self.search.mode == "max" else value < best[0]):
                 self.best[trial_id] = (float(value), epoch)
+
+    def _log_system(self, trial: Any, epoch: int, samples: str) -> None:
+        """The system samples a report carries (:mod:`distmis.train.system_metrics`), each at its own time, as
+        ``system/<name>`` metrics with step = the epoch whose report carried them."""
+        metrics = [Metric(f"{SYSTEM_PREFIX}{key}", value, sample.timestamp_ms, epoch)
+                   for sample in samples_from_json(samples)
+                   for key, value in sample.values.items() if math.isfinite(value)]
+        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            batch = metrics[start:start + MAX_METRICS_PER_BATCH]
+            self._write(trial, f"system metrics {epoch}",
+                        lambda run_id, batch=batch: self.client.log_batch(run_id, metrics=batch))
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
         if trial.trial_id not in self.finished_before and getattr(checkpoint, "path", None):

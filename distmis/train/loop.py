@@ -11,9 +11,10 @@ import json
 import logging
 import math
 import os
+import shutil
 import tempfile
 import uuid
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping, Protocol, Sequence
 
@@ -21,6 +22,7 @@ from distmis.spec.schema import Spec
 
 if TYPE_CHECKING:
     from distmis.train.protocol import Trainer
+    from distmis.train.system_metrics import SystemSampler
     from distmis.trial_record import TrainingState
 
 logger = logging.getLogger(__name__)
@@ -28,6 +30,11 @@ logger = logging.getLogger(__name__)
 #: One epoch's report: the epoch's metrics (:meth:`~distmis.train.epoch.EpochMetrics.as_dict`), the trial's
 #: ``num_parameters`` and ``attempt``, the first report's start-up seconds and replayed history (JSON).
 Metrics = dict[str, float | int | str]
+
+#: A rank's scratch folder in its trial's working folder is ``distmis-trial-rank<r>`` (:func:`trial_scratch`); the
+#: best epoch's weights so far are in its ``best/``.
+SCRATCH_PREFIX = "distmis-trial-rank"
+BEST_DIR = "best"
 
 
 class StoredCheckpoint(Protocol):
@@ -74,11 +81,11 @@ def quiet_worker() -> None:
 
 def train_and_report(trainer: Trainer, spec: Spec, report: Report, checkpoint_type: CheckpointFactory, *,
                      checkpoints: Sequence[StoredCheckpoint] = (), rank: int = 0, primary: bool = True,
-                     startup: Mapping[str, float] | None = None) -> None:
+                     startup: Mapping[str, float] | None = None, scratch: str | Path | None = None) -> None:
     """Run the trial's epochs, reporting each with a resumable checkpoint (:mod:`distmis.train.checkpoint`):
     :func:`epoch_reports`, each epoch handed to ``report`` (``checkpoint_type.from_directory`` of its folder)."""
     for metrics, folder in epoch_reports(trainer, spec, checkpoints=checkpoints, rank=rank, primary=primary,
-                                         startup=startup):
+                                         startup=startup, scratch=scratch):
         if folder is not None:
             report(metrics, checkpoint=checkpoint_type.from_directory(str(folder)))
         else:
@@ -86,24 +93,31 @@ def train_and_report(trainer: Trainer, spec: Spec, report: Report, checkpoint_ty
 
 
 def epoch_reports(trainer: Trainer, spec: Spec, *, checkpoints: Sequence[StoredCheckpoint] = (), rank: int = 0,
-                  primary: bool = True, startup: Mapping[str, float] | None = None
-                  ) -> Iterator[tuple[Metrics, Path | None]]:
+                  primary: bool = True, startup: Mapping[str, float] | None = None,
+                  scratch: str | Path | None = None) -> Iterator[tuple[Metrics, Path | None]]:
     """The trial's epochs, one at a time: each epoch's metrics and the folder of its checkpoint (None when this rank
     adds nothing to it), which lives until the next epoch is asked for.
+
+    ``scratch``: the trial's own working folder, where this rank keeps the best epoch's weights so far and each
+    epoch's checkpoint until it is reported (:func:`trial_scratch`); None: the system's temporary folder.
 
     ``checkpoints``: when the trial is restarted (a retry, or a resumed search), its checkpoints, newest first:
     training goes on after the epoch of the first one that loads. ``rank``/``primary``: this process's rank; the
     primary one writes the weights. Every report carries ``attempt``, an id of this process's run of the trial,
     so the driver can count restarts; the first one also ``startup`` (:mod:`distmis.train.startup`) and the device
-    the model is on (``device``: :func:`~distmis.parallel.devices.model_device`).
+    the model is on (``device``: :func:`~distmis.parallel.devices.model_device`). With ``tracking.system_metrics``
+    every report also carries this rank's system samples since the previous one (``system_metrics``:
+    :mod:`distmis.train.system_metrics`).
     """
     from distmis.parallel.devices import model_device
     from distmis.train.checkpoint import write_checkpoint
-    from distmis.trial_record import DEVICE_KEY, HISTORY_KEY, TrainingState
+    from distmis.trial_record import DEVICE_KEY, HISTORY_KEY, SYSTEM_KEY, TrainingState, samples_to_json
 
     metric, mode = spec.search.metric, spec.search.mode
     attempt = uuid.uuid4().hex[:12]
-    with tempfile.TemporaryDirectory(prefix="distmis-best-") as best_dir:
+    sampler = _system_sampler(trainer, spec, rank)
+    with trial_scratch(scratch, rank) as folder, sampler or nullcontext():
+        best_dir = str(folder / BEST_DIR)
         state = _resume(trainer, checkpoints, best_dir, rank) if checkpoints else TrainingState()
         # After a restart, the first report carries the epochs trained so far: the driver may have missed some.
         replay = {HISTORY_KEY: json.dumps(state.history)} if state.history else {}
@@ -127,9 +141,53 @@ def epoch_reports(trainer: Trainer, spec: Spec, *, checkpoints: Sequence[StoredC
                 from distmis.train.inference_timing import compare_inference
 
                 metrics.update(compare_inference(trainer, best_dir))  # the best epoch's weights, two ways
-            with tempfile.TemporaryDirectory() as tmp:
+            with tempfile.TemporaryDirectory(prefix="checkpoint-", dir=folder) as tmp:
                 written = write_checkpoint(trainer, tmp, state, best_dir, rank=rank, primary=primary)
+                if sampler is not None:  # the system's use since the last report (tracking.system_metrics)
+                    metrics[SYSTEM_KEY] = samples_to_json(sampler.drain())
                 yield metrics, Path(tmp) if written else None
+
+
+def _system_sampler(trainer: Trainer, spec: Spec, rank: int) -> SystemSampler | None:
+    """This rank's sampler of its system use (:mod:`distmis.train.system_metrics`), not yet started; None when
+    ``tracking.system_metrics`` is off."""
+    if not spec.tracking.system_metrics:
+        return None
+    from distmis.train.system_metrics import SystemSampler
+
+    layout = trainer.layout
+    return SystemSampler(spec.tracking.system_metrics_interval, rank=rank, cpus=layout.cpu, gpus=layout.gpu > 0)
+
+
+@contextmanager
+def trial_scratch(folder: str | Path | None, rank: int) -> Iterator[Path]:
+    """This rank's scratch folder for one run of a trial's epochs: the best epoch's weights so far (``best/``) and
+    each epoch's checkpoint until it is reported.
+
+    ``folder``: the trial's own working folder (Ray's, which Tune and Ray Train make a trial process's working
+    directory). The scratch is ``folder/distmis-trial-rank<r>``, emptied first, so what a killed run of the same
+    trial left there is reused rather than piled up, and removed at the end; whatever is left goes with the trial's
+    folder. None (outside a trial): a new folder in the system's temporary folder, removed at the end."""
+    if folder is None:
+        with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{rank}-") as tmp:
+            (Path(tmp) / BEST_DIR).mkdir()
+            yield Path(tmp)
+        return
+    scratch = Path(folder) / f"{SCRATCH_PREFIX}{rank}"
+    _remove(scratch)
+    (scratch / BEST_DIR).mkdir(parents=True)
+    try:
+        yield scratch
+    finally:
+        _remove(scratch)
+
+
+def _remove(path: Path) -> None:
+    """Delete ``path``, a scratch folder distmis made (a link in its place is unlinked, never followed)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def _resume(trainer: Trainer, checkpoints: Sequence[StoredCheckpoint], best_dir: str, rank: int) -> TrainingState:

@@ -1,13 +1,16 @@
 """Which network for my data: ``model.name`` searched over the DistMIS U-Net and MONAI's networks, end to end through
 ``distmis run``, in experiment mode (a process per trial) and in data mode (each trial on 2 Ray Train workers):
 every trial finishes, logs its network and parameter count (that of the MONAI constructor called with the logged
-params), the best one is registered and segments new scans through ``distmis predict``. Also searched: one network's
+params), its data set as MLflow dataset inputs and its system use as MLflow system metrics, the best one is
+registered and segments new scans through ``distmis predict``. Also searched: one network's
 own constructor arguments (swinunetr's ``feature_size``, segresnet's ``init_filters``)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
+import json
 from pathlib import Path
 
 import mlflow
@@ -129,6 +132,47 @@ def test_an_architecture_search_trains_every_network_and_registers_the_best(arch
         segmentation = nib.load(out / scan.name.replace(".nii.gz", "_seg.nii.gz"))
         assert segmentation.shape == nib.load(scan).shape[:3]
         assert set(np.unique(np.asarray(segmentation.dataobj))) <= {0, 1}
+
+
+@pytest.mark.slow  # reads back the searches of the test above
+def test_every_run_records_its_data_and_each_trial_its_system_use(architecture_search):
+    """MLflow's own features, read back through its client: the data set's parts as dataset inputs (the UI's
+    "Dataset" column) and each trial's CPU and memory use as system metrics (its "System metrics" tab), every rank's
+    in a data-parallel trial."""
+    folder, state = architecture_search
+    client = mlflow.MlflowClient(state.tracking_store)
+    search = client.get_run(state.run_id)
+    manifest = json.loads(Path(client.download_artifacts(state.run_id, "tfrecord_manifest.json")).read_text())
+    digests = {part: hashlib.sha256("".join(shard["sha256"] for shard in info["shards"]).encode()).hexdigest()[:10]
+               for part, info in manifest["splits"].items()}  # the content of each part's shards
+    assert dataset_inputs(search) == {part: (part, "BRATS", digests[part]) for part in ("train", "val", "test")}
+    ranks = [0, 1] if search.data.params["parallelism.mode"] == "data" else [0]  # 2 Ray Train workers a trial
+    for run in trial_runs(state):
+        scored = {"test": ("test", "BRATS", digests["test"])} if "test_dice_WT" in run.data.metrics else {}
+        assert dataset_inputs(run) == {"train": ("train", "BRATS", digests["train"]),
+                                       "val": ("val", "BRATS", digests["val"]), **scored}
+        system = sorted(key for key in run.data.metrics if key.startswith("system/"))
+        assert system == sorted(["system/cpu_utilization_percentage", "system/system_memory_usage_megabytes",
+                                 "system/system_memory_usage_percentage",
+                                 *(f"system/rank{r}_{figure}" for r in ranks
+                                   for figure in ("cpu_utilization_percentage", "memory_usage_megabytes"))])
+        for key in system:
+            history = client.get_metric_history(run.info.run_id, key)
+            assert {m.step for m in history} == {1, 2}  # at least one sample with each epoch's report
+            assert all(run.info.start_time <= m.timestamp <= run.info.end_time for m in history)
+            assert all(m.value >= 0 for m in history)
+        for r in ranks:  # each rank's process holds a network and its data: well over 50 MB
+            assert min(m.value for m in client.get_metric_history(run.info.run_id,
+                                                                  f"system/rank{r}_memory_usage_megabytes")) > 50
+
+
+def dataset_inputs(run: mlflow.entities.Run) -> dict[str, tuple[str, str, str]]:
+    """A run's MLflow dataset inputs, ``{part: (context, data set name, digest)}``."""
+    out = {}
+    for item in run.inputs.dataset_inputs:
+        tags = {tag.key: tag.value for tag in item.tags}
+        out[tags["distmis.part"]] = (tags["mlflow.data.context"], item.dataset.name, item.dataset.digest)
+    return out
 
 
 def state_name(folder: Path) -> str:

@@ -15,7 +15,8 @@ from distmis.search.worker_group import TensorflowWorkerGroup, release_groups
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_trial
-from distmis.trial_record import RESUME_DIR, STATE_FILE, TrainingState
+from distmis.trial_record import RESUME_DIR, STATE_FILE, SYSTEM_KEY, TrainingState, samples_from_json
+from distmis.train.loop import BEST_DIR, SCRATCH_PREFIX
 from tests.conftest import small_spec_tree
 
 
@@ -70,7 +71,7 @@ def search(tmp_path: Path):
     return spec, str(prepare_data(spec, tmp_path / "out", progress=False).tfrecord_dir)
 
 
-def test_one_group_serves_the_trials_of_a_search_in_turn(ray_local, search):
+def test_one_group_serves_the_trials_of_a_search_in_turn(ray_local, search, tmp_path: Path):
     import ray
 
     spec, tfrecords = search
@@ -82,6 +83,10 @@ def test_one_group_serves_the_trials_of_a_search_in_turn(ray_local, search):
         metrics, files = reports[-1]
         assert "model.weights.h5" in files and f"{RESUME_DIR}/{STATE_FILE}" in files  # rank 0's checkpoint
         assert reports[0][0]["startup_graphs_reused"] == 0.0 and "startup_workers_s" in reports[0][0]
+        for metrics, _ in reports:  # every rank's system samples, with rank 0's report
+            figures = {key for sample in samples_from_json(metrics[SYSTEM_KEY]) for key in sample.values}
+            assert {"rank0_cpu_utilization_percentage", "rank1_cpu_utilization_percentage",
+                    "rank1_memory_usage_megabytes", "cpu_utilization_percentage"} <= figures
         found = sorted(ray.get([w.__ray_call__.remote(probe) for w in group.workers]), key=lambda f: f["rank"])
         assert [f["tf_config"]["task"]["index"] for f in found] == [0, 1]
         assert found[0]["tf_config"]["cluster"] == found[1]["tf_config"]["cluster"]
@@ -97,7 +102,15 @@ def test_one_group_serves_the_trials_of_a_search_in_turn(ray_local, search):
 
         # Another learning rate: the same graphs, restarted; its own (scaled) rate in both workers' optimizers.
         second, second_layout = resolve_trial(spec, {"training.optimizer.lr": 5.0e-3, "model.params.norm": "batch"})
-        reports = list(group.epochs(second, second_layout, tfrecords, [], time.time()))
+        scratch = tmp_path / "trial-working-folder"
+        epochs = group.epochs(second, second_layout, tfrecords, [], time.time(), scratch=str(scratch))
+        reports = [next(epochs)]
+        # While it runs, each rank keeps its scratch (rank 0: the best weights so far) in the trial's own working
+        # folder, not the system's temporary folder (issue 46, finding 14); the trial's end removes it.
+        assert (scratch / f"{SCRATCH_PREFIX}0" / BEST_DIR / "model.weights.h5").is_file()
+        assert (scratch / f"{SCRATCH_PREFIX}1" / BEST_DIR).is_dir()
+        reports += list(epochs)
+        assert list(scratch.iterdir()) == []
         assert [m["epoch"] for m, _ in reports] == [1, 2] and reports[0][0]["startup_graphs_reused"] == 1.0
         found = ray.get([w.__ray_call__.remote(probe) for w in group.workers])
         assert all(f["trainers"] == 1 and f["lr"] == pytest.approx(1e-2) for f in found)

@@ -171,3 +171,42 @@ def test_each_class_dice_is_logged_every_epoch_and_the_table_shows_the_best_epoc
     assert (row["val_dice_liver"], row["val_dice_spleen"]) == (0.7, 0.5)  # the best epoch's, not the last's
     columns = list(table.columns)
     assert columns.index("best_epoch") + 1 == columns.index("val_dice_liver")
+
+
+def test_a_configuration_that_failed_for_a_fold_finishes_when_its_fold_runs_again(tmp_path: Path):
+    """A cross-validated search that ended with a failed fold, resumed (issue 46, 2): the fold's trial runs again,
+    and its configuration's run, FAILED at the first end, is reopened and summarized again: FINISHED, scored."""
+    from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY
+
+    tree = small_spec_tree(tmp_path / "data")
+    tree["dataset"]["split"] = {"folds": 2, "test": 0.25, "seed": 0}
+    spec = validate_spec(tree)
+    run = SearchRun(f"sqlite:///{tmp_path / 'mlflow.db'}", "tiny", run_name="tiny", searched=["training.optimizer.lr"],
+                    metric="val_dice", mode="max")
+    folds = [trial(f"t_0000{fold}") for fold in (0, 1)]
+    for fold, t in enumerate(folds):
+        t.config.update({FOLD_KEY: fold, CONFIGURATION_KEY: "c000"})
+    first = run.trial_callback(spec)
+    for t in folds:
+        first.on_trial_start(0, [], t)
+        first.on_trial_result(0, [], t, result(1))
+    first.on_trial_complete(0, [], folds[0])
+    first.on_trial_error(0, [], folds[1])
+    first.summarize_configurations(final=True)
+    assert first.close()
+    client = run.client
+    configuration = first.configuration_runs["c000"]
+    assert client.get_run(configuration).info.status == "FAILED"
+    assert "fold(s) 1 did not finish" in client.get_run(configuration).data.tags["error"]
+
+    second = SearchRun.reopen(run.tracking_uri, run.run_id).trial_callback(spec)
+    second.adopt_existing_runs()
+    second.on_trial_start(0, [], folds[1])  # Tune runs the failed fold again (resume_errored)
+    second.on_trial_result(0, [], folds[1], result(2, attempt="b"))
+    second.on_trial_complete(0, [], folds[1])
+    second.summarize_configurations(final=True)
+    assert second.close()
+    after = client.get_run(configuration)
+    assert after.info.status == "FINISHED" and after.data.metrics["cv_val_dice"] == pytest.approx((0.1 + 0.2) / 2)
+    assert "error" not in after.data.tags and "fold(s) 1" in after.data.tags["distmis.previous_error"]
+    assert client.get_run(second.run_ids["t_00001"]).info.status == "FINISHED"

@@ -1,7 +1,10 @@
 """A torch trial process's device set-up on real TFRecords: ``training.cudnn_benchmark`` applied by the trainer,
-and the first report of a trial naming the device its model trains on (the run's ``distmis.device`` tag)."""
+the first report of a trial naming the device its model trains on (the run's ``distmis.device`` tag), and every
+report carrying the process's system samples (``tracking.system_metrics``)."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -9,7 +12,7 @@ import torch
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.train.loop import epoch_reports
-from distmis.trial_record import DEVICE_KEY
+from distmis.trial_record import DEVICE_KEY, SYSTEM_KEY, samples_from_json
 from tests.conftest import small_spec_tree
 from tests.train.torch_trainers import local_trainer
 
@@ -55,3 +58,20 @@ def test_a_trials_first_report_names_the_device_its_model_trains_on(prepared):
     assert [r["epoch"] for r in reports] == [1, 2]
     assert reports[0][DEVICE_KEY] == "cpu"
     assert DEVICE_KEY not in reports[1]  # once, with the start-up figures
+
+
+def test_every_report_carries_the_ranks_system_samples_unless_the_spec_turns_them_off(prepared):
+    spec, data = prepared
+    one_epoch = with_training(spec, epochs=1)
+    [report] = [metrics for metrics, _folder in epoch_reports(local_trainer(one_epoch, data.tfrecord_dir), one_epoch,
+                                                               rank=0)]
+    samples = samples_from_json(report[SYSTEM_KEY])
+    assert samples and {"rank0_cpu_utilization_percentage", "rank0_memory_usage_megabytes",
+                        "cpu_utilization_percentage"} <= set(samples[-1].values)
+    assert "distmis-system-metrics" not in {thread.name for thread in threading.enumerate()}  # stopped at the end
+
+    tree = one_epoch.model_dump(mode="json")
+    tree["tracking"]["system_metrics"] = False
+    quiet = validate_spec(tree)
+    [report] = [metrics for metrics, _folder in epoch_reports(local_trainer(quiet, data.tfrecord_dir), quiet)]
+    assert SYSTEM_KEY not in report
