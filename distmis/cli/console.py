@@ -13,6 +13,9 @@ A command's console is set up once, before the libraries are imported (:func:`co
   warning lines: errors and fatal messages, and Python's own tracebacks, still reach the console.
 * **No ANSI codes** where stdout or stderr is not a terminal (a log file, a pipe): colour codes a library writes
   through Python's streams are stripped (:class:`StripAnsi`), and Ray is told not to colour its prefixes.
+* **No redrawn lines** off a terminal: distmis's own progress (:mod:`distmis.data.case_progress`) is a bar on a
+  terminal and a few plain lines elsewhere, and MLflow's artifact bars are off. On a terminal ``sys.stderr`` still
+  says it is one while descriptor 2 goes through the filter's pipe (:class:`FilteredTerminal`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, TextIO
 
-__all__ = ["ANSI", "NATIVE_NOISE", "NativeStderrFilter", "StripAnsi", "console", "quiet_environment"]
+__all__ = ["ANSI", "NATIVE_NOISE", "FilteredTerminal", "NativeStderrFilter", "StripAnsi", "console",
+           "quiet_environment"]
 
 #: An ANSI escape sequence (colours, cursor moves).
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -73,6 +77,18 @@ class StripAnsi(io.TextIOBase):
 
     def __getattr__(self, name: str) -> object:  # buffer, errors, ...: the wrapped stream's
         return getattr(self.stream, name)
+
+
+class FilteredTerminal(StripAnsi):
+    """``sys.stderr`` while descriptor 2 is :class:`NativeStderrFilter`'s pipe in front of a terminal: written as
+    it is, and a terminal to whoever asks (``isatty()``), as the console a person sees is."""
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        return len(text)
+
+    def isatty(self) -> bool:
+        return True
 
 
 class NativeStderrFilter:
@@ -133,6 +149,7 @@ def console(*, verbose: bool, native: bool = True) -> Iterator[None]:
     """A command's console (see the module's docstring), for the duration of the context. ``native``: filter
     descriptor 2 (:class:`NativeStderrFilter`; not for a command whose child processes outlive it)."""
     colour = sys.stdout.isatty() and sys.stderr.isatty()
+    terminal = sys.stderr.isatty()  # before the filter's pipe takes descriptor 2
     for key, value in quiet_environment(verbose=verbose, colour=colour).items():
         os.environ.setdefault(key, value)
     pipe = None
@@ -150,8 +167,10 @@ def console(*, verbose: bool, native: bool = True) -> Iterator[None]:
     streams = sys.stdout, sys.stderr
     if not sys.stdout.isatty():
         sys.stdout = StripAnsi(sys.stdout)  # type: ignore[assignment]
-    if not sys.stderr.isatty():
+    if not terminal:
         sys.stderr = StripAnsi(sys.stderr)  # type: ignore[assignment]
+    elif pipe is not None:
+        sys.stderr = FilteredTerminal(sys.stderr)  # type: ignore[assignment]
     try:
         yield
     finally:

@@ -15,7 +15,6 @@ spacings (min / median / max per axis), orientations and intensity ranges.
 
 from __future__ import annotations
 
-import sys
 import zlib
 from collections import Counter
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from distmis.data.case_progress import case_progress
 from distmis.data.description import DatasetDescription, describe_dataset
 from distmis.data.layouts import (
     LAYOUT_NAMES,
@@ -122,7 +122,6 @@ def summarize_dataset(root: str | Path, layout: Layout | str, *, progress: bool 
             :func:`~distmis.data.layouts.read_case`, naming the bad file or key.
     """
     import pandas as pd
-    from tqdm import tqdm
 
     layout = coerce_layout(layout)
     root = Path(root)
@@ -134,7 +133,7 @@ def summarize_dataset(root: str | Path, layout: Layout | str, *, progress: bool 
     foreground: list[list[np.ndarray]] = [[] for _ in description.channels]
     lows = np.full(description.num_channels, np.inf)
     highs = np.full(description.num_channels, -np.inf)
-    for case in tqdm(cases, desc="inspect", unit="case", disable=not progress, file=sys.stderr):
+    for case in case_progress(cases, "inspect", enabled=progress):
         image, label, spacing = read_case(case, description)
         counts = label_counts(label)
         image_dtypes = list(dict.fromkeys(_stored_dtype(p) for p in case.images))

@@ -10,13 +10,13 @@
 
 from __future__ import annotations
 
-import sys
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from distmis.data.case_progress import case_progress
 from distmis.data.errors import DataError
 from distmis.data.layouts import CaseFiles, case_orientation, case_spacing, read_case
 
@@ -49,12 +49,10 @@ def ct_statistics(cases: Sequence[CaseFiles], dataset: Any, channels: Sequence[i
     Raises:
         DataError: when no training case has any foreground voxel (nothing to learn the statistics from).
     """
-    from tqdm import tqdm
-
     if not channels:
         return {}
     parts = []
-    for case in tqdm(cases, desc="ct statistics", unit="case", disable=not progress, file=sys.stderr):
+    for case in case_progress(cases, "ct statistics", enabled=progress):
         image, label, _ = read_case(case, dataset)
         parts.append(_foreground_values(image, label, channels, case.case_id))
     values = np.concatenate(parts) if parts else np.empty((0, len(channels)))

@@ -78,7 +78,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import uuid
 from collections.abc import Sequence
 from enum import Enum
@@ -86,6 +85,7 @@ from pathlib import Path
 
 import numpy as np
 
+from distmis.data.case_progress import case_progress
 from distmis.data.errors import DataError
 from distmis.data.layouts import MODALITIES, Layout, case_file_stems, coerce_layout
 
@@ -513,7 +513,7 @@ def synthesize_dataset(
         cases: number of cases (>= 1).
         shape: spatial shape ``(H, W, D)``, each >= 8.
         seed: the data set is a deterministic function of the seed.
-        progress: show a tqdm progress bar on stderr.
+        progress: show the progress on stderr (:mod:`~distmis.data.case_progress`).
         kind: ``brain`` (four-channel MRI-like brain tumours, 1 mm spacing; the default) or ``ct``
             (one-channel CT-like abdomen with liver / spleen / kidney classes and per-case
             anisotropic spacing).
@@ -528,8 +528,6 @@ def synthesize_dataset(
             ``shape`` or ``lps_cases`` outside ``[0, cases]``.
         DataError: if ``root`` exists and is not an empty folder.
     """
-    from tqdm import tqdm
-
     layout = coerce_layout(layout)
     kind = coerce_kind(kind)
     _check_kind_layout(kind, layout)
@@ -555,7 +553,7 @@ def synthesize_dataset(
             (tmp / "imagesTr").mkdir()
             (tmp / "labelsTr").mkdir()
         desc = f"synthesize {kind.value} ({layout.value})"
-        for index, case_id in enumerate(tqdm(case_ids, desc=desc, unit="case", disable=not progress, file=sys.stderr)):
+        for index, case_id in enumerate(case_progress(case_ids, desc, enabled=progress)):
             if kind is SyntheticKind.BRAIN:
                 image, label = synthesize_case(shape3, layout, np.random.default_rng([int(seed), index]))
                 affine = _affine(shape3)  # type: ignore[arg-type]

@@ -14,7 +14,6 @@ renamed). With ``score``, the written labels are scored against the case's own l
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from distmis.data.case_progress import case_progress
 from distmis.data.errors import DataError
 from distmis.predict.model import SegmentationModel
 from distmis.predict.recipe import ModelRecipe
@@ -180,14 +180,12 @@ def check_scans(scans: Sequence[Any], *, labels: bool = False, progress: bool = 
     """Every scan's headers (:func:`~distmis.data.scans.check_scan`: the channels ``recipe`` takes), then every
     scan's voxel data, read once and not kept (:func:`~distmis.data.scans.check_scan_data`; with ``labels``, the
     label files' too, in the model's data set's label values). DataError naming the first bad file."""
-    from tqdm import tqdm
-
     from distmis.data.scans import check_scan, check_scan_data
 
     channels = recipe.modalities if recipe is not None else None
     for scan in scans:  # the headers first: cheap, and most bad input shows there
         check_scan(scan, channels)
-    for scan in tqdm(scans, desc="check", unit="case", disable=not progress, file=sys.stderr):
+    for scan in case_progress(scans, "check", enabled=progress):
         check_scan_data(scan, label=labels, dataset=scan_dataset(scan, recipe))
 
 
@@ -199,8 +197,6 @@ def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: st
     ensemble to average (default all). The outputs (:func:`check_outputs`) and every scan's headers and voxel data
     (:func:`check_scans`) are checked before the first segmentation is written; ``checked``: the caller already ran
     :func:`check_scans` on these scans (with ``labels=score``), so their data is not read twice."""
-    from tqdm import tqdm
-
     from distmis.data.scans import read_scan
 
     folds = model.check_folds(folds)
@@ -210,7 +206,7 @@ def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: st
         check_scans(scans, labels=score, progress=progress, recipe=model.recipe)
     output_dir.mkdir(parents=True, exist_ok=True)
     results = []
-    for scan, path in zip(tqdm(scans, desc="predict", unit="case", disable=not progress, file=sys.stderr), outputs):
+    for scan, path in zip(case_progress(scans, "predict", enabled=progress), outputs):
         start = time.perf_counter()
         image, reference = read_scan(scan, model.recipe.modalities)
         labels = segment(model, image, scan.layout, scan_spacing(reference), scan_orientation(reference), folds)

@@ -1,13 +1,18 @@
 """What a search prints while it runs, for a person to read (Ray Tune's own reporter is off unless ``--verbose``).
 
 A header when the trials start; then, per trial, one line each epoch and one when it ends, fails or is retried,
-the trial named by its searched values::
+the trial named by its searched values; after each trial that ends, where the search stands (trials finished,
+running and left, the best so far and the time left: :mod:`distmis.search.progress`)::
 
     search quickstart: 4 trials, experiment-parallel: 2 trials at a time, 1 CPU each
       store sqlite:///.../runs/quickstart/mlflow.db, experiment 'quickstart'
       lr=0.001 norm=batch    epoch  1/10  train_loss 0.8123  val_dice 0.1234  elapsed 0:12
       ...
       lr=0.001 norm=batch    finished: best val_dice 0.9012 at epoch 9, 2:03
+      progress: 1/4 trials finished, 2 running, 1 to start; best val_dice 0.9012 (lr=0.001 norm=batch, epoch 9);
+        about 2:10 left (21 trial-epochs of 11.8 s, 2 at once)
+
+(the progress line is one line).
 
 The results table that follows is the command's (:func:`distmis.cli.main.print_search`). Lines go to stdout, plain
 text (no colours, nothing redrawn), so a log file reads as the console did.
@@ -15,17 +20,16 @@ text (no colours, nothing redrawn), so a log file reads as the console did.
 
 from __future__ import annotations
 
-import math
 import sys
-import time
-from typing import Any, Mapping
+from typing import Any
 
 from ray import tune
 
+from distmis.search.progress import ProgressFigures, SearchProgress, trial_label
 from distmis.spec.schema import Spec
-from distmis.tracking.mlflow_tracking import error_summary, searched_values, trial_error_text
+from distmis.tracking.mlflow_tracking import error_summary, trial_error_text
 
-__all__ = ["SearchConsole", "clock", "trial_label"]
+__all__ = ["SearchConsole", "clock", "progress_line", "trial_label"]
 
 
 def clock(seconds: float) -> str:
@@ -36,21 +40,41 @@ def clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def trial_label(trial_id: str, config: Mapping[str, Any]) -> str:
-    """A trial by its searched values (``lr=0.005 norm=group``); by its number when nothing is searched."""
-    return searched_values(config) or f"trial {trial_id.rsplit('_', 1)[-1]}"
+def progress_line(figures: ProgressFigures, metric: str) -> str:
+    """Where the search stands, as one line (see the module's docstring)."""
+    ended = f"{figures.ended}/{figures.total} trials finished"
+    notes = ([f"{figures.failed} failed"] if figures.failed else []) + \
+        ([f"{figures.stopped_early} stopped early"] if figures.stopped_early else [])
+    if notes:
+        ended += f" ({', '.join(notes)})"
+    parts = [f"{ended}, {figures.running} running, {figures.left} to start"]
+    if figures.best is not None:
+        value, label, epoch = figures.best
+        parts.append(f"best {metric} {value:.4f} ({label}, epoch {epoch})")
+    else:
+        parts.append(f"best {metric}: none yet")
+    if figures.running or figures.left:
+        if figures.seconds_left is None or figures.seconds_per_epoch is None:
+            parts.append("time left unknown (no epoch timed yet)")
+        else:
+            each = figures.seconds_per_epoch
+            parts.append(f"about {clock(figures.seconds_left)} left ({figures.epochs_left:.0f} trial-epochs of "
+                         f"{f'{each:.1f} s' if each < 60 else clock(each)}, {figures.at_once} at once)")
+    return "progress: " + "; ".join(parts)
 
 
 class SearchConsole(tune.Callback):
     """Prints a search's progress (see the module's docstring). It holds no stream or client (Tune may pickle its
     callbacks), only what it printed: the last epoch shown per trial, so a restarted trial's replayed epochs and a
-    resumed search's finished ones are not printed twice."""
+    resumed search's finished ones are not printed twice. ``progress``: the search's
+    :class:`~distmis.search.progress.SearchProgress`, which Tune's calls reach first: a trial's best epoch (over
+    every epoch it trained, before a restart or a resume too) and the search's figures are read from it."""
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, progress: SearchProgress) -> None:
         self.metric, self.mode = spec.search.metric, spec.search.mode
         self.epochs = spec.training.epochs
+        self.progress = progress
         self.shown: dict[str, int] = {}  # trial id -> last epoch printed
-        self.best: dict[str, tuple[float, int]] = {}  # trial id -> (best metric value, its epoch)
         self.attempts: dict[str, set[str]] = {}
         self.seen: dict[str, set[str]] = {}  # label -> the trials printed under it
         self.width = 0
@@ -90,11 +114,6 @@ class SearchConsole(tune.Callback):
         if epoch <= self.shown.get(trial.trial_id, 0):
             return
         self.shown[trial.trial_id] = epoch
-        value = result.get(self.metric)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            best = self.best.get(trial.trial_id)
-            if best is None or (value > best[0] if self.mode == "max" else value < best[0]):
-                self.best[trial.trial_id] = (float(value), epoch)
         keys = ["train_loss", "val_dice"] + ([self.metric] if self.metric not in ("train_loss", "val_dice") else [])
         figures = "  ".join(f"{key} {float(result[key]):.4f}" for key in keys
                             if isinstance(result.get(key), (int, float)))
@@ -107,11 +126,18 @@ class SearchConsole(tune.Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         elapsed = clock(float((trial.last_result or {}).get("time_total_s", 0.0)))
-        best = self.best.get(trial.trial_id)
+        best = self.progress.best_of(trial.trial_id)
         text = f"best {self.metric} {best[0]:.4f} at epoch {best[1]}, " if best else ""
-        self._line(trial, f"finished: {text}{elapsed}")
+        done, epochs = self.progress.last_epoch(trial.trial_id), self._total_epochs(trial)
+        ended = f"stopped early after epoch {done}/{epochs}" if 0 < done < epochs else "finished"
+        self._line(trial, f"{ended}: {text}{elapsed}")
+        self._progress()
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        done = self.shown.get(trial.trial_id, 0)
+        done = max(self.shown.get(trial.trial_id, 0), self.progress.last_epoch(trial.trial_id))
         self._line(trial, f"FAILED after {done} epoch(s): {error_summary(trial_error_text(trial))}")
+        self._progress()
+
+    def _progress(self) -> None:
+        self.print(f"  {progress_line(self.progress.figures(), self.metric)}")
 

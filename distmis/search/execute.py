@@ -15,7 +15,7 @@ import shutil
 import signal
 import threading
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -30,16 +30,20 @@ from distmis.search.evaluate import (
     BestModel, Candidate, TestEvaluation, best_models, evaluate_ensemble_on_test, fold_candidates, loaded_trainer,
     publish_model, test_spacings,
 )
-from distmis.search.plan import SearchPlan
+from distmis.search.plan import SearchPlan, node_resources, trials_at_once
 from distmis.search.prepare import PreparedData, prepare_data
-from distmis.search.search_space import gives_every_trial, num_trials, scheduler, search_algorithm, tune_param_space
+from distmis.search.progress import SearchProgress
+from distmis.search.search_space import num_trials, scheduler, tune_param_space, tune_search
 from distmis.search.storage import atomic_local_filesystem
 from distmis.search.trainable import data_parallel_trial, runs_on_worker_group, single_process_trial
 from distmis.search.worker_group import release_groups
-from distmis.service.net import LOOPBACK, free_port, port_in_use
+from distmis.service.cluster import joins_single_machine_cluster
+from distmis.service.net import LOOPBACK, claim_port, free_port, port_in_use, release_port
 from distmis.service.token import prepare_local_token
+from distmis.data.split import fold_parts
 from distmis.spec.load import spec_to_dict
 from distmis.spec.schema import Spec
+from distmis.tracking.datasets import TrackedData
 from distmis.tracking.figures import learning_curves_figure
 from distmis.predict.registry import PublishedModel
 from distmis.tracking.mlflow_tracking import (
@@ -156,15 +160,24 @@ def _record_interruption(callback: MLflowTrialCallback, search_run: SearchRun) -
 
 
 # --------------------------------------------------------------------------- set-up shared by every mode
+#: Ray's usual dashboard port, which a local Ray's dashboard takes when it is free (:func:`local_ray_options`).
+RAY_DASHBOARD_PORT = 8265
+
+
 def local_ray_options(dashboard_port: int | None = None) -> dict[str, Any]:
     """``ray.init`` arguments of a local Ray started by distmis (:func:`init_local_ray` starts it).
 
     The dashboard (and Ray's state API, which Ray Train's placement-group cleaner asks every second whether
-    its controller lives) listens on 127.0.0.1 only, on Ray's usual port when free.
+    its controller lives) listens on 127.0.0.1 only, on Ray's usual port when free. Of two distmis processes that
+    start their Rays at the same moment, only the one that claims that port (:func:`claim_port`) takes it, the other
+    a free one: both saw it free, and the dashboard that lost the race to bind it used to fail after Ray's timeout.
     """
     port = dashboard_port
-    if port is None:  # Ray's usual port when free
-        port = 8265 if not port_in_use(LOOPBACK, 8265) else free_port(LOOPBACK)
+    if port is None:  # Ray's usual port when free, and not being taken by another distmis starting at this moment
+        port = RAY_DASHBOARD_PORT
+        if not claim_port(port) or port_in_use(LOOPBACK, port):
+            release_port(port)
+            port = free_port(LOOPBACK)
     return {"address": "local", "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port}
 
 
@@ -216,8 +229,9 @@ def ray_connection(address: str | None = None, *, verbose: bool = False) -> Iter
             _start_local_ray({**local_ray_options(), **console})
         except Exception:  # noqa: BLE001 - another local Ray took the dashboard's port between check and bind
             _start_local_ray({**local_ray_options(free_port(LOOPBACK)), **console})
-    else:
-        ray.init(address=address, runtime_env={"env_vars": TRIAL_ENV}, **console)
+    else:  # the single-machine head of `cluster up` is joined in Ray's single-machine mode, as it runs
+        with loopback_node() if joins_single_machine_cluster(address) else nullcontext():
+            ray.init(address=address, runtime_env={"env_vars": TRIAL_ENV}, **console)
     try:
         yield
     finally:
@@ -295,9 +309,10 @@ def _stop_processes(processes: list[Any], grace: float = 2.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
-def prepare_output(spec: Spec, output_dir: Path, *, progress: bool) -> PreparedData:
-    """Prepare the data; on failure remove an output folder this call created (nothing half-written)."""
-    created = not output_dir.exists()
+def prepare_output(spec: Spec, output_dir: Path, *, progress: bool, created: bool | None = None) -> PreparedData:
+    """Prepare the data; on failure remove an output folder this call created (nothing half-written). ``created``:
+    whether the search made the folder (its lock did: :mod:`distmis.search.output_lock`); None: if it is missing."""
+    created = not output_dir.exists() if created is None else created
     try:
         return prepare_data(spec, output_dir, progress=progress)
     except BaseException:
@@ -344,7 +359,17 @@ def open_search_run(spec: Spec, output_dir: Path, data: PreparedData, *, run_nam
         run.log_text(yaml.safe_dump(resolved, sort_keys=False), "spec.yaml")
         run.log_dict(data.split, "split.json")
         run.log_dict(data.manifest, "tfrecord_manifest.json")
+        run.log_inputs(tracked_data(spec, data).search_inputs())
     return run
+
+
+def tracked_data(spec: Spec, data: PreparedData) -> TrackedData:
+    """The search's data as MLflow's dataset inputs record it (:mod:`distmis.tracking.datasets`): its TFRecord
+    folder's parts, and the parts each trial reads by its fold (:func:`~distmis.data.split.fold_parts`, as the
+    trainers read them)."""
+    folds = range(len(data.split["folds"])) if data.split.get("folds") is not None else [None]
+    return TrackedData.from_manifest(data.manifest, source=spec.dataset.path, tfrecord_dir=data.tfrecord_dir,
+                                     trial_parts={fold: fold_parts(data.split, fold) for fold in folds})
 
 
 @contextmanager
@@ -442,7 +467,8 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     """Run the spec's trials with ``plan`` (Ray must be connected) and record the results on ``search_run``.
 
     ``progress``: print the search's header and a line per trial epoch, end, failure and retry
-    (:class:`~distmis.search.console.SearchConsole`); ``verbose``: Ray Tune's own reporter too.
+    (:class:`~distmis.search.console.SearchConsole`), and after each end where the search stands (its figures go to
+    ``search_run`` either way: :mod:`distmis.search.progress`); ``verbose``: Ray Tune's own reporter too.
 
     ``experiment``: the Tune experiment's folder name under ``OUTPUT/ray_results``. With ``resume``, a search
     that was interrupted goes on (``Tuner.restore``): finished trials stay as they are, unfinished and failed
@@ -453,7 +479,8 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     search_run.set_tag("distmis.layout", plan.label)
-    callback = search_run.trial_callback(spec, volume=tuple(int(v) for v in data.manifest["image_shape"][:3]))
+    callback = search_run.trial_callback(spec, volume=tuple(int(v) for v in data.manifest["image_shape"][:3]),
+                                         data=tracked_data(spec, data))
     if resume:
         callback.adopt_existing_runs()
     # One checkpoint per epoch makes Tune warn about snapshot frequency; expected here. Tune saves its own state
@@ -466,10 +493,15 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     function = trial_function(plan, spec, data, output_dir, experiment, trainable)
     storage = output_dir / "ray_results"
-    console = SearchConsole(spec) if progress else None
+    # the search as a whole after each trial's end: on the search run (always) and the console (unless --quiet)
+    tracker = SearchProgress(spec, total=num_trials(spec), at_once=trials_at_once(plan, node_resources()),
+                             record=lambda metrics, step: search_run.log_metrics(metrics, step=step))
+    if resume:
+        tracker.adopt(callback.best, callback.epochs)
+    console = SearchConsole(spec, tracker) if progress else None
     if not verbose:  # Tune's newer output prints its experiment box and paths even at verbose=0; the older is silent
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    handle = callback.handle(*([console] if console else []))
+    handle = callback.handle(tracker, *([console] if console else []))
     filesystem = atomic_local_filesystem()  # a driver killed while Tune saves leaves whole files (storage.py)
     if resume and tune.Tuner.can_restore(str(storage / experiment), storage_filesystem=filesystem):
         tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=tune_param_space(spec),
@@ -484,11 +516,9 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
             tune_config=tune.TuneConfig(
                 metric=spec.search.metric,
                 mode=spec.search.mode,
-                # distmis's searcher gives every trial (configurations x folds), then says it is done
-                num_samples=num_trials(spec) if gives_every_trial(spec) else spec.search.num_samples,
-                search_alg=search_algorithm(spec),
+                # search_alg, num_samples, max_concurrent_trials: with folds, the fold searcher says when it is done
+                **tune_search(spec, plan.max_concurrent_trials),
                 scheduler=scheduler(spec),
-                max_concurrent_trials=plan.max_concurrent_trials,
                 # One process serves the search's trials in turn rather than a new one per trial: its imports,
                 # and an experiment-mode trial's traced graphs (trainable.single_process_trial).
                 reuse_actors=True,
@@ -655,8 +685,8 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
                         if candidate.folds:  # each fold's own scores on its own run
                             for fold, fold_evaluation in each.items():
                                 _record_test(search_run, callback.run_ids.get(candidate.models[fold].trial_id),
-                                             fold_evaluation, candidate.models[fold], best=False)
-                        _record_test(search_run, run_id, evaluation, candidate, best=rank == 0)
+                                             fold_evaluation, candidate.models[fold], best=False, data=callback.data)
+                        _record_test(search_run, run_id, evaluation, candidate, best=rank == 0, data=callback.data)
                     except Exception as exc:  # noqa: BLE001
                         logger.warning("could not evaluate %s on the test split", candidate.name, exc_info=True)
                         problem(f"{_named(candidate)} could not be scored on the test split: "
@@ -694,16 +724,29 @@ def _where(checkpoint: Any) -> str:
 
 
 def _record_test(search_run: SearchRun, run_id: str | None, evaluation: TestEvaluation, model: Any, *,
-                 best: bool) -> None:
+                 best: bool, data: TrackedData | None = None) -> None:
     csv = format_results(evaluation.cases, "csv")
     if run_id is not None:
-        search_run.log_metrics(evaluation.means, run_id=run_id)
+        search_run.log_metrics(_unrecorded(search_run, run_id, evaluation.means), run_id=run_id)
+        if data is not None:  # the test part, as a dataset input of the run it scored
+            search_run.log_inputs(data.test_inputs(), run_id=run_id)
         search_run.writer.submit(f"test_cases.csv ({model.trial_id})",
                                  lambda: search_run.client.log_text(run_id, csv, "test_cases.csv"))
     if best:
-        search_run.log_metrics(evaluation.means)
+        search_run.log_metrics(_unrecorded(search_run, search_run.run_id, evaluation.means))
         search_run.log_text(csv, "test_cases.csv")
         search_run.set_tag("distmis.test_trial", model.trial_id)
+
+
+def _unrecorded(search_run: SearchRun, run_id: str, metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` but those the run ``run_id`` holds already: a search's end that was interrupted and is resumed
+    scores the test split again, and each test score is logged once (the first stands). A store that cannot be read
+    now takes them all (its writer retries)."""
+    try:
+        held = search_run.client.get_run(run_id).data.metrics
+    except Exception:  # noqa: BLE001 - the store is away: nothing is known to be there
+        return dict(metrics)
+    return {key: value for key, value in metrics.items() if key not in held}
 
 
 def _publish(trainers: list[Any], candidate: Candidate, spec: Spec, data: PreparedData, search_run: SearchRun,

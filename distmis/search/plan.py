@@ -110,6 +110,20 @@ def worker_slots(layout: TrialLayout, nodes: list[dict[str, float]]) -> int:
     return sum(int(min(node[key] // asked[key] for key in asked)) for node in nodes)
 
 
+def trials_at_once(plan: SearchPlan, nodes: list[dict[str, float]]) -> int:
+    """How many of the plan's trials run at once on these nodes: its limit (``max_concurrent_trials``) where it
+    has one, else as many as the nodes hold (each trial, or each worker of a distributed trial, whole on one
+    node); at least 1."""
+    if plan.max_concurrent_trials:
+        return plan.max_concurrent_trials
+    if plan.distributed:
+        return max(1, worker_slots(plan.largest, nodes) // plan.largest.world_size)
+    asked = {key.upper(): value for key, value in plan.trial_resources.items() if value > 0}
+    if not asked:
+        return 1
+    return max(1, sum(int(min(node.get(key, 0.0) // value for key, value in asked.items())) for node in nodes))
+
+
 def fit_problems(layouts: tuple[TrialLayout, ...], nodes: list[dict[str, float]]) -> list[str]:
     """Why the largest trial of a search can never start on these nodes (each worker whole on one node, all
     workers at once), or nothing. Pure arithmetic, so the reasons are testable without a cluster."""

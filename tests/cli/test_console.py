@@ -76,3 +76,55 @@ def test_verbose_leaves_the_notices_on_the_console(tmp_path: Path):
     assert done.stderr.count("absl::InitializeLog") == 2 and "oneDNN" in done.stderr
     assert "retracing advice" in done.stderr
     assert done.stdout.splitlines()[-1] == "None"
+
+
+def run_progress(tmp_path: Path, stderr: int | None) -> tuple[int, str]:
+    """A command's console (distmis's descriptor-2 filter on) showing a loop's progress; ``stderr``: a terminal's
+    descriptor, or None for a pipe. Returns the exit code and what reached stderr."""
+    script = textwrap.dedent("""
+        import sys
+        from distmis.cli.console import console
+        from distmis.data.case_progress import case_progress
+        with console(verbose=False):
+            print("terminal" if sys.stderr.isatty() else "not a terminal", file=sys.stderr)
+            for _ in case_progress(range(3), "synthesize"):
+                pass
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    if stderr is None:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120,
+                              cwd=tmp_path)
+        return done.returncode, done.stderr
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=stderr, env=env,
+                               cwd=tmp_path)
+    return process.wait(timeout=120), ""
+
+
+def test_progress_is_a_bar_on_a_terminal_and_plain_lines_in_a_pipe(tmp_path: Path):
+    """Off a terminal no carriage return reaches the log (issue 46); on one, behind the console's filter of
+    descriptor 2, stderr still says it is a terminal and the bar is drawn."""
+    import pty
+
+    code, err = run_progress(tmp_path, None)
+    assert code == 0 and "\r" not in err
+    assert err.splitlines() == ["not a terminal", "synthesize: 3 cases", "synthesize: 3/3 cases in 0:00"]
+
+    leader, follower = pty.openpty()
+    try:
+        code, _ = run_progress(tmp_path, follower)
+        os.close(follower)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal's other end closed: all read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(leader)
+    assert code == 0
+    text = drawn.decode()
+    # a bar (the terminal itself turns each "\n" into "\r\n"), not the plain lines
+    assert text.startswith("terminal\r\n") and "synthesize: 100%|" in text and "synthesize: 3 cases" not in text

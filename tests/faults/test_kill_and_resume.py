@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,9 +52,9 @@ def logged_epochs(db: Path) -> dict[str, int]:
     return {row[0]: int(row[1]) for row in rows}
 
 
-def distmis(*args: str) -> subprocess.Popen:
+def distmis(*args: str, quiet: bool = True) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.Popen([sys.executable, "-m", "distmis", *args, "--quiet"], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "distmis", *args, *(["--quiet"] * quiet)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -72,14 +73,15 @@ def kill_driver_when(process: subprocess.Popen, ready: Callable[[], bool], timeo
     process.wait(timeout=60)
 
 
-def finish(process: subprocess.Popen, timeout: float = 900) -> str:
+def finish(process: subprocess.Popen, timeout: float = 900) -> tuple[str, str]:
+    """The process's stdout and stderr, once it exited 0."""
     try:
-        _, err = process.communicate(timeout=timeout)
+        out, err = process.communicate(timeout=timeout)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 0, err[-4000:]
-    return err
+    return out, err
 
 
 def snapshot(client: MlflowClient, run_id: str) -> dict[str, Any]:
@@ -167,7 +169,7 @@ def test_a_search_killed_three_times_ends_as_an_uninterrupted_one(tmp_path: Path
                      for tid, snap in before.items()}
     assert 1 <= len(done) < 3
 
-    err = finish(distmis("run", str(spec), "--output", str(out), "--resume"))
+    console, err = finish(distmis("run", str(spec), "--output", str(out), "--resume", quiet=False))
     assert "could not be loaded" not in err, err[-3000:]
 
     parent = client.get_run(parent_id)
@@ -180,6 +182,18 @@ def test_a_search_killed_three_times_ends_as_an_uninterrupted_one(tmp_path: Path
         assert_one_point_per_epoch(client, run.info.run_id)
     for tid in done:  # untouched by the last resume: same end time, same metrics, same tags
         assert snapshot(client, by_trial[tid].info.run_id) == before[tid]
+
+    # Issue 46, finding 10: the last resume's "finished" lines give each trial's best over every epoch it trained,
+    # before the kills too, as its run records it; its last progress line counts the trials that ended before it.
+    by_label = {run.info.run_name.split(" ", 1)[1]: run.data.metrics for run in runs}
+    ended = re.findall(r"^\s+(lr=\S+)\s+finished: best val_dice (\d\.\d{4}) at epoch (\d+), ", console, re.M)
+    assert ended, console
+    for label, value, epoch in ended:
+        assert (value, int(epoch)) == (f"{by_label[label]['best_val_dice']:.4f}", by_label[label]["best_epoch"])
+    label, best = max(by_label.items(), key=lambda item: item[1]["best_val_dice"])
+    progress = [line.strip() for line in console.splitlines() if line.strip().startswith("progress: ")]
+    assert progress[-1] == (f"progress: 3/3 trials finished, 0 running, 0 to start; best val_dice "
+                            f"{best['best_val_dice']:.4f} ({label}, epoch {int(best['best_epoch'])})"), console
 
     # Resumed trials continued from their last checkpoint, not from the start.
     reports = reported_epochs(out)

@@ -10,7 +10,7 @@ import yaml
 
 from distmis.cli.main import main
 from distmis.search.compare import cell_spec
-from distmis.search.plan import fit_problems, plan_search, trial_layouts
+from distmis.search.plan import fit_problems, plan_search, trial_layouts, trials_at_once
 from distmis.spec import validate_spec
 from tests.conftest import small_spec_tree
 
@@ -30,6 +30,19 @@ def test_plans_read_the_layouts(tmp_path: Path):
     assert (data.distributed, data.max_concurrent_trials, data.trial_resources["cpu"]) == (True, 1, 0)
     hybrid = plan_search(spec_with(tmp_path, workers_per_trial=2, max_concurrent_trials=8), cluster_slots=7)
     assert hybrid.max_concurrent_trials == 3 and "hybrid" in hybrid.label  # 7 slots // 2 workers
+
+
+def test_the_trials_at_once_are_the_plans_limit_or_what_the_nodes_hold(tmp_path: Path):
+    """What the search's time-left estimate divides by (distmis.search.progress)."""
+    nodes = [{"CPU": 5.0, "GPU": 0.0}, {"CPU": 3.0, "GPU": 1.0}]
+    assert trials_at_once(plan_search(spec_with(tmp_path, resources_per_trial={"cpu": 2})), nodes) == 3  # 2 + 1
+    assert trials_at_once(plan_search(spec_with(tmp_path, resources_per_trial={"cpu": 1, "gpu": 1})), nodes) == 1
+    limited = plan_search(spec_with(tmp_path, resources_per_trial={"cpu": 1}, max_concurrent_trials=2))
+    assert trials_at_once(limited, nodes) == 2
+    assert trials_at_once(plan_search(spec_with(tmp_path, mode="data", workers=2)), nodes) == 1
+    hybrid = plan_search(spec_with(tmp_path, workers_per_trial=2))  # no limit, no cluster given to the plan
+    assert trials_at_once(hybrid, nodes) == 4  # 8 one-CPU workers, 2 per trial
+    assert trials_at_once(plan_search(spec_with(tmp_path, resources_per_trial={"cpu": 4})), [{"CPU": 2.0}]) == 1
 
 
 def test_comparison_cells_are_searches_of_their_own(tmp_path: Path):
