@@ -26,7 +26,7 @@ quickstart: setup
 test: setup
 	$(BIN)/python -m pytest
 
-# The fast tier (no Ray clusters, process groups or training runs): about two minutes.
+# The fast tier (no Ray clusters, process groups or training runs); its measured time, dated: benchmarks/README.md.
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
 

@@ -1,9 +1,8 @@
 """``distmis``: the command line.
 
-Exit codes: 0 success; 1 the search ran but some trials failed, or its best model could not be loaded, scored on
-the test split or published; 2 bad input (spec, data or
-arguments), in which case nothing was started and nothing was written; 130 (Ctrl-C) or 143 (SIGTERM, as
-`distmis stop` sends) when a search was interrupted: its unfinished MLflow runs are marked KILLED.
+Exit codes: :data:`distmis.cli.errors.EXIT_CODES` (0 success; 1 some trials failed, or the best model could not be
+published; 2 bad input, nothing started; 130 / 143 interrupted by Ctrl-C / SIGTERM, runs KILLED), which
+``distmis --help`` lists. Every command's ``--help`` ends with examples: :mod:`distmis.cli.helptext`.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from distmis.cli.console import console
 from distmis.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, BadInput
+from distmis.cli.helptext import add_help_text
 from distmis.data.layouts import Layout
 from distmis.train.threads import tensorflow_env
 
@@ -87,11 +87,17 @@ def _version() -> str:
 
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args: argparse.Namespace) -> int:
+    from distmis.search.prepare import check_dataset_path
     from distmis.search.search_space import num_trials
     from distmis.spec import load_spec, parse_set_options
 
     spec = load_spec(args.spec, parse_set_options(args.set))
+    data = Path(spec.dataset.path)
+    if data.exists() or spec.dataset.synthetic is not None:
+        check_dataset_path(spec)  # as `run` does before any work: dataset.json, every network input against the volumes
     print(f"{args.spec}: valid search spec {spec.name!r}, {num_trials(spec)} trial(s)")
+    if not data.exists() and spec.dataset.synthetic is None:
+        print(f"(dataset.path {str(data)!r} is not on this machine: checked without its data; `run` checks it there)")
     return EXIT_OK
 
 
@@ -184,7 +190,8 @@ def print_search(spec: Any, outcome: Any, output: Path) -> int:
     print(f"  tracking URI: {uri}")
     print(f"  distmis results {output}")
     if outcome.failed_trials:
-        print(f"error: {outcome.failed} trial(s) did not finish: {', '.join(outcome.failed_trials)}", file=sys.stderr)
+        print(f"error: {outcome.failed} trial(s) did not finish: {', '.join(outcome.failed_trials)} (the same "
+              "command with --resume runs them again)", file=sys.stderr)
     for problem in outcome.problems:  # the search's model could not be loaded, scored or published
         print(f"error: {problem}", file=sys.stderr)
     return EXIT_TRIALS_FAILED if outcome.failed or outcome.problems else EXIT_OK
@@ -394,7 +401,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
 def cmd_data_tfrecord(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from distmis.data.layouts import Layout, check_cases, discover_cases
+    from distmis.data.layouts import check_cases, discover_cases
     from distmis.data.split import make_split
     from distmis.search.prepare import dataset_description, preprocess_config, with_statistics
     from distmis.spec.schema import DatasetSpec
@@ -532,7 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "store, else $MLFLOW_TRACKING_URI)")
     p.add_argument("--experiment", help="MLflow experiment name (the spec's name by default): its newest search")
     p.add_argument("--run-id", help="a specific search (parent) run; default: the output folder's, else the newest")
-    p.add_argument("--format", choices=["table", "csv", "json", "markdown"], default="table")
+    p.add_argument("--format", choices=["table", "csv", "json", "markdown"], default="table",
+                   help="table (default): aligned columns for a person, after a line naming the run; csv, json (one "
+                        "object a row) or markdown: every column, the rows alone")
     p.set_defaults(func=cmd_results)
 
     p = sub.add_parser("predict", help="segment scans with a search's model: one <case>_seg.nii.gz per case")
@@ -570,12 +579,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=["brain", "ct"], default="brain",
                    help="brain: four MRI channels, 1 mm, a tumour with three labels (default); ct: one CT channel in "
                         "HU, liver/spleen/kidney classes 1-3, anisotropic spacings that differ between cases")
-    p.add_argument("--cases", type=_positive_int, default=10)
+    p.add_argument("--cases", type=_positive_int, default=10, help="how many cases to write (default 10)")
     p.add_argument("--shape", type=_synthetic_shape, default=(64, 64, 64), help="H,W,D, each >= 8 (default 64,64,64)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed of the cases: the same seed writes the same data (default 0)")
     p.add_argument("--lps-cases", type=_non_negative_int, default=0, metavar="K",
                    help="write the last K cases in LPS orientation instead of RAS, same world anatomy (default 0)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_data_synth)
 
     p = dsub.add_parser("tfrecord", help="convert a NIfTI dataset to sharded TFRecords with a manifest")
@@ -592,12 +602,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "cases)")
     p.add_argument("--crop", type=_shape, help="centre crop H,W,D (zero-padded where smaller)")
     p.add_argument("--resize", type=_shape, help="resize to H,W,D after cropping")
-    p.add_argument("--split", type=float, nargs=3, default=(0.7, 0.15, 0.15), metavar=("TRAIN", "VAL", "TEST"))
+    p.add_argument("--split", type=float, nargs=3, default=(0.7, 0.15, 0.15), metavar=("TRAIN", "VAL", "TEST"),
+                   help="the fractions of the cases in the train, validation and test splits, summing to 1 "
+                        "(default 0.7 0.15 0.15)")
     p.add_argument("--seed", type=int, default=0, help="split seed")
     p.add_argument("--shards", type=_positive_int, help="shards per split (default: about 8 cases a shard)")
     p.add_argument("--workers", type=_positive_int, help="conversion processes (default: min(CPUs, 4))")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_data_tfrecord)
 
     p = dsub.add_parser("inspect", help="channels, classes with voxel counts, shapes, spacings, orientations and "
@@ -606,6 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=LAYOUT_CHOICES, help="the data set's layout (default: detected from its files)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_data_inspect)
+    add_help_text(parser)  # every command's examples, the exit codes, the descriptions
     return parser
 
 

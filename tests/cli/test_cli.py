@@ -83,6 +83,18 @@ def test_a_search_from_the_command_line_prints_what_a_person_reads(tmp_path: Pat
     assert sorted((m[1], int(m[2])) for m in epochs if m) == [("lr=0.001", 1), ("lr=0.001", 2),
                                                               ("lr=0.005", 1), ("lr=0.005", 2)]
     assert sum("finished: best val_dice" in line for line in lines) == 2
+    # issue 46: after each trial's end, where the search stands, with the time left while trials remain; and no
+    # carriage return anywhere (the data's progress is plain lines off a terminal)
+    progress = [line.strip() for line in lines if line.strip().startswith("progress: ")]
+    assert len(progress) == 2, lines
+    assert re.fullmatch(r"progress: 1/2 trials finished, [01] running, [01] to start; best val_dice \d\.\d{4} "
+                        r"\(lr=0\.00[15], epoch [12]\); about \d+:\d\d left \(\d+ trial-epochs of (\d+\.\d s|\d+:\d\d), 2 at once\)",
+                        progress[0]), progress
+    assert re.fullmatch(r"progress: 2/2 trials finished, 0 running, 0 to start; best val_dice \d\.\d{4} "
+                        r"\(lr=0\.00[15], epoch [12]\)", progress[1]), progress
+    assert "\r" not in done.stdout and "\r" not in done.stderr
+    assert re.search(r"^synthesize brain \(msd\): 6/6 cases in \d+:\d\d$", done.stderr, re.M), done.stderr
+    assert re.search(r"^tfrecords: 6/6 cases in \d+:\d\d$", done.stderr, re.M), done.stderr
     printed = done.stdout
     assert "Search 'cli-run': 2 trial(s), 0 failed" in printed and "best_val_dice" in printed
     assert "Best trial:" in printed and "Test split, best trial:" in printed and "dice WT" in printed
@@ -99,6 +111,13 @@ def test_a_search_from_the_command_line_prints_what_a_person_reads(tmp_path: Pat
     parent = query(db, "SELECT artifact_uri FROM runs r JOIN tags t ON r.run_uuid = t.run_uuid "
                        "WHERE t.key = 'distmis.role' AND t.value = 'search'")[0][0]
     assert (Path(parent.removeprefix("file://")) / "results.csv").is_file()
+    # the same figures on the search's run, stepped by the trials ended
+    figures = query(db, "SELECT m.key, m.step, m.value FROM metrics m JOIN tags t ON m.run_uuid = t.run_uuid "
+                        "WHERE t.key = 'distmis.role' AND t.value = 'search' AND m.key LIKE 'search_%'")
+    assert sorted((step, value) for key, step, value in figures if key == "search_trials_finished") == [(1, 1), (2, 2)]
+    assert [(step, value) for key, step, value in figures if key == "search_eta_seconds" and step == 2] == [(2, 0.0)]
+    assert {key for key, _, _ in figures} >= {"search_trials_running", "search_trials_left", "search_best_val_dice",
+                                              "search_epoch_seconds"}
 
     assert main(["results", str(out), "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -227,8 +246,13 @@ def test_run_exits_1_when_a_trial_fails(ray_local, tmp_path, monkeypatch, capsys
     tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3, 5.0e-2]}}
     spec = write_spec(tmp_path / "s.yaml", tree)
     assert main(["run", str(spec), "--output", str(tmp_path / "out"), "--quiet"]) == 1
-    printed = capsys.readouterr().out
-    assert "1 failed" in printed and "NonFiniteLossError" in printed
+    printed = capsys.readouterr()
+    assert "1 failed" in printed.out and "NonFiniteLossError" in printed.out
+    assert "did not finish" in printed.err and "--resume runs them again" in printed.err
+    # The folder's search ended with a failed trial: a plain run into it says what to do, and starts nothing.
+    assert main(["run", str(spec), "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "ended with 1 failed trial(s)" in err and "--resume" in err and "another --output" in err
 
 
 def test_cli_run_with_an_oversized_tile_exits_2_and_writes_nothing(tmp_path, capsys):
