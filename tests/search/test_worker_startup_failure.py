@@ -91,8 +91,9 @@ def test_workers_dying_at_start_up_release_their_cpus_and_the_next_trial_runs(ra
     finally:
         remove_groups(set(created_groups()) - before)  # a leak must not hang the rest of the session
 
-    # The CPUs are there for the next trial: a 2-worker trial that needs every CPU starts and finishes.
-    outcome = run_search(spec, tmp_path / "out", progress=False, trainable=reporting_trial)
+    # The CPUs are there for the next trial: a 2-worker trial that needs every CPU starts and finishes (in a new
+    # output folder: the first one holds a search that ended with a failed trial, which only --resume reopens).
+    outcome = run_search(spec, tmp_path / "next", progress=False, trainable=reporting_trial)
     assert outcome.failed == 0, outcome.results.get("error")
     client = MlflowClient(outcome.tracking_uri)
     [run] = trial_runs(client, client.get_run(outcome.parent_run_id))
