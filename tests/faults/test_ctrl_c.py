@@ -202,7 +202,7 @@ def test_ctrl_c_in_every_phase_of_a_run(tmp_path: Path):
         run = start(spec, out)
         run.wait_for(lambda: bool(query(db, "SELECT 1 FROM metrics WHERE key = 'val_dice'")), "a trial's epoch")
         err = run.ctrl_c()
-        assert "interrupted" in err and "--resume" in err
+        assert "interrupted" in err and "SIGINT" in err and "--resume" in err
         assert run_statuses(db) == {"search": ["KILLED"], "trial": ["KILLED"]}
         assert state_of(out) == "interrupted"
 
