@@ -23,7 +23,8 @@ from distmis.tracking.mlflow_tracking import SearchRun, default_tracking_uri
 from tests.conftest import small_spec_tree
 
 
-def test_a_store_that_fails_costs_the_registration_not_the_model(tmp_path: Path):
+def torch_best_trial(tmp_path: Path) -> tuple[Any, Any, Any]:
+    """A torch U-Net spec, a trainer holding its (untrained) model, and its data's manifest: (spec, trainer, data)."""
     tree = small_spec_tree(tmp_path / "data")
     tree["model"] = {"name": "unet3d", "framework": "torch", "params": {"base_filters": 4, "levels": 2}}
     spec = validate_spec(tree)
@@ -31,6 +32,11 @@ def test_a_store_that_fails_costs_the_registration_not_the_model(tmp_path: Path)
     data = SimpleNamespace(manifest={"preprocess": {"layout": "msd", "labels": "whole-tumour", "crop": None,
                                                     "resize": None},
                                      "image_shape": [16, 16, 16, 4], "num_classes": 1})
+    return spec, trainer, data
+
+
+def test_a_store_that_fails_costs_the_registration_not_the_model(tmp_path: Path):
+    spec, trainer, data = torch_best_trial(tmp_path)
     unreachable = tmp_path / "not-a-folder"
     unreachable.write_text("a file where the store's folder would be")
     published = publish_model([trainer], BestModel("t_00000", {}, 0.5, None), spec, data,
@@ -49,13 +55,7 @@ class Killed(KeyboardInterrupt):
 def tiny_search(tmp_path: Path) -> tuple[Any, Any, Any, str, str]:
     """A torch spec, its best trial's trainer and data, and a sqlite store with the trial's finished run: (spec,
     trainer, data, tracking URI, trial run id)."""
-    tree = small_spec_tree(tmp_path / "data")
-    tree["model"] = {"name": "unet3d", "framework": "torch", "params": {"base_filters": 4, "levels": 2}}
-    spec = validate_spec(tree)
-    trainer = SimpleNamespace(spec=spec, model=UNet3D(in_channels=4, num_classes=1, base_filters=4, levels=2).eval())
-    data = SimpleNamespace(manifest={"preprocess": {"layout": "msd", "labels": "whole-tumour", "crop": None,
-                                                    "resize": None},
-                                     "image_shape": [16, 16, 16, 4], "num_classes": 1})
+    spec, trainer, data = torch_best_trial(tmp_path)
     uri = default_tracking_uri(tmp_path / "out")
     client = MlflowClient(uri)
     experiment = client.create_experiment("tiny", artifact_location=(tmp_path / "out" / "mlartifacts").as_uri())

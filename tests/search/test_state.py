@@ -67,12 +67,18 @@ def test_cli_resume_without_a_search_exits_2_and_starts_nothing(tmp_path: Path, 
     assert list(out.iterdir()) == [] and not (tmp_path / "data").exists()
 
 
-def test_cli_resume_of_a_finished_search_says_so_and_exits_0(tmp_path: Path, capsys):
+def spec_file_and_output(tmp_path: Path) -> tuple[dict, Path, Path]:
+    """A small spec's tree, written as ``spec.yaml``, and an empty output folder: (tree, spec file, output)."""
     tree = small_spec_tree(tmp_path / "data")
     spec = tmp_path / "spec.yaml"
     spec.write_text(json.dumps(tree))
     out = tmp_path / "out"
     out.mkdir()
+    return tree, spec, out
+
+
+def test_cli_resume_of_a_finished_search_says_so_and_exits_0(tmp_path: Path, capsys):
+    tree, spec, out = spec_file_and_output(tmp_path)
     state = SearchState.start("search", validate_spec(tree), "run123")
     state.status = "finished"
     state.save(out)
@@ -104,11 +110,7 @@ def test_a_search_that_ended_with_failed_trials_is_resumed_not_finished(tmp_path
 
 
 def test_cli_plain_run_into_a_search_with_failed_trials_exits_2_and_starts_nothing(tmp_path: Path, capsys):
-    tree = small_spec_tree(tmp_path / "data")
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(json.dumps(tree))
-    out = tmp_path / "out"
-    out.mkdir()
+    tree, spec, out = spec_file_and_output(tmp_path)
     state = SearchState.start("search", validate_spec(tree), "run123")
     state.status, state.failed_trials = "trials_failed", ["t1", "t2"]
     state.save(out)
