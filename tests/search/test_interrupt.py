@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM stop a real `distmis run` honestly: exit 130 or 143, and no MLflow run left RUNNING."""
+"""SIGTERM stops a real `distmis run` honestly: exit 143, and no MLflow run left RUNNING (Ctrl-C: tests/faults/test_ctrl_c.py)."""
 
 from __future__ import annotations
 
