@@ -1,4 +1,6 @@
-"""SIGTERM stops a real `distmis run` honestly: exit 143, and no MLflow run left RUNNING (Ctrl-C: tests/faults/test_ctrl_c.py)."""
+"""SIGTERM stops a real `distmis run` honestly: exit 143, and no MLflow run left RUNNING.
+
+Ctrl-C (SIGINT, exit 130) is tests/faults/test_ctrl_c.py's."""
 
 from __future__ import annotations
 
