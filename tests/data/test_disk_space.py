@@ -51,6 +51,20 @@ def test_a_disk_without_room_is_refused_before_anything_is_read_or_written(msd_r
     assert room.needed == needed and room.free is not None and room.free > needed
 
 
+def test_records_larger_than_the_disk_are_refused_there_without_a_mount(msd_root: Path, tmp_path: Path):
+    """The same refusal on the test's own disk: resized to 2^15 voxels a side, 4 cases need about 2.2 PiB."""
+    cases = discover_cases(msd_root, "msd")
+    config = PreprocessConfig(layout="msd", resize=(2**15, 2**15, 2**15))
+    needed = tfrecord_bytes(cases, config)
+    out = tmp_path / "records" / "tfr"
+    with pytest.raises(DataError) as raised:
+        convert_to_tfrecords(cases, _split(cases), config, out, workers=1, progress=False)
+    message = str(raised.value)
+    assert f"not enough free space for the TFRecords in {str(out.parent)!r}" in message
+    assert f"about {size_text(needed)}" in message and "Nothing was written" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # not even the output's parent folder made
+
+
 def test_a_full_disk_is_told_from_other_errors():
     import tensorflow as tf
 

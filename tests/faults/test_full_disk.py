@@ -22,7 +22,7 @@ import pytest
 from distmis.data import synthesize_dataset
 from tests.conftest import small_spec_tree
 from tests.faults.test_refused_before_work import distmis, write_spec
-from tests.mounts import tmpfs
+from tests.mounts import tmpfs, unwritable_folder
 
 pytestmark = pytest.mark.slow  # real distmis processes (seconds of imports each)
 
@@ -74,11 +74,11 @@ def test_an_unwritable_output_beside_an_external_store_is_refused_before_any_wor
     store.mkdir()
     tree["tracking"] = {"uri": f"sqlite:///{store / 'mlflow.db'}"}  # a store that does not need --output
     spec = write_spec(tmp_path, tree)
-    with tmpfs(tmp_path / "read-only", read_only=True) as disk:
+    with unwritable_folder(tmp_path / "read-only") as (disk, reason):
         done = distmis("run", str(spec), "--output", str(disk / "out"))
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert (f"error: the output folder {str(disk / 'out')!r} cannot be written in (it would be made in "
-            f"{str(disk)!r}): Read-only file system. Nothing was started") in done.stderr
+            f"{str(disk)!r}): {reason}. Nothing was started") in done.stderr
     assert not done.started_ray
     assert not (tmp_path / "data").exists() and list(store.iterdir()) == []  # no data made, no store touched

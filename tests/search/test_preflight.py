@@ -1,6 +1,7 @@
 """The output folder's check before any work (issue 46, finding 6): a folder that cannot be written in is refused,
-named, whatever the tracking store. Read-only mounts, not permission bits: tests run as root, which writes through
-those. The real ``distmis run``: tests/faults/test_full_disk.py."""
+named, whatever the tracking store. A read-only mount where the test may mount one (root writes through permission
+bits), permission bits for another user (tests/mounts.py). The real ``distmis run``: tests/faults/test_full_disk.py.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ import pytest
 
 from distmis.search.preflight import OutputUnwritable, check_output_writable
 from distmis.search.state import SearchStateError
-from tests.mounts import tmpfs
+from tests.mounts import tmpfs, unwritable_folder
 
 
 def test_a_read_only_output_folder_is_refused_naming_it(tmp_path: Path):
-    with tmpfs(tmp_path / "ro", read_only=True) as disk:
+    with unwritable_folder(tmp_path / "ro") as (disk, reason):
         with pytest.raises(OutputUnwritable, match=rf"the output folder '{disk}' cannot be written in: "
-                                                   r"Read-only file system\. Nothing was started"):
+                                                   rf"{reason}\. Nothing was started"):
             check_output_writable(disk)
         nested = disk / "runs" / "tiny"  # not there yet: where it would be made is tried
         with pytest.raises(OutputUnwritable, match=rf"'{nested}' cannot be written in \(it would be made in "
-                                                   rf"'{disk}'\): Read-only file system"):
+                                                   rf"'{disk}'\): {reason}"):
             check_output_writable(nested)
     assert issubclass(OutputUnwritable, SearchStateError)  # the CLI's exit 2
 
