@@ -57,8 +57,9 @@ def progress_line(figures: ProgressFigures, metric: str) -> str:
         if figures.seconds_left is None or figures.seconds_per_epoch is None:
             parts.append("time left unknown (no epoch timed yet)")
         else:
-            each = figures.seconds_per_epoch
-            parts.append(f"about {clock(figures.seconds_left)} left ({figures.epochs_left:.0f} trial-epochs of "
+            each, count = figures.seconds_per_epoch, f"{figures.epochs_left:.0f}"
+            epochs = f"{count} trial-epoch{'' if count == '1' else 's'}"
+            parts.append(f"about {clock(figures.seconds_left)} left ({epochs} of "
                          f"{f'{each:.1f} s' if each < 60 else clock(each)}, {figures.at_once} at once)")
     return "progress: " + "; ".join(parts)
 

@@ -88,7 +88,7 @@ def test_a_search_from_the_command_line_prints_what_a_person_reads(tmp_path: Pat
     progress = [line.strip() for line in lines if line.strip().startswith("progress: ")]
     assert len(progress) == 2, lines
     assert re.fullmatch(r"progress: 1/2 trials finished, [01] running, [01] to start; best val_dice \d\.\d{4} "
-                        r"\(lr=0\.00[15], epoch [12]\); about \d+:\d\d left \(\d+ trial-epochs of (\d+\.\d s|\d+:\d\d), 2 at once\)",
+                        r"\(lr=0\.00[15], epoch [12]\); about \d+:\d\d left \(\d+ trial-epochs? of (\d+\.\d s|\d+:\d\d), 2 at once\)",
                         progress[0]), progress
     assert re.fullmatch(r"progress: 2/2 trials finished, 0 running, 0 to start; best val_dice \d\.\d{4} "
                         r"\(lr=0\.00[15], epoch [12]\)", progress[1]), progress

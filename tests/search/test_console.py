@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distmis.search.console import SearchConsole, clock, trial_label
-from distmis.search.progress import SearchProgress
+from distmis.search.console import SearchConsole, clock, progress_line, trial_label
+from distmis.search.progress import ProgressFigures, SearchProgress
 from distmis.spec import validate_spec
 from distmis.trial_record import HISTORY_KEY
 from tests.conftest import small_spec_tree
@@ -177,3 +177,11 @@ def test_a_resumed_trial_that_had_trained_every_epoch_ends_with_its_best_over_al
     assert lines[-1] == ("  progress: 2/3 trials finished, 0 running, 1 to start; best val_dice 0.9500 "
                          "(lr=0.005, epoch 2); time left unknown (no epoch timed yet)")
     assert progress.best_of("f_00000") == (0.65, 2)
+
+
+def test_one_trial_epoch_left_is_said_in_the_singular():
+    figures = ProgressFigures(total=2, ended=1, failed=0, stopped_early=0, running=1, left=0, best=(0.9, "lr=0.1", 3),
+                              seconds_per_epoch=6.8, epochs_left=1.0, at_once=2, seconds_left=6.8)
+    assert progress_line(figures, "val_dice").endswith("about 0:07 left (1 trial-epoch of 6.8 s, 2 at once)")
+    assert progress_line(ProgressFigures(**{**figures.__dict__, "epochs_left": 2.0, "seconds_left": 13.6}),
+                         "val_dice").endswith("about 0:14 left (2 trial-epochs of 6.8 s, 2 at once)")
