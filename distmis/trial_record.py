@@ -18,14 +18,15 @@ import posixpath
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["HISTORY_KEY", "STARTUP_PREFIX", "DEVICE_KEY", "SYSTEM_KEY", "CHECKPOINT_PREFIX", "RESUME_DIR",
-           "STATE_FILE", "SystemSample", "samples_to_json", "samples_from_json", "with_every_rank_samples",
+__all__ = ["HISTORY_KEY", "STARTUP_PREFIX", "DEVICE_KEY", "NODES_KEY", "SYSTEM_KEY", "CHECKPOINT_PREFIX",
+           "RESUME_DIR", "STATE_FILE", "SystemSample", "samples_to_json", "samples_from_json", "with_every_rank_records",
            "TrainingState", "stored_state", "held_epoch", "complete_folders"]
 
 # --------------------------------------------------------------------------- keys of a trial's reports
 HISTORY_KEY = "history"  # in a restarted trial's first report: JSON of every epoch's metrics so far
 STARTUP_PREFIX = "startup_"  # the first report's start-up seconds, ``startup_<part>_s`` (train.startup)
 DEVICE_KEY = "device"  # the first report's: where the (primary rank's) model trains, "cpu" or "cuda:0 (NVIDIA ...)"
+NODES_KEY = "nodes"  # the first report's: the Ray node of each rank's process, rank 0 first, comma-separated
 SYSTEM_KEY = "system_metrics"  # a report's system samples since the previous report: JSON (samples_to_json)
 
 
@@ -52,10 +53,13 @@ def samples_from_json(text: str) -> list[SystemSample]:
         return []
 
 
-def with_every_rank_samples(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """Rank 0's report of an epoch (``reports``: every rank's, rank 0 first) carrying every rank's system samples:
-    each rank samples its own processes and GPUs under names of its own (``rank<r>_...``, ``gpu_<i>_...``)."""
+def with_every_rank_records(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's report of an epoch (``reports``: every rank's, rank 0 first) carrying every rank's system samples
+    (each rank samples its own processes and GPUs under names of its own, ``rank<r>_...``, ``gpu_<i>_...``) and, in a
+    first report, every rank's node (``nodes``, in rank order)."""
     merged = dict(reports[0])
+    if all(report.get(NODES_KEY) for report in reports):
+        merged[NODES_KEY] = ",".join(str(report[NODES_KEY]) for report in reports)
     samples = [sample for report in reports if report.get(SYSTEM_KEY)
                for sample in samples_from_json(str(report[SYSTEM_KEY]))]
     if samples:

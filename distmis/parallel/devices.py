@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["GpuUnavailableError", "FrameworkGpus", "gpu_refusal", "require_gpus", "ray_gpu_ids", "torch_gpus",
            "tensorflow_gpus", "check_process_gpus", "tensorflow_memory_growth", "set_cudnn_benchmark",
-           "model_device", "INSTALL_ROUTE"]
+           "model_device", "process_node", "INSTALL_ROUTE"]
 
 Framework = Literal["torch", "tensorflow"]
 
@@ -95,6 +95,17 @@ def ray_gpu_ids() -> list[str]:
     if ray is None or not ray.is_initialized():
         return []
     return [str(i) for i in ray.get_gpu_ids()]
+
+
+def process_node() -> str:
+    """The node this process runs on, as a trial reports it: its Ray node id (``ray list nodes`` names its address;
+    several nodes may share one host) in a process Ray started, the host's name anywhere else."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return str(ray.get_runtime_context().get_node_id())
+    import socket
+
+    return socket.gethostname()
 
 
 def torch_gpus() -> FrameworkGpus:

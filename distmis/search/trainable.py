@@ -313,14 +313,14 @@ def data_parallel_trial(
 
 def _tune_report_every_rank() -> TuneReportCallback:
     """Ray Train's ``TuneReportCallback``, which forwards rank 0's report of each epoch to Tune, with every rank's
-    system samples in it (:func:`~distmis.trial_record.with_every_rank_samples`)."""
+    system samples in it (:func:`~distmis.trial_record.with_every_rank_records`)."""
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from distmis.trial_record import with_every_rank_samples
+    from distmis.trial_record import with_every_rank_records
 
     class EveryRankReport(TuneReportCallback):
         def after_report(self, run_context: object, metrics: list[Metrics], checkpoint: object) -> None:
-            super().after_report(run_context, [with_every_rank_samples(metrics)], checkpoint)
+            super().after_report(run_context, [with_every_rank_records(metrics)], checkpoint)
 
     return EveryRankReport()
 

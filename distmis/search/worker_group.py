@@ -185,7 +185,7 @@ class TensorflowWorkerGroup:
         ``scratch``: the trial's working folder, where each worker keeps its scratch files (:meth:`start_trial`)."""
         import ray
 
-        from distmis.trial_record import with_every_rank_samples
+        from distmis.trial_record import with_every_rank_records
 
         try:
             ray.get([worker.start_trial.remote(spec, layout, tfrecord_dir, checkpoints, submitted_at, scratch)
@@ -194,7 +194,7 @@ class TensorflowWorkerGroup:
                 results = ray.get([worker.next_epoch.remote() for worker in self.workers])
                 if results[0] is None:
                     return
-                yield with_every_rank_samples([metrics for metrics, _ in results]), results[0][1]
+                yield with_every_rank_records([metrics for metrics, _ in results]), results[0][1]
         except GeneratorExit:  # the trial stopped early (Tune's scheduler, an interruption): the workers idle
             ray.get([worker.finish_trial.remote() for worker in self.workers])
             raise

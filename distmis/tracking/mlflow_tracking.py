@@ -33,7 +33,7 @@ from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, SpecError, searched_c
 from distmis.spec.schema import Spec
 from distmis.tracking.datasets import TrackedData
 from distmis.tracking.writer import ResilientWriter
-from distmis.trial_record import DEVICE_KEY, HISTORY_KEY, STARTUP_PREFIX, SYSTEM_KEY, samples_from_json
+from distmis.trial_record import DEVICE_KEY, HISTORY_KEY, NODES_KEY, STARTUP_PREFIX, SYSTEM_KEY, samples_from_json
 
 ROLE_TAG = "distmis.role"
 SEARCHED_TAG = "distmis.searched"
@@ -45,6 +45,7 @@ TRIAL_ID_TAG = "distmis.trial_id"
 ATTEMPTS_TAG = "distmis.attempts"  # processes (or worker groups) that trained a trial: > 1 after a retry or resume
 CHECKPOINT_TAG = "distmis.checkpoint"  # a trial's latest checkpoint folder: its best epoch's weights at the root
 DEVICE_TAG = "distmis.device"  # where a trial's model trained, as its first report says: "cpu", "cuda:0 (NVIDIA ...)"
+NODES_TAG = "distmis.nodes"  # the Ray node of each of a trial's processes (rank 0 first), as its first report says
 RESUMES_TAG = "distmis.resumes"  # times a search (or a trial in it) was resumed after an interruption
 SEARCH_RUN_TAG = "distmis.search_run"  # every trial run: its search's run (a fold's parent is its configuration's)
 CONFIGURATION_TAG = "distmis.configuration"  # cross-validation: a configuration's id, on its run and its folds'
@@ -705,6 +706,9 @@ class MLflowTrialCallback(tune.Callback):
         if result.get(DEVICE_KEY):
             device = str(result[DEVICE_KEY])
             self._write(trial, "device", lambda run_id: self.client.set_tag(run_id, DEVICE_TAG, device))
+        if result.get(NODES_KEY):
+            nodes = str(result[NODES_KEY])
+            self._write(trial, "nodes", lambda run_id: self.client.set_tag(run_id, NODES_TAG, nodes))
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
         # A restarted trial's first report replays the epochs it trained before: log those the run lacks.
         replayed = json.loads(result[HISTORY_KEY]) if result.get(HISTORY_KEY) else []

@@ -104,14 +104,15 @@ def epoch_reports(trainer: Trainer, spec: Spec, *, checkpoints: Sequence[StoredC
     ``checkpoints``: when the trial is restarted (a retry, or a resumed search), its checkpoints, newest first:
     training goes on after the epoch of the first one that loads. ``rank``/``primary``: this process's rank; the
     primary one writes the weights. Every report carries ``attempt``, an id of this process's run of the trial,
-    so the driver can count restarts; the first one also ``startup`` (:mod:`distmis.train.startup`) and the device
-    the model is on (``device``: :func:`~distmis.parallel.devices.model_device`). With ``tracking.system_metrics``
+    so the driver can count restarts; the first one also ``startup`` (:mod:`distmis.train.startup`), the device
+    the model is on (``device``: :func:`~distmis.parallel.devices.model_device`) and this process's node (``nodes``:
+    :func:`~distmis.parallel.devices.process_node`). With ``tracking.system_metrics``
     every report also carries this rank's system samples since the previous one (``system_metrics``:
     :mod:`distmis.train.system_metrics`).
     """
-    from distmis.parallel.devices import model_device
+    from distmis.parallel.devices import model_device, process_node
     from distmis.train.checkpoint import write_checkpoint
-    from distmis.trial_record import DEVICE_KEY, HISTORY_KEY, SYSTEM_KEY, TrainingState, samples_to_json
+    from distmis.trial_record import DEVICE_KEY, HISTORY_KEY, NODES_KEY, SYSTEM_KEY, TrainingState, samples_to_json
 
     metric, mode = spec.search.metric, spec.search.mode
     attempt = uuid.uuid4().hex[:12]
@@ -122,7 +123,7 @@ def epoch_reports(trainer: Trainer, spec: Spec, *, checkpoints: Sequence[StoredC
         # After a restart, the first report carries the epochs trained so far: the driver may have missed some.
         replay = {HISTORY_KEY: json.dumps(state.history)} if state.history else {}
         # what only this attempt's first report carries
-        first = {**replay, **(startup or {}), DEVICE_KEY: model_device(trainer.model)}
+        first = {**replay, **(startup or {}), DEVICE_KEY: model_device(trainer.model), NODES_KEY: process_node()}
         if state.epoch >= spec.training.epochs and replay:  # it had trained every epoch: only the replay is left
             yield {**state.history[-1], "num_parameters": trainer.num_parameters, "attempt": attempt, **first}, None
         for epoch in range(state.epoch + 1, spec.training.epochs + 1):

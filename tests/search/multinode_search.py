@@ -3,28 +3,29 @@
 Not a test module: ``test_multinode.py`` runs it in a subprocess, because ``ray.cluster_utils.Cluster``
 needs a process with no Ray of its own (the test session already has one). Usage:
     python -m tests.search.multinode_search WORKDIR
-prints one JSON line: the worker nodes, and per search the node of every trial / Ray Train worker.
+prints one JSON line: the worker nodes, and per search the node of every trial / Ray Train worker, as the trials'
+MLflow runs record them (the ``distmis.nodes`` tag; Ray's state API listed none under load, the trial's own report
+does not depend on it).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 
-def actor_nodes(class_name: str, expected: int, wait_s: float = 60.0) -> list[str]:
-    """The nodes of the actors of ``class_name``, once the state API lists ``expected`` of them (it reads the GCS's
-    actor table as it stands: an actor Tune has just ended may not be there yet) or after ``wait_s`` seconds."""
-    from ray.util.state import list_actors
+def trial_nodes(outcome) -> list[list[str]]:
+    """Each trial's nodes, one per process (rank 0 first), as its MLflow run's ``distmis.nodes`` tag says: what
+    the trial's own processes reported (their Ray node ids)."""
+    from mlflow import MlflowClient
 
-    deadline = time.monotonic() + wait_s
-    while True:
-        nodes = [a.node_id for a in list_actors(filters=[("class_name", "=", class_name)], limit=1000, detail=True)]
-        if len(nodes) >= expected or time.monotonic() > deadline:
-            return nodes
-        time.sleep(1.0)
+    from distmis.tracking.mlflow_tracking import NODES_TAG
+    from distmis.tracking.results import trial_runs
+
+    client = MlflowClient(outcome.tracking_uri)
+    runs = trial_runs(client, client.get_run(outcome.parent_run_id))
+    return [run.data.tags.get(NODES_TAG, "").split(",") for run in runs]
 
 
 def main(workdir: Path) -> dict:
@@ -51,7 +52,7 @@ def main(workdir: Path) -> dict:
         tree["training"]["epochs"] = 1
         outcome = run_search(validate_spec(tree), workdir / "experiment", progress=False)
         report["experiment"] = {"failed": outcome.failed, "trials": len(outcome.results),
-                                "trial_nodes": actor_nodes("ImplicitFunc", expected=len(outcome.results))}
+                                "trial_nodes": [node for nodes in trial_nodes(outcome) for node in nodes]}
 
         # Data-parallel: one trial over two one-CPU workers: more than any node holds.
         tree["name"] = "tiny-data"
@@ -60,7 +61,7 @@ def main(workdir: Path) -> dict:
         tree["parallelism"] = {"mode": "data", "workers": 2, "resources_per_worker": {"cpu": 1, "gpu": 0}}
         outcome = run_search(validate_spec(tree), workdir / "data-parallel", progress=False)
         report["data"] = {"failed": outcome.failed, "trials": len(outcome.results),
-                          "train_worker_nodes": actor_nodes("RayTrainWorker", expected=2)}
+                          "train_worker_nodes": trial_nodes(outcome)[0]}
         return report
     finally:
         ray.shutdown()

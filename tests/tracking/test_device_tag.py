@@ -1,5 +1,5 @@
 """The driver's MLflow callback on a real sqlite store records where each trial trained (its first report's
-``device``: the ``distmis.device`` tag), and a trial refused for a GPU its framework cannot see as FAILED, the
+``device`` and ``nodes``: the ``distmis.device`` and ``distmis.nodes`` tags), and a trial refused for a GPU its framework cannot see as FAILED, the
 refusal its ``error`` tag."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 from distmis.parallel.devices import FrameworkGpus, GpuUnavailableError, require_gpus
 from distmis.spec import validate_spec
-from distmis.tracking.mlflow_tracking import DEVICE_TAG, SearchRun
-from distmis.trial_record import DEVICE_KEY
+from distmis.tracking.mlflow_tracking import DEVICE_TAG, NODES_TAG, SearchRun
+from distmis.trial_record import DEVICE_KEY, NODES_KEY
 from tests.conftest import small_spec_tree
 
 
@@ -34,7 +34,8 @@ def test_the_device_of_a_trial_is_tagged_and_a_gpu_refusal_fails_its_run(tmp_pat
 
     trained = trial("t_00000", 1e-3)
     callback.on_trial_start(0, [], trained)
-    callback.on_trial_result(0, [], trained, result(1, **{DEVICE_KEY: "cuda:0 (NVIDIA H100 80GB HBM3)"}))
+    callback.on_trial_result(0, [], trained, result(1, **{DEVICE_KEY: "cuda:0 (NVIDIA H100 80GB HBM3)",
+                                                                NODES_KEY: "n0,n1"}))
     callback.on_trial_result(0, [], trained, result(2))  # the later reports carry no device: the tag stays
     callback.on_trial_complete(0, [], trained)
 
@@ -50,8 +51,9 @@ def test_the_device_of_a_trial_is_tagged_and_a_gpu_refusal_fails_its_run(tmp_pat
     client = run.client
     done = client.get_run(callback.run_ids["t_00000"])
     assert done.info.status == "FINISHED" and done.data.tags[DEVICE_TAG] == "cuda:0 (NVIDIA H100 80GB HBM3)"
+    assert done.data.tags[NODES_TAG] == "n0,n1"
     failed = client.get_run(callback.run_ids["t_00001"])
-    assert failed.info.status == "FAILED" and DEVICE_TAG not in failed.data.tags
+    assert failed.info.status == "FAILED" and DEVICE_TAG not in failed.data.tags and NODES_TAG not in failed.data.tags
     assert failed.data.tags["error"] == (
         "distmis.parallel.devices.GpuUnavailableError: Ray gave this process GPU 0 (CUDA_VISIBLE_DEVICES='0') but "
         "torch 2.13.0+cpu sees no CUDA device (torch.cuda.is_available() False: a build without CUDA). distmis "

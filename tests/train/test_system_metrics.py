@@ -12,7 +12,8 @@ import pytest
 from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
 
 from distmis.train.system_metrics import NODE_METRICS, SystemSampler
-from distmis.trial_record import SYSTEM_KEY, SystemSample, samples_from_json, samples_to_json, with_every_rank_samples
+from distmis.trial_record import (NODES_KEY, SYSTEM_KEY, SystemSample, samples_from_json, samples_to_json,
+                                  with_every_rank_records)
 
 
 class Clock:
@@ -107,11 +108,17 @@ def test_samples_travel_as_json_and_every_ranks_reach_the_driver():
     assert samples_from_json("not json") == [] and samples_from_json('[{"t": 1}]') == []
     reports = [{"epoch": 3, "val_dice": 0.5, SYSTEM_KEY: samples_to_json(rank0)},
                {"epoch": 3, "val_dice": 0.4, SYSTEM_KEY: samples_to_json(rank1)}]
-    merged = with_every_rank_samples(reports)
+    merged = with_every_rank_records(reports)
     assert merged["val_dice"] == 0.5 and merged["epoch"] == 3  # rank 0's report...
     assert samples_from_json(merged[SYSTEM_KEY]) == [rank1[0], rank0[0], rank1[1]]  # ...with everyone's samples
     assert reports[0][SYSTEM_KEY] == samples_to_json(rank0)  # the reports themselves untouched
-    assert SYSTEM_KEY not in with_every_rank_samples([{"epoch": 1}, {"epoch": 1}])
+    assert SYSTEM_KEY not in with_every_rank_records([{"epoch": 1}, {"epoch": 1}])
+
+
+def test_a_first_report_names_every_ranks_node_in_rank_order():
+    merged = with_every_rank_records([{"epoch": 1, NODES_KEY: "a"}, {"epoch": 1, NODES_KEY: "b"}])
+    assert merged[NODES_KEY] == "a,b"
+    assert NODES_KEY not in with_every_rank_records([{"epoch": 2}, {"epoch": 2}])  # later reports: none
 
 
 def test_a_rank_given_gpus_without_nvml_samples_the_rest_and_says_why(caplog, monkeypatch):

@@ -4,6 +4,7 @@ report carrying the process's system samples (``tracking.system_metrics``)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.train.loop import epoch_reports
-from distmis.trial_record import DEVICE_KEY, SYSTEM_KEY, samples_from_json
+from distmis.trial_record import DEVICE_KEY, NODES_KEY, SYSTEM_KEY, samples_from_json
 from tests.conftest import small_spec_tree
 from tests.train.torch_trainers import local_trainer
 
@@ -57,7 +58,8 @@ def test_a_trials_first_report_names_the_device_its_model_trains_on(prepared):
     reports = [metrics for metrics, _folder in epoch_reports(trainer, spec)]
     assert [r["epoch"] for r in reports] == [1, 2]
     assert reports[0][DEVICE_KEY] == "cpu"
-    assert DEVICE_KEY not in reports[1]  # once, with the start-up figures
+    assert reports[0][NODES_KEY] == socket.gethostname()  # outside Ray: the host (in a Ray process: its node id)
+    assert DEVICE_KEY not in reports[1] and NODES_KEY not in reports[1]  # once, with the start-up figures
 
 
 def test_every_report_carries_the_ranks_system_samples_unless_the_spec_turns_them_off(prepared):
