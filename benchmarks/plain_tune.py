@@ -44,7 +44,7 @@ def load_cases(spec: Any) -> dict[str, tuple[Any, Any]]:
     from distmis.data.layouts import Layout, discover_cases, read_case
     from distmis.data.preprocess import preprocess_case
     from distmis.data.split import make_split
-    from distmis.search.prepare import preprocess_config
+    from distmis.search.data_config import preprocess_config
 
     cases = {c.case_id: c for c in discover_cases(spec.dataset.path, Layout(spec.dataset.layout))}
     s = spec.dataset.split

@@ -29,7 +29,7 @@ def main() -> None:
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    from distmis.search.execute import ray_connection
+    from distmis.search.ray_session import ray_connection
     from distmis.search.run import run_search
     from distmis.spec import load_spec
     from distmis.tracking.results import to_markdown, trial_runs

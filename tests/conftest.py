@@ -65,7 +65,7 @@ def ray_local():
     """One local Ray for every test that needs it (starting Ray costs seconds)."""
     import ray
 
-    from distmis.search.execute import init_local_ray, local_ray_options
+    from distmis.search.ray_session import init_local_ray, local_ray_options
     from distmis.service.net import LOOPBACK, free_port
     from distmis.service.token import prepare_local_token
 

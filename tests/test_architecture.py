@@ -54,7 +54,16 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def subpackage(module: str) -> str:
+    """The unit of the layering ``module`` belongs to: its subpackage (``distmis.search``), or a module the layering
+    names on its own (``distmis.trial.record``: a leaf that the trial processes write and the driver reads)."""
+    for unit in LEAF_MODULES:
+        if module == unit or module.startswith(unit + "."):
+            return unit
     return ".".join(module.split(".")[:2])
+
+
+#: Modules that are a unit of the layering of their own, apart from their subpackage (:func:`subpackage`).
+LEAF_MODULES = ("distmis.trial.record",)
 
 
 def test_no_import_cycle_between_modules_or_subpackages():
@@ -88,7 +97,9 @@ def test_spec_package_imports_neither_torch_nor_ray_nor_tensorflow():
 # --------------------------------------------------------------------------- the typed seams between search and trainers
 #: The modules whose signatures (parameters, returns, annotated class fields) name no ``Any``: what one trial runs,
 #: the epoch loop, the evaluation; they speak of a trainer by :class:`distmis.train.protocol.Trainer`.
-TYPED_MODULES = ("distmis/search/trainable.py", "distmis/train/loop.py", "distmis/search/evaluate.py")
+TYPED_MODULES = ("distmis/trial/trainables.py", "distmis/trial/trainers.py", "distmis/train/loop.py",
+                 "distmis/search/evaluate.py", "distmis/search/run.py", "distmis/search/outcome.py",
+                 "distmis/search/tune_run.py")
 
 def _names_any(annotation: ast.expr | None, aliases: set[str]) -> bool:
     """Whether an annotation names ``Any`` (``Any``, ``typing.Any``, a string of either, or an alias of one)."""
@@ -202,7 +213,7 @@ def model_branches(source: str, root: str = "build_trainer") -> list[str]:
 def test_build_trainer_never_asks_which_network_a_trial_trains():
     """The trainer is the framework's, whatever the network (the model registry's entry builds it): building one
     branches on the framework and the layout, never on ``model.name`` or the type of ``model.params``."""
-    assert model_branches((PACKAGE / "search" / "trainable.py").read_text()) == []
+    assert model_branches((PACKAGE / "trial" / "trainers.py").read_text()) == []
 
 
 def test_the_branch_finder_finds_a_branch():
@@ -219,23 +230,27 @@ def test_the_branch_finder_finds_a_branch():
 ALLOWED: dict[str, set[str]] = {
     "distmis.perf": set(),  # pure arithmetic on plain numbers
     "distmis.pyfunc_model": set(),  # the registered model's code: MLflow runs it without distmis
-    "distmis.trial_record": set(),  # what a trial leaves for the driver: report keys, checkpoint folders
+    "distmis.trial.record": set(),  # what a trial leaves for the driver: report keys, checkpoint folders
     "distmis.models": {"distmis.perf"},
     "distmis.spec": {"distmis.perf", "distmis.models"},
     "distmis.data": {"distmis.spec", "distmis.pyfunc_model"},
     "distmis.parallel": {"distmis.perf", "distmis.models", "distmis.spec"},
-    "distmis.tracking": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.trial_record"},
+    "distmis.tracking": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.trial.record"},
     "distmis.train": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.data", "distmis.parallel",
-                      "distmis.pyfunc_model", "distmis.trial_record"},
+                      "distmis.pyfunc_model", "distmis.trial.record"},
     "distmis.predict": {"distmis.models", "distmis.spec", "distmis.data", "distmis.pyfunc_model", "distmis.train",
                         "distmis.tracking"},
     "distmis.service": {"distmis.spec", "distmis.tracking"},
+    # what runs in a trial's processes: Tune's trainables, the worker group, checkpoints, the trainer factory
+    "distmis.trial": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.data", "distmis.parallel",
+                      "distmis.train", "distmis.pyfunc_model", "distmis.trial.record"},
+    # the driver: the search from spec to results; of the trial package, its entry points only (TRIAL_ENTRY_POINTS)
     "distmis.search": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.data", "distmis.parallel",
                        "distmis.train", "distmis.tracking", "distmis.predict", "distmis.service",
-                       "distmis.pyfunc_model", "distmis.trial_record"},
+                       "distmis.pyfunc_model", "distmis.trial", "distmis.trial.record"},
     "distmis.cli": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.data", "distmis.parallel",
                     "distmis.train", "distmis.tracking", "distmis.predict", "distmis.service", "distmis.search",
-                    "distmis.pyfunc_model", "distmis.trial_record"},
+                    "distmis.pyfunc_model", "distmis.trial.record"},
     "distmis.__main__": {"distmis.cli"},
     "distmis": set(),
 }
@@ -276,3 +291,38 @@ def test_every_allowed_row_is_acyclic_and_the_docs_name_every_subpackage():
     for package in ALLOWED:
         if package != "distmis":
             assert f"`{package.removeprefix('distmis.')}`" in section, package
+
+
+# --------------------------------------------------------------------------- the driver and the trial processes
+#: What the driver (every package but the trial package itself, and what runs in trials below it) may import of
+#: the trial package: Tune's trainables and what the driver must know of them, the trainer factory (the driver loads
+#: a trained trial's best weights), the checkpoint folders it reads, the storage both write through, the record.
+TRIAL_ENTRY_POINTS = {"distmis.trial.trainables", "distmis.trial.trainers", "distmis.trial.checkpoints",
+                      "distmis.trial.storage", "distmis.trial.record"}
+DRIVER_PACKAGES = ("distmis.search", "distmis.cli", "distmis.service", "distmis.tracking", "distmis.predict")
+
+
+def trial_internals_imported(graph: dict[str, set[str]]) -> list[str]:
+    """``module -> dependency`` for every driver module's import of a trial module that is not an entry point."""
+    return sorted(f"{module} -> {dep}" for module, deps in graph.items() if module.startswith(DRIVER_PACKAGES)
+                  for dep in deps if dep.startswith("distmis.trial.") and dep not in TRIAL_ENTRY_POINTS
+                  and dep.rsplit(".", 1)[0] not in TRIAL_ENTRY_POINTS)
+
+
+def test_the_driver_imports_only_the_trial_packages_entry_points():
+    graph = import_graph()
+    assert trial_internals_imported(graph) == []
+    assert TRIAL_ENTRY_POINTS <= set(graph)  # each entry point exists
+    assert trial_internals_imported({"distmis.search.x": {"distmis.trial.worker_group"}}) == [
+        "distmis.search.x -> distmis.trial.worker_group"]
+    assert trial_internals_imported({"distmis.search.x": {"distmis.trial.trainables.single_process_trial"}}) == []
+
+
+#: The most lines a module of the driver's search package may hold: one job a module.
+SEARCH_MODULE_LINES = 400
+
+
+def test_no_module_of_the_search_package_is_a_hub():
+    long = {path.name: n for path in sorted((PACKAGE / "search").glob("*.py"))
+            if (n := len(path.read_text().splitlines())) > SEARCH_MODULE_LINES}
+    assert long == {}, f"split these by job: {long}"

@@ -17,7 +17,7 @@ import pytest
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_layout
 from distmis.tracking.mlflow_tracking import SearchRun
-from distmis.trial_record import DEVICE_KEY
+from distmis.trial.record import DEVICE_KEY
 from tests.conftest import small_spec_tree
 
 REPO = Path(__file__).resolve().parents[1]

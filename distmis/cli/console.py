@@ -4,7 +4,7 @@ A command's console is set up once, before the libraries are imported (:func:`co
 
 * **Library logs.** MLflow logs at WARNING (no ``INFO mlflow...`` lines, no download bars), Ray at ERROR in
   this process (its start-up notices stay out); Ray Tune's own reporter is off and trial processes' output is not
-  forwarded (:func:`distmis.search.execute.ray_connection`): it stays in Ray's log files
+  forwarded (:func:`distmis.search.ray_session.ray_connection`): it stays in Ray's log files
   (``/tmp/ray/session_latest/logs``). ``--verbose`` leaves all of them as the libraries set them.
 * **Native noise.** TensorFlow writes its absl and oneDNN notices (``WARNING: All log messages before
   absl::InitializeLog()``, ``I0000 ... port.cc:153] oneDNN custom operations are on``) straight to file

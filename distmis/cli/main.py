@@ -87,7 +87,7 @@ def _version() -> str:
 
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args: argparse.Namespace) -> int:
-    from distmis.search.prepare import check_dataset_path
+    from distmis.search.input_fit import check_dataset_path
     from distmis.search.search_space import num_trials
     from distmis.spec import load_spec, parse_set_options
 
@@ -403,7 +403,7 @@ def cmd_data_tfrecord(args: argparse.Namespace) -> int:
 
     from distmis.data.layouts import check_cases, discover_cases
     from distmis.data.split import make_split
-    from distmis.search.prepare import dataset_description, preprocess_config, with_statistics
+    from distmis.search.data_config import dataset_description, preprocess_config, with_statistics
     from distmis.spec.schema import DatasetSpec
 
     layout = _layout_of(args)

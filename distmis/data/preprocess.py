@@ -122,7 +122,7 @@ Interpolation = Literal["linear", "bspline"]
 
 @dataclass(frozen=True)
 class PreprocessConfig:
-    """What :func:`preprocess_case` does, resolved for one data set (:func:`distmis.search.prepare.preprocess_config`).
+    """What :func:`preprocess_case` does, resolved for one data set (:func:`distmis.search.data_config.preprocess_config`).
 
     Attributes:
         layout: on-disk layout of the source data set.

@@ -2,7 +2,7 @@
 
 One rule for every group a torch trial makes: the default group Ray Train initializes
 (:class:`~distmis.parallel.torch_backend.GpuCheckedTorchConfig`, from
-:func:`distmis.search.trainable.data_parallel_trial`) and the data-, sequence- and pipeline-parallel subgroups of its
+:func:`distmis.trial.trainables.data_parallel_trial`) and the data-, sequence- and pipeline-parallel subgroups of its
 :class:`~distmis.parallel.mesh.TrialMesh`, which take the same backend (:meth:`TrialMesh.build` checks the default
 group's against this). Pure: no torch, no Ray.
 """

@@ -1,7 +1,7 @@
 """A grid or random search whose next trial goes to the process that holds its graphs.
 
 An experiment-mode TensorFlow trial restarts a trainer its Tune actor kept from an earlier trial when their graphs
-are the same (:mod:`distmis.search.kept_trainers`), and traces new ones otherwise: 3 to 5 s of a U-Net trial on one
+are the same (:mod:`distmis.trial.kept_trainers`), and traces new ones otherwise: 3 to 5 s of a U-Net trial on one
 CPU. Tune hands a reused actor the next trial it makes, whatever that trial's graphs: on a grid over two
 normalizations, two actors that end their first trials within a second of each other take the next two in either
 order, and when it is the wrong one both trace again.

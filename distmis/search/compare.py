@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from distmis.search.execute import (
-    ended_unless_recorded, execute_search, experiment_name, open_search_run, prepare_output, ray_connection,
-    reopen_search_run,
+from distmis.search.output import (
+    ended_unless_recorded, experiment_name, open_search_run, prepare_output, reopen_search_run,
 )
+from distmis.search.ray_session import ray_connection
+from distmis.search.tune_run import execute_search
+from distmis.search.outcome import ComparisonOutcome
 from distmis.search.output_lock import output_locked
 from distmis.search.plan import fit_problems, node_resources, plan_search, trial_layouts
 from distmis.search.preflight import new_state, preflight
@@ -49,19 +50,6 @@ from distmis.tracking.mlflow_tracking import SearchRun
 from distmis.tracking.results import MODES, REPEAT_TAG, RESUMED_CELL, speedup_table
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ComparisonOutcome:
-    table: pd.DataFrame
-    failed_cells: list[str]
-    tracking_uri: str
-    experiment: str
-    parent_run_id: str
-
-    @property
-    def failed(self) -> int:
-        return len(self.failed_cells)
 
 
 def cell_spec(spec: Spec, mode: str, workers: int) -> Spec:

@@ -21,14 +21,16 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Protocol, Sequenc
 import numpy as np
 import pandas as pd
 
-from distmis.search.prepare import PreparedData, preprocess_config
+from distmis.search.prepare import PreparedData
+
+from distmis.search.data_config import preprocess_config
 from distmis.spec.layout import resolve_trial
 from distmis.spec.schema import Spec
 from distmis.predict.registry import PublishedModel
 
 if TYPE_CHECKING:
     from distmis.data.layouts import CaseFiles
-    from distmis.search.trainable import TrialConfig
+    from distmis.trial.trainables import TrialConfig
     from distmis.train.loop import StoredCheckpoint
     from distmis.train.protocol import Trainer
 
@@ -120,9 +122,9 @@ def best_models(grid: Iterable[TrialResult], last_checkpoint: dict[str, str], co
     them; ``grid``: Tune's ``ResultGrid`` (may be empty when Tune itself stopped), whose checkpoint and config are
     used when it has them, else the callback's: ``last_checkpoint`` (the latest checkpoint path each trial
     reported) and ``configs``. The weights are read from the trial's newest complete checkpoint folder, whichever
-    one Tune names (:func:`~distmis.search.trial_checkpoints.newest_complete`).
+    one Tune names (:func:`~distmis.trial.checkpoints.newest_complete`).
     """
-    from distmis.search.trial_checkpoints import newest_complete
+    from distmis.trial.checkpoints import newest_complete
 
     in_grid = {}
     for result in grid:
@@ -163,7 +165,7 @@ def loaded_trainer(model: BestModel, spec: Spec, data: PreparedData) -> Iterator
     process group), with its best epoch's weights, predicting as its published model does
     (:func:`as_published`)."""
     from distmis.parallel.mesh import TrialMesh
-    from distmis.search.trainable import build_trainer
+    from distmis.trial.trainers import build_trainer
 
     trial, layout = resolve_trial(spec, model.config)
     trainer = build_trainer(as_published(trial), layout, data.tfrecord_dir, mesh=TrialMesh.local(layout))

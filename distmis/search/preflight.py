@@ -12,8 +12,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from distmis.search.execute import tracking_location
-from distmis.search.prepare import check_dataset_path, dataset_files
+from distmis.search.output import tracking_location
+from distmis.search.input_fit import check_dataset_path
+from distmis.search.prepare import dataset_files
 from distmis.search.state import (
     Kind, SearchState, SearchStateError, check_resume_matches, refuse_unfinished, state_to_resume,
 )

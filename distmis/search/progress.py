@@ -45,7 +45,7 @@ from ray import tune
 
 from distmis.spec.schema import Spec
 from distmis.tracking.mlflow_tracking import searched_values
-from distmis.trial_record import HISTORY_KEY
+from distmis.trial.record import HISTORY_KEY
 
 __all__ = ["ProgressFigures", "SearchProgress", "seconds_left", "trial_label"]
 

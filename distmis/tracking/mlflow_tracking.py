@@ -33,7 +33,7 @@ from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, SpecError, searched_c
 from distmis.spec.schema import Spec
 from distmis.tracking.datasets import TrackedData
 from distmis.tracking.writer import ResilientWriter
-from distmis.trial_record import DEVICE_KEY, HISTORY_KEY, NODES_KEY, STARTUP_PREFIX, SYSTEM_KEY, samples_from_json
+from distmis.trial.record import DEVICE_KEY, HISTORY_KEY, NODES_KEY, STARTUP_PREFIX, SYSTEM_KEY, samples_from_json
 
 ROLE_TAG = "distmis.role"
 SEARCHED_TAG = "distmis.searched"
@@ -805,7 +805,7 @@ def _checkpoint_history(checkpoint: Any) -> list[dict[str, Any]]:
         return []
     import posixpath
 
-    from distmis.trial_record import complete_folders, stored_state
+    from distmis.trial.record import complete_folders, stored_state
 
     try:
         if isinstance(checkpoint, (str, Path)):

@@ -9,8 +9,8 @@ Ray Train does, and every rank adds its own files to it)::
     resume/...                    the last epoch's weights and optimizer state (written by the primary rank)
                                   and each rank's random-number state (``rng.rank<r>.pt``, torch)
 
-The folder's layout, its :class:`~distmis.trial_record.TrainingState` and the readers that rank a trial's folders
-by the epoch they hold are :mod:`distmis.trial_record`'s (the driver reads them too).
+The folder's layout, its :class:`~distmis.trial.record.TrainingState` and the readers that rank a trial's folders
+by the epoch they hold are :mod:`distmis.trial.record`'s (the driver reads them too).
 
 A restarted trial (a retry after a crash, or ``distmis run --resume``) calls :func:`resume_from`: the
 trainer loads ``resume/``, the best weights are carried over, and training continues at the next epoch.
@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Protocol
 
-from distmis.trial_record import RESUME_DIR, STATE_FILE, TrainingState
+from distmis.trial.record import RESUME_DIR, STATE_FILE, TrainingState
 
 
 class Resumable(Protocol):

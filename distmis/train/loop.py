@@ -1,7 +1,7 @@
 """The epoch loop every trial runs, in whatever process: train an epoch, report it with a checkpoint.
 
 :func:`epoch_reports` yields the epochs one at a time (the worker group of a data-mode search steps it one call
-per epoch: :mod:`distmis.search.worker_group`); :func:`train_and_report` hands each to a report function (Tune's
+per epoch: :mod:`distmis.trial.worker_group`); :func:`train_and_report` hands each to a report function (Tune's
 or Ray Train's). Restarted trials go on from their checkpoint (:mod:`distmis.train.checkpoint`).
 """
 
@@ -23,7 +23,7 @@ from distmis.spec.schema import Spec
 if TYPE_CHECKING:
     from distmis.train.protocol import Trainer
     from distmis.train.system_metrics import SystemSampler
-    from distmis.trial_record import TrainingState
+    from distmis.trial.record import TrainingState
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def epoch_reports(trainer: Trainer, spec: Spec, *, checkpoints: Sequence[StoredC
     """
     from distmis.parallel.devices import model_device, process_node
     from distmis.train.checkpoint import write_checkpoint
-    from distmis.trial_record import DEVICE_KEY, HISTORY_KEY, NODES_KEY, SYSTEM_KEY, TrainingState, samples_to_json
+    from distmis.trial.record import DEVICE_KEY, HISTORY_KEY, NODES_KEY, SYSTEM_KEY, TrainingState, samples_to_json
 
     metric, mode = spec.search.metric, spec.search.mode
     attempt = uuid.uuid4().hex[:12]

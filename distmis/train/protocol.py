@@ -1,6 +1,6 @@
 """What the search, the epoch loop, checkpointing, evaluation and inference timing call on a trainer.
 
-:class:`Trainer` is the one seam between them and the framework code: :func:`distmis.search.trainable.build_trainer`
+:class:`Trainer` is the one seam between them and the framework code: :func:`distmis.trial.trainables.build_trainer`
 hands back a trainer of it, whatever the framework and the parallelism, and nothing outside ``distmis/train`` asks
 what class it is. Its contract:
 
@@ -79,6 +79,6 @@ class Trainer(Protocol):
 @runtime_checkable
 class RestartableTrainer(Trainer, Protocol):
     """A trainer that can become the fresh trainer of another trial with the same graphs (the TensorFlow worker
-    group's: :mod:`distmis.search.worker_group`, :meth:`distmis.train.tf_unet.UNetTrainer.restart`)."""
+    group's: :mod:`distmis.trial.worker_group`, :meth:`distmis.train.tf_unet.UNetTrainer.restart`)."""
 
     def restart(self, spec: Spec, layout: TrialLayout) -> None: ...

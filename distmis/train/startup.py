@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from distmis.trial_record import STARTUP_PREFIX
+from distmis.trial.record import STARTUP_PREFIX
 
 __all__ = ["StartupClock", "STARTUP_PREFIX", "loading_libraries"]
 

@@ -3,7 +3,7 @@
 No trial process opens the tracking store (docs/architecture.md), so MLflow's own monitor (a thread that logs to a
 run) cannot run here. :class:`SystemSampler` samples instead, every ``tracking.system_metrics_interval`` seconds in a
 background thread and once more at each epoch's end, and the epoch loop (:mod:`distmis.train.loop`) hands the
-samples taken since the last report to the driver with the next report (:data:`~distmis.trial_record.SYSTEM_KEY`),
+samples taken since the last report to the driver with the next report (:data:`~distmis.trial.record.SYSTEM_KEY`),
 which logs them under MLflow's names, prefixed ``system/`` (:mod:`distmis.tracking.mlflow_tracking`), so the UI's
 "System metrics" tab draws them. It reads ``/proc`` through psutil (and NVML through ``pynvml`` for GPUs): well under
 a millisecond a sample, in a thread that sleeps in between. MLflow itself is not imported (2 s in every trial
@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import psutil
 
-from distmis.trial_record import SystemSample
+from distmis.trial.record import SystemSample
 
 __all__ = ["SystemSampler", "NODE_METRICS", "GPU_METRICS"]
 

@@ -275,7 +275,7 @@ def test_version(capsys):
 
 
 def test_the_tracking_store_falls_back_to_mlflow_tracking_uri(tmp_path, monkeypatch):
-    from distmis.search.execute import tracking_location
+    from distmis.search.output import tracking_location
     from distmis.spec import validate_spec
 
     spec = validate_spec(small_spec_tree(tmp_path / "data"))

@@ -16,7 +16,7 @@ from distmis.data.split import make_split
 from distmis.data.statistics import ct_statistics, median_spacing
 from distmis.data.synthetic import synthesize_dataset
 from distmis.data.tfrecord import convert_to_tfrecords, iter_cases
-from distmis.search.prepare import preprocess_config, with_statistics
+from distmis.search.data_config import preprocess_config, with_statistics
 from distmis.spec.schema import DatasetSpec
 
 

@@ -132,7 +132,7 @@ def checkpoint_folders(out: Path) -> dict[str, list[tuple[int, Path]]]:
     first."""
     from pyarrow.fs import LocalFileSystem
 
-    from distmis.trial_record import complete_folders
+    from distmis.trial.record import complete_folders
 
     trials = [p for p in (out / "ray_results").glob("*/*") if p.is_dir() and any(p.glob("checkpoint_*"))]
     return {trial.name: [(epoch, Path(folder)) for epoch, folder in complete_folders(LocalFileSystem(), str(trial))]

@@ -2,7 +2,7 @@
 and every other port of its processes (GCS, raylet, workers, the dashboard and its agents).
 
 Ray 2.60 binds most of these to every interface unless its node's address is loopback, and replaces a node address
-of 127.0.0.1 by the machine's outward one; ``distmis.search.execute.loopback_node`` keeps 127.0.0.1. The Ray is
+of 127.0.0.1 by the machine's outward one; ``distmis.search.ray_session.loopback_node`` keeps 127.0.0.1. The Ray is
 started as ``distmis run`` starts it (``ray_connection``), in a process of its own, and its sockets are read from
 the kernel (psutil).
 """
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import json, sys
 import ray
-from distmis.search.execute import ray_connection
+from distmis.search.ray_session import ray_connection
 
 with ray_connection():
     ray.get(ray.remote(lambda: 0).remote())  # a worker runs, with its own server
@@ -76,12 +76,12 @@ def test_the_local_ray_of_a_run_listens_on_loopback_only(tmp_path: Path):
 RACER = """
 import json, sys
 import ray
-import distmis.search.execute as execute
+import distmis.search.ray_session as ray_session
 
-execute.RAY_DASHBOARD_PORT = int(sys.argv[1])  # "Ray's usual port", free: 8265 may be taken on this machine
+ray_session.RAY_DASHBOARD_PORT = int(sys.argv[1])  # "Ray's usual port", free: 8265 may be taken on this machine
 print("ready", flush=True)
 sys.stdin.readline()  # both start their Ray at the same moment
-with execute.ray_connection():
+with ray_session.ray_connection():
     url = ray._private.worker._global_node.address_info["webui_url"]
     print(json.dumps({"dashboard": int(url.rsplit(":", 1)[1])}), flush=True)
     sys.stdin.readline()  # both Rays up at once

@@ -18,7 +18,7 @@ from distmis.cli.main import print_search
 from distmis.search.run import run_search
 from distmis.spec import validate_spec
 from distmis.tracking.results import trial_runs
-from distmis.trial_record import RESUME_DIR, STATE_FILE, TrainingState
+from distmis.trial.record import RESUME_DIR, STATE_FILE, TrainingState
 from tests.conftest import small_spec_tree
 
 pytestmark = pytest.mark.slow  # a search on the shared local Ray

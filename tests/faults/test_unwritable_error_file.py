@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from distmis.cli.main import print_search
 from distmis.search.run import run_search
-from distmis.search.trainable import single_process_trial
+from distmis.trial.trainables import single_process_trial
 from distmis.spec import validate_spec
 from distmis.tracking.results import trial_runs
 from tests.conftest import small_spec_tree

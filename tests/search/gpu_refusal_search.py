@@ -41,7 +41,7 @@ def main(workdir: Path, cases: list[str]) -> dict:
     import ray
     from mlflow.tracking import MlflowClient
 
-    from distmis.search.execute import init_local_ray, local_ray_options
+    from distmis.search.ray_session import init_local_ray, local_ray_options
     from distmis.search.run import run_search
     from distmis.service.net import LOOPBACK, free_port
     from distmis.spec import validate_spec

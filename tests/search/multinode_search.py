@@ -33,7 +33,7 @@ def main(workdir: Path) -> dict:
     from ray.cluster_utils import Cluster
 
     from distmis.service.net import free_port
-    from distmis.search.execute import TRIAL_ENV
+    from distmis.search.ray_session import TRIAL_ENV
     from distmis.search.run import run_search
     from distmis.spec import validate_spec
     from tests.conftest import small_spec_tree

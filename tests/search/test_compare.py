@@ -18,7 +18,7 @@ import distmis.search.compare as compare
 from distmis.cli.main import main
 from distmis.search.compare import cell_sequence, run_compare
 from distmis.search.state import SearchState
-from distmis.search.trainable import data_parallel_trial, data_parallel_worker, single_process_trial
+from distmis.trial.trainables import data_parallel_trial, data_parallel_worker, single_process_trial
 from distmis.spec import SpecError, validate_spec
 from distmis.tracking.results import format_comparison, format_results, speedup_table, trial_runs
 from tests.conftest import small_spec_tree

@@ -12,7 +12,7 @@ from typing import Any
 from distmis.search.console import SearchConsole, clock, progress_line, trial_label
 from distmis.search.progress import ProgressFigures, SearchProgress
 from distmis.spec import validate_spec
-from distmis.trial_record import HISTORY_KEY
+from distmis.trial.record import HISTORY_KEY
 from tests.conftest import small_spec_tree
 
 

@@ -132,7 +132,7 @@ def fold_trainers(folder: Path, state: SearchState):
     """Each fold of the best configuration as its own model: its trial's best weights from its checkpoint."""
     from contextlib import ExitStack
 
-    from distmis.search.trial_checkpoints import newest_complete
+    from distmis.trial.checkpoints import newest_complete
 
     client = mlflow.MlflowClient(state.tracking_store)
     search = client.get_run(state.run_id)

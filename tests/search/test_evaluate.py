@@ -55,7 +55,7 @@ def test_a_bf16_trial_is_scored_as_its_published_model_predicts(tmp_path):
     from distmis.parallel.mesh import TrialMesh
     from distmis.predict.model import SegmentationModel
     from distmis.search.evaluate import BestModel, loaded_trainer, publish_model
-    from distmis.search.trainable import build_trainer
+    from distmis.trial.trainers import build_trainer
     from distmis.spec.layout import resolve_trial
 
     data = make_classes_data(tmp_path)

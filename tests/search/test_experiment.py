@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from distmis.search.run import run_search
 from distmis.search.state import SearchState, SearchStateError, refuse_unfinished
-from distmis.search.trainable import single_process_trial
+from distmis.trial.trainables import single_process_trial
 from distmis.spec import validate_spec
 from distmis.tracking.results import find_search_run, trial_runs
 from tests.conftest import small_spec_tree

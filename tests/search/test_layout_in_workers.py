@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from distmis.search.run import run_search
-from distmis.search.trainable import (
+from distmis.trial.trainables import (
     data_parallel_trial,
     resolve_trial,
     train_and_report,
@@ -96,7 +96,7 @@ def probe_worker(out_dir: str, loop_config: dict[str, Any]) -> None:
 def probe_single(out_dir: str, config: dict[str, Any], *, spec: Any, tfrecord_dir: str) -> None:
     from ray import tune
 
-    from distmis.search.trainable import build_trainer
+    from distmis.trial.trainers import build_trainer
 
     trial, layout = resolve_trial(spec, config)
     trainer = build_trainer(trial, layout, tfrecord_dir)
@@ -162,7 +162,7 @@ def test_data_parallel_workers_train_at_the_effective_lr(ray_local, tmp_path: Pa
     tree = one_epoch_tree(tmp_path / "data", framework, mode="data", workers=2, resources_per_worker={"cpu": 1})
     found = run_probed(tree, tmp_path)
     # Only the workers import the framework, and only the trial's own one (distmis.parallel.tensorflow_cluster;
-    # TensorFlow's on the search's worker group, distmis.search.worker_group)
+    # TensorFlow's on the search's worker group, distmis.trial.worker_group)
     assert "tensorflow" not in found.pop("trial-process")["imported"]
     assert sorted(found) == ["2-0", "2-1"]  # two workers, one record each
     for rank in found.values():

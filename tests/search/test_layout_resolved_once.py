@@ -24,7 +24,7 @@ import pytest
 import distmis.spec.layout
 from distmis.search.evaluate import BestModel, loaded_trainer
 from distmis.search.prepare import prepare_data
-from distmis.search.trainable import build_trainer
+from distmis.trial.trainers import build_trainer
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_trial
 from distmis.train.loop import Metrics, StoredCheckpoint, train_and_report

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from distmis.data import DataError
-from distmis.search.prepare import check_dataset_path, check_tile_fits, prepare_data
+from distmis.search.input_fit import check_dataset_path, check_tile_fits
+from distmis.search.prepare import prepare_data
 from distmis.spec import SpecError, validate_spec
 from distmis.spec.schema import Spec
 from tests.conftest import small_spec_tree
@@ -202,7 +203,7 @@ def test_a_label_mode_or_channel_the_data_set_does_not_have_is_refused_before_an
 
 
 def test_the_tile_is_checked_against_the_resampled_and_reoriented_volumes(ct_nnunet: Path):
-    from distmis.search.prepare import preprocessed_volumes
+    from distmis.search.input_fit import preprocessed_volumes
 
     tree = ct_tree(ct_nnunet, orientation="RAS", spacing=[2.0, 2.0, 2.0])
     tree["dataset"].pop("crop")

@@ -17,7 +17,7 @@ from distmis.predict.model import SegmentationModel
 from distmis.predict.registry import BEST_ALIAS
 from distmis.predict.resolve import model_folder
 from distmis.search.evaluate import BestModel, Candidate, TestEvaluation, publish_model
-from distmis.search.execute import _record_test
+from distmis.search.finish import _record_test
 from distmis.spec import validate_spec
 from distmis.tracking.mlflow_tracking import SearchRun, default_tracking_uri
 from tests.conftest import small_spec_tree

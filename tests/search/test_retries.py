@@ -15,10 +15,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from distmis.search.run import run_search
-from distmis.search.trainable import (
+from distmis.trial.trainables import (
     data_parallel_trial, data_parallel_worker, single_process_trial, worker_working_folder,
 )
-from distmis.search.trial_checkpoints import trial_working_folder
+from distmis.trial.checkpoints import trial_working_folder
 from distmis.spec import validate_spec
 from distmis.tracking.mlflow_tracking import ATTEMPTS_TAG
 from distmis.tracking.results import trial_runs

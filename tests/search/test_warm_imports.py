@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow  # two fresh interpreters importing TensorFlow and
 
 PROGRAM = """
 import json, os, sys
-from distmis.search.execute import warm_driver_imports
+from distmis.search.warm_imports import warm_driver_imports
 from distmis.spec import validate_spec
 from tests.conftest import small_spec_tree
 

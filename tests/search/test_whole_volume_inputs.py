@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from distmis.search.prepare import check_dataset_path, takes_whole_volumes
+from distmis.search.input_fit import check_dataset_path, takes_whole_volumes
 from distmis.spec import SpecError, validate_spec
 from tests.search.test_prepare import FOUR_CASES, SHORT_CASES, msd_dataset, real_data_tree
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from distmis.search.trainable import data_parallel_trial
+from distmis.trial.trainables import data_parallel_trial
 
 pytestmark = pytest.mark.slow
 

@@ -42,7 +42,7 @@ def test_cluster_up_refuses_a_token_others_can_read(tmp_path: Path, monkeypatch,
 def test_the_local_ray_of_a_search_finds_a_private_token_in_a_fresh_home(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "RAY_ADDRESS")}
     env.update(HOME=str(tmp_path), DISTMIS_HOME=str(tmp_path / ".distmis"))
-    code = ("import ray\nfrom distmis.search.execute import ray_connection\n"
+    code = ("import ray\nfrom distmis.search.ray_session import ray_connection\n"
             "with ray_connection():\n    assert ray.is_initialized()\n    print(ray.cluster_resources()['CPU'])\n")
     subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, check=True, capture_output=True, timeout=300)
     token = tmp_path / ".ray" / "auth_token"

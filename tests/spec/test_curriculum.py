@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from distmis.search.prepare import tiles_to_check
+from distmis.search.input_fit import tiles_to_check
 from distmis.spec import SpecError, validate_spec
 from distmis.spec.curriculum import inference_window, stage_at, training_stages
 from distmis.spec.load import stage_spec

@@ -21,7 +21,7 @@ from distmis.spec import validate_spec
 from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY
 from distmis.tracking.datasets import CONTEXT_TAG, PART_TAG, TrackedData
 from distmis.tracking.mlflow_tracking import SearchRun
-from distmis.trial_record import SYSTEM_KEY, SystemSample, samples_to_json
+from distmis.trial.record import SYSTEM_KEY, SystemSample, samples_to_json
 from tests.conftest import small_spec_tree
 
 

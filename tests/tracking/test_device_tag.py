@@ -12,7 +12,7 @@ from typing import Any
 from distmis.parallel.devices import FrameworkGpus, GpuUnavailableError, require_gpus
 from distmis.spec import validate_spec
 from distmis.tracking.mlflow_tracking import DEVICE_TAG, NODES_TAG, SearchRun
-from distmis.trial_record import DEVICE_KEY, NODES_KEY
+from distmis.trial.record import DEVICE_KEY, NODES_KEY
 from tests.conftest import small_spec_tree
 
 

@@ -16,7 +16,7 @@ from distmis.spec import validate_spec
 from distmis.tracking.mlflow_tracking import (
     ATTEMPTS_TAG, RESUMES_TAG, SearchRun, TrialCallbackHandle, mark_interrupted,
 )
-from distmis.trial_record import HISTORY_KEY
+from distmis.trial.record import HISTORY_KEY
 from tests.conftest import small_spec_tree
 
 

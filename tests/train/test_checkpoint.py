@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from distmis.search.prepare import prepare_data
-from distmis.search.trainable import train_and_report
+from distmis.trial.trainables import train_and_report
 from distmis.spec import validate_spec
 from distmis.train.checkpoint import RESUME_DIR, STATE_FILE, read_state
-from distmis.trial_record import HISTORY_KEY
+from distmis.trial.record import HISTORY_KEY
 from tests.conftest import small_spec_tree
 
 

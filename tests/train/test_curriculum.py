@@ -103,7 +103,7 @@ def test_without_a_curriculum_nothing_is_added(prepared):
 # --------------------------------------------------------------------------- whole volume against sliding windows
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 def test_the_best_model_is_timed_and_scored_both_ways(prepared, tmp_path, framework):
-    from distmis.search.trainable import build_trainer
+    from distmis.trial.trainers import build_trainer
     from distmis.spec.layout import resolve_layout
     from distmis.train.inference_timing import compare_inference, inference_windows
     from distmis.train.metrics import dice_score

@@ -12,7 +12,7 @@ import pytest
 from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
 
 from distmis.train.system_metrics import NODE_METRICS, SystemSampler
-from distmis.trial_record import (NODES_KEY, SYSTEM_KEY, SystemSample, samples_from_json, samples_to_json,
+from distmis.trial.record import (NODES_KEY, SYSTEM_KEY, SystemSample, samples_from_json, samples_to_json,
                                   with_every_rank_records)
 
 

@@ -493,7 +493,7 @@ def test_a_torch_trial_never_imports_tensorflow(prepared, tmp_path):
     spec_file.write_text(spec_to_yaml(validate_spec(tree)))
     code = (
         "import sys\n"
-        "from distmis.search.trainable import trial_frameworks\n"
+        "from distmis.trial.trainers import trial_frameworks\n"
         "from distmis.spec import load_spec\n"
         "from distmis.train.threads import pin_threads\n"
         "from tests.train.torch_trainers import local_trainer\n"

@@ -13,7 +13,7 @@ import torch
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.train.loop import epoch_reports
-from distmis.trial_record import DEVICE_KEY, NODES_KEY, SYSTEM_KEY, samples_from_json
+from distmis.trial.record import DEVICE_KEY, NODES_KEY, SYSTEM_KEY, samples_from_json
 from tests.conftest import small_spec_tree
 from tests.train.torch_trainers import local_trainer
 

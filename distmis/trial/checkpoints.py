@@ -27,7 +27,7 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
-from distmis.trial_record import CHECKPOINT_PREFIX, complete_folders
+from distmis.trial.record import CHECKPOINT_PREFIX, complete_folders
 
 logger = logging.getLogger(__name__)
 

@@ -17,21 +17,21 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import json, socket
 import ray
-import distmis.search.execute as execute
+import distmis.search.ray_session as ray_session
 from distmis.service.net import LOOPBACK, free_port
 
 held = socket.socket()
 held.bind((LOOPBACK, free_port(LOOPBACK)))
 held.listen()
 taken = held.getsockname()[1]
-execute.port_in_use = lambda host, port: False          # the check said "free" ...
-original = execute.local_ray_options
+ray_session.port_in_use = lambda host, port: False          # the check said "free" ...
+original = ray_session.local_ray_options
 calls = []
 def options(port=None):
     calls.append(port)
     return original(taken if port is None else port)   # ... and then the port was taken
-execute.local_ray_options = options
-with execute.ray_connection():
+ray_session.local_ray_options = options
+with ray_session.ray_connection():
     assert ray.is_initialized()
     print("ports", json.dumps({"calls": calls, "taken": taken}))
 """
@@ -52,10 +52,10 @@ def test_a_taken_dashboard_port_is_retried_on_a_free_one(tmp_path: Path):
 WARM_SCRIPT = """
 import json, os, time
 import psutil, ray
-import distmis.search.execute as execute
+import distmis.search.ray_session as ray_session
 
 before = dict(os.environ)
-with execute.ray_connection():
+with ray_session.ray_connection():
     def idle_workers():
         return {p.pid for p in psutil.process_iter(["cmdline"]) if "ray::IDLE" in " ".join(p.info["cmdline"] or [])}
     deadline = time.monotonic() + 60
@@ -66,13 +66,13 @@ with execute.ray_connection():
     @ray.remote(num_cpus=1)
     class Trial:
         def where(self):
-            return os.getpid(), {name: os.environ.get(name) for name in execute.local_worker_env(
+            return os.getpid(), {name: os.environ.get(name) for name in ray_session.local_worker_env(
                 {"dashboard_port": 0})}
 
     pid, env = ray.get(Trial.remote().where.remote())
     report = {"idle": sorted(idle), "pid": pid, "env": env, "job_runtime_env": ray.get_runtime_context().runtime_env,
               "driver_env_changed": sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)),
-              "trial_env": execute.local_worker_env(execute.local_ray_options())}
+              "trial_env": ray_session.local_worker_env(ray_session.local_ray_options())}
 print("warm " + json.dumps(report))
 """
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from distmis.search.worker_group import TensorflowWorkerGroup, release_groups
+from distmis.trial.worker_group import TensorflowWorkerGroup, release_groups
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_trial
-from distmis.trial_record import RESUME_DIR, STATE_FILE, SYSTEM_KEY, TrainingState, samples_from_json
+from distmis.trial.record import RESUME_DIR, STATE_FILE, SYSTEM_KEY, TrainingState, samples_from_json
 from distmis.train.loop import BEST_DIR, SCRATCH_PREFIX
 from tests.conftest import small_spec_tree
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from ray import tune
 
-from distmis.search.trial_checkpoints import PRUNED_MARKER, newest_complete, prune_older, resume_candidates
-from distmis.trial_record import RESUME_DIR, STATE_FILE, held_epoch
+from distmis.trial.checkpoints import PRUNED_MARKER, newest_complete, prune_older, resume_candidates
+from distmis.trial.record import RESUME_DIR, STATE_FILE, held_epoch
 
 
 def make_checkpoint(trial_dir: Path, index: int, complete: bool = True, epoch: int | None = None) -> tune.Checkpoint:

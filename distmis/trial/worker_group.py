@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from distmis.search.kept_trainers import KeptTrainers, trainer_key
+from distmis.trial.kept_trainers import KeptTrainers, trainer_key
 from distmis.spec.layout import TrialLayout
 from distmis.spec.schema import Spec
 
@@ -185,7 +185,7 @@ class TensorflowWorkerGroup:
         ``scratch``: the trial's working folder, where each worker keeps its scratch files (:meth:`start_trial`)."""
         import ray
 
-        from distmis.trial_record import with_every_rank_records
+        from distmis.trial.record import with_every_rank_records
 
         try:
             ray.get([worker.start_trial.remote(spec, layout, tfrecord_dir, checkpoints, submitted_at, scratch)
@@ -240,14 +240,6 @@ def group_for(layout: TrialLayout, search: str) -> TensorflowWorkerGroup:
     release_groups(search)
     _GROUP = TensorflowWorkerGroup(layout, f"{GROUP_NAME_PREFIX}{search}-{uuid.uuid4().hex[:8]}")
     return _GROUP
-
-
-def drop_group() -> None:
-    """Shut down this process's group, if any."""
-    global _GROUP
-    if _GROUP is not None:
-        _GROUP.shutdown()
-        _GROUP = None
 
 
 def release_groups(search: str) -> list[str]:

@@ -2,7 +2,7 @@
 them again.
 
 A process that runs a search's trials in turn (a Tune actor reused between experiment-mode trials, or a rank of a
-data-mode search's worker group: :mod:`distmis.search.worker_group`) keeps up to :data:`KEPT_TRAINERS` TensorFlow
+data-mode search's worker group: :mod:`distmis.trial.worker_group`) keeps up to :data:`KEPT_TRAINERS` TensorFlow
 trainers by :func:`~distmis.train.tf_unet.graph_key`. A trial whose key matches one restarts it
 (:meth:`~distmis.train.tf_unet.UNetTrainer.restart`: the initial weights, optimizer, data order and cases a new
 trainer would have, so it trains exactly as on a fresh process); another builds a new trainer, the least recently

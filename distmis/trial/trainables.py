@@ -7,11 +7,14 @@ then either
 
 - trains in its own process (:func:`single_process_trial`, experiment-parallel), or
 - in a data-mode TensorFlow search, runs on the search's worker group, kept between its trials
-  (:func:`tensorflow_group_trial`, :mod:`distmis.search.worker_group`), or
+  (:func:`tensorflow_group_trial`, :mod:`distmis.trial.worker_group`), or
 - drives a Ray Train run of ``layout.world_size`` workers (:func:`data_parallel_trial`): a
-  ``DataParallelTrainer`` with ``TF_CONFIG`` (``MultiWorkerMirroredStrategy``) or a ``TorchTrainer`` (DDP, data x sequence
-  parallel groups for vit-seg, or data x pipeline groups for a pipelined U-Net), each worker running :func:`data_parallel_worker` on the trial's spec and
-  layout (typed objects, not re-validated); ``TuneReportCallback`` forwards rank 0's reports to Tune.
+  ``DataParallelTrainer`` with ``TF_CONFIG`` (``MultiWorkerMirroredStrategy``) or Ray Train's ``TorchTrainer`` (DDP,
+  data x sequence parallel groups for vit-seg, or data x pipeline groups for a pipelined U-Net), each worker running
+  :func:`data_parallel_worker` on the trial's spec and layout (typed objects, not re-validated);
+  ``TuneReportCallback`` forwards rank 0's reports to Tune.
+
+Each process builds its trainer with the trainer factory (:func:`~distmis.trial.trainers.build_trainer`).
 
 Either way every epoch is reported with the same metrics and a checkpoint to resume from (the last epoch's
 state, the best epoch's weights: :mod:`distmis.train.checkpoint`), and a restarted trial goes on from it.
@@ -26,7 +29,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, NotRequired, TypedDict
 
-from distmis.search.kept_trainers import KeptTrainers, trainer_key
+from distmis.trial.kept_trainers import KeptTrainers, trainer_key
+from distmis.trial.trainers import build_trainer, trial_frameworks
+from distmis.trial.worker_group import release_groups
 from distmis.train.loop import Metrics, StoredCheckpoint, quiet_worker, train_and_report
 from distmis.train.startup import StartupClock
 from distmis.spec.layout import TrialLayout, resolve_trial
@@ -35,10 +40,15 @@ from distmis.spec.schema import Spec
 if TYPE_CHECKING:
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from distmis.parallel.mesh import TrialMesh
     from distmis.train.protocol import Trainer
 
 logger = logging.getLogger(__name__)
+
+# What the driver imports (the Tune functions, and what it must know of them; release_groups: the worker group's
+# actors of a search, released at its end) and what the tests reach.
+__all__ = ["TrialConfig", "LoopConfig", "single_process_trial", "data_parallel_trial", "data_parallel_worker",
+           "tensorflow_group_trial", "runs_on_worker_group", "release_groups", "worker_trainer",
+           "worker_working_folder", "train_and_report", "resolve_trial"]
 
 #: A trial's config as Tune hands it: the trial's values by their dotted paths into the spec.
 TrialConfig = Mapping[str, object]
@@ -55,97 +65,17 @@ class LoopConfig(TypedDict):
     submitted_at: NotRequired[float]
 
 
-def build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None = None,
-                  *, mesh: TrialMesh | None = None) -> Trainer:
-    """The framework's trainer for this process; inside a Ray Train worker group when ``layout.distributed``.
-
-    ``mesh``: this process's place in the trial. By default it is built over Ray Train's worker group
-    (:meth:`TrialMesh.build`: every worker calls it) when the layout is distributed, else the process is alone
-    (:meth:`TrialMesh.local`). A local mesh given for a distributed layout rebuilds the trial on one device (the
-    driver's evaluation of a trained trial), its layout and so its learning rate unchanged. The worker group must
-    be what the layout says: a mismatch raises rather than training silently otherwise. ``clock`` marks the end of
-    the strategy's set-up (TensorFlow) and of the trainer's (model and data).
-    """
-    trainer = _build_trainer(spec, layout, tfrecord_dir, clock, mesh)
-    if clock is not None:
-        clock.mark("data")
-    return trainer
-
-
-def _build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None,
-                   mesh: TrialMesh | None) -> Trainer:
-    if spec.model.framework == "tensorflow":
-        from distmis.train.tf_unet import UNetTrainer
-
-        strategy = None
-        if layout.distributed and (mesh is None or not mesh.is_local):
-            import tensorflow as tf
-
-            from distmis.parallel.tensorflow_cluster import multi_worker_strategy
-
-            tf.get_logger().setLevel("ERROR")
-            strategy = multi_worker_strategy()  # the cluster from TF_CONFIG (set by Ray Train)
-            _check_world(strategy.num_replicas_in_sync, layout, "MultiWorkerMirroredStrategy replicas (TF_CONFIG?)")
-            if clock is not None:
-                clock.mark("strategy")
-        return UNetTrainer(spec, tfrecord_dir, layout=layout, strategy=strategy)
-    from distmis.parallel.mesh import TrialMesh
-    from distmis.train.torch_trainer import TorchTrainer
-
-    if mesh is None and layout.distributed:
-        import ray.train
-
-        _check_world(ray.train.get_context().get_world_size(), layout, "Ray Train workers")
-        mesh = TrialMesh.build(layout)  # every rank calls it
-        device = _worker_device()
-    elif mesh is None:
-        mesh, device = TrialMesh.local(layout), _trial_device()
-    else:
-        device = _trial_device() if mesh.is_local else _worker_device()
-    return TorchTrainer(spec, tfrecord_dir, layout=layout, mesh=mesh, device=device)
-
-
-def _check_world(actual: int, layout: TrialLayout, what: str) -> None:
-    if actual != layout.world_size:
-        raise RuntimeError(f"the trial's layout has {layout.world_size} rank(s) ({layout.describe()}), "
-                           f"but there are {actual} {what}")
-
-
 def runs_on_worker_group(spec: Spec) -> bool:
     """Whether a search's distributed trials run on one worker group kept between them
-    (:mod:`distmis.search.worker_group`) rather than a Ray Train run each: TensorFlow trials of a data-mode
+    (:mod:`distmis.trial.worker_group`) rather than a Ray Train run each: TensorFlow trials of a data-mode
     search, which run one at a time."""
     return spec.model.framework == "tensorflow" and spec.parallelism.mode == "data"
 
 
-def trial_frameworks(spec: Spec) -> dict[str, bool]:
-    """Which frameworks a trial's process pins (and so imports): only the one it trains with. A torch trial
-    reads its cases without TensorFlow (:mod:`distmis.data.records`), which saves each of its processes the
-    seconds of importing it."""
-    return {"tensorflow": spec.model.framework == "tensorflow", "torch": spec.model.framework == "torch"}
-
-
-def _trial_device() -> str:
-    """A single-process torch trial's device: the GPU Ray gave this process (CUDA_VISIBLE_DEVICES holds it), else
-    the CPU. A process given a GPU that torch cannot see is refused (GpuUnavailableError), never put on the CPU."""
-    from distmis.parallel.devices import check_process_gpus
-
-    return "cuda" if check_process_gpus(torch=True) else "cpu"
-
-
-def _worker_device() -> str:
-    """A Ray Train worker's torch device (its GPU, or the CPU); refused as :func:`_trial_device` is."""
-    import ray.train.torch
-
-    from distmis.parallel.devices import check_process_gpus
-
-    check_process_gpus(torch=True)
-    return str(ray.train.torch.get_device())
-
 
 # --------------------------------------------------------------------------- experiment-parallel
 # What this process keeps between the experiment-mode trials Tune runs on it in turn (``reuse_actors``): its
-# imports and thread pools, and its TensorFlow trainers, their graphs traced (:mod:`distmis.search.kept_trainers`).
+# imports and thread pools, and its TensorFlow trainers, their graphs traced (:mod:`distmis.trial.kept_trainers`).
 _KEPT = KeptTrainers()
 _TRIALS_STARTED = 0
 
@@ -159,7 +89,7 @@ def single_process_trial(config: TrialConfig, *, spec: Spec, tfrecord_dir: str) 
     """
     from ray import tune
 
-    from distmis.search.trial_checkpoints import (
+    from distmis.trial.checkpoints import (
         name_by_epoch, prune_older, resume_candidates, trial_folder, trial_working_folder,
     )
     from distmis.train.threads import pin_threads
@@ -260,8 +190,8 @@ def data_parallel_trial(
     from ray import tune
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
-    from distmis.search.placement_groups import release_train_placement_groups
-    from distmis.search.storage import atomic_local_filesystem
+    from distmis.trial.placement_groups import release_train_placement_groups
+    from distmis.trial.storage import atomic_local_filesystem
 
     trial, layout = resolve_trial(spec, config)
     if runs_on_worker_group(trial):
@@ -313,10 +243,10 @@ def data_parallel_trial(
 
 def _tune_report_every_rank() -> TuneReportCallback:
     """Ray Train's ``TuneReportCallback``, which forwards rank 0's report of each epoch to Tune, with every rank's
-    system samples in it (:func:`~distmis.trial_record.with_every_rank_records`)."""
+    system samples in it (:func:`~distmis.trial.record.with_every_rank_records`)."""
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from distmis.trial_record import with_every_rank_records
+    from distmis.trial.record import with_every_rank_records
 
     class EveryRankReport(TuneReportCallback):
         def after_report(self, run_context: object, metrics: list[Metrics], checkpoint: object) -> None:
@@ -327,13 +257,13 @@ def _tune_report_every_rank() -> TuneReportCallback:
 
 def tensorflow_group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, *, search: str) -> None:
     """One data-parallel TensorFlow trial of a data-mode search on the search's worker group
-    (:mod:`distmis.search.worker_group`): started by the first trial, kept by this reused Tune process for the
+    (:mod:`distmis.trial.worker_group`): started by the first trial, kept by this reused Tune process for the
     next ones. Each epoch is reported to Tune with rank 0's checkpoint; a restarted trial hands its checkpoints
     to the workers and goes on after the last epoch they hold."""
     from ray import tune
 
-    from distmis.search.worker_group import folder_files, group_for, write_files
-    from distmis.search.trial_checkpoints import (
+    from distmis.trial.worker_group import folder_files, group_for, write_files
+    from distmis.trial.checkpoints import (
         name_by_epoch, prune_older, resume_candidates, trial_folder, trial_working_folder,
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from distmis.search.kept_trainers import KeptTrainers, trainer_key
+from distmis.trial.kept_trainers import KeptTrainers, trainer_key
 from distmis.spec import validate_spec
 from tests.conftest import small_spec_tree
 

@@ -2,7 +2,7 @@
 
 The trial's side (:mod:`distmis.train.loop`, :mod:`distmis.train.checkpoint`, :mod:`distmis.train.startup`,
 :mod:`distmis.train.system_metrics`: its :class:`SystemSample` s) writes them; the driver's side
-(:mod:`distmis.tracking.mlflow_tracking`, :mod:`distmis.search.trial_checkpoints`) reads them. Both import this
+(:mod:`distmis.tracking.mlflow_tracking`, :mod:`distmis.trial.checkpoints`) reads them. Both import this
 module, so the tracking package need not import the training code to read what a trial wrote. Plain Python
 (pyarrow's filesystem classes are imported where a folder is listed): no torch, TensorFlow, Ray or other distmis
 module.

@@ -14,11 +14,11 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from distmis.search.storage import PARTIAL_MARK, atomic_local_filesystem
+from distmis.trial.storage import PARTIAL_MARK, atomic_local_filesystem
 
 KILLED_WRITER = """
 import os, signal, sys
-from distmis.search.storage import atomic_local_filesystem
+from distmis.trial.storage import atomic_local_filesystem
 stream = atomic_local_filesystem().open_output_stream(sys.argv[1])
 stream.write(b"new state, first half ")
 stream.flush()
@@ -62,7 +62,7 @@ def test_copy_files_into_it_like_tune_writes_every_file(tmp_path: Path) -> None:
 
 FULL_DISK_WRITER = """
 import resource, signal, sys
-from distmis.search.storage import atomic_local_filesystem
+from distmis.trial.storage import atomic_local_filesystem
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # writes past 1000 bytes fail, as on a full disk
 stream = atomic_local_filesystem().open_output_stream(sys.argv[1])

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from distmis.search.prepare import prepare_data
-from distmis.search.worker_group import TensorflowWorkerGroup, release_groups
+from distmis.trial.worker_group import TensorflowWorkerGroup, release_groups
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_trial
 from tests.conftest import small_spec_tree

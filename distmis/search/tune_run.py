@@ -1,0 +1,205 @@
+"""One search's trials on a connected Ray: the Ray Tune ``Tuner`` (new, or restored on ``--resume``) over the spec's
+trials laid out by a :class:`~distmis.search.plan.SearchPlan`, recorded in MLflow by the trial callback, stopped
+gracefully by a signal (:mod:`distmis.search.interrupts`), and ended by :func:`~distmis.search.finish.end_search`.
+:func:`distmis.search.run.run_search` calls :func:`execute_search` once; the comparison
+(:mod:`distmis.search.compare`) once per mode and worker count.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from distmis.predict.resolve import LOCAL_MODEL_FOLDER
+from distmis.search.console import SearchConsole
+from distmis.search.finish import end_search
+from distmis.search.interrupts import SearchInterrupted, signals_stop_tune, sigterm_interrupts
+from distmis.search.outcome import SearchOutcome
+from distmis.search.output import tracked_data
+from distmis.search.plan import SearchPlan, node_resources, trials_at_once
+from distmis.search.prepare import PreparedData
+from distmis.search.progress import SearchProgress
+from distmis.search.search_space import num_trials, scheduler, tune_param_space, tune_search
+from distmis.trial.storage import atomic_local_filesystem
+from distmis.trial.trainables import data_parallel_trial, release_groups, runs_on_worker_group, single_process_trial
+
+from distmis.spec.schema import Spec
+from distmis.tracking.mlflow_tracking import MLflowTrialCallback, SearchRun
+from distmis.tracking.uri import redact_uri
+
+if TYPE_CHECKING:
+    from ray.tune import ResultGrid, Tuner
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["execute_search", "trial_function"]
+
+
+def _record_interruption(callback: MLflowTrialCallback, search_run: SearchRun) -> None:
+    """Every trial run that had started and not ended, and the search's run, KILLED."""
+    callback.kill_unfinished()
+    callback.close(timeout=30)
+    search_run.finish("KILLED", timeout=30)
+
+
+def _search_run_killed_on_interrupt(execute: Callable[..., SearchOutcome]) -> Callable[..., SearchOutcome]:
+    """``execute_search`` interrupted outside Tune's loop (Ctrl-C or SIGTERM while it sets Tune up, or while it
+    scores and publishes the best model after the trials): the search's run KILLED, not left RUNNING, and
+    :class:`SearchInterrupted` raised (``--resume`` then scores and publishes what the trials left)."""
+    @functools.wraps(execute)
+    def interruptible(spec: Spec, data: PreparedData, plan: SearchPlan, search_run: SearchRun, *args: object,
+                      **kwargs: object) -> SearchOutcome:
+        with sigterm_interrupts() as received:
+            try:
+                return execute(spec, data, plan, search_run, *args, **kwargs)
+            except SearchInterrupted:  # in Tune's loop: its runs are KILLED already
+                raise
+            except KeyboardInterrupt:
+                search_run.finish("KILLED", timeout=30)
+                raise SearchInterrupted(received.get("signal", signal.SIGINT)) from None
+
+    return interruptible
+
+
+def trial_function(plan: SearchPlan, spec: Spec, data: PreparedData, output_dir: Path, experiment: str,
+                   trainable: Callable[..., None] | None = None) -> Callable[..., None]:
+    """The Tune trainable for a plan, with the search's spec and its resources bound."""
+    from ray import tune
+
+    if plan.distributed:
+        bound = tune.with_parameters(trainable or data_parallel_trial, spec=spec, tfrecord_dir=str(data.tfrecord_dir),
+                                     storage_path=str(output_dir / "ray_train" / experiment))
+    else:
+        bound = tune.with_parameters(trainable or single_process_trial, spec=spec, tfrecord_dir=str(data.tfrecord_dir))
+    return tune.with_resources(bound, plan.trial_resources)
+
+
+@_search_run_killed_on_interrupt
+def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run: SearchRun, output_dir: Path, *,
+                   experiment: str, resume: bool = False, progress: bool = True, verbose: bool = False,
+                   keep_model: bool = True, trainable: Callable[..., None] | None = None) -> SearchOutcome:
+    """Run the spec's trials with ``plan`` (Ray must be connected) and record the results on ``search_run``.
+
+    ``progress``: print the search's header and a line per trial epoch, end, failure and retry
+    (:class:`~distmis.search.console.SearchConsole`), and after each end where the search stands (its figures go to
+    ``search_run`` either way: :mod:`distmis.search.progress`); ``verbose``: Ray Tune's own reporter too.
+
+    ``experiment``: the Tune experiment's folder name under ``OUTPUT/ray_results``. With ``resume``, a search
+    that was interrupted goes on (``Tuner.restore``): finished trials stay as they are, unfinished and failed
+    ones continue from their last checkpoint in their own MLflow runs, and the searcher and scheduler carry on
+    from their saved state. (A search killed before Tune saved anything starts its trials afresh.)
+    """
+    from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    search_run.set_tag("distmis.layout", plan.label)
+    callback = search_run.trial_callback(spec, volume=tuple(int(v) for v in data.manifest["image_shape"][:3]),
+                                         data=tracked_data(spec, data))
+    if resume:
+        callback.adopt_existing_runs()
+    # One checkpoint per epoch makes Tune warn about snapshot frequency; expected here. Tune saves its own state
+    # (which trials ended, the searcher's) every few seconds, so little is run again after the driver is killed.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
+    # Tune's result files (result.json, progress.csv) but not its TensorBoard logger: importing tensorboardX
+    # imports torch into the driver (1.2 s of a 2-core machine as the trials start) and it writes every result
+    # again; MLflow holds the curves.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    function = trial_function(plan, spec, data, output_dir, experiment, trainable)
+    storage = output_dir / "ray_results"
+    # the search as a whole after each trial's end: on the search run (always) and the console (unless --quiet)
+    tracker = SearchProgress(spec, total=num_trials(spec), at_once=trials_at_once(plan, node_resources()),
+                             record=lambda metrics, step: search_run.log_metrics(metrics, step=step))
+    if resume:
+        tracker.adopt(callback.best, callback.epochs)
+    console = SearchConsole(spec, tracker) if progress else None
+    if not verbose:  # Tune's newer output prints its experiment box and paths even at verbose=0; the older is silent
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    handle = callback.handle(tracker, *([console] if console else []))
+    filesystem = atomic_local_filesystem()  # a driver killed while Tune saves leaves whole files (storage.py)
+    if resume and tune.Tuner.can_restore(str(storage / experiment), storage_filesystem=filesystem):
+        tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=tune_param_space(spec),
+                                   resume_unfinished=True, resume_errored=True, storage_filesystem=filesystem)
+    else:
+        # Ray Train restarts a data-parallel trial's workers itself (trainable.py); Tune restarts the others, and
+        # the trials on a search's worker group (which start a new group).
+        retries = 0 if plan.distributed and not runs_on_worker_group(spec) else spec.parallelism.max_failures
+        tuner = tune.Tuner(
+            function,
+            param_space=tune_param_space(spec),
+            tune_config=tune.TuneConfig(
+                metric=spec.search.metric,
+                mode=spec.search.mode,
+                # search_alg, num_samples, max_concurrent_trials: with folds, the fold searcher says when it is done
+                **tune_search(spec, plan.max_concurrent_trials),
+                scheduler=scheduler(spec),
+                # One process serves the search's trials in turn rather than a new one per trial: its imports,
+                # and an experiment-mode trial's traced graphs (trainable.single_process_trial).
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(
+                name=experiment,
+                storage_path=str(storage),
+                storage_filesystem=filesystem,
+                callbacks=[handle, JsonLoggerCallback(), CSVLoggerCallback()],
+                # Every folder stays for Tune's saved state to name; the trials empty the old ones (trial_checkpoints).
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
+                failure_config=tune.FailureConfig(max_failures=retries),
+                verbose=1 if verbose else 0,  # Tune's boxed tables: --verbose only
+            ),
+        )
+    logger.info("running %d trial(s) of %s: %s", num_trials(spec), spec.name, plan.label)
+    if console is not None:
+        console.header(spec, trials=num_trials(spec), layout=plan.label,
+                       store=redact_uri(search_run.tracking_uri), experiment=spec.experiment_name)
+    start = time.perf_counter()
+    tune_failure = ""  # why Ray Tune itself stopped, if it did (e.g. it could not write a trial's error file)
+    received: dict[str, int] = {}
+    try:
+        with signals_stop_tune() as received:
+            grid = tuner.fit()
+    except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: Tune did not stop gracefully
+        _record_interruption(callback, search_run)
+        raise SearchInterrupted(received.get("signal", signal.SIGINT)) from None
+    except Exception as exc:  # noqa: BLE001 - Tune's own failure: the trials' records are kept, the rest fail
+        logger.warning("Ray Tune stopped the search", exc_info=True)
+        tune_failure = f"Ray Tune stopped the search: {_last_line(exc)}"
+        grid = _results_so_far(tuner)
+        callback.fail_unfinished(tune_failure)
+    except BaseException:
+        callback.close(timeout=30)
+        search_run.finish("FAILED", timeout=30)
+        raise
+    finally:  # the workers died with the last trial's process; their placement group outlives it
+        if plan.distributed and runs_on_worker_group(spec):
+            release_groups(experiment)
+    if (received or callback.unfinished) and not tune_failure:  # Tune stopped on Ctrl-C or SIGTERM
+        _record_interruption(callback, search_run)
+        raise SearchInterrupted(received.get("signal", signal.SIGINT))
+    search_seconds = time.perf_counter() - start
+    if spec.cv_folds:  # each configuration's folds' outcome on its run, before the results are read
+        callback.summarize_configurations(final=True)
+    callback.close()  # the trial records a store outage held back, before the results are read
+    return end_search(spec, data, search_run, grid, callback, search_seconds=search_seconds,
+                      tune_failure=tune_failure, model_folder=output_dir / LOCAL_MODEL_FOLDER if keep_model else None)
+
+
+def _last_line(exc: BaseException) -> str:
+    """An exception's reason on one line: a TuneError carries the whole traceback of what failed; its last line
+    names it (``PermissionError: ... error.pkl``)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:400]
+
+
+def _results_so_far(tuner: Tuner) -> ResultGrid | list[object]:
+    """The trials' results as Tune saved them, after ``Tuner.fit`` failed (``[]`` when they cannot be read)."""
+    try:
+        return tuner.get_results()
+    except Exception:  # noqa: BLE001 - nothing saved to read: no trial is scored
+        logger.warning("could not read the results Ray Tune saved", exc_info=True)
+        return []
