@@ -96,7 +96,7 @@ from distmis.perf.partition import (
     TokenShare,
     dsp_schedule,
 )
-from distmis.perf.partition import check_sequence_parallel as check_shares
+from distmis.perf.partition import check_sequence_parallel
 
 @dataclass(frozen=True)
 class TokenChunk:
@@ -135,7 +135,7 @@ def token_chunk(share: TokenShare, grid: Sequence[int]) -> TokenChunk:
     return TokenChunk(indices, box)  # type: ignore[arg-type]
 
 
-def check_sequence_parallel(
+def sequence_chunks(
     grid: Sequence[int],
     heads: int,
     sp_size: int,
@@ -145,8 +145,9 @@ def check_sequence_parallel(
     split: SplitKind = "ordered",
     model_attention: ModelAttention = "full",
 ) -> list[TokenChunk]:
-    """Validate an SP configuration (:func:`distmis.perf.partition.check_sequence_parallel`); every rank's chunk."""
-    shares = check_shares(grid, heads, sp_size, attention=attention, decoder=decoder, split=split,
+    """Every rank's chunk of the tokens, once the SP configuration is checked
+    (:func:`distmis.perf.partition.check_sequence_parallel`, which raises a ValueError naming what does not fit)."""
+    shares = check_sequence_parallel(grid, heads, sp_size, attention=attention, decoder=decoder, split=split,
                           model_attention=model_attention)
     return [token_chunk(share, grid) for share in shares]
 
@@ -336,7 +337,7 @@ def parallelize_vit_seg(
     if _is_parallelized(model):
         raise ValueError("the model is already parallelized")
     size, rank = group_size(sp_group), group_rank(sp_group)
-    chunks = check_sequence_parallel(model.grid, model.heads, size, attention=attention, decoder=decoder,
+    chunks = sequence_chunks(model.grid, model.heads, size, attention=attention, decoder=decoder,
                                      split=split, model_attention=model.attention)  # type: ignore[arg-type]
     if attention == "dsp":
         schedule = dsp_schedule(model.grid, size, len(model.blocks))

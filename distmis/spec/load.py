@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from distmis.models.registry import MODELS, PARALLELISM_NAMES, model_entry
 from distmis.spec.curriculum import TrainingStage, training_stages
-from distmis.perf.partition import check_sequence_parallel as check_token_partition
+from distmis.perf.partition import check_sequence_parallel
 from distmis.perf.partition import token_grid
 from distmis.spec.schema import ModelSpec, Spec, unknown_argument
 
@@ -697,7 +697,7 @@ def network_tile(spec: Spec, volume: Sequence[int] | None = None) -> tuple[int, 
     return tuple(math.gcd(*axis) for axis in zip(*shapes))  # type: ignore[return-value]
 
 
-def check_sequence_parallel(spec: Spec) -> list[tuple[str, str]]:
+def sequence_parallel_problems(spec: Spec) -> list[tuple[str, str]]:
     """Sequence parallelism needs the ViT, and a token grid, heads and split that suit the degree."""
     sp = spec.parallelism.sequence_parallel
     where = "parallelism.sequence_parallel"
@@ -723,7 +723,7 @@ def check_sequence_parallel(spec: Spec) -> list[tuple[str, str]]:
         return []  # check_input_shape reports it (or the data decides it)
     grid = token_grid(shape, spec.model.input_multiple)
     try:
-        check_token_partition(grid, spec.model.params.heads, sp.degree, attention=sp.attention, decoder=sp.decoder,
+        check_sequence_parallel(grid, spec.model.params.heads, sp.degree, attention=sp.attention, decoder=sp.decoder,
                               split=sp.split, model_attention=spec.model.params.attention)
     except ValueError as exc:
         return [(where, f"{exc} (tile {list(shape)}, patch {spec.model.input_multiple}: token grid {list(grid)})")]
@@ -866,7 +866,7 @@ def trial_problems(spec: Spec) -> list[tuple[str, str]]:
     curriculum = check_curriculum(spec)
     refused = any(path == "training.curriculum" for path, _ in curriculum)  # its stages are not checked one by one
     shape = [] if refused else check_input_shape(spec)
-    return (shape + curriculum + check_sequence_parallel(spec) + check_pipeline(spec) + check_loss(spec)
+    return (shape + curriculum + sequence_parallel_problems(spec) + check_pipeline(spec) + check_loss(spec)
             + check_precision(spec))
 
 

@@ -33,7 +33,10 @@ from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, SpecError, searched_c
 from distmis.spec.schema import Spec
 from distmis.tracking.datasets import TrackedData
 from distmis.tracking.writer import ResilientWriter
-from distmis.trial.record import DEVICE_KEY, HISTORY_KEY, NODES_KEY, STARTUP_PREFIX, SYSTEM_KEY, samples_from_json
+from distmis.trial.record import (
+    CLASS_DICE_PREFIX, DEVICE_KEY, HISTORY_KEY, NODES_KEY, STARTUP_PREFIX, SYSTEM_KEY, epoch_metric_names,
+    samples_from_json,
+)
 
 ROLE_TAG = "distmis.role"
 SEARCHED_TAG = "distmis.searched"
@@ -59,11 +62,9 @@ logger = logging.getLogger(__name__)
 # curriculum's stage and tile from trials with a training.curriculum.
 # training.inference.compare: whole-volume against sliding-window inference (distmis.train.inference_timing)
 INFERENCE_METRICS = ("whole_volume_dice", "whole_volume_seconds", "sliding_window_dice", "sliding_window_seconds")
-EPOCH_METRICS = ("train_loss", "val_loss", "val_dice", "epoch_seconds", "learning_rate", "step_seconds",
-                 "peak_memory_mb", "fom", "curriculum_stage", "tile_h", "tile_w", "tile_d")
+EPOCH_METRICS = epoch_metric_names()  # the fields of distmis.trial.record.EpochMetrics
 # Each scored channel's validation dice, val_dice_<key> (the data set's class or region: distmis.data.targets), is
-# logged every epoch beside them.
-CLASS_DICE_PREFIX = "val_dice_"
+# logged every epoch beside them (CLASS_DICE_PREFIX).
 # A trial's system samples (distmis.train.system_metrics), under MLflow's prefix for system metrics: the UI's
 # "System metrics" tab draws every metric whose key starts with it, against time.
 SYSTEM_PREFIX = "system/"

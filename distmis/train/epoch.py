@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from distmis.spec.curriculum import stage_at
 from distmis.spec.schema import TrainingSpec
+from distmis.trial.record import CLASS_DICE_PREFIX, EpochMetrics  # noqa: F401 - CLASS_DICE_PREFIX: the trainers'
 
 
 class NonFiniteLossError(FloatingPointError):
     """Training diverged: the loss became NaN or infinite."""
 
 
-#: The prefix of a foreground channel's validation dice in an epoch's metrics: ``val_dice_<key>``.
-CLASS_DICE_PREFIX = "val_dice_"
 
 
 @dataclass(frozen=True)
@@ -28,38 +27,6 @@ class ValidationScores:
     loss: float
     dice: float
     class_dice: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class EpochMetrics:
-    epoch: int
-    train_loss: float
-    val_loss: float
-    val_dice: float  # the mean over the foreground channels of their dice
-    epoch_seconds: float
-    learning_rate: float  # at the epoch's first step (training.lr_schedule)
-    # Each foreground channel's validation dice, by its key: reported as val_dice_<key>
-    class_dice: Mapping[str, float] | None = None
-    # Measured by the PyTorch trainers (None where a trainer does not measure them; left out of as_dict):
-    step_seconds: float | None = None  # mean wall seconds of a training step, the batch's wait excluded
-    peak_memory_mb: float | None = None  # a step's peak memory above what the process held before training, MiB
-    fom: float | None = None  # the seed's figure of merit b L s^2 d / step_seconds (ViT-seg)
-    # With a training.curriculum: the epoch's stage (1-based) and the size of its training input
-    curriculum_stage: int | None = None
-    tile_h: int | None = None
-    tile_w: int | None = None
-    tile_d: int | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The fields that hold a value, flat: ``class_dice`` as ``val_dice_<key>`` after ``val_dice``."""
-        out: dict[str, Any] = {}
-        for item in fields(self):
-            value = getattr(self, item.name)
-            if value is not None and item.name != "class_dice":
-                out[item.name] = value
-            if item.name == "val_dice":
-                out.update({f"{CLASS_DICE_PREFIX}{key}": float(dice) for key, dice in (self.class_dice or {}).items()})
-        return out
 
 
 def checked_epoch(epoch: int, train: Callable[[], float], validate: Callable[[], ValidationScores], *,

@@ -1,4 +1,5 @@
-"""What a trial leaves for the driver to read: the reserved keys of its reports and its checkpoint folders.
+"""What a trial leaves for the driver to read: its epochs' metrics (:class:`EpochMetrics`, defined here once), the
+reserved keys of its reports and its checkpoint folders.
 
 The trial's side (:mod:`distmis.train.loop`, :mod:`distmis.train.checkpoint`, :mod:`distmis.train.startup`,
 :mod:`distmis.train.system_metrics`: its :class:`SystemSample` s) writes them; the driver's side
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 import json
 import posixpath
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
 
-__all__ = ["HISTORY_KEY", "STARTUP_PREFIX", "DEVICE_KEY", "NODES_KEY", "SYSTEM_KEY", "CHECKPOINT_PREFIX",
-           "RESUME_DIR", "STATE_FILE", "SystemSample", "samples_to_json", "samples_from_json", "with_every_rank_records",
-           "TrainingState", "stored_state", "held_epoch", "complete_folders"]
+__all__ = ["CLASS_DICE_PREFIX", "EpochMetrics", "epoch_metric_names", "HISTORY_KEY", "STARTUP_PREFIX", "DEVICE_KEY",
+           "NODES_KEY", "SYSTEM_KEY", "CHECKPOINT_PREFIX", "RESUME_DIR", "STATE_FILE", "SystemSample",
+           "samples_to_json", "samples_from_json", "with_every_rank_records", "TrainingState", "stored_state",
+           "held_epoch", "complete_folders"]
 
 # --------------------------------------------------------------------------- keys of a trial's reports
 HISTORY_KEY = "history"  # in a restarted trial's first report: JSON of every epoch's metrics so far
@@ -67,6 +69,49 @@ def with_every_rank_records(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+# --------------------------------------------------------------------------- an epoch's metrics
+#: The prefix of a foreground channel's validation dice in an epoch's metrics: ``val_dice_<key>``.
+CLASS_DICE_PREFIX = "val_dice_"
+
+
+@dataclass(frozen=True)
+class EpochMetrics:
+    epoch: int
+    train_loss: float
+    val_loss: float
+    val_dice: float  # the mean over the foreground channels of their dice
+    epoch_seconds: float
+    learning_rate: float  # at the epoch's first step (training.lr_schedule)
+    # Each foreground channel's validation dice, by its key: reported as val_dice_<key>
+    class_dice: Mapping[str, float] | None = None
+    # Measured by the PyTorch trainers (None where a trainer does not measure them; left out of as_dict):
+    step_seconds: float | None = None  # mean wall seconds of a training step, the batch's wait excluded
+    peak_memory_mb: float | None = None  # a step's peak memory above what the process held before training, MiB
+    fom: float | None = None  # the seed's figure of merit b L s^2 d / step_seconds (ViT-seg)
+    # With a training.curriculum: the epoch's stage (1-based) and the size of its training input
+    curriculum_stage: int | None = None
+    tile_h: int | None = None
+    tile_w: int | None = None
+    tile_d: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that hold a value, flat: ``class_dice`` as ``val_dice_<key>`` after ``val_dice``."""
+        out: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is not None and item.name != "class_dice":
+                out[item.name] = value
+            if item.name == "val_dice":
+                out.update({f"{CLASS_DICE_PREFIX}{key}": float(dice) for key, dice in (self.class_dice or {}).items()})
+        return out
+
+
+def epoch_metric_names() -> tuple[str, ...]:
+    """The names of the numbers every epoch's report may carry (:class:`EpochMetrics`' fields but the epoch, which
+    is the step, and ``class_dice``, reported as ``val_dice_<key>``): what the driver logs as MLflow metrics."""
+    return tuple(item.name for item in fields(EpochMetrics) if item.name not in ("epoch", "class_dice"))
+
+
 # --------------------------------------------------------------------------- a checkpoint folder's layout
 CHECKPOINT_PREFIX = "checkpoint_"  # the folders Tune and Ray Train write a trial's checkpoints to
 RESUME_DIR = "resume"
@@ -88,8 +133,8 @@ class TrainingState:
     @classmethod
     def from_json(cls, text: str) -> TrainingState:
         data = json.loads(text)
-        return cls(epoch=int(data["epoch"]), best_value=data.get("best_value"), best_epoch=int(data.get("best_epoch", 0)),
-                   history=list(data.get("history", [])))
+        return cls(epoch=int(data["epoch"]), best_value=data.get("best_value"),
+                   best_epoch=int(data.get("best_epoch", 0)), history=list(data.get("history", [])))
 
 
 # --------------------------------------------------------------------------- a trial's folders on storage

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from distmis.models.vit_seg import ViTSeg
-from distmis.parallel.sequence import box_indices, check_sequence_parallel, token_chunk
+from distmis.parallel.sequence import box_indices, sequence_chunks, token_chunk
 from distmis.perf.partition import partition_tokens, range_box
 
 
@@ -110,12 +110,12 @@ def test_embedding_a_cropped_box_equals_the_tile_tokens_at_its_indices():
 def test_configuration_errors(kwargs, match):
     args = {"grid": (6, 2, 2), "heads": 4, "sp_size": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
-        check_sequence_parallel(args.pop("grid"), args.pop("heads"), args.pop("sp_size"), **args)
+        sequence_chunks(args.pop("grid"), args.pop("heads"), args.pop("sp_size"), **args)
 
 
 def test_valid_configurations():
-    assert len(check_sequence_parallel((6, 2, 2), 4, 4, attention="ulysses", split="spatial", decoder="no-gather")) == 4
-    assert len(check_sequence_parallel((6, 2, 2), 4, 2, decoder="no-gather", split="ordered")) == 2  # boxes at 2
+    assert len(sequence_chunks((6, 2, 2), 4, 4, attention="ulysses", split="spatial", decoder="no-gather")) == 4
+    assert len(sequence_chunks((6, 2, 2), 4, 2, decoder="no-gather", split="ordered")) == 2  # boxes at 2
 
 
 # --------------------------------------------------------------------------- DSP on axial attention
@@ -154,23 +154,23 @@ def test_dsp_schedule_splits_away_from_the_attended_axis_with_the_fewest_switche
 
 def test_dsp_configuration_errors():
     with pytest.raises(ValueError, match="attention 'dsp' needs model.params.attention 'axial'"):
-        check_sequence_parallel((4, 4, 4), 4, 2, attention="dsp")
+        sequence_chunks((4, 4, 4), 4, 2, attention="dsp")
     with pytest.raises(ValueError, match=r"at least two of its axes must divide by the sequence-parallel degree 4 "
                                          r"\(H=6, W=2, D=2\)"):
-        check_sequence_parallel((6, 2, 2), 4, 4, attention="dsp", model_attention="axial")
+        sequence_chunks((6, 2, 2), 4, 4, attention="dsp", model_attention="axial")
     with pytest.raises(ValueError, match="axial attention .* every rank's tokens must form a box.* rank 0"):
-        check_sequence_parallel((6, 2, 2), 4, 4, attention="ulysses", model_attention="axial")
+        sequence_chunks((6, 2, 2), 4, 4, attention="ulysses", model_attention="axial")
     with pytest.raises(ValueError, match=r"the model's attention must be one of \('full', 'axial'\)"):
-        check_sequence_parallel((4, 4, 4), 4, 2, model_attention="ring")
+        sequence_chunks((4, 4, 4), 4, 2, model_attention="ring")
 
 
 def test_valid_axial_configurations():
     # DSP: the slabs of the schedule's first axis (D, the axis attended along last in a block), split ignored
-    slabs = check_sequence_parallel((4, 2, 8), 4, 2, attention="dsp", model_attention="axial", split="spatial")
+    slabs = sequence_chunks((4, 2, 8), 4, 2, attention="dsp", model_attention="axial", split="spatial")
     assert [tuple((b.start, b.stop) for b in s.box) for s in slabs] == [((0, 4), (0, 2), (0, 4)),
                                                                         ((0, 4), (0, 2), (4, 8))]
-    assert len(check_sequence_parallel((4, 2, 8), 4, 4, attention="dsp", model_attention="axial",
+    assert len(sequence_chunks((4, 2, 8), 4, 4, attention="dsp", model_attention="axial",
                                        decoder="no-gather")) == 4
     # the baselines on boxes: an ordered split that cuts whole H planes, or a spatial one
-    assert len(check_sequence_parallel((4, 2, 8), 4, 4, attention="ulysses", model_attention="axial")) == 4
-    assert len(check_sequence_parallel((6, 2, 2), 4, 4, split="spatial", model_attention="axial")) == 4
+    assert len(sequence_chunks((4, 2, 8), 4, 4, attention="ulysses", model_attention="axial")) == 4
+    assert len(sequence_chunks((6, 2, 2), 4, 4, split="spatial", model_attention="axial")) == 4

@@ -73,3 +73,15 @@ def test_epoch_metrics_report_each_class_after_val_dice():
     assert list(flat)[:6] == ["epoch", "train_loss", "val_loss", "val_dice", "val_dice_liver", "val_dice_spleen"]
     assert flat["val_dice_liver"] == 0.8 and "class_dice" not in flat
     assert "val_dice_liver" not in EpochMetrics(1, 0.5, 0.4, 0.6, 2.0, 1e-3).as_dict()
+
+
+def test_the_driver_logs_every_number_an_epoch_reports():
+    """The epoch's metrics are defined once (EpochMetrics): the names the driver logs are its fields."""
+    from dataclasses import fields
+
+    from distmis.tracking.mlflow_tracking import EPOCH_METRICS
+
+    reported = set(EpochMetrics(1, 0.5, 0.4, 0.3, 1.0, 1e-3, step_seconds=0.1, peak_memory_mb=2.0, fom=3.0,
+                                curriculum_stage=1, tile_h=8, tile_w=8, tile_d=8).as_dict()) - {"epoch"}
+    assert reported == set(EPOCH_METRICS)
+    assert {f.name for f in fields(EpochMetrics)} == {*EPOCH_METRICS, "epoch", "class_dice"}
