@@ -428,8 +428,8 @@ def cmd_data_tfrecord(args: argparse.Namespace) -> int:
     manifest = convert_to_tfrecords(cases, split, config, args.out, shards_per_split=args.shards,
                                     workers=args.workers, progress=not args.quiet, overwrite=args.overwrite,
                                     description=description)
-    counts = ", ".join(f"{name}: {manifest['splits'][name]['num_cases']}" for name in ("train", "val", "test"))
-    print(f"wrote TFRecords to {args.out} ({counts}; image shape {manifest['image_shape']})")
+    counts = ", ".join(f"{name}: {manifest.splits[name]['num_cases']}" for name in ("train", "val", "test"))
+    print(f"wrote TFRecords to {args.out} ({counts}; image shape {manifest.image_shape})")
     return EXIT_OK
 
 

@@ -19,15 +19,16 @@ TensorFlow, so a torch trial stays free of it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 from numpy.typing import DTypeLike
 
 from distmis.data.errors import DataError
+from distmis.data.manifest import DataManifest
 from distmis.data.records import parse_example, read_record_at, record_offsets
 from distmis.data.split import part_names
 
@@ -55,9 +56,9 @@ class _SplitIndex:
     label_shape: tuple[int, ...]
 
 
-def _index_split(tfrecord_dir: Path, split: str, manifest: Mapping[str, Any]) -> _SplitIndex:
+def _index_split(tfrecord_dir: Path, split: str, manifest: DataManifest) -> _SplitIndex:
     """Index the shards of ``split`` as the manifest lists them; DataError where they disagree with it."""
-    splits = manifest["splits"]
+    splits = manifest.splits
     if split not in splits:
         raise DataError(f"split {split!r} is not in {str(tfrecord_dir)!r}; available: {sorted(splits)}")
     info = splits[split]
@@ -80,8 +81,8 @@ def _index_split(tfrecord_dir: Path, split: str, manifest: Mapping[str, Any]) ->
     if len(locations) != len(case_ids):
         raise DataError(f"{str(tfrecord_dir)!r}: split {split!r} lists {len(case_ids)} case ids, but its shards "
                         f"hold {len(locations)} records")
-    return _SplitIndex(tuple(locations), tuple(int(s) for s in manifest["image_shape"]),
-                       tuple(int(s) for s in manifest["label_shape"]))
+    return _SplitIndex(tuple(locations), tuple(int(s) for s in manifest.image_shape),
+                       tuple(int(s) for s in manifest.label_shape))
 
 
 def _decode(record: bytes, location: _Location, index: _SplitIndex, label_dtype: np.dtype) -> Case:
@@ -131,8 +132,8 @@ class SplitCases(Sequence[Case]):
     """
 
     def __init__(self, tfrecord_dir: str | Path, split: str | Sequence[str], *, label_dtype: DTypeLike = np.uint8,
-                 manifest: Mapping[str, Any] | None = None) -> None:
-        from distmis.data.tfrecord import read_manifest  # no TensorFlow: it is imported inside functions only
+                 manifest: DataManifest | None = None) -> None:
+        from distmis.data.manifest import read_manifest
 
         tfrecord_dir = Path(tfrecord_dir)
         #: the parts read, in order (``split`` as a tuple)

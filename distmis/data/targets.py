@@ -28,6 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from distmis.data.errors import DataError
+from distmis.data.manifest import DataManifest
 from distmis.pyfunc_model import (
     channel_masks, foreground, labels_to_channels, legacy_targets, metric_key, probabilities_to_labels,
     recipe_targets,
@@ -109,10 +110,10 @@ def target_scheme(description: Any, mode: str) -> dict[str, Any]:
     return {"mode": "regions", "activation": "sigmoid", "channels": _unique_keys(channels)}
 
 
-def manifest_targets(manifest: Mapping[str, Any]) -> dict[str, Any]:
+def manifest_targets(manifest: DataManifest) -> dict[str, Any]:
     """The target scheme of a TFRecord folder's ``manifest`` (its ``preprocess.targets``; for a folder written before
     the scheme was recorded, the BraTS one of its layout and label mode)."""
-    return recipe_targets(dict(manifest["preprocess"]))
+    return recipe_targets(dict(manifest.preprocess))
 
 
 def metric_keys(targets: Mapping[str, Any]) -> list[str]:

@@ -79,6 +79,7 @@ from distmis.data.case_progress import CaseProgress
 from distmis.data.disk_space import Room, check_room, full_disk_error, is_disk_full
 from distmis.data.errors import DataError
 from distmis.data.layouts import MODALITIES, CaseFiles, read_case
+from distmis.data.manifest import FORMAT_VERSION, MANIFEST_NAME, DataManifest, read_manifest
 from distmis.data.preprocess import PreprocessConfig, preprocess_case
 from distmis.data.records import parse_example, read_records
 from distmis.data.split import part_names, split_parts, validate_split
@@ -104,10 +105,6 @@ __all__ = [
     "iter_cases",
 ]
 
-#: Version of the on-disk format written by :func:`convert_to_tfrecords`.
-FORMAT_VERSION = 1
-#: Name of the manifest file inside a TFRecord folder.
-MANIFEST_NAME = "manifest.json"
 #: Name of the marker file in a folder being written (``.{out}.partial-{pid}-{tag}``): its writer holds an
 #: exclusive lock on it while it lives, so a marker nobody holds marks a leftover of a killed conversion.
 PARTIAL_MARKER = ".distmis-writing"
@@ -378,10 +375,10 @@ def _shown(items: Sequence[str]) -> str:
     return ", ".join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
 
 
-def _listed_files(manifest: Mapping[str, Any]) -> set[str]:
+def _listed_files(manifest: DataManifest) -> set[str]:
     """The shard files a manifest lists (names only; a name with a separator matches no entry of the folder)."""
     try:
-        return {str(shard["file"]) for info in manifest["splits"].values() for shard in info["shards"]}
+        return {str(shard["file"]) for info in manifest.splits.values() for shard in info["shards"]}
     except (AttributeError, KeyError, TypeError):
         return set()
 
@@ -627,7 +624,7 @@ def convert_to_tfrecords(
     progress: bool = True,
     overwrite: bool = False,
     description: Any = None,
-) -> dict[str, Any]:
+) -> DataManifest:
     """Read, preprocess and write the cases of ``split`` as sharded TFRecords.
 
     Args:
@@ -739,6 +736,7 @@ def convert_to_tfrecords(
                 "split": json.loads(json.dumps(dict(split))),
             }
             (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+            written = DataManifest.from_dict(manifest)
         finally:
             results.close()  # stops the worker pool
             bar.close()
@@ -750,7 +748,7 @@ def convert_to_tfrecords(
         raise
     finally:
         _release(marker, tag)
-    return manifest
+    return written
 
 
 def _unwritable(room: Room, exc: OSError) -> DataError:
@@ -791,38 +789,12 @@ def _move_into_place(tmp: Path, out_dir: Path, tag: str) -> None:
 # --------------------------------------------------------------------------- reading
 
 
-def read_manifest(tfrecord_dir: str | Path) -> dict[str, Any]:
-    """Load ``manifest.json`` of a TFRecord folder.
-
-    Raises:
-        DataError: if the folder or manifest is missing, not JSON, or of an
-            unsupported format version.
-    """
-    path = Path(tfrecord_dir) / MANIFEST_NAME
-    if not path.is_file():
-        raise DataError(
-            f"{str(path)!r} not found: {str(tfrecord_dir)!r} is not a TFRecord folder written by "
-            f"convert_to_tfrecords (make one with `distmis data tfrecord`)"
-        )
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{str(path)!r} is not valid JSON: {exc}") from exc
-    version = manifest.get("format_version") if isinstance(manifest, dict) else None
-    if version != FORMAT_VERSION:
-        raise DataError(f"{str(path)!r} has format_version {version!r}; this version of distmis reads {FORMAT_VERSION}")
-    missing = [k for k in ("preprocess", "image_shape", "label_shape", "splits") if k not in manifest]
-    if missing:
-        raise DataError(f"{str(path)!r} lacks the field(s) {missing}")
-    return manifest
-
-
-def _split_shards(tfrecord_dir: Path, manifest: Mapping[str, Any],
+def _split_shards(tfrecord_dir: Path, manifest: DataManifest,
                   split: str | Sequence[str]) -> tuple[list[Path], int]:
     """Shard paths and number of cases of ``split``: one part, or the union of several (their shards in the
     order of the parts); DataError if a part is unknown, they hold no case, or a shard is missing (ValueError
     for no part or one named twice)."""
-    splits = manifest["splits"]
+    splits = manifest.splits
     parts = part_names(split)
     paths: list[Path] = []
     num_cases = 0
@@ -849,7 +821,7 @@ def verify_checksums(tfrecord_dir: str | Path) -> None:
     """
     tfrecord_dir = Path(tfrecord_dir)
     manifest = read_manifest(tfrecord_dir)
-    for info in manifest["splits"].values():
+    for info in manifest.splits.values():
         for shard in info["shards"]:
             path = tfrecord_dir / shard["file"]
             if not path.is_file():
@@ -921,8 +893,8 @@ def make_dataset(
         raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
     manifest = read_manifest(tfrecord_dir)
     paths, num_cases = _split_shards(tfrecord_dir, manifest, split)
-    image_shape = [int(s) for s in manifest["image_shape"]]
-    label_shape = [int(s) for s in manifest["label_shape"]]
+    image_shape = [int(s) for s in manifest.image_shape]
+    label_shape = [int(s) for s in manifest.label_shape]
     tile3 = _check_tile(tile, image_shape[:3], tfrecord_dir) if tile is not None else None
     if shard is not None:
         num_shards, index = (int(v) for v in shard)
@@ -1061,8 +1033,8 @@ def iter_cases(tfrecord_dir: str | Path,
     tfrecord_dir = Path(tfrecord_dir)
     manifest = read_manifest(tfrecord_dir)
     paths, _ = _split_shards(tfrecord_dir, manifest, split)
-    image_shape = tuple(int(s) for s in manifest["image_shape"])
-    label_shape = tuple(int(s) for s in manifest["label_shape"])
+    image_shape = tuple(int(s) for s in manifest.image_shape)
+    label_shape = tuple(int(s) for s in manifest.label_shape)
     for path in paths:
         for record in read_records(path):  # no TensorFlow: torch trials read their cases with this
             feature = parse_example(record)

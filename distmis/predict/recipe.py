@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from distmis.data.layouts import MODALITIES
+from distmis.data.manifest import DataManifest
 from distmis.data.preprocess import PreprocessConfig
 
 __all__ = ["RECIPE_FILE", "ModelRecipe", "RecipeError"]
@@ -176,20 +177,20 @@ class ModelRecipe:
         return bool(self.folds)
 
     @classmethod
-    def from_spec(cls, spec: Any, manifest: dict[str, Any], folds: Sequence[int] = ()) -> ModelRecipe:
+    def from_spec(cls, spec: Any, manifest: DataManifest, folds: Sequence[int] = ()) -> ModelRecipe:
         """The recipe of a model trained by ``spec`` (a trial's, resolved) on the data of ``manifest``; ``folds``:
         the folds of a fold ensemble, one network each, in the order of its networks (empty: one network)."""
         from distmis.spec.curriculum import inference_window
 
         training = spec.training
-        made = PreprocessConfig.from_dict(manifest["preprocess"])
-        volume = tuple(int(v) for v in manifest["image_shape"][:3])
+        made = PreprocessConfig.from_dict(manifest.preprocess)
+        volume = manifest.volume
         return cls(
             framework=spec.model.framework, model=spec.model.name, layout=made.layout.value,
-            labels=made.labels.value, num_classes=int(manifest["num_classes"]), crop=made.crop, resize=made.resize,
-            modalities=tuple(manifest.get("channels") or made.channels or MODALITIES),
+            labels=made.labels.value, num_classes=manifest.num_classes, crop=made.crop, resize=made.resize,
+            modalities=tuple(manifest.channels or made.channels or MODALITIES),
             normalization=made.normalization, orientation=made.orientation, spacing=made.spacing,
-            interpolation=made.interpolation, targets=made.scheme, dataset=manifest.get("dataset"),
+            interpolation=made.interpolation, targets=made.scheme, dataset=manifest.dataset,
             window=inference_window(training) or volume,  # the (last curriculum stage's) training input
             output=spec.model.entry.output,  # what the network returns (its registry entry says)
             inference=InferenceSettings(overlap=training.inference.overlap, mode=training.inference.mode,

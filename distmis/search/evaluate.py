@@ -195,7 +195,7 @@ def test_spacings(spec: Spec, data: PreparedData) -> dict[str, tuple[float, floa
     from distmis.data.preprocess import PreprocessConfig, preprocessed_spacing
 
     test = set(data.split.get("test", []))
-    recorded = (data.manifest or {}).get("preprocess")
+    recorded = data.manifest.preprocess
     config = PreprocessConfig.from_dict(recorded) if recorded else preprocess_config(spec)
     spacings = {}
     for case in discover_cases(Path(spec.dataset.path), Layout(spec.dataset.layout)):

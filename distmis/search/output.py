@@ -76,7 +76,7 @@ def open_search_run(spec: Spec, output_dir: Path, data: PreparedData, *, run_nam
             resolved["tracking"]["uri"] = redact_uri(resolved["tracking"]["uri"])
         run.log_text(yaml.safe_dump(resolved, sort_keys=False), "spec.yaml")
         run.log_dict(data.split, "split.json")
-        run.log_dict(data.manifest, "tfrecord_manifest.json")
+        run.log_dict(data.manifest.to_dict(), "tfrecord_manifest.json")
         run.log_inputs(tracked_data(spec, data).search_inputs())
     return run
 
@@ -86,7 +86,7 @@ def tracked_data(spec: Spec, data: PreparedData) -> TrackedData:
     folder's parts, and the parts each trial reads by its fold (:func:`~distmis.data.split.fold_parts`, as the
     trainers read them)."""
     folds = range(len(data.split["folds"])) if data.split.get("folds") is not None else [None]
-    return TrackedData.from_manifest(data.manifest, source=spec.dataset.path, tfrecord_dir=data.tfrecord_dir,
+    return TrackedData.from_manifest(data.manifest.to_dict(), source=spec.dataset.path, tfrecord_dir=data.tfrecord_dir,
                                      trial_parts={fold: fold_parts(data.split, fold) for fold in folds})
 
 

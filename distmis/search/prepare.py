@@ -16,7 +16,8 @@ from typing import Any
 from distmis.data.layouts import CaseFiles, Layout, discover_cases
 from distmis.data.preprocess import PreprocessConfig
 from distmis.data.synthetic import synthesize_dataset
-from distmis.data.tfrecord import convert_to_tfrecords, read_manifest, verify_checksums
+from distmis.data.manifest import DataManifest, read_manifest
+from distmis.data.tfrecord import convert_to_tfrecords, verify_checksums
 from distmis.search.data_config import dataset_description, preprocess_config, split_cases, with_statistics
 from distmis.search.input_fit import check_dataset_path
 from distmis.spec.load import SpecError, check_input_shape, with_volume
@@ -26,7 +27,7 @@ from distmis.spec.schema import Spec
 @dataclass(frozen=True)
 class PreparedData:
     tfrecord_dir: Path
-    manifest: dict[str, Any]
+    manifest: DataManifest
     split: dict[str, Any]
     generated: bool
 
@@ -125,8 +126,7 @@ def prepare_data(spec: Spec, output_dir: str | Path, *, progress: bool = True) -
         config = with_statistics(config, cases, split, description, progress=progress)
         convert_to_tfrecords(cases, split, config, tfrecord_dir, progress=progress, description=description)
     manifest = read_manifest(tfrecord_dir)
-    shape = tuple(int(v) for v in manifest["image_shape"][:3])
-    problems = check_input_shape(with_volume(spec, shape, f"the image_shape of {tfrecord_dir / 'manifest.json'}"))
+    problems = check_input_shape(with_volume(spec, manifest.volume, f"the image_shape of {tfrecord_dir / 'manifest.json'}"))
     if problems:
         raise SpecError(f"{spec.name} (with the data at {spec.dataset.path})", problems)
     return PreparedData(tfrecord_dir, manifest, split, generated)

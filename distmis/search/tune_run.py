@@ -98,7 +98,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     search_run.set_tag("distmis.layout", plan.label)
-    callback = search_run.trial_callback(spec, volume=tuple(int(v) for v in data.manifest["image_shape"][:3]),
+    callback = search_run.trial_callback(spec, volume=data.manifest.volume,
                                          data=tracked_data(spec, data))
     if resume:
         callback.adopt_existing_runs()

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from distmis.data.manifest import DataManifest
 from distmis.spec.curriculum import stage_at
 from distmis.spec.schema import TrainingSpec
 from distmis.trial.record import CLASS_DICE_PREFIX, EpochMetrics  # noqa: F401 - CLASS_DICE_PREFIX: the trainers'
@@ -54,7 +55,7 @@ def curriculum_metrics(training: TrainingSpec, epoch: int, volume: Sequence[int]
     return {"curriculum_stage": stage.number, "tile_h": h, "tile_w": w, "tile_d": d}
 
 
-def trainer_targets(manifest: Mapping[str, Any], where: Any = "the TFRecord folder") -> dict[str, Any]:
+def trainer_targets(manifest: DataManifest, where: Any = "the TFRecord folder") -> dict[str, Any]:
     """The target scheme of a TFRecord folder (:func:`distmis.data.targets.manifest_targets`), checked against its
     ``num_classes``: what a trainer's head activation, loss and scored channels follow. ValueError naming ``where``
     when the two disagree."""
@@ -62,8 +63,8 @@ def trainer_targets(manifest: Mapping[str, Any], where: Any = "the TFRecord fold
 
     targets = manifest_targets(manifest)
     channels = [channel["name"] for channel in targets["channels"]]
-    if len(channels) != int(manifest["num_classes"]):
-        raise ValueError(f"{where}: the manifest's num_classes is {manifest['num_classes']}, its target scheme has "
+    if len(channels) != manifest.num_classes:
+        raise ValueError(f"{where}: the manifest's num_classes is {manifest.num_classes}, its target scheme has "
                          f"{len(channels)} channel(s) {channels}")
     if targets["activation"] not in ("sigmoid", "softmax"):
         raise ValueError(f"{where}: the target scheme's activation must be 'sigmoid' or 'softmax', got "
@@ -81,8 +82,8 @@ class TrialParts:
     num_train: int
 
 
-def trial_parts(manifest: Mapping[str, Any], fold: int | None, where: Any = "the TFRecord folder") -> TrialParts:
-    """The parts a trial reads: :func:`distmis.data.split.fold_parts` of the folder's split (``manifest["split"]``)
+def trial_parts(manifest: DataManifest, fold: int | None, where: Any = "the TFRecord folder") -> TrialParts:
+    """The parts a trial reads: :func:`distmis.data.split.fold_parts` of the folder's split (``manifest.split``)
     for the trial's ``fold`` (``spec.dataset.split.fold``, which the search sets per trial). The one place both
     trainers (and a kept trainer's restart) learn which cases are theirs. ValueError naming ``where`` when the fold
     and the folder's split disagree (a fold for a folder without folds, none for one with folds, one out of range),
@@ -90,10 +91,10 @@ def trial_parts(manifest: Mapping[str, Any], fold: int | None, where: Any = "the
     from distmis.data.split import fold_parts
 
     try:
-        train, val = fold_parts(manifest.get("split") or {}, fold)
+        train, val = fold_parts(manifest.split, fold)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
-    splits = manifest["splits"]
+    splits = manifest.splits
     missing = [part for part in (*train, *val) if part not in splits]
     if missing:
         raise ValueError(f"{where}: the manifest has no part {missing[0]!r} (it has {sorted(splits)}); was it "

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from distmis.data.manifest import DataManifest
 from distmis.spec.layout import TrialLayout
 from distmis.spec.schema import Spec
 from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
@@ -127,7 +128,7 @@ class UNetTrainer:
 
         from distmis.data.cases import SplitCases
         from distmis.data.targets import metric_keys
-        from distmis.data.tfrecord import read_manifest
+        from distmis.data.manifest import read_manifest
         from distmis.models.unet3d_tf import build_unet3d, count_trainable_parameters
         from distmis.parallel.tensorflow_cluster import broadcast_from_first_replica, variables_without_broadcast
         from distmis.train.losses import make_loss
@@ -136,7 +137,7 @@ class UNetTrainer:
         self.layout = layout
         self.tfrecord_dir = Path(tfrecord_dir)
         manifest = read_manifest(self.tfrecord_dir)
-        self.num_classes = int(manifest["num_classes"])
+        self.num_classes = manifest.num_classes
         # What the output channels mean (distmis.data.targets): the head's activation, the loss, the scored channels
         self.targets = trainer_targets(manifest, self.tfrecord_dir)
         self.activation: str = self.targets["activation"]
@@ -167,7 +168,7 @@ class UNetTrainer:
         # train / val, or with cross-validation (dataset.split.fold) the other folds / this trial's fold
         self.parts = trial_parts(manifest, spec.dataset.split.fold, self.tfrecord_dir)
         self._num_train = self.parts.num_train
-        self.volume_shape = tuple(int(v) for v in manifest["image_shape"][:3])
+        self.volume_shape = manifest.volume
         # training.curriculum: the stage of the epoch being trained gives the tile, batch and tile sampling (a spec
         # without one is one stage); validation and inference use the last stage's input throughout.
         self.stage = stage_at(training, 1)
@@ -243,7 +244,7 @@ class UNetTrainer:
         if retrace:
             self._trace_train_step()
 
-    def _build(self, keras: Any, build_unet3d: Any, manifest: dict[str, Any]) -> tuple[Any, Any]:
+    def _build(self, keras: Any, build_unet3d: Any, manifest: DataManifest) -> tuple[Any, Any]:
         opt = self.spec.training.optimizer
         model = self._build_model(build_unet3d, manifest)
         optimizer = keras.optimizers.Adam(
@@ -254,9 +255,9 @@ class UNetTrainer:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         return model, optimizer
 
-    def _build_model(self, build_unet3d: Any, manifest: dict[str, Any]) -> Any:
+    def _build_model(self, build_unet3d: Any, manifest: DataManifest) -> Any:
         return build_unet3d(  # the builder takes model.params' fields by name
-            in_channels=int(manifest["image_shape"][-1]), num_classes=self.num_classes, activation=self.activation,
+            in_channels=manifest.in_channels, num_classes=self.num_classes, activation=self.activation,
             dtype_policy=keras_dtype_policy(self.spec.training.precision), **self.spec.model.params.model_dump(),
         )
 
@@ -270,7 +271,7 @@ class UNetTrainer:
         trial for the U-Net of benchmarks/speedup.yaml).
         """
         from distmis.data.cases import SplitCases
-        from distmis.data.tfrecord import read_manifest
+        from distmis.data.manifest import read_manifest
         from distmis.models.unet3d_tf import build_unet3d
         from distmis.parallel.tensorflow_cluster import broadcast_from_first_replica
 

@@ -86,7 +86,7 @@ class TorchTrainer:
 
     def __init__(self, spec: Spec, tfrecord_dir: str | Path, *, layout: TrialLayout, mesh: TrialMesh,
                  device: str = "cpu") -> None:
-        from distmis.data.tfrecord import read_manifest
+        from distmis.data.manifest import read_manifest
 
         self.spec, self.layout, self.mesh = spec, layout, mesh
         self.entry: ModelEntry = spec.model.entry
@@ -95,20 +95,20 @@ class TorchTrainer:
         self.device = torch.device(device)
         set_cudnn_benchmark(spec.training.cudnn_benchmark)  # this process's, set for every trial it trains
         manifest = read_manifest(self.tfrecord_dir)
-        self.num_classes = int(manifest["num_classes"])
+        self.num_classes = manifest.num_classes
         # What the output channels mean (distmis.data.targets): the activation, the loss, the scored channels
         self.targets = trainer_targets(manifest, self.tfrecord_dir)
         self.activation: Activation = self.targets["activation"]
         self.metric_keys: list[str] = metric_keys(self.targets)
         training = spec.training
 
-        self.volume_shape = tuple(int(v) for v in manifest["image_shape"][:3])
+        self.volume_shape = manifest.volume
         # training.curriculum: the stage of the epoch being trained gives the tile, batch and tile sampling
         # (a spec without one is one stage); validation and inference use the last stage's input throughout.
         self.stage = stage_at(training, 1)
         self.tile = self._check_tile(self.stage.tile, self.volume_shape)
-        self.in_channels = int(manifest["image_shape"][-1])
-        spacing = (manifest.get("preprocess") or {}).get("spacing")
+        self.in_channels = manifest.in_channels
+        spacing = (manifest.preprocess or {}).get("spacing")
         self.network_input = NetworkInput(
             in_channels=self.in_channels, out_channels=self.num_classes,
             # what every training input and the inference window divide by (DynUNet plans its strides from it):

@@ -111,8 +111,8 @@ def test_a_read_at_a_wrong_offset_or_past_the_end_names_the_file(tmp_path):
 def test_random_access_equals_iter_cases(tfrecords, split):
     expected = list(iter_cases(tfrecords, split))
     cases = SplitCases(tfrecords, split)
-    assert len(cases) == len(expected) == read_manifest(tfrecords)["splits"][split]["num_cases"]
-    assert cases.case_ids == [cid for cid, _, _ in expected] == read_manifest(tfrecords)["splits"][split]["case_ids"]
+    assert len(cases) == len(expected) == read_manifest(tfrecords).splits[split]["num_cases"]
+    assert cases.case_ids == [cid for cid, _, _ in expected] == read_manifest(tfrecords).splits[split]["case_ids"]
     for i in reversed(range(len(cases))):  # any order
         case_id, image, label = cases[i]
         want_id, want_image, want_label = expected[i]
@@ -125,10 +125,10 @@ def test_random_access_equals_iter_cases(tfrecords, split):
 
 
 def test_the_train_split_spans_shards(tfrecords):
-    assert len(read_manifest(tfrecords)["splits"]["train"]["shards"]) == 2
+    assert len(read_manifest(tfrecords).splits["train"]["shards"]) == 2
     cases = SplitCases(tfrecords, "train")
     assert {loc.path for loc in cases._index.locations} == {
-        tfrecords / shard["file"] for shard in read_manifest(tfrecords)["splits"]["train"]["shards"]}
+        tfrecords / shard["file"] for shard in read_manifest(tfrecords).splits["train"]["shards"]}
 
 
 def test_slices_are_lazy_shares(tfrecords, monkeypatch):
@@ -222,7 +222,7 @@ def test_several_parts_are_their_union_part_after_part(tfrecords):
     manifest = read_manifest(tfrecords)
     cases = SplitCases(tfrecords, ["val", "test"])
     assert cases.parts == ("val", "test")
-    assert cases.case_ids == manifest["splits"]["val"]["case_ids"] + manifest["splits"]["test"]["case_ids"]
+    assert cases.case_ids == manifest.splits["val"]["case_ids"] + manifest.splits["test"]["case_ids"]
     expected = list(iter_cases(tfrecords, ("val", "test")))
     assert [c for c, _, _ in expected] == cases.case_ids
     for (case_id, image, label), (want_id, want_image, want_label) in zip(cases, expected):

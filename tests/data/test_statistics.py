@@ -51,8 +51,8 @@ def test_the_ct_normalisation_of_the_tfrecords_equals_a_hand_computation(ct_root
 
     manifest = convert_to_tfrecords(cases, split, config, tmp_path / "records", workers=1, progress=False,
                                     description=description)
-    assert manifest["preprocess"]["normalization"][0]["mean"] == pytest.approx(mean)
-    assert manifest["channels"] == ["CT"] and manifest["dataset"]["classes"][1] == {"name": "liver", "value": 1}
+    assert manifest.preprocess["normalization"][0]["mean"] == pytest.approx(mean)
+    assert manifest.channels == ("CT",) and manifest.dataset["classes"][1] == {"name": "liver", "value": 1}
     for split_name in ("train", "test"):
         for case_id, image, label in iter_cases(tmp_path / "records", split_name):
             expected = (np.clip(raw(by_id[case_id].images[0]), lower, upper) - mean) / std

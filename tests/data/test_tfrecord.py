@@ -86,9 +86,9 @@ def test_round_trip_is_bit_exact(brats_tfr, brats_root: Path) -> None:
 def test_round_trip_msd_resize(msd_tfr: Path, msd_root: Path) -> None:
     expected = _expected(msd_root, "msd", MSD_CONFIG)
     manifest = read_manifest(msd_tfr)
-    assert manifest["label_shape"] == [10, 10, 10, 1] and manifest["num_classes"] == 1
-    assert [s["file"] for s in manifest["splits"]["train"]["shards"]] == ["train-00000-of-00001.tfrecord"]
-    assert manifest["splits"]["test"] == {"num_cases": 0, "case_ids": [], "shards": []}
+    assert manifest.label_shape == (10, 10, 10, 1) and manifest.num_classes == 1
+    assert [s["file"] for s in manifest.splits["train"]["shards"]] == ["train-00000-of-00001.tfrecord"]
+    assert manifest.splits["test"] == {"num_cases": 0, "case_ids": [], "shards": []}
     seen = 0
     for name in ("train", "val"):
         for case_id, image, label in iter_cases(msd_tfr, name):
@@ -103,7 +103,7 @@ def test_round_trip_brats2023_regions(brats2023_root: Path, tmp_path: Path) -> N
     split = {"train": [c.case_id for c in cases], "val": [], "test": []}
     out = tmp_path / "tfr"
     manifest = convert_to_tfrecords(cases, split, config, out, workers=1, progress=False)
-    assert manifest["preprocess"]["layout"] == "brats2023" and manifest["num_classes"] == 3
+    assert manifest.preprocess["layout"] == "brats2023" and manifest.num_classes == 3
     expected = _expected(brats2023_root, "brats2023", config)
     got = list(iter_cases(out, "train"))
     assert [case_id for case_id, _, _ in got] == split["train"]
@@ -115,24 +115,24 @@ def test_round_trip_brats2023_regions(brats2023_root: Path, tmp_path: Path) -> N
 def test_manifest_contents(brats_tfr) -> None:
     out, manifest, split = brats_tfr
     assert read_manifest(out) == manifest
-    assert manifest["format_version"] == 1
-    assert manifest["preprocess"] == BRATS_CONFIG.to_dict()
-    assert PreprocessConfig.from_dict(manifest["preprocess"]) == BRATS_CONFIG
-    assert manifest["image_shape"] == [12, 12, 12, 4] and manifest["label_shape"] == [12, 12, 12, 3]
-    assert manifest["image_dtype"] == "float32" and manifest["label_dtype"] == "uint8"
-    assert manifest["num_classes"] == 3
-    assert manifest["split"] == split
-    train = manifest["splits"]["train"]
+    assert manifest.format_version == 1
+    assert manifest.preprocess == BRATS_CONFIG.to_dict()
+    assert PreprocessConfig.from_dict(manifest.preprocess) == BRATS_CONFIG
+    assert manifest.image_shape == (12, 12, 12, 4) and manifest.label_shape == (12, 12, 12, 3)
+    assert manifest.image_dtype == "float32" and manifest.label_dtype == "uint8"
+    assert manifest.num_classes == 3
+    assert manifest.split == split
+    train = manifest.splits["train"]
     assert train["num_cases"] == 3 and train["case_ids"] == split["train"]
     assert [(s["file"], s["num_cases"]) for s in train["shards"]] == [
         ("train-00000-of-00002.tfrecord", 2),
         ("train-00001-of-00002.tfrecord", 1),
     ]
-    assert [s["file"] for s in manifest["splits"]["val"]["shards"]] == ["val-00000-of-00001.tfrecord"]
+    assert [s["file"] for s in manifest.splits["val"]["shards"]] == ["val-00000-of-00001.tfrecord"]
     files = sorted(p.name for p in out.iterdir())
-    listed = sorted(s["file"] for info in manifest["splits"].values() for s in info["shards"])
+    listed = sorted(s["file"] for info in manifest.splits.values() for s in info["shards"])
     assert files == sorted(listed + ["manifest.json"])
-    for info in manifest["splits"].values():
+    for info in manifest.splits.values():
         for shard in info["shards"]:
             assert shard["sha256"] == hashlib.sha256((out / shard["file"]).read_bytes()).hexdigest()
     assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary folder left
@@ -338,7 +338,7 @@ def test_cases_with_different_shapes_need_crop_or_resize(tmp_path: Path) -> None
     assert _listing(tmp_path) == ["src"]
     fixed = PreprocessConfig(layout="brats", crop=(8, 8, 8))
     manifest = convert_to_tfrecords(cases, split, fixed, tmp_path / "out", workers=1, progress=False)
-    assert manifest["image_shape"] == [8, 8, 8, 4]
+    assert manifest.image_shape == (8, 8, 8, 4)
 
 
 def test_bad_label_value_leaves_nothing(tmp_path: Path) -> None:
@@ -371,7 +371,7 @@ def test_existing_output_and_overwrite(brats_root: Path, brats_tfr, tmp_path: Pa
     shutil.copytree(out, target)
     small = {"seed": 0, "train": ["BraTS2021_00001"], "val": [], "test": []}
     manifest = convert_to_tfrecords(cases, small, BRATS_CONFIG, target, workers=1, progress=False, overwrite=True)
-    assert read_manifest(target) == manifest and manifest["splits"]["train"]["num_cases"] == 1
+    assert read_manifest(target) == manifest and manifest.splits["train"]["num_cases"] == 1
     assert _listing(target) == ["manifest.json", "train-00000-of-00001.tfrecord"]
     assert _listing(tmp_path) == ["tfr"]
     unrelated = tmp_path / "unrelated"

@@ -40,14 +40,14 @@ def folds_tfr(brats_root: Path,
 def test_a_fold_split_writes_a_shard_set_per_fold(folds_tfr) -> None:
     out, manifest, split = folds_tfr
     assert [len(f) for f in split["folds"]] == [2, 1, 1] and len(split["test"]) == 1
-    assert list(manifest["splits"]) == ["fold0", "fold1", "fold2", "test"]
-    assert manifest["split"] == split and manifest["split"]["folds"] == split["folds"]
+    assert list(manifest.splits) == ["fold0", "fold1", "fold2", "test"]
+    assert manifest.split == split and manifest.split["folds"] == split["folds"]
     assert read_manifest(out) == manifest
     for index, ids in enumerate(split["folds"]):
-        info = manifest["splits"][f"fold{index}"]
+        info = manifest.splits[f"fold{index}"]
         assert info["case_ids"] == ids and info["num_cases"] == len(ids)
-    assert manifest["splits"]["test"]["case_ids"] == split["test"]
-    assert [s["file"] for s in manifest["splits"]["fold0"]["shards"]] == [
+    assert manifest.splits["test"]["case_ids"] == split["test"]
+    assert [s["file"] for s in manifest.splits["fold0"]["shards"]] == [
         "fold0-00000-of-00002.tfrecord", "fold0-00001-of-00002.tfrecord"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["manifest.json", "fold0-00000-of-00002.tfrecord", "fold0-00001-of-00002.tfrecord",
@@ -118,7 +118,7 @@ def test_a_fold_folder_is_replaced_by_overwrite(brats_root: Path, folds_tfr, tmp
     cases = discover_cases(brats_root, "brats")
     plain = make_split([c.case_id for c in cases], train=0.6, val=0.2, test=0.2, seed=0)
     manifest = convert_to_tfrecords(cases, plain, BRATS_CONFIG, target, workers=1, progress=False, overwrite=True)
-    assert list(manifest["splits"]) == ["train", "val", "test"] and "folds" not in manifest["split"]
+    assert list(manifest.splits) == ["train", "val", "test"] and "folds" not in manifest.split
     assert not list(target.glob("fold*")) and sorted(p.name for p in tmp_path.iterdir()) == ["tfr"]
     again = convert_to_tfrecords(cases, split, BRATS_CONFIG, target, workers=1, progress=False, overwrite=True)
-    assert list(again["splits"]) == ["fold0", "fold1", "fold2", "test"] and not list(target.glob("train-*"))
+    assert list(again.splits) == ["fold0", "fold1", "fold2", "test"] and not list(target.glob("train-*"))

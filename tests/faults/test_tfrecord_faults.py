@@ -244,7 +244,7 @@ def test_an_overwrite_killed_between_its_renames_is_restored(written: Path, data
         _convert(dataset, tmp_path / "tfr", train=1)
     assert read_manifest(tmp_path / "tfr") == before and not aside.exists()
     assert f"restored {tmp_path / 'tfr'} from {aside}" in caplog.text
-    assert _convert(dataset, tmp_path / "tfr", overwrite=True, train=1)["splits"]["train"]["num_cases"] == 1
+    assert _convert(dataset, tmp_path / "tfr", overwrite=True, train=1).splits["train"]["num_cases"] == 1
     aside2 = tmp_path / f".tfr.old-{_dead_pid()}-4567cdef"
     shutil.copytree(written, aside2)
     (aside2 / "notes.txt").write_text("keep me")
@@ -290,7 +290,7 @@ def test_overwrite_refuses_a_directory_symlink_and_keeps_its_target(written: Pat
 
 def test_overwrite_never_deletes_the_target_of_a_listed_symlink(written: Path, dataset: Path, tmp_path: Path) -> None:
     target = _copy(written, tmp_path)
-    shard = read_manifest(target)["splits"]["train"]["shards"][0]["file"]
+    shard = read_manifest(target).splits["train"]["shards"][0]["file"]
     kept = tmp_path / "kept.tfrecord"
     (target / shard).rename(kept)
     (target / shard).symlink_to(kept)

@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from distmis.data.manifest import DataManifest
 from distmis.predict.recipe import InferenceSettings, ModelRecipe, RecipeError
 from distmis.spec import validate_spec
 from tests.conftest import small_spec_tree
 
 
-def manifest(**preprocess) -> dict:
-    return {"preprocess": {"layout": "msd", "labels": "regions", "crop": [40, 40, 40], "resize": [32, 32, 32],
-                           **preprocess},
-            "image_shape": [32, 32, 32, 4], "num_classes": 3}
+def manifest(num_classes: int = 3, **preprocess) -> DataManifest:
+    return DataManifest(preprocess={"layout": "msd", "labels": "regions", "crop": [40, 40, 40], "resize": [32, 32, 32],
+                                    **preprocess},
+                        image_shape=(32, 32, 32, 4), label_shape=(32, 32, 32, 3), splits={}, num_classes=num_classes)
 
 
 def test_a_recipe_records_what_the_trial_trained_with(tmp_path: Path):
@@ -39,7 +40,7 @@ def test_a_recipe_records_what_the_trial_trained_with(tmp_path: Path):
 
 def test_without_a_tile_the_window_is_the_training_volume(tmp_path: Path):
     spec = validate_spec(small_spec_tree(tmp_path))  # TensorFlow U-Net, tile null
-    recipe = ModelRecipe.from_spec(spec, manifest(labels="whole-tumour", crop=None, resize=None) | {"num_classes": 1})
+    recipe = ModelRecipe.from_spec(spec, manifest(1, labels="whole-tumour", crop=None, resize=None))
     assert recipe.window == (32, 32, 32) and recipe.channels_last and recipe.output == "probabilities"
     assert recipe.crop is None and recipe.resize is None
 
@@ -54,7 +55,7 @@ def test_without_a_tile_the_window_is_the_training_volume(tmp_path: Path):
 ])
 def test_a_recipe_that_is_not_ours_is_refused_with_the_field(tmp_path: Path, change, message):
     spec = validate_spec(small_spec_tree(tmp_path))
-    data = ModelRecipe.from_spec(spec, manifest(labels="whole-tumour") | {"num_classes": 1}).to_dict() | change
+    data = ModelRecipe.from_spec(spec, manifest(1, labels="whole-tumour")).to_dict() | change
     path = tmp_path / "preprocessing.json"
     path.write_text(json.dumps(data))
     with pytest.raises(RecipeError, match=message):

@@ -76,7 +76,7 @@ def test_the_folds_cover_the_development_cases_once(cv_search) -> None:
     folder, state = cv_search
     spec = load_spec(folder / "spec.yaml")
     data = prepare_data(spec, folder / "out", progress=False)  # the conversion the search made, found again
-    split = data.manifest["split"]
+    split = data.manifest.split
     folds, test = split["folds"], set(split["test"])
     assert len(folds) == FOLDS and len(test) == 3
     ids = sorted(path.name.split(".")[0] for path in (folder / "data" / "imagesTr").glob("*.nii.gz"))

@@ -88,10 +88,10 @@ def test_a_ct_search_trains_scores_registers_and_predicts_per_class(layout, fram
 
     # the data: one channel, the data set's classes, resampled to one spacing and reoriented
     manifest = read_manifest(next((folder / "out" / "tfrecords").iterdir()))
-    assert manifest["channels"] == ["CT"] and manifest["image_shape"][-1] == 1
-    assert [c["name"] for c in manifest["targets"]["channels"]] == ["background", *CLASSES]
-    assert manifest["preprocess"]["orientation"] == "RAS" and len(manifest["preprocess"]["spacing"]) == 3
-    assert manifest["preprocess"]["normalization"][0]["scheme"] == "ct"  # by the channel's name
+    assert manifest.channels == ("CT",) and manifest.image_shape[-1] == 1
+    assert [c["name"] for c in manifest.targets["channels"]] == ["background", *CLASSES]
+    assert manifest.preprocess["orientation"] == "RAS" and len(manifest.preprocess["spacing"]) == 3
+    assert manifest.preprocess["normalization"][0]["scheme"] == "ct"  # by the channel's name
 
     # every trial logs per-class dice under the data set's names every epoch; val_dice is their mean
     assert len(trials) == 1 and trials[0].info.status == "FINISHED"

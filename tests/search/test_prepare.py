@@ -19,7 +19,7 @@ def test_prepare_generates_converts_and_reuses(tmp_path):
     spec = validate_spec(small_spec_tree(tmp_path / "data"))
     first = prepare_data(spec, tmp_path / "out", progress=False)
     assert first.generated and (first.tfrecord_dir / "manifest.json").is_file()
-    assert first.manifest["image_shape"] == [16, 16, 16, 4]
+    assert first.manifest.image_shape == (16, 16, 16, 4) and first.manifest.volume == (16, 16, 16)
     assert sorted(first.split["train"] + first.split["val"] + first.split["test"]) == [f"BRATS_{i:03d}" for i in range(1, 7)]
     mtime = (first.tfrecord_dir / "manifest.json").stat().st_mtime_ns
     second = prepare_data(spec, tmp_path / "out", progress=False)
@@ -120,7 +120,7 @@ def test_fitting_tile_passes_and_converts(tmp_path):
     spec = validate_spec(real_data_tree(data, [16, 8, 12]))
     check_dataset_path(spec)  # fits exactly in one dimension: allowed
     prepared = prepare_data(spec, tmp_path / "out", progress=False)
-    assert prepared.manifest["image_shape"] == [16, 16, 12, 4]
+    assert prepared.manifest.image_shape == (16, 16, 12, 4)
 
 
 def test_crop_and_resize_are_applied_as_the_preprocessing_does(tmp_path):

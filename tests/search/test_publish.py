@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from distmis.data.manifest import DataManifest
 from distmis.models.unet3d_torch import UNet3D
 from distmis.predict.model import SegmentationModel
 from distmis.predict.registry import BEST_ALIAS
@@ -29,9 +30,9 @@ def torch_best_trial(tmp_path: Path) -> tuple[Any, Any, Any]:
     tree["model"] = {"name": "unet3d", "framework": "torch", "params": {"base_filters": 4, "levels": 2}}
     spec = validate_spec(tree)
     trainer = SimpleNamespace(spec=spec, model=UNet3D(in_channels=4, num_classes=1, base_filters=4, levels=2).eval())
-    data = SimpleNamespace(manifest={"preprocess": {"layout": "msd", "labels": "whole-tumour", "crop": None,
-                                                    "resize": None},
-                                     "image_shape": [16, 16, 16, 4], "num_classes": 1})
+    manifest = DataManifest(preprocess={"layout": "msd", "labels": "whole-tumour", "crop": None, "resize": None},
+                            image_shape=(16, 16, 16, 4), label_shape=(16, 16, 16, 1), splits={}, num_classes=1)
+    data = SimpleNamespace(manifest=manifest)
     return spec, trainer, data
 
 

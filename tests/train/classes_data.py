@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from distmis.data.manifest import DataManifest
 from tests.conftest import small_spec_tree
 
 CLASS_KEYS = ("liver", "spleen", "kidney")  # the foreground classes of distmis.data.synthetic's CT kind
@@ -16,7 +17,7 @@ CLASS_KEYS = ("liver", "spleen", "kidney")  # the foreground classes of distmis.
 class ClassesData:
     root: Path  # the NIfTI data set
     tfrecord_dir: Path
-    manifest: dict[str, Any]
+    manifest: DataManifest
     split: dict[str, Any]
 
     def spec_tree(self, **model: Any) -> dict[str, Any]:

@@ -40,7 +40,7 @@ def check_probabilities(trainer) -> None:
 def test_the_data_is_one_hot_with_its_background(classes):
     from distmis.data.cases import SplitCases
 
-    assert classes.manifest["num_classes"] == 4
+    assert classes.manifest.num_classes == 4
     _, _, label = SplitCases(classes.tfrecord_dir, "val", manifest=classes.manifest)[0]
     assert label.shape == (16, 16, 16, 4) and (label.sum(axis=-1) == 1).all()
 

@@ -4,9 +4,12 @@ fold reads that fold's cases."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from distmis.data.manifest import DataManifest
 from distmis.data.split import make_split
 from distmis.data.tfrecord import iter_cases
 from distmis.search.prepare import _fingerprint, prepare_data
@@ -53,8 +56,8 @@ def test_prepare_data_writes_the_folds(prepared):
     spec, data = prepared
     folds = data.split["folds"]
     assert [len(f) for f in folds] == [2, 2, 2] and len(data.split["test"]) == 2
-    assert list(data.manifest["splits"]) == ["fold0", "fold1", "fold2", "test"]
-    assert data.manifest["split"]["folds"] == folds
+    assert list(data.manifest.splits) == ["fold0", "fold1", "fold2", "test"]
+    assert data.manifest.split["folds"] == folds
     ids = sorted(c for f in folds for c in f) + data.split["test"]
     assert len(set(ids)) == 8
     assert data.split == make_split(ids, test=0.25, seed=0, folds=3)
@@ -85,13 +88,14 @@ def test_trial_parts_of_each_fold_and_the_mismatches(prepared):
         trial_parts(manifest, None, where)
     with pytest.raises(ValueError, match=r"fold 3 is not one of the split's 3 folds \(0 to 2\)"):
         trial_parts(manifest, 3, where)
-    plain = {"split": {"train": ["a"], "val": ["b"], "test": []},
-             "splits": {"train": {"num_cases": 1}, "val": {"num_cases": 1}, "test": {"num_cases": 0}}}
+    plain = DataManifest(preprocess={}, image_shape=(4, 4, 4, 1), label_shape=(4, 4, 4, 1),
+                         split={"train": ["a"], "val": ["b"], "test": []},
+                         splits={"train": {"num_cases": 1}, "val": {"num_cases": 1}, "test": {"num_cases": 0}})
     assert trial_parts(plain, None) == TrialParts(("train",), ("val",), 1)
     with pytest.raises(ValueError, match="dataset.split.fold is 1, but the split has no folds"):
         trial_parts(plain, 1)
     with pytest.raises(ValueError, match=r"the manifest has no part 'fold1' \(it has \['fold0', 'test'\]\)"):
-        trial_parts({**manifest, "splits": {k: manifest["splits"][k] for k in ("fold0", "test")}}, 0, where)
+        trial_parts(replace(manifest, splits={k: manifest.splits[k] for k in ("fold0", "test")}), 0, where)
 
 
 def test_a_torch_trial_trains_on_the_other_folds_and_validates_on_its_own(prepared):
