@@ -43,7 +43,7 @@ from distmis.search.output_lock import output_locked
 from distmis.search.plan import fit_problems, node_resources, plan_search, trial_layouts
 from distmis.search.preflight import new_state, preflight
 from distmis.search.state import SearchState, recorded
-from distmis.spec.load import SpecError
+from distmis.spec.load import SpecError, spec_to_dict, validate_spec
 from distmis.spec.schema import ParallelismSpec, Spec
 from distmis.tracking.figures import speedup_figure
 from distmis.tracking.mlflow_tracking import SearchRun
@@ -54,7 +54,10 @@ logger = logging.getLogger(__name__)
 
 def cell_spec(spec: Spec, mode: str, workers: int) -> Spec:
     """The search one cell of the table runs, on ``workers`` worker slots of ``resources_per_worker``:
-    ``experiment``: ``workers`` one-worker trials at once; ``data``: one trial at a time over ``workers`` workers."""
+    ``experiment``: ``workers`` one-worker trials at once; ``data``: one trial at a time over ``workers`` workers.
+
+    The cell's spec is validated as a whole, as any spec is (:func:`~distmis.spec.load.validate_spec`: its
+    cross-field checks included), so a cell that its own search would refuse is refused before it runs."""
     par = spec.parallelism
     common = {"resources_per_worker": par.resources_per_worker, "lr_scaling": par.lr_scaling,
               "sequence_parallel": par.sequence_parallel, "max_failures": par.max_failures}
@@ -65,7 +68,8 @@ def cell_spec(spec: Spec, mode: str, workers: int) -> Spec:
         cell = ParallelismSpec(mode="data", workers=workers, **common)
     else:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return spec.model_copy(update={"parallelism": cell})
+    tree = {**spec_to_dict(spec), "parallelism": cell.model_dump(mode="json")}
+    return validate_spec(tree, source=f"{spec.name} (the comparison's cell {mode} x{workers})")
 
 
 def cell_sequence(counts: Sequence[int], repeats: int = 1) -> list[tuple[str, int, int]]:

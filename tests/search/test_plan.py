@@ -12,6 +12,7 @@ from distmis.cli.main import main
 from distmis.search.compare import cell_spec
 from distmis.search.plan import fit_problems, plan_search, trial_layouts, trials_at_once
 from distmis.spec import validate_spec
+from distmis.spec.load import SpecError
 from tests.conftest import small_spec_tree
 
 TWO_CPUS = [{"CPU": 2.0, "GPU": 0.0}]
@@ -52,6 +53,14 @@ def test_comparison_cells_are_searches_of_their_own(tmp_path: Path):
     assert (one.world_size, one.cpu, plan_search(experiment).max_concurrent_trials) == (1, 0.5, 4)
     [four] = trial_layouts(data)
     assert (four.world_size, four.dp, four.effective_lr) == (4, 4, pytest.approx(4e-3))
+
+
+def test_a_comparison_cell_is_validated_as_a_spec_of_its_own(tmp_path: Path):
+    """Its cross-field checks included: here a TensorFlow fp16 trial with no GPU, set on an already validated spec."""
+    spec = spec_with(tmp_path, mode="compare", workers=[2])
+    unchecked = spec.model_copy(update={"training": spec.training.model_copy(update={"precision": "fp16"})})
+    with pytest.raises(SpecError, match=r"(?s)cell data x2.*training.precision"):
+        cell_spec(unchecked, "data", 2)
 
 
 @pytest.mark.parametrize("parallelism, reason", [
