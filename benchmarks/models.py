@@ -46,7 +46,7 @@ IN_CHANNELS, OUT_CHANNELS, BATCH = 4, 3, 1
 def torch_models() -> list[str]:
     from distmis.models.registry import MODELS
 
-    return [name for name, entry in MODELS.items() if "torch" in entry.builders]
+    return [name for name, entry in MODELS.items() if "torch" in entry.frameworks]
 
 
 def _status_kib(field: str) -> int | None:
@@ -78,12 +78,15 @@ def measure(name: str, params: dict[str, Any], tile: int, warmup: int, steps: in
 
     from distmis.models.registry import NetworkInput, model_entry
 
+    from distmis.networks import build_network
+
     torch.set_num_threads(1)
     torch.manual_seed(0)
     entry = model_entry(name)
     network_params = entry.params(**params)
     shape = (tile, tile, tile)
-    network = entry.build(network_params, NetworkInput(IN_CHANNELS, OUT_CHANNELS, shape, "sigmoid", (1.0, 1.0, 1.0)))
+    network = build_network(entry, network_params,
+                            NetworkInput(IN_CHANNELS, OUT_CHANNELS, shape, "sigmoid", (1.0, 1.0, 1.0)))
     network.train()
     optimizer = torch.optim.Adam(network.parameters(), lr=1e-4)
     image = torch.randn(BATCH, IN_CHANNELS, *shape)

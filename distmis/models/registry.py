@@ -7,8 +7,8 @@ An entry says everything the rest of distmis needs to know about a network, so t
   arguments a spec may set and search);
 - ``frameworks``: which of ``torch`` / ``tensorflow`` build it;
 - ``parallelisms``: ``dp`` for every network, ``sp`` (sequence parallelism) for the ViT, ``pp`` (pipeline
-  stages) for the U-Net, each with the function that applies it from outside the model (``parallelize``,
-  ``pipeline``);
+  stages) for the U-Net (the functions that apply them from outside the model are bound in
+  :mod:`distmis.networks`);
 - ``output``: what its forward returns, ``probabilities`` (its activation inside) or ``logits`` (the trainer
   trains on logits and applies the target scheme's activation to predict);
 - its input-size rules (``input_multiple``, ``input_rule``; ``fixed_input`` for a network built for one input
@@ -17,24 +17,21 @@ An entry says everything the rest of distmis needs to know about a network, so t
 - ``perf_shape``: where the performance model describes it, its arithmetic shape
   (:class:`~distmis.perf.model.ViTShape`).
 
-Builders are named as ``"module:function"`` strings and imported when a network is built, so that reading the
-registry (the spec's checks, the CLI) imports no torch. Adding a network is one entry here, its params class, its
-builder, one test and one docs row.
+The code that builds each network, and that parallelizes it, is bound to its entry by name in
+:mod:`distmis.networks` (the registries' composition), so that reading the registry (the spec's checks, the CLI)
+imports no torch, TensorFlow or parallelism code. Adding a network is one entry here, its params class, its builder
+and its bindings, one test and one docs row.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from math import lcm, prod
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from distmis.models.params import (BasicUNetParams, DynUNetParams, NetworkParams, SegResNetParams, SwinUNETRParams,
                                    UNet3DParams, UNETRParams, ViTSegParams, norm_kind)
 from distmis.perf.model import ViTShape
-
-if TYPE_CHECKING:  # pragma: no cover
-    from torch import nn
 
 __all__ = ["Framework", "Parallelism", "Output", "PARALLELISM_NAMES", "NetworkInput", "ModelEntry", "MODELS",
            "model_entry", "model_names"]
@@ -63,12 +60,9 @@ class NetworkInput:
     tile: tuple[int, int, int]
     activation: Literal["sigmoid", "softmax"] = "sigmoid"
     spacing: tuple[float, float, float] | None = None
-
-
-def _import(target: str) -> Any:
-    """``"package.module:attribute"`` -> the attribute."""
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    # training.precision: the Keras U-Net builds its layers in its dtype policy; torch networks are built in fp32
+    # (autocast runs them in lower precision from outside)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
 
 
 @dataclass(frozen=True)
@@ -79,13 +73,10 @@ class ModelEntry:
     params: type[NetworkParams]
     frameworks: tuple[Framework, ...]
     output: Output
-    builders: dict[str, str]  # framework -> "module:function" taking (params, NetworkInput)
     input_multiple: Callable[[Any], int]  # params -> every input dimension must divide by it
     input_rule: Callable[[Any], str]  # params -> why, for messages
     parallelisms: frozenset[str] = frozenset({"dp"})
     fixed_input: bool = False  # built for one input size (position embeddings): the tile may not change
-    parallelize: str | None = None  # "module:function" applying sequence parallelism from outside
-    pipeline: str | None = None  # "module:function" cutting the network into pipeline stages
     perf_shape: Callable[[Any, Sequence[int], int, int], ViTShape] | None = None
     constructor: str | None = None  # the library class it builds ("monai.networks.nets:SegResNet"), if any
     # (params, an input's shape, its batch size) -> why the network cannot train on it, or None
@@ -95,29 +86,9 @@ class ModelEntry:
     def __post_init__(self) -> None:
         if "dp" not in self.parallelisms:
             raise ValueError(f"model {self.name!r}: every network supports data parallelism ('dp')")
-        if ("sp" in self.parallelisms) != (self.parallelize is not None):
-            raise ValueError(f"model {self.name!r}: sequence parallelism ('sp') needs a parallelize function")
-        if ("pp" in self.parallelisms) != (self.pipeline is not None):
-            raise ValueError(f"model {self.name!r}: pipeline stages ('pp') need a pipeline function")
 
     def supports(self, parallelism: str) -> bool:
         return parallelism in self.parallelisms
-
-    def build(self, params: NetworkParams, network_input: NetworkInput, framework: Framework = "torch") -> nn.Module:
-        """The network for ``params`` and ``network_input`` (built on the CPU, in the caller's random state)."""
-        if framework not in self.builders:
-            raise ValueError(f"model {self.name!r} has no {framework} builder; frameworks: {list(self.frameworks)}")
-        return _import(self.builders[framework])(params, network_input)
-
-    def parallelize_function(self) -> Callable[..., Any]:
-        if self.parallelize is None:
-            raise ValueError(f"model {self.name!r} does not support {PARALLELISM_NAMES['sp']}")
-        return _import(self.parallelize)
-
-    def pipeline_function(self) -> Callable[..., Any]:
-        if self.pipeline is None:
-            raise ValueError(f"model {self.name!r} does not support {PARALLELISM_NAMES['pp']}")
-        return _import(self.pipeline)
 
 
 def _vit_shape(params: ViTSegParams, tile: Sequence[int], in_channels: int, out_channels: int) -> ViTShape:
@@ -167,24 +138,21 @@ MODELS: dict[str, ModelEntry] = {
     for entry in (
         ModelEntry(
             name="unet3d", params=UNet3DParams, frameworks=("tensorflow", "torch"), output="probabilities",
-            builders={"torch": "distmis.models.unet3d_torch:build_unet3d"},
             input_multiple=lambda p: 2 ** (p.levels - 1),
             input_rule=lambda p: f"2**(levels-1) for levels={p.levels}",
-            parallelisms=frozenset({"dp", "pp"}), pipeline="distmis.parallel.pipeline:pipeline_unet",
+            parallelisms=frozenset({"dp", "pp"}),
             summary="the DistMIS paper's 3D U-Net (TensorFlow and torch)",
         ),
         ModelEntry(
             name="vit-seg", params=ViTSegParams, frameworks=("torch",), output="logits",
-            builders={"torch": "distmis.models.vit_seg:build_vit_seg"},
             input_multiple=lambda p: p.patch,
             input_rule=lambda p: f"the patch size, model.params.patch={p.patch}",
             parallelisms=frozenset({"dp", "sp"}), fixed_input=True,
-            parallelize="distmis.parallel.sequence:parallelize_vit_seg", perf_shape=_vit_shape,
+            perf_shape=_vit_shape,
             summary="a ViT encoder with a convolutional decoder (sequence-parallel)",
         ),
         ModelEntry(
             name="segresnet", params=SegResNetParams, frameworks=("torch",), output="logits",
-            builders={"torch": "distmis.models.monai_nets:build_segresnet"},
             input_multiple=lambda p: 2 ** (len(p.blocks_down) - 1),
             input_rule=lambda p: f"2**(len(blocks_down)-1) for model.params.blocks_down={list(p.blocks_down)}",
             input_check=lambda p, shape, batch: _deepest_map(p.norm, (2 ** (len(p.blocks_down) - 1),) * 3, shape,
@@ -194,14 +162,12 @@ MODELS: dict[str, ModelEntry] = {
         ),
         ModelEntry(
             name="unetr", params=UNETRParams, frameworks=("torch",), output="logits",
-            builders={"torch": "distmis.models.monai_nets:build_unetr"},
             input_multiple=lambda p: 16, input_rule=lambda p: "UNETR's patch size, 16",
             fixed_input=True, constructor="monai.networks.nets:UNETR",
             summary="MONAI's UNETR: a 12-layer ViT on 16^3 patches with a convolutional decoder, built for one tile",
         ),
         ModelEntry(
             name="swinunetr", params=SwinUNETRParams, frameworks=("torch",), output="logits",
-            builders={"torch": "distmis.models.monai_nets:build_swinunetr"},
             input_multiple=lambda p: 32,
             input_rule=lambda p: "SwinUNETR's 2^3 patches and four 2x patch mergings, 2**5",
             input_check=lambda p, shape, batch: _deepest_map(p.norm_name, (32, 32, 32), shape, batch),
@@ -210,14 +176,12 @@ MODELS: dict[str, ModelEntry] = {
         ),
         ModelEntry(
             name="dynunet", params=DynUNetParams, frameworks=("torch",), output="logits",
-            builders={"torch": "distmis.models.monai_nets:build_dynunet"},
             input_multiple=_dynunet_multiple, input_rule=_dynunet_rule, input_check=_dynunet_check,
             constructor="monai.networks.nets:DynUNet",
             summary="MONAI's DynUNet: nnU-Net's U-Net, its kernels and strides planned from the tile and spacing",
         ),
         ModelEntry(
             name="basicunet", params=BasicUNetParams, frameworks=("torch",), output="logits",
-            builders={"torch": "distmis.models.monai_nets:build_basicunet"},
             input_multiple=lambda p: 16, input_rule=lambda p: "BasicUNet's four 2x max-poolings, 2**4",
             input_check=lambda p, shape, batch: _deepest_map(p.norm, (16, 16, 16), shape, batch),
             constructor="monai.networks.nets:BasicUNet",

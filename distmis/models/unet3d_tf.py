@@ -26,6 +26,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 from keras import layers  # noqa: E402
 
+from distmis.models.params import UNet3DParams  # noqa: E402
+from distmis.models.registry import NetworkInput  # noqa: E402
 from distmis.models.tf_layers import GroupNormalization  # noqa: E402
 
 Norm = Literal["batch", "group"]
@@ -112,3 +114,15 @@ def build_unet3d(
 
 def count_trainable_parameters(model: keras.Model) -> int:
     return int(sum(int(w.numpy().size) for w in model.trainable_weights))
+
+
+#: The Keras dtype policy of each ``training.precision`` (None: Keras's default, float32).
+KERAS_POLICIES: dict[str, str | None] = {"fp32": None, "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+def build_keras_unet3d(params: UNet3DParams, network: NetworkInput) -> keras.Model:
+    """The registry's builder (:mod:`distmis.networks`): ``model.params`` by name, the target scheme's activation
+    in its head, its layers in the dtype policy of ``network.precision`` (:data:`KERAS_POLICIES`)."""
+    return build_unet3d(in_channels=network.in_channels, num_classes=network.out_channels,
+                        activation=network.activation, dtype_policy=KERAS_POLICIES[network.precision],
+                        **params.model_dump())

@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from distmis.models.registry import PARALLELISM_NAMES, ModelEntry
+from distmis.networks import parallelize_function, pipeline_function
 from distmis.parallel.mesh import TrialMesh
 from distmis.spec.schema import Spec
 
@@ -332,10 +333,10 @@ def parallelism_for(entry: ModelEntry, spec: Spec, mesh: TrialMesh, device: torc
         if mesh.pp_size != pipe.stages:
             raise ValueError(f"parallelism.pipeline.stages is {pipe.stages}, but the pipeline group holds "
                              f"{mesh.pp_size} rank(s)")
-        return PipelineParallel(mesh, device, precision=precision, pipeline_function=entry.pipeline_function(),
+        return PipelineParallel(mesh, device, precision=precision, pipeline_function=pipeline_function(entry),
                                 microbatches=pipe.microbatches, schedule=pipe.schedule, loss_fn=loss_fn)
     if mesh.sp_size > 1:
         sp = spec.parallelism.sequence_parallel
-        return SequenceParallel(mesh, device, precision=precision, parallelize=entry.parallelize_function(),
+        return SequenceParallel(mesh, device, precision=precision, parallelize=parallelize_function(entry),
                                 attention=sp.attention, decoder=sp.decoder, split=sp.split)
     return Replicas(mesh, device, precision=precision)

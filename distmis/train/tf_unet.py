@@ -29,6 +29,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from distmis.data.manifest import DataManifest
+from distmis.models.registry import NetworkInput
+from distmis.networks import build_network
 from distmis.spec.layout import TrialLayout
 from distmis.spec.schema import Spec
 from distmis.spec.curriculum import TrainingStage, inference_window, stage_at
@@ -39,7 +41,7 @@ from distmis.train.epoch import (
 from distmis.train.inference import predict_channels_last
 from distmis.train.schedules import LearningRateSchedule
 
-__all__ = ["EpochMetrics", "KERAS_POLICIES", "NonFiniteLossError", "UNetTrainer", "graph_key", "keras_dtype_policy"]
+__all__ = ["EpochMetrics", "NonFiniteLossError", "UNetTrainer", "graph_key"]
 
 
 def _release_in_background(iterator: Any) -> None:
@@ -88,15 +90,6 @@ def seed_everything(seed: int) -> None:
         keras.utils.set_random_seed(seed)
 
 
-#: The Keras dtype policy of each ``training.precision`` (None: Keras's default, float32).
-KERAS_POLICIES: dict[str, str | None] = {"fp32": None, "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
-
-
-def keras_dtype_policy(precision: str) -> str | None:
-    """The dtype policy the U-Net's layers are built with for ``training.precision`` (:data:`KERAS_POLICIES`)."""
-    return KERAS_POLICIES[precision]
-
-
 def graph_key(spec: Spec) -> str:
     """What a trainer's traced graphs depend on: the spec but its learning rate and its schedule (a variable the
     graphs read), seed, number of epochs, tile sampling and augmentation (the input pipeline's, made again at a
@@ -129,7 +122,7 @@ class UNetTrainer:
         from distmis.data.cases import SplitCases
         from distmis.data.targets import metric_keys
         from distmis.data.manifest import read_manifest
-        from distmis.models.unet3d_tf import build_unet3d, count_trainable_parameters
+        from distmis.models.unet3d_tf import count_trainable_parameters
         from distmis.parallel.tensorflow_cluster import broadcast_from_first_replica, variables_without_broadcast
         from distmis.train.losses import make_loss
 
@@ -153,7 +146,7 @@ class UNetTrainer:
         # Same seed -> same initial weights and data order, whatever hyperparameters differ.
         seed_everything(training.seed)
         with self.strategy.scope(), variables_without_broadcast(self.strategy):
-            self.model, self.optimizer = self._build(keras, build_unet3d, manifest)
+            self.model, self.optimizer = self._build(keras, manifest)
             # Adam's slots made here, eagerly: made inside the first traced step, they cost a second trace of it
             # and graph-mode initializers (9.8 s of tracing against 3.1 s for the U-Net of benchmarks/speedup.yaml)
             self.optimizer.build(self.model.trainable_variables)
@@ -244,9 +237,9 @@ class UNetTrainer:
         if retrace:
             self._trace_train_step()
 
-    def _build(self, keras: Any, build_unet3d: Any, manifest: DataManifest) -> tuple[Any, Any]:
+    def _build(self, keras: Any, manifest: DataManifest) -> tuple[Any, Any]:
         opt = self.spec.training.optimizer
-        model = self._build_model(build_unet3d, manifest)
+        model = self._build_model(manifest)
         optimizer = keras.optimizers.Adam(
             learning_rate=self.layout.effective_lr, beta_1=opt.beta1, beta_2=opt.beta2, epsilon=opt.epsilon,
             amsgrad=opt.amsgrad,
@@ -255,11 +248,12 @@ class UNetTrainer:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         return model, optimizer
 
-    def _build_model(self, build_unet3d: Any, manifest: DataManifest) -> Any:
-        return build_unet3d(  # the builder takes model.params' fields by name
-            in_channels=manifest.in_channels, num_classes=self.num_classes, activation=self.activation,
-            dtype_policy=keras_dtype_policy(self.spec.training.precision), **self.spec.model.params.model_dump(),
-        )
+    def _build_model(self, manifest: DataManifest) -> Any:
+        """The U-Net, built through its registry entry (:func:`~distmis.networks.build_network`)."""
+        network = NetworkInput(in_channels=manifest.in_channels, out_channels=self.num_classes,
+                               tile=manifest.volume, activation=self.activation,
+                               precision=self.spec.training.precision)
+        return build_network(self.spec.model.entry, self.spec.model.params, network, "tensorflow")
 
     # ------------------------------------------------------------------ a new trial on the same graphs
     def restart(self, spec: Spec, layout: TrialLayout) -> None:
@@ -272,7 +266,6 @@ class UNetTrainer:
         """
         from distmis.data.cases import SplitCases
         from distmis.data.manifest import read_manifest
-        from distmis.models.unet3d_tf import build_unet3d
         from distmis.parallel.tensorflow_cluster import broadcast_from_first_replica
 
         if graph_key(spec) != graph_key(self.spec):
@@ -291,7 +284,7 @@ class UNetTrainer:
         self.parts, self._num_train = parts, parts.num_train  # the input pipeline below reads its training parts
         self.spec, self.layout = spec, layout
         seed_everything(spec.training.seed)
-        fresh = self._build_model(build_unet3d, manifest)  # only its initial weights
+        fresh = self._build_model(manifest)  # only its initial weights
         self.model.set_weights(fresh.get_weights())
         broadcast_from_first_replica(self.strategy, self.model.weights)
         for variable in self.optimizer.variables:

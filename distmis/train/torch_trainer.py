@@ -47,6 +47,7 @@ from distmis.data.cases import SplitCases
 from distmis.data.targets import metric_keys
 from distmis.models.registry import ModelEntry, NetworkInput
 from distmis.models.unet3d_torch import Activation, activate, count_trainable_parameters
+from distmis.networks import build_network
 from distmis.parallel.devices import set_cudnn_benchmark
 from distmis.parallel.mesh import TrialMesh
 from distmis.perf.model import ViTShape
@@ -134,7 +135,7 @@ class TorchTrainer:
 
         # Same seed -> same initial weights, whatever hyperparameters differ.
         torch.manual_seed(training.seed)
-        self.model = self.entry.build(spec.model.params, self.network_input).to(self.device)
+        self.model = build_network(self.entry, spec.model.params, self.network_input).to(self.device)
         self.train_model = self.parallelism.apply(self.model, self._input_shape())
         self.num_parameters = count_trainable_parameters(self.model)
         opt = training.optimizer

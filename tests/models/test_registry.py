@@ -16,6 +16,7 @@ import torch
 from distmis.models.dynunet_plan import plan_dynunet
 from distmis.models.params import ACT_OPTIONS, NORM_OPTIONS
 from distmis.models.registry import MODELS, NetworkInput, model_entry
+from distmis.networks import build_network
 
 IN_CHANNELS, OUT_CHANNELS = 2, 3
 
@@ -46,7 +47,8 @@ def test_every_entry_has_tiny_params_here_and_the_monai_ones_are_the_five():
 def build(name: str, params: dict[str, Any], tile: tuple[int, int, int], **network: Any) -> torch.nn.Module:
     entry = model_entry(name)
     torch.manual_seed(0)
-    return entry.build(entry.params.model_validate(params), NetworkInput(IN_CHANNELS, OUT_CHANNELS, tile, **network))
+    return build_network(entry, entry.params.model_validate(params),
+                         NetworkInput(IN_CHANNELS, OUT_CHANNELS, tile, **network))
 
 
 @pytest.mark.parametrize("name", list(TINY))

@@ -18,6 +18,7 @@ import yaml
 
 from distmis import pyfunc_model as pm
 from distmis.cli.main import main
+from distmis.data.manifest import DataManifest
 from distmis.predict.model import SegmentationModel
 from distmis.predict.recipe import InferenceSettings, ModelRecipe, RecipeError
 from distmis.predict.registry import save_model
@@ -51,6 +52,8 @@ def unets(recipe: ModelRecipe, count: int) -> list:
 
     from distmis.models.registry import NetworkInput, model_entry
 
+    from distmis.networks import build_network
+
     entry = model_entry("unet3d")
     params = entry.params(base_filters=2, levels=2, norm="group", norm_groups=2)
     network_input = NetworkInput(in_channels=len(recipe.modalities), out_channels=recipe.num_classes, tile=WINDOW,
@@ -58,7 +61,7 @@ def unets(recipe: ModelRecipe, count: int) -> list:
     networks = []
     for seed in range(count):
         torch.manual_seed(100 + seed)
-        networks.append(entry.build(params, network_input).eval())
+        networks.append(build_network(entry, params, network_input).eval())
     return networks
 
 
@@ -237,8 +240,8 @@ def test_the_recipe_records_the_folds_and_reads_older_recipes_as_one_network(tmp
 
     tree = small_spec_tree(tmp_path)
     tree["model"] = {"name": "unet3d", "framework": "torch", "params": {"base_filters": 4, "levels": 2}}
-    manifest = {"preprocess": {"layout": "msd", "labels": "whole-tumour", "crop": None, "resize": None},
-                "image_shape": [16, 16, 16, 4], "num_classes": 1}
+    manifest = DataManifest(preprocess={"layout": "msd", "labels": "whole-tumour", "crop": None, "resize": None},
+                            image_shape=(16, 16, 16, 4), label_shape=(16, 16, 16, 1), splits={}, num_classes=1)
     spec = validate_spec(tree)
     recipe = ModelRecipe.from_spec(spec, manifest, folds=[0, np.int64(2)])
     assert recipe.folds == (0, 2) and recipe.ensemble and ModelRecipe.from_spec(spec, manifest).folds == ()

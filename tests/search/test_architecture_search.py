@@ -85,8 +85,10 @@ def constructor_parameters(name: str, params: dict[str, object], *, in_channels:
     entry = model_entry(name)
     if entry.constructor is None:
         from distmis.models.registry import NetworkInput
+        from distmis.networks import build_network
 
-        network = entry.build(entry.params.model_validate(params), NetworkInput(in_channels, out_channels, tile))
+        network = build_network(entry, entry.params.model_validate(params),
+                                NetworkInput(in_channels, out_channels, tile))
         return sum(p.numel() for p in network.parameters())
     module, _, attribute = entry.constructor.partition(":")
     cls = getattr(importlib.import_module(module), attribute)

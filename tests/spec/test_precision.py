@@ -87,10 +87,11 @@ def test_the_precision_is_a_logged_param_of_every_trial(tmp_path):
 
 
 def test_a_tensorflow_trainer_traced_in_one_precision_is_never_reused_for_another(tmp_path):
-    from distmis.train.tf_unet import graph_key, keras_dtype_policy
+    from distmis.models.unet3d_tf import KERAS_POLICIES
+    from distmis.train.tf_unet import graph_key
 
     spec = validate_spec(tree(tmp_path, framework="tensorflow"))
     same = apply_config(spec, {"training.optimizer.lr": 0.5, "training.seed": 3})
     assert graph_key(same) == graph_key(spec)
     assert graph_key(apply_config(spec, {"training.precision": "bf16"})) != graph_key(spec)
-    assert [keras_dtype_policy(p) for p in ("fp32", "bf16", "fp16")] == [None, "mixed_bfloat16", "mixed_float16"]
+    assert [KERAS_POLICIES[p] for p in ("fp32", "bf16", "fp16")] == [None, "mixed_bfloat16", "mixed_float16"]
