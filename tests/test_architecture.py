@@ -328,3 +328,52 @@ def test_no_module_of_the_search_package_is_a_hub():
     long = {path.name: n for path in sorted((PACKAGE / "search").glob("*.py"))
             if (n := len(path.read_text().splitlines())) > SEARCH_MODULE_LINES}
     assert long == {}, f"split these by job: {long}"
+
+
+# --------------------------------------------------------------------------- no ladder on a network's name
+#: Where a network is named and its params classes used: the registry, the params, the networks themselves and their
+#: composition (distmis.networks). Everywhere else reads the registry entry.
+REGISTRY_PLACES = ("distmis/models/", "distmis/networks.py")
+
+
+def network_branches(source: str) -> list[str]:
+    """Where code compares ``<x>.model.name`` (or ``model.name``) with a literal network name, or asks
+    ``isinstance(..., <...>Params)``: a branch on which network a trial trains."""
+    def model_name(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "name" and (
+            (isinstance(node.value, ast.Attribute) and node.value.attr == "model")
+            or (isinstance(node.value, ast.Name) and node.value.id == "model"))
+
+    def literal(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, str) or (
+            isinstance(node, (ast.Tuple, ast.List, ast.Set)) and all(literal(e) for e in node.elts))
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(model_name(side) for side in sides) and any(literal(side) for side in sides):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2 and any(
+                    (isinstance(leaf, ast.Name) and leaf.id.endswith("Params"))
+                    or (isinstance(leaf, ast.Attribute) and leaf.attr.endswith("Params"))
+                    for leaf in ast.walk(node.args[1])):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_code_outside_the_registry_branches_on_a_network():
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = str(path.relative_to(PACKAGE.parent))
+        if not relative.startswith(REGISTRY_PLACES) and (hits := network_branches(path.read_text())):
+            found[relative] = hits
+    assert found == {}
+
+
+def test_the_network_branch_finder_finds_a_branch():
+    source = ("if spec.model.name == 'vit-seg' or model.name in ('a', 'b'):\n    pass\n"
+              "ok = isinstance(spec.model.params, m.ViTSegParams)\n"
+              "same = config['model.name'] != spec.model.name\n")  # a change of network, not a branch on one
+    assert sorted(hit.split(":")[0] for hit in network_branches(source)) == ["1", "1", "3"]

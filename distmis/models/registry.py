@@ -15,7 +15,8 @@ An entry says everything the rest of distmis needs to know about a network, so t
   size, whose curriculum may not change the tile; ``input_check``, what else an input must be for it to train,
   such as a deepest feature map of more than one voxel under instance normalization) and so its inference window;
 - ``perf_shape``: where the performance model describes it, its arithmetic shape
-  (:class:`~distmis.perf.model.ViTShape`).
+  (:class:`~distmis.perf.model.ViTShape`); ``token_attention``: for a sequence-parallel network, the attention over
+  its tokens its params give (``full`` or ``axial``: DSP needs axial).
 
 The code that builds each network, and that parallelizes it, is bound to its entry by name in
 :mod:`distmis.networks` (the registries' composition), so that reading the registry (the spec's checks, the CLI)
@@ -32,6 +33,7 @@ from typing import Any, Callable, Literal, Sequence
 from distmis.models.params import (BasicUNetParams, DynUNetParams, NetworkParams, SegResNetParams, SwinUNETRParams,
                                    UNet3DParams, UNETRParams, ViTSegParams, norm_kind)
 from distmis.perf.model import ViTShape
+from distmis.perf.partition import ModelAttention
 
 __all__ = ["Framework", "Parallelism", "Output", "PARALLELISM_NAMES", "NetworkInput", "ModelEntry", "MODELS",
            "model_entry", "model_names"]
@@ -78,6 +80,8 @@ class ModelEntry:
     parallelisms: frozenset[str] = frozenset({"dp"})
     fixed_input: bool = False  # built for one input size (position embeddings): the tile may not change
     perf_shape: Callable[[Any, Sequence[int], int, int], ViTShape] | None = None
+    # sequence-parallel networks: the attention over tokens their params give, full or axial (DSP needs axial)
+    token_attention: Callable[[Any], ModelAttention] | None = None
     constructor: str | None = None  # the library class it builds ("monai.networks.nets:SegResNet"), if any
     # (params, an input's shape, its batch size) -> why the network cannot train on it, or None
     input_check: Callable[[Any, tuple[int, int, int], int], str | None] | None = None
@@ -148,7 +152,7 @@ MODELS: dict[str, ModelEntry] = {
             input_multiple=lambda p: p.patch,
             input_rule=lambda p: f"the patch size, model.params.patch={p.patch}",
             parallelisms=frozenset({"dp", "sp"}), fixed_input=True,
-            perf_shape=_vit_shape,
+            perf_shape=_vit_shape, token_attention=lambda p: p.attention,
             summary="a ViT encoder with a convolutional decoder (sequence-parallel)",
         ),
         ModelEntry(

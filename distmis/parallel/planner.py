@@ -115,13 +115,12 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
     spec's ``training.precision``."""
     from distmis.spec.load import network_input
     from distmis.perf.partition import check_sequence_parallel
-    from distmis.models.params import ViTSegParams
-
     from distmis.spec.layout import TrialLayout
 
     params, entry = spec.model.params, spec.model.entry
-    if not isinstance(params, ViTSegParams) or entry.perf_shape is None:
-        raise ValueError(f"the planner sizes vit-seg trials; model.name is {spec.model.name!r}")
+    if entry.perf_shape is None or entry.token_attention is None:
+        raise ValueError("the planner sizes the sequence-parallel trials of networks the performance model describes; "
+                         f"model.name {spec.model.name!r} is not one")
     tile = network_input(spec)
     if tile is None:
         raise ValueError("the network input is unknown: set training.tile (or dataset.crop / resize)")
@@ -135,13 +134,13 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
             continue
         shape = entry.perf_shape(params.model_copy(update={"patch": patch}), tile, spec.dataset.in_channels,
                                  spec.dataset.num_classes)
-        strategies = ("allgather-kv", "ulysses") + (("dsp",) if params.attention == "axial" else ())
+        strategies = ("allgather-kv", "ulysses") + (("dsp",) if shape.attention == "axial" else ())
         for sp in divisors(machine.ranks):
             for attention in strategies if sp > 1 else ("allgather-kv",):
                 try:
-                    check_sequence_parallel(shape.grid, params.heads, sp, attention=attention,
+                    check_sequence_parallel(shape.grid, shape.heads, sp, attention=attention,
                                             decoder=sp_spec.decoder, split=sp_spec.split,
-                                            model_attention=params.attention)
+                                            model_attention=shape.attention)
                 except ValueError:
                     continue  # tokens, heads or the split do not suit this degree
                 layout = SequenceLayout(sp=sp, attention=attention, decoder=sp_spec.decoder)  # type: ignore[arg-type]

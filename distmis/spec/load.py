@@ -701,11 +701,13 @@ def sequence_parallel_problems(spec: Spec) -> list[tuple[str, str]]:
     """Sequence parallelism needs the ViT, and a token grid, heads and split that suit the degree."""
     sp = spec.parallelism.sequence_parallel
     where = "parallelism.sequence_parallel"
-    if sp.attention == "dsp" and (spec.model.name != "vit-seg" or spec.model.params.attention != "axial"):
-        model = (f"model.params.attention {spec.model.params.attention!r}" if spec.model.name == "vit-seg"
-                 else f"model.name {spec.model.name!r}")
+    entry = spec.model.entry
+    attention = entry.token_attention(spec.model.params) if entry.token_attention is not None else None
+    if sp.attention == "dsp" and attention != "axial":
+        model = f"model.params.attention {attention!r}" if attention else f"model.name {spec.model.name!r}"
+        axial = " or ".join(repr(name) for name, other in MODELS.items() if other.token_attention is not None)
         return [(f"{where}.attention", "'dsp' (dynamic sequence parallelism) keeps the tokens split along an axis "
-                                       "the current stage does not attend along, so it needs model.name 'vit-seg' "
+                                       f"the current stage does not attend along, so it needs model.name {axial} "
                                        f"with model.params.attention 'axial', not {model}: full attention attends "
                                        "along every axis at once and leaves no axis free of communication; use "
                                        "'ulysses' or 'allgather-kv', or make the model axial")]
@@ -724,7 +726,7 @@ def sequence_parallel_problems(spec: Spec) -> list[tuple[str, str]]:
     grid = token_grid(shape, spec.model.input_multiple)
     try:
         check_sequence_parallel(grid, spec.model.params.heads, sp.degree, attention=sp.attention, decoder=sp.decoder,
-                              split=sp.split, model_attention=spec.model.params.attention)
+                                split=sp.split, model_attention=attention or "full")
     except ValueError as exc:
         return [(where, f"{exc} (tile {list(shape)}, patch {spec.model.input_multiple}: token grid {list(grid)})")]
     return []
