@@ -2,15 +2,24 @@
 
 A trial's config is flat: ``{"training.optimizer.lr": 0.001, "model.params.norm": "group"}``.
 Each key is a dotted path into the spec; the trial applies them to the base spec.
+
+Each registered search algorithm and scheduler (:mod:`distmis.spec.searchers`) is bound here to what makes its Tune
+object (:data:`TUNE_ALGORITHMS`, :data:`TUNE_SCHEDULERS`); with cross-validation folds distmis wraps either
+(:mod:`distmis.search.folds`), whichever it is.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ray import tune
 
 from distmis.spec.schema import Domain, SearchSpec, Spec
+from distmis.spec.searchers import algorithm_entry
+
+if TYPE_CHECKING:
+    from ray.tune.schedulers import TrialScheduler
+    from ray.tune.search import Searcher
 
 
 def to_tune_domain(domain: Domain) -> Any:
@@ -42,7 +51,7 @@ def tune_param_space(spec: Spec) -> dict[str, Any]:
 def graph_affine(spec: Spec) -> bool:
     """Whether a search's trials are handed out by graph (:mod:`distmis.search.affinity`): a grid or random
     search without folds of experiment-mode TensorFlow trials, which keep their traced graphs on their actor."""
-    return (spec.search.algorithm in ("grid", "random") and not spec.cv_folds
+    return (algorithm_entry(spec.search.algorithm).variant_generator and not spec.cv_folds
             and spec.model.framework == "tensorflow" and spec.parallelism.mode == "experiment")
 
 
@@ -69,32 +78,44 @@ def configuration_graph(spec: Spec):
     return graph
 
 
-def search_algorithm(spec: Spec):
-    """``None`` (Tune's variant generator: grid and random), an ``OptunaSearch``, or, with cross-validation folds,
-    a :class:`~distmis.search.folds.FoldSearcher` around either (grid and random: their configurations, drawn as
-    Tune draws them, seeded with ``training.seed``). Grid and random searches of experiment-mode TensorFlow trials
-    hand out those configurations by graph (:class:`~distmis.search.affinity.GraphAffineConfigurations`)."""
+# --------------------------------------------------------------------------- search algorithms
+def _optuna(spec: Spec, *, with_space: bool) -> Searcher:
+    """Optuna's TPE sampler, seeded with ``training.seed``."""
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    sampler = optuna.samplers.TPESampler(seed=spec.training.seed)
+    if not with_space:  # the Tuner gives it the param_space
+        return OptunaSearch(sampler=sampler)
+    search = spec.search
+    return OptunaSearch(space=param_space(search), metric=search.metric, mode=search.mode, sampler=sampler)
+
+
+#: A registered search algorithm's Tune searcher, by name (:data:`distmis.spec.searchers.ALGORITHMS`):
+#: ``(spec, with_space=...) -> Searcher``, or None for Ray Tune's variant generator (grid, random).
+#: ``with_space``: the searcher is given the search space itself (folds: distmis's fold searcher drives it).
+TUNE_ALGORITHMS: dict[str, Callable[..., Searcher] | None] = {"grid": None, "random": None, "optuna": _optuna}
+
+
+def search_algorithm(spec: Spec) -> Searcher | None:
+    """``None`` (Tune's variant generator: grid and random), the entry's searcher (``OptunaSearch``), or, with
+    cross-validation folds, a :class:`~distmis.search.folds.FoldSearcher` around either (grid and random: their
+    configurations, drawn as Tune draws them, seeded with ``training.seed``). Grid and random searches of
+    experiment-mode TensorFlow trials hand out those configurations by graph
+    (:class:`~distmis.search.affinity.GraphAffineConfigurations`)."""
     search, folds = spec.search, spec.cv_folds
     if graph_affine(spec):
         from distmis.search.affinity import GraphAffineConfigurations
 
         return GraphAffineConfigurations(param_space(search), search.num_samples, spec.training.seed,
                                          configuration_graph(spec))
-    optuna_search = None
-    if search.algorithm == "optuna":
-        import optuna
-        from ray.tune.search.optuna import OptunaSearch
-
-        sampler = optuna.samplers.TPESampler(seed=spec.training.seed)
-        if not folds:
-            return OptunaSearch(sampler=sampler)
-        optuna_search = OptunaSearch(space=param_space(search), metric=search.metric, mode=search.mode,
-                                     sampler=sampler)
+    make = TUNE_ALGORITHMS[search.algorithm]
     if not folds:
-        return None
+        return None if make is None else make(spec, with_space=False)
     from distmis.search.folds import Configurations, FoldSearcher
 
-    inner = optuna_search or Configurations(param_space(search), search.num_samples, spec.training.seed)
+    inner = (make(spec, with_space=True) if make is not None
+             else Configurations(param_space(search), search.num_samples, spec.training.seed))
     return FoldSearcher(inner, folds, search.metric, search.mode, limit=num_configurations(search))
 
 
@@ -118,27 +139,35 @@ def tune_search(spec: Spec, max_concurrent: int | None) -> dict[str, Any]:
     return {"search_alg": searcher, "num_samples": samples, "max_concurrent_trials": max_concurrent}
 
 
-def scheduler(spec: Spec):
-    """ASHA when ``search.scheduler`` asks for it (with folds: one ASHA per fold,
-    :class:`~distmis.search.folds.FoldScheduler`); None otherwise."""
-    search = spec.search
-    if search.scheduler != "asha":
-        return None
+# --------------------------------------------------------------------------- trial schedulers
+def _asha(spec: Spec) -> TrialScheduler:
+    """Asynchronous successive halving over the epochs a trial reports (``search.asha``)."""
     from ray.tune.schedulers import ASHAScheduler
 
-    def asha() -> ASHAScheduler:
-        return ASHAScheduler(
-            time_attr="epoch",  # what a trial reports; a resumed trial's Tune iteration count may differ
-            max_t=spec.training.epochs,
-            grace_period=min(search.asha.grace_period, spec.training.epochs),
-            reduction_factor=search.asha.reduction_factor,
-        )
+    return ASHAScheduler(
+        time_attr="epoch",  # what a trial reports; a resumed trial's Tune iteration count may differ
+        max_t=spec.training.epochs,
+        grace_period=min(spec.search.asha.grace_period, spec.training.epochs),
+        reduction_factor=spec.search.asha.reduction_factor,
+    )
 
+
+#: A registered scheduler's Tune scheduler, by name (:data:`distmis.spec.searchers.SCHEDULERS`): ``spec -> a new
+#: TrialScheduler``, or None for Tune's default (first in, first out: every trial trains every epoch).
+TUNE_SCHEDULERS: dict[str, Callable[[Spec], TrialScheduler] | None] = {"none": None, "asha": _asha}
+
+
+def scheduler(spec: Spec) -> TrialScheduler | None:
+    """The scheduler ``search.scheduler`` names (with folds: one per fold, each seeing only its fold's trials,
+    :class:`~distmis.search.folds.FoldScheduler`); None for Tune's default."""
+    make = TUNE_SCHEDULERS[spec.search.scheduler]
+    if make is None:
+        return None
     if not spec.cv_folds:
-        return asha()
+        return make(spec)
     from distmis.search.folds import FoldScheduler
 
-    return FoldScheduler(spec.cv_folds, asha)
+    return FoldScheduler(spec.cv_folds, lambda: make(spec))
 
 
 def num_configurations(search: SearchSpec) -> int:

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from distmis.models.registry import MODELS, PARALLELISM_NAMES, model_entry
+from distmis.spec.searchers import algorithm_entry
 from distmis.spec.curriculum import TrainingStage, training_stages
 from distmis.perf.partition import check_sequence_parallel
 from distmis.perf.partition import token_grid
@@ -421,15 +422,9 @@ def check_search_space(spec: Spec) -> list[tuple[str, str]]:
     """Search-space paths exist and are searchable; every value (or range end) gives a valid spec."""
     problems: list[tuple[str, str]] = []
     space = spec.search.space
-    if spec.search.algorithm == "grid":
-        for path, domain in space.items():
-            if domain.kind != "grid":
-                problems.append((f"search.space.{path}", f"algorithm 'grid' takes only 'grid' domains, got '{domain.kind}'; "
-                                 "use algorithm 'random' or 'optuna' to sample"))
-    if spec.search.algorithm == "optuna":
-        for path, domain in space.items():
-            if domain.kind == "grid":
-                problems.append((f"search.space.{path}", "algorithm 'optuna' samples; use 'choice' instead of 'grid'"))
+    algorithm = algorithm_entry(spec.search.algorithm)
+    problems += [(f"search.space.{path}", algorithm.refusal(domain.kind))
+                 for path, domain in space.items() if domain.kind not in algorithm.domains]
     if problems:
         return problems
 

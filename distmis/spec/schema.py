@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from distmis.models.params import NetworkParams
 from distmis.models.registry import ModelEntry, model_entry, model_names
+from distmis.spec.searchers import ALGORITHMS, SCHEDULERS, algorithm_entry, scheduler_entry
 
 Shape3 = Annotated[tuple[int, int, int], Field(description="(H, W, D) in voxels")]
 
@@ -539,14 +540,14 @@ class AshaSpec(StrictModel):
 
 
 class SearchSpec(StrictModel):
-    algorithm: Literal["grid", "random", "optuna"] = "grid"
+    algorithm: str = Field("grid", description="a registered search algorithm: " + ", ".join(ALGORITHMS))
     num_samples: int = Field(1, ge=1)
     metric: str = Field("val_dice", description="val_dice (the mean over the scored classes or regions), val_loss, "
                                                 "train_loss, or one class's or region's val_dice_<key> "
                                                 "(e.g. val_dice_spleen: the data set's names, checked against them "
                                                 "before the search starts)")
     mode: Literal["max", "min"] | None = None
-    scheduler: Literal["none", "asha"] = "none"
+    scheduler: str = Field("none", description="a registered trial scheduler: " + ", ".join(SCHEDULERS))
     asha: AshaSpec = AshaSpec()
     space: dict[str, Domain] = Field(default_factory=dict)
     evaluate_top: int = Field(1, ge=0, description="after the search, the best k trials' best epochs are scored on the "
@@ -556,6 +557,18 @@ class SearchSpec(StrictModel):
     folds: Literal["all"] | list[int] = Field("all", description="with dataset.split.folds: the folds each "
                                                                    "configuration trains (one trial per fold), all "
                                                                    "by default")
+
+    @field_validator("algorithm")
+    @classmethod
+    def _registered_algorithm(cls, value: str) -> str:
+        algorithm_entry(value)  # ValueError naming the registered algorithms
+        return value
+
+    @field_validator("scheduler")
+    @classmethod
+    def _registered_scheduler(cls, value: str) -> str:
+        scheduler_entry(value)  # ValueError naming the registered schedulers
+        return value
 
     @field_validator("folds")
     @classmethod

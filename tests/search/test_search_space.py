@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import pytest
 from ray import tune
 
 from distmis.search.affinity import GraphAffineConfigurations
-from distmis.search.search_space import num_trials, param_space, scheduler, search_algorithm
+from distmis.search.search_space import (
+    TUNE_ALGORITHMS, TUNE_SCHEDULERS, num_trials, param_space, scheduler, search_algorithm,
+)
+from distmis.spec.searchers import ALGORITHMS, SCHEDULERS, SchedulerEntry
 from distmis.train.loop import is_better
 from distmis.spec import validate_spec
 
@@ -44,3 +48,49 @@ def test_optuna_and_asha(spec_tree):
 def test_is_better():
     assert is_better(0.5, None, "max") and is_better(0.6, 0.5, "max") and not is_better(0.4, 0.5, "max")
     assert is_better(0.4, 0.5, "min") and not is_better(float("nan"), None, "max")
+
+
+def test_every_registered_algorithm_and_scheduler_has_its_tune_binding():
+    assert set(TUNE_ALGORITHMS) == set(ALGORITHMS) and set(TUNE_SCHEDULERS) == set(SCHEDULERS)
+    for name, entry in ALGORITHMS.items():  # Tune's variant generator is the algorithms that enumerate or draw
+        assert (TUNE_ALGORITHMS[name] is None) == entry.variant_generator, name
+
+
+def test_a_new_scheduler_is_one_entry_and_one_binding(spec_tree, monkeypatch):
+    """A toy scheduler, registered as a new one would be: a spec naming it validates, the search gets its object,
+    with folds one per fold; before it is registered, the spec is refused naming the registered ones."""
+    from ray.tune.schedulers import FIFOScheduler
+
+    from distmis.search.folds import FoldScheduler
+    from distmis.spec.load import SpecError
+
+    spec_tree["search"] = {"algorithm": "grid", "scheduler": "toy",
+                           "space": {"training.optimizer.lr": {"grid": [1e-3, 2e-3]}}}
+    with pytest.raises(SpecError, match="no trial scheduler 'toy'; registered: none, asha"):
+        validate_spec(spec_tree)
+
+    made: list[FIFOScheduler] = []
+
+    def toy(spec):
+        made.append(FIFOScheduler())
+        return made[-1]
+
+    monkeypatch.setitem(SCHEDULERS, "toy", SchedulerEntry("toy", stops_trials=False, summary="a toy"))
+    monkeypatch.setitem(TUNE_SCHEDULERS, "toy", toy)
+    spec = validate_spec(spec_tree)
+    assert scheduler(spec) is made[0]
+    spec_tree["dataset"]["split"] = {"folds": 3, "test": 0.25, "seed": 0}
+    spec_tree["dataset"]["synthetic"]["cases"] = 8
+    per_fold = scheduler(validate_spec(spec_tree))
+    assert isinstance(per_fold, FoldScheduler) and list(per_fold.by_fold.values()) == made[1:] and len(made) == 4
+
+
+def test_an_algorithm_refuses_the_domains_it_cannot_take_by_its_entry(spec_tree):
+    from distmis.spec.load import SpecError
+
+    spec_tree["search"] = {"algorithm": "optuna", "space": {"training.optimizer.lr": {"grid": [1e-3, 2e-3]}}}
+    with pytest.raises(SpecError, match="algorithm 'optuna' samples; use 'choice' instead of 'grid'"):
+        validate_spec(spec_tree)
+    spec_tree["search"] = {"algorithm": "grid", "space": {"training.optimizer.lr": {"uniform": [1e-3, 2e-3]}}}
+    with pytest.raises(SpecError, match="algorithm 'grid' takes only 'grid' domains, got 'uniform'"):
+        validate_spec(spec_tree)

@@ -1,0 +1,82 @@
+"""The search algorithms and trial schedulers a spec may name (``search.algorithm``, ``search.scheduler``): one entry
+each, with what the spec's checks need to know of it.
+
+An entry here is what a spec is validated against (no Ray is imported to read it). The Ray Tune object each one
+makes is bound to its name in :mod:`distmis.search.search_space` (``TUNE_ALGORITHMS``, ``TUNE_SCHEDULERS``), as the
+networks' code is bound to the model registry in :mod:`distmis.networks`. Adding a search algorithm or a scheduler
+is one entry here, one binding there, and their test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["DOMAIN_KINDS", "AlgorithmEntry", "SchedulerEntry", "ALGORITHMS", "SCHEDULERS", "algorithm_entry",
+           "scheduler_entry"]
+
+#: The kinds of a search-space domain (:class:`~distmis.spec.schema.Domain`).
+DOMAIN_KINDS = frozenset({"grid", "choice", "uniform", "loguniform", "randint"})
+
+
+@dataclass(frozen=True)
+class AlgorithmEntry:
+    """A search algorithm: which domain kinds it takes (``refusal(kind)``: why it refuses another, and what to use),
+    and whether its configurations are Ray Tune's variant generator's (grid and random: every configuration known
+    up front, which distmis may hand out itself, by graph or by fold), not a model's that learns from results."""
+
+    name: str
+    domains: frozenset[str]
+    refusal: Callable[[str], str]
+    variant_generator: bool
+    summary: str
+
+
+@dataclass(frozen=True)
+class SchedulerEntry:
+    """A trial scheduler: whether it stops trials early (their records then end before ``training.epochs``)."""
+
+    name: str
+    stops_trials: bool
+    summary: str
+
+
+ALGORITHMS: dict[str, AlgorithmEntry] = {
+    entry.name: entry
+    for entry in (
+        AlgorithmEntry("grid", frozenset({"grid"}), variant_generator=True,
+                       refusal=lambda kind: f"algorithm 'grid' takes only 'grid' domains, got '{kind}'; use algorithm "
+                                            "'random' or 'optuna' to sample",
+                       summary="every combination of the grid values (times num_samples)"),
+        AlgorithmEntry("random", DOMAIN_KINDS, variant_generator=True, refusal=lambda kind: "",
+                       summary="num_samples draws from the domains (grid values: every one, times num_samples)"),
+        AlgorithmEntry("optuna", DOMAIN_KINDS - {"grid"}, variant_generator=False,
+                       refusal=lambda kind: "algorithm 'optuna' samples; use 'choice' instead of 'grid'",
+                       summary="Optuna's TPE sampler, told each trial's result (seeded with training.seed)"),
+    )
+}
+
+SCHEDULERS: dict[str, SchedulerEntry] = {
+    entry.name: entry
+    for entry in (
+        SchedulerEntry("none", stops_trials=False, summary="every trial trains every epoch"),
+        SchedulerEntry("asha", stops_trials=True,
+                       summary="asynchronous successive halving: search.asha's grace period and reduction factor"),
+    )
+}
+
+
+def algorithm_entry(name: str) -> AlgorithmEntry:
+    """The entry of ``name``; ValueError naming the registered algorithms."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"no search algorithm {name!r}; registered: {', '.join(ALGORITHMS)}") from None
+
+
+def scheduler_entry(name: str) -> SchedulerEntry:
+    """The entry of ``name``; ValueError naming the registered schedulers."""
+    try:
+        return SCHEDULERS[name]
+    except KeyError:
+        raise ValueError(f"no trial scheduler {name!r}; registered: {', '.join(SCHEDULERS)}") from None
