@@ -117,7 +117,7 @@ def probe_trial(out_dir: str, config: dict[str, Any], **kwargs: Any) -> None:
     if "storage_path" in kwargs and kwargs["spec"].model.framework == "tensorflow":
         import ray
 
-        from distmis.search import worker_group
+        from distmis.trial import worker_group
 
         data_parallel_trial(config, **kwargs)  # on the search's worker group: no worker loop to replace
         ray.get([w.__ray_call__.remote(probe_group_worker, out_dir) for w in worker_group._GROUP.workers])
