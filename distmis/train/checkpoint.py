@@ -9,7 +9,7 @@ Ray Train does, and every rank adds its own files to it)::
     resume/...                    the last epoch's weights and optimizer state (written by the primary rank)
                                   and each rank's random-number state (``rng.rank<r>.pt``, torch)
 
-The folder's layout, its :class:`~distmis.trial.record.TrainingState` and the readers that rank a trial's folders
+The folder's structure, its :class:`~distmis.trial.record.TrainingState` and the readers that rank a trial's folders
 by the epoch they hold are :mod:`distmis.trial.record`'s (the driver reads them too).
 
 A restarted trial (a retry after a crash, or ``distmis run --resume``) calls :func:`resume_from`: the

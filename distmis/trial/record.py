@@ -112,7 +112,7 @@ def epoch_metric_names() -> tuple[str, ...]:
     return tuple(item.name for item in fields(EpochMetrics) if item.name not in ("epoch", "class_dice"))
 
 
-# --------------------------------------------------------------------------- a checkpoint folder's layout
+# --------------------------------------------------------------------------- a checkpoint folder's structure
 CHECKPOINT_PREFIX = "checkpoint_"  # the folders Tune and Ray Train write a trial's checkpoints to
 RESUME_DIR = "resume"
 STATE_FILE = "state.json"  # in RESUME_DIR, written last: a folder with a state is complete
