@@ -191,6 +191,14 @@ def _helpers(tree: ast.Module, root: str) -> dict[str, ast.FunctionDef]:
     return reached
 
 
+def asks_params_class(node: ast.AST) -> bool:
+    """Whether ``node`` is ``isinstance(..., <...>Params)``: a question of which network's params these are."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+        and len(node.args) == 2 and any((isinstance(leaf, ast.Name) and leaf.id.endswith("Params"))
+                                        or (isinstance(leaf, ast.Attribute) and leaf.attr.endswith("Params"))
+                                        for leaf in ast.walk(node.args[1]))
+
+
 def model_branches(source: str, root: str = "build_trainer") -> list[str]:
     """Where ``root`` (or a helper of it) asks which network a trial trains: ``<x>.model.name`` or ``model.name``,
     or ``isinstance(..., <...>Params)``."""
@@ -201,11 +209,7 @@ def model_branches(source: str, root: str = "build_trainer") -> list[str]:
                     (isinstance(node.value, ast.Attribute) and node.value.attr == "model")
                     or (isinstance(node.value, ast.Name) and node.value.id == "model")):
                 found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
-                    and len(node.args) == 2 and any(
-                        (isinstance(leaf, ast.Name) and leaf.id.endswith("Params"))
-                        or (isinstance(leaf, ast.Attribute) and leaf.attr.endswith("Params"))
-                        for leaf in ast.walk(node.args[1])):
+            if asks_params_class(node):
                 found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
     return found
 
@@ -354,11 +358,7 @@ def network_branches(source: str) -> list[str]:
             sides = [node.left, *node.comparators]
             if any(model_name(side) for side in sides) and any(literal(side) for side in sides):
                 found.append(f"{node.lineno}: {ast.unparse(node)}")
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
-                and len(node.args) == 2 and any(
-                    (isinstance(leaf, ast.Name) and leaf.id.endswith("Params"))
-                    or (isinstance(leaf, ast.Attribute) and leaf.attr.endswith("Params"))
-                    for leaf in ast.walk(node.args[1])):
+        if asks_params_class(node):
             found.append(f"{node.lineno}: {ast.unparse(node)}")
     return found
 
