@@ -21,12 +21,15 @@ trial on one device to evaluate it. The degrees come from the layout, never reco
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from distmis.parallel.backend import process_group_backend
 from distmis.spec.layout import TrialLayout
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["AXES", "TrialMesh"]
 
@@ -47,9 +50,9 @@ class TrialMesh:
     sp_size: int = 1
     pp_rank: int = 0
     pp_size: int = 1
-    dp_group: Any = None  # torch ProcessGroup, None when the process is alone on the axis
-    sp_group: Any = None
-    pp_group: Any = None
+    dp_group: ProcessGroup | None = None  # None when the process is alone on the axis
+    sp_group: ProcessGroup | None = None
+    pp_group: ProcessGroup | None = None
     dp_ranks: tuple[int, ...] = (0,)
     sp_ranks: tuple[int, ...] = (0,)
     pp_ranks: tuple[int, ...] = (0,)

@@ -36,16 +36,22 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from distmis.models.registry import PARALLELISM_NAMES, ModelEntry
-from distmis.networks import parallelize_function, pipeline_function
+from distmis.networks import PipelineCut, SequenceParallelize, parallelize_function, pipeline_function
 from distmis.parallel.mesh import TrialMesh
 from distmis.spec.schema import Spec
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from distmis.parallel.pipeline import UNetPipeline
+    from distmis.train.precision import TorchPrecision
 
 __all__ = ["InputShape", "Parallelism", "Replicas", "SequenceParallel", "PipelineParallel", "parallelism_for"]
 
@@ -89,12 +95,12 @@ class Parallelism(Protocol):
 
     def before_validation(self) -> None: ...
 
-    def validation_share(self) -> tuple[int, int, Any]:
+    def validation_share(self) -> tuple[int, int, ProcessGroup | None]:
         """``(r, n, group)``: this rank validates every ``n``-th case from the ``r``-th, and the sums add up over
         ``group`` (None: the default group)."""
         ...
 
-    def measurement_groups(self) -> list[Any]:
+    def measurement_groups(self) -> list[ProcessGroup | None]:
         """The groups whose successive MAX all-reduces span every rank of the trial (none when alone)."""
         ...
 
@@ -107,18 +113,18 @@ class Parallelism(Protocol):
         ...
 
 
-def _mesh_groups(mesh: TrialMesh) -> list[Any]:
+def _mesh_groups(mesh: TrialMesh) -> list[ProcessGroup | None]:
     return [group for group, size in ((mesh.sp_group, mesh.sp_size), (mesh.pp_group, mesh.pp_size),
                                       (mesh.dp_group, mesh.dp_size)) if size > 1]
 
 
-def _autocast(precision: Any) -> Any:
+def _autocast(precision: TorchPrecision | None) -> ContextManager[object]:
     """The forward's context: ``training.precision``'s autocast (:class:`~distmis.train.precision.TorchPrecision`),
     nothing without one."""
     return contextlib.nullcontext() if precision is None else precision.autocast()
 
 
-def _backward(precision: Any, loss: torch.Tensor) -> None:
+def _backward(precision: TorchPrecision | None, loss: torch.Tensor) -> None:
     """Backward from ``loss``, outside autocast (scaled for fp16)."""
     if precision is None:
         loss.backward()
@@ -127,7 +133,7 @@ def _backward(precision: Any, loss: torch.Tensor) -> None:
 
 
 def _plain_forward_backward(train_model: nn.Module, loss_fn: Loss, x: torch.Tensor, y: torch.Tensor,
-                            precision: Any = None) -> torch.Tensor:
+                            precision: TorchPrecision | None = None) -> torch.Tensor:
     with _autocast(precision):
         output = train_model(x)
     loss = loss_fn(output, y)
@@ -143,8 +149,8 @@ class Replicas:
     mesh: TrialMesh
     device: torch.device
     name: str = "replicas"
-    # training.precision (distmis.train.precision.TorchPrecision): the forward's autocast, the backward's scaling
-    precision: Any = None
+    # training.precision: the forward's autocast, the backward's scaling (None: fp32)
+    precision: TorchPrecision | None = None
 
     def apply(self, model: nn.Module, shape: InputShape) -> nn.Module:
         if self.mesh.dp_group is None:
@@ -168,10 +174,10 @@ class Replicas:
     def before_validation(self) -> None:
         pass
 
-    def validation_share(self) -> tuple[int, int, Any]:
+    def validation_share(self) -> tuple[int, int, ProcessGroup | None]:
         return self.mesh.dp_rank, self.mesh.dp_size, self.mesh.dp_group
 
-    def measurement_groups(self) -> list[Any]:
+    def measurement_groups(self) -> list[ProcessGroup | None]:
         return _mesh_groups(self.mesh)
 
     def save_optimizer(self, directory: Path, optimizer: torch.optim.Optimizer) -> None:
@@ -185,7 +191,7 @@ class Replicas:
 class SequenceParallel(Replicas):
     """DP x SP: the entry's ``parallelize`` function over the SP group, gradients by ``sync_gradients``."""
 
-    parallelize: Callable[..., nn.Module] | None = None
+    parallelize: SequenceParallelize | None = None
     attention: str = "allgather-kv"
     decoder: str = "gather"
     split: str = "ordered"
@@ -232,12 +238,12 @@ class SequenceParallel(Replicas):
 class PipelineParallel(Replicas):
     """DP x PP: this rank's stage of the entry's ``pipeline`` cut trains; validation on the whole model."""
 
-    pipeline_function: Callable[..., Any] | None = None
+    pipeline_function: PipelineCut | None = None
     microbatches: int = 1
     schedule: str = "gpipe"
     loss_fn: Loss | None = None
     name: str = "pipeline"
-    pipeline: Any = None  # the current input's full batch's UNetPipeline
+    pipeline: UNetPipeline | None = None  # the current input's full batch's
     model: nn.Module | None = None
     shape: InputShape | None = None
 
@@ -253,7 +259,7 @@ class PipelineParallel(Replicas):
         state and all)."""
         return self.apply(model, shape)
 
-    def _build(self, samples: int) -> Any:
+    def _build(self, samples: int) -> UNetPipeline:
         from distmis.parallel.pipeline import batch_plan
 
         assert self.pipeline_function is not None and self.shape is not None
@@ -319,7 +325,7 @@ class PipelineParallel(Replicas):
 
 
 def parallelism_for(entry: ModelEntry, spec: Spec, mesh: TrialMesh, device: torch.device,
-                    loss_fn: Loss, precision: Any = None) -> Parallelism:
+                    loss_fn: Loss, precision: TorchPrecision | None = None) -> Parallelism:
     """The strategy ``mesh`` asks for, for ``entry``'s network; ValueError naming the model and the parallelism
     when the entry does not support it. ``loss_fn``: the training loss (a pipeline's last stage computes it).
     ``precision``: the trainer's :class:`~distmis.train.precision.TorchPrecision` (None: fp32), whose autocast the
