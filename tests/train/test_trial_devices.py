@@ -5,6 +5,8 @@ report carrying the process's system samples (``tracking.system_metrics``)."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
+from distmis.parallel.devices import process_node
 from distmis.train.loop import epoch_reports
 from distmis.trial.record import DEVICE_KEY, NODES_KEY, SYSTEM_KEY, samples_from_json
 from tests.conftest import small_spec_tree
@@ -58,7 +61,7 @@ def test_a_trials_first_report_names_the_device_its_model_trains_on(prepared):
     reports = [metrics for metrics, _folder in epoch_reports(trainer, spec)]
     assert [r["epoch"] for r in reports] == [1, 2]
     assert reports[0][DEVICE_KEY] == "cpu"
-    assert reports[0][NODES_KEY] == socket.gethostname()  # outside Ray: the host (in a Ray process: its node id)
+    assert reports[0][NODES_KEY] == process_node()  # this process's node (outside Ray its host: test below)
     assert DEVICE_KEY not in reports[1] and NODES_KEY not in reports[1]  # once, with the start-up figures
 
 
@@ -77,3 +80,11 @@ def test_every_report_carries_the_ranks_system_samples_unless_the_spec_turns_the
     quiet = validate_spec(tree)
     [report] = [metrics for metrics, _folder in epoch_reports(local_trainer(quiet, data.tfrecord_dir), quiet)]
     assert SYSTEM_KEY not in report
+
+
+def test_a_process_outside_ray_names_its_host_as_its_node():
+    """In a process Ray started, the node is Ray's node id (tests/search/test_multinode.py reads them from the runs);
+    anywhere else, the host's name."""
+    code = "from distmis.parallel.devices import process_node; print(process_node())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == socket.gethostname()
