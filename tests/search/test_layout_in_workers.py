@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from distmis.search.run import run_search
@@ -24,6 +25,7 @@ from distmis.trial.trainables import (
 from distmis.spec import validate_spec
 from tests.conftest import small_spec_tree
 from tests.search.test_data_parallel import dp_tree
+from tests.search.test_sequence_parallel_search import curve, trial_runs
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +40,11 @@ def frameworks_imported() -> list[str]:
     import sys
 
     return sorted(name for name in ("tensorflow", "torch") if name in sys.modules)
+
+
+def weights_sum(trainer: Any) -> float:
+    """The sum of the absolute values of this rank's model's weights (torch): what training moves."""
+    return float(sum(p.detach().abs().sum() for p in trainer.model.parameters()))
 
 
 def record(out_dir: str, spec: Any, layout: Any, trainer: Any, rank: int = 0,
@@ -88,8 +95,10 @@ def probe_worker(out_dir: str, loop_config: dict[str, Any]) -> None:
     spec, layout, trainer = worker_trainer(loop_config)
     rank = ray.train.get_context().get_world_rank()
     found = record(out_dir, spec, layout, trainer, rank=rank, before=before)
+    found["weights_before"] = weights_sum(trainer)
     train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint, rank=rank, primary=rank == 0)
     found["lr_after"] = optimizer_lr(trainer)  # the rate of the last epoch (training.lr_schedule)
+    found["weights_after"] = weights_sum(trainer)
     Path(out_dir, f"{layout.world_size}-{rank}.json").write_text(json.dumps(found))
 
 
@@ -114,6 +123,9 @@ def probe_group_worker(worker: Any, out_dir: str) -> None:
 
 
 def probe_trial(out_dir: str, config: dict[str, Any], **kwargs: Any) -> None:
+    if "parallelism.sequence_parallel.attention" in config:  # records are named by world size and rank: a folder
+        out_dir = str(Path(out_dir, str(config["parallelism.sequence_parallel.attention"])))  # per searched value
+        Path(out_dir).mkdir(exist_ok=True)
     if "storage_path" in kwargs and kwargs["spec"].model.framework == "tensorflow":
         import ray
 
@@ -140,6 +152,45 @@ def run_probed(tree: dict, tmp_path: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in probes.glob("*.json")}
 
 
+def run_probed_command(tree: dict, tmp_path: Path, capsys: Any, monkeypatch: Any) -> tuple[Any, list, Path]:
+    """``distmis run`` on ``tree`` (two trials, none failed) with the probe as every trial's function: the MLflow
+    client of its store, its runs, and the folder of the probes' records."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    import distmis.search.run as run_module
+    from distmis.cli.main import main
+
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    monkeypatch.setattr(run_module, "run_search", functools.partial(
+        run_module.run_search, trainable=functools.partial(probe_trial, str(probes))))
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(tree))
+    assert main(["run", str(tmp_path / "spec.yaml"), "--output", str(tmp_path / "out"), "--quiet"]) == 0
+    assert "2 trial(s), 0 failed" in capsys.readouterr().out
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    return client, client.search_runs([client.get_experiment_by_name(tree["name"]).experiment_id]), probes
+
+
+def records(folder: Path) -> dict[str, dict[str, Any]]:
+    """The workers' records in ``folder`` by ``<world size>-<rank>`` (the trial processes' left out)."""
+    return {p.stem: json.loads(p.read_text()) for p in folder.glob("*.json") if p.stem != "trial-process"}
+
+
+def assert_same_curves(client: Any, first: Any, second: Any) -> None:
+    """Two trial runs logged the same training and validation curves, two epochs each."""
+    for metric in ("train_loss", "val_loss", "val_dice"):
+        one, two = curve(client, first, metric), curve(client, second, metric)
+        assert len(one) == len(two) == 2
+        np.testing.assert_allclose(two, one, rtol=1e-4, atol=1e-5, err_msg=metric)
+
+
+def assert_trained(ranks: Any) -> None:
+    """Every rank's weights moved in training (equal curves of two trials are then two trainings' alike)."""
+    ranks = list(ranks)
+    assert ranks and all(rank["weights_after"] != pytest.approx(rank["weights_before"], rel=1e-6) for rank in ranks)
+
+
 def worker_records(found: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {name: rank for name, rank in found.items() if name != "trial-process"}
 
@@ -158,8 +209,10 @@ def test_single_process_trial_trains_at_the_spec_lr(ray_local, tmp_path: Path):
 
 
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-def test_data_parallel_workers_train_at_the_effective_lr(ray_local, tmp_path: Path, framework: str):
+def test_data_parallel_workers_train_at_the_effective_lr_and_follow_its_schedule(ray_local, tmp_path: Path,
+                                                                                   framework: str):
     tree = one_epoch_tree(tmp_path / "data", framework, mode="data", workers=2, resources_per_worker={"cpu": 1})
+    tree["training"].update(epochs=2, lr_schedule={"name": "poly", "power": 1.0})
     found = run_probed(tree, tmp_path)
     # Only the workers import the framework, and only the trial's own one (distmis.parallel.tensorflow_cluster;
     # TensorFlow's on the search's worker group, distmis.trial.worker_group)
@@ -167,8 +220,11 @@ def test_data_parallel_workers_train_at_the_effective_lr(ray_local, tmp_path: Pa
     assert sorted(found) == ["2-0", "2-1"]  # two workers, one record each
     for rank in found.values():
         assert rank["layout_world_size"] == 2 and rank["layout_dp"] == 2
-        assert rank["lr"] == pytest.approx(2e-3)  # linear scaling with 2 replicas, in the optimizer itself
+        # epoch 2 of 2 trains at (1 - 1/2) of the peak (training.lr_schedule), in each worker's optimizer: 1e-3 of
+        # the peak 2e-3 that linear scaling gives 2 replicas (unscaled, 5e-4)
+        assert rank["lr_after"] == pytest.approx(1e-3)
         if framework == "torch":
+            assert rank["lr"] == pytest.approx(2e-3)  # as the worker set up: the scaled peak, in the optimizer
             assert "tensorflow" not in rank["imported_at_start"]
             assert rank["world_size"] == 2 and rank["train_model"] == "DistributedDataParallel"
             assert rank["tf_config"] is None
@@ -180,26 +236,20 @@ def test_data_parallel_workers_train_at_the_effective_lr(ray_local, tmp_path: Pa
         assert len(clusters) == 1 and len(set(found["2-0"]["tf_config"]["cluster"]["worker"])) == 2
 
 
-@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-def test_data_parallel_workers_follow_the_schedule_from_the_effective_lr(ray_local, tmp_path: Path, framework: str):
-    tree = one_epoch_tree(tmp_path / "data", framework, mode="data", workers=2, resources_per_worker={"cpu": 1})
-    tree["training"].update(epochs=2, lr_schedule={"name": "poly", "power": 1.0})
-    found = worker_records(run_probed(tree, tmp_path))
-    assert sorted(found) == ["2-0", "2-1"]
-    for rank in found.values():  # epoch 2 of 2 trains at (1 - 1/2) of the scaled peak 2e-3, in each worker
-        assert rank["lr_after"] == pytest.approx(1e-3)
-
-
-def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says(ray_local, tmp_path: Path):
-    """Degree 1 and 2 searched, two data-parallel replicas each: 2 and 4 ranks; the lr scales with DP only."""
+def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says_and_follow_one_loss_curve(
+        ray_local, tmp_path: Path, capsys, monkeypatch):
+    """Degree 1 and 2 searched through ``distmis run``, two data-parallel replicas each: 2 and 4 ranks; the lr
+    scales with DP only; both trials train the same weights (MLflow's curves)."""
     tree = small_spec_tree(tmp_path / "data", model={
         "name": "vit-seg", "framework": "torch",
         "params": {"layers": 1, "embed_dim": 16, "heads": 4, "patch": 4, "decoder_features": 8}})
-    tree["training"].update(epochs=1, tile=[8, 8, 8], batch_size=1)
+    tree["name"] = "tiny-vit"
+    tree["training"].update(epochs=2, tile=[8, 8, 8], batch_size=1)
     tree["search"] = {"algorithm": "grid", "space": {"parallelism.sequence_parallel.degree": {"grid": [1, 2]}}}
     tree["parallelism"] = {"workers_per_trial": 2, "resources_per_worker": {"cpu": 0.5},
                            "sequence_parallel": {"attention": "ulysses", "split": "spatial"}}
-    found = worker_records(run_probed(tree, tmp_path))
+    client, runs, probes = run_probed_command(tree, tmp_path, capsys, monkeypatch)
+    found = records(probes)
     assert sorted(found) == ["2-0", "2-1", "4-0", "4-1", "4-2", "4-3"]
     for name, rank in found.items():
         degree = rank["degree"]
@@ -215,18 +265,36 @@ def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says(ray_l
             r = rank["rank"]
             assert rank["sp_ranks"] == [r - r % 2, r - r % 2 + 1]  # SP groups of consecutive ranks
 
+    by_degree = {int(r.data.params["parallelism.sequence_parallel.degree"]): r for r in trial_runs(runs)}
+    assert sorted(by_degree) == [1, 2]
+    for degree, run in by_degree.items():
+        assert run.info.status == "FINISHED"
+        assert run.data.params["trial.workers"] == str(2 * degree)
+        assert run.data.params["parallelism.sequence_parallel.attention"] == "ulysses"
+        assert run.data.params["parallelism.sequence_parallel.split"] == "spatial"
+    # Same seed, no dropout: the same data order, tiles and initial weights whatever the degree, and exact
+    # sequence parallelism (gather) gives the same gradients, so the same curves.
+    assert_same_curves(client, by_degree[1], by_degree[2])
+    assert_trained(found.values())  # the curves agree because both trained alike, not because neither did
 
-def test_pipelined_trials_hold_their_stage_and_groups(ray_local, tmp_path: Path):
-    """stages [1, 2] with two data-parallel replicas: 2 and 4 ranks; each rank of a pipelined trial holds one
-    stage (its optimizer only that stage's parameters), pipelines of consecutive ranks, the lr scaled by DP only."""
+
+def test_pipelined_trials_hold_their_stage_and_groups_and_follow_one_loss_curve(ray_local, tmp_path: Path, capsys,
+                                                                                 monkeypatch):
+    """stages [1, 2] with two data-parallel replicas, through ``distmis run``: 2 and 4 ranks; each rank of a
+    pipelined trial holds one stage (its optimizer only that stage's parameters), pipelines of consecutive ranks,
+    the lr scaled by DP only; both trials train the same weights (MLflow's curves) and the search ends in a
+    scored model."""
     tree = small_spec_tree(tmp_path / "data", model={
         "name": "unet3d", "framework": "torch", "params": {"base_filters": 4, "levels": 3, "norm": "group",
                                                            "norm_groups": 2}})
-    tree["training"].update(epochs=1, batch_size=2)
+    tree["name"] = "tiny-pipeline"
+    tree["dataset"]["synthetic"]["cases"] = 8  # 4 training cases: a full batch of 2 for each replica
+    tree["training"].update(epochs=2, batch_size=2)
     tree["search"] = {"algorithm": "grid", "space": {"parallelism.pipeline.stages": {"grid": [1, 2]}}}
     tree["parallelism"] = {"workers_per_trial": 2, "resources_per_worker": {"cpu": 0.5},
-                           "pipeline": {"microbatches": 2}}
-    found = worker_records(run_probed(tree, tmp_path))
+                           "pipeline": {"microbatches": 2, "schedule": "1f1b"}}
+    client, runs, probes = run_probed_command(tree, tmp_path, capsys, monkeypatch)
+    found = records(probes)
     assert sorted(found) == ["2-0", "2-1", "4-0", "4-1", "4-2", "4-3"]
     for name in ("2-0", "2-1"):  # stages 1: plain data parallelism
         assert found[name]["train_model"] == "DistributedDataParallel" and "pp_size" not in found[name]
@@ -242,25 +310,42 @@ def test_pipelined_trials_hold_their_stage_and_groups(ray_local, tmp_path: Path)
     # the two stages of a pipeline hold the whole model between them, each parameter once
     assert stages[0]["stage_parameters"] + stages[1]["stage_parameters"] == stages[0]["model_parameters"]
 
+    by_stages = {int(r.data.params["parallelism.pipeline.stages"]): r for r in trial_runs(runs)}
+    assert sorted(by_stages) == [1, 2]
+    for stage_count, run in by_stages.items():
+        assert run.info.status == "FINISHED"
+        assert run.data.params["trial.workers"] == str(2 * stage_count)
+        assert run.data.params["parallelism.pipeline.schedule"] == "1f1b"
+        assert run.data.metrics["step_seconds"] > 0 and run.data.metrics["peak_memory_mb"] > 0
+    # Same seed and data order, group norm and full batches: the pipeline's micro-batches give the batch's own
+    # gradients, so both trials train the same weights.
+    assert_same_curves(client, by_stages[1], by_stages[2])
+    assert_trained(found.values())  # the curves agree because both trained alike, not because neither did
+    # the search ends in a registered model with test metrics, whichever trial won
+    parent = next(r for r in runs if r.data.tags.get("distmis.role") == "search")
+    assert any(key.startswith("test_") for key in parent.data.metrics)
 
-def test_axial_trials_hold_the_dsp_switches_or_the_ulysses_cores_their_spec_says(ray_local, tmp_path: Path):
-    """attention: [ulysses, dsp] on an axial vit-seg at degree 2: each worker's model has what its trial asked."""
+
+def test_axial_trials_hold_the_dsp_switches_or_the_ulysses_cores_and_follow_one_loss_curve(ray_local, tmp_path: Path,
+                                                                                            capsys, monkeypatch):
+    """attention: [ulysses, dsp] on an axial vit-seg at degree 2, through ``distmis run``: each worker's model has
+    what its trial asked; both are exact against one device, so both trials train the same weights and log the same
+    curves; the performance model's bytes for each are logged."""
     from distmis.perf.partition import AXES, dsp_schedule
 
     tree = small_spec_tree(tmp_path / "data", model={
         "name": "vit-seg", "framework": "torch",
-        "params": {"layers": 2, "embed_dim": 16, "heads": 4, "patch": 4, "decoder_features": 8, "attention": "axial"}})
-    tree["training"].update(epochs=1, tile=[16, 8, 16], batch_size=1)  # a (4, 2, 4) grid
+        "params": {"layers": 2, "embed_dim": 32, "heads": 4, "patch": 4, "decoder_features": 16,
+                   "attention": "axial"}})
+    tree["name"] = "axial-vit"
+    tree["training"].update(epochs=2, tile=[16, 8, 16])  # a (4, 2, 4) grid
     tree["search"] = {"algorithm": "grid",
                       "space": {"parallelism.sequence_parallel.attention": {"grid": ["ulysses", "dsp"]}}}
     tree["parallelism"] = {"mode": "data", "workers": 1, "resources_per_worker": {"cpu": 0.5},
                            "sequence_parallel": {"degree": 2}}
-    found: dict[str, list[dict[str, Any]]] = {}
-    for attention in ("ulysses", "dsp"):  # one search each: the records are named by world size and rank
-        tree["search"]["space"]["parallelism.sequence_parallel.attention"]["grid"] = [attention]
-        (tmp_path / attention).mkdir()
-        records = worker_records(run_probed(tree, tmp_path / attention))
-        found[attention] = [records["2-0"], records["2-1"]]
+    client, runs, probes = run_probed_command(tree, tmp_path, capsys, monkeypatch)
+    found = {attention: [records(probes / attention)[name] for name in ("2-0", "2-1")]
+             for attention in ("ulysses", "dsp")}
     schedule = dsp_schedule((4, 2, 4), 2, 2)
     expected_switches = [[s // 3, s % 3, f"SplitSwitch({AXES[schedule.splits[s - 1]]} -> {AXES[schedule.splits[s]]})"]
                          for s in schedule.switch_stages]
@@ -273,3 +358,13 @@ def test_axial_trials_hold_the_dsp_switches_or_the_ulysses_cores_their_spec_says
         assert [box[last] for box in rank["output_boxes"]] == [[0, half], [half, 2 * half]]
     for rank in found["ulysses"]:
         assert rank["attention_cores"] == ["UlyssesAxialAttention"] and rank["dsp_switches"] == []
+
+    trials = {r.data.params["parallelism.sequence_parallel.attention"]: r for r in trial_runs(runs)}
+    assert sorted(trials) == ["dsp", "ulysses"]
+    for run in trials.values():
+        assert run.info.status == "FINISHED"
+        assert run.data.params["model.params.attention"] == "axial" and run.data.params["trial.workers"] == "2"
+    # the performance model's bytes for each: DSP's switches against Ulysses' all-to-alls at every stage
+    assert 0 < trials["dsp"].data.metrics["predicted_sent_mb"] < trials["ulysses"].data.metrics["predicted_sent_mb"]
+    assert_same_curves(client, trials["ulysses"], trials["dsp"])
+    assert_trained([*found["ulysses"], *found["dsp"]])  # alike, not untrained alike

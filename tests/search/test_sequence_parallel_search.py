@@ -1,11 +1,13 @@
 """A vit-seg search whose trials are sequence-parallel, end to end through ``distmis run``: Ray Tune drives
-Ray Train worker groups of 2 gloo ranks that split each tile's tokens; MLflow records the SP configuration."""
+Ray Train worker groups of 2 gloo ranks that split each tile's tokens; MLflow records the SP configuration.
+
+Here: ``degree: auto``. The searches over the degree and over the attention (their loss curves, and what each
+worker holds) are in ``tests/search/test_layout_in_workers.py``, one search each."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -30,60 +32,6 @@ def trial_runs(runs: list) -> list:
 def curve(client: MlflowClient, run, metric: str) -> list[float]:
     """A run's metric, epoch by epoch."""
     return [m.value for m in sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)]
-
-
-def test_sp1_and_sp2_trials_follow_the_same_loss_curve(ray_local, tmp_path: Path, capsys):
-    tree = small_spec_tree(tmp_path / "data", model={
-        "name": "vit-seg", "framework": "torch",
-        "params": {"layers": 2, "embed_dim": 32, "heads": 4, "patch": 4, "decoder_features": 16}})
-    tree["name"] = "tiny-vit"
-    tree["training"].update(epochs=2, tile=[16, 16, 16])
-    tree["search"] = {"algorithm": "grid", "space": {"parallelism.sequence_parallel.degree": {"grid": [1, 2]}}}
-    tree["parallelism"] = {"sequence_parallel": {"attention": "ulysses", "split": "spatial"}}
-    client, runs = run_spec(tree, tmp_path, capsys)
-    by_degree = {int(r.data.params["parallelism.sequence_parallel.degree"]): r for r in trial_runs(runs)}
-    assert sorted(by_degree) == [1, 2]
-    for degree, run in by_degree.items():
-        assert run.info.status == "FINISHED"
-        assert run.data.params["trial.workers"] == str(degree)
-        assert run.data.params["parallelism.sequence_parallel.attention"] == "ulysses"
-        assert run.data.params["parallelism.sequence_parallel.split"] == "spatial"
-
-    # Same seed, no dropout: the same data order, tiles and initial weights whatever the degree, and exact
-    # sequence parallelism (gather) gives the same gradients, so the same curves.
-    for metric in ("train_loss", "val_loss", "val_dice"):
-        one, two = curve(client, by_degree[1], metric), curve(client, by_degree[2], metric)
-        assert len(one) == len(two) == 2
-        np.testing.assert_allclose(two, one, rtol=1e-4, atol=1e-5, err_msg=metric)
-    assert curve(client, by_degree[1], "train_loss")[1] < curve(client, by_degree[1], "train_loss")[0]
-
-
-def test_ulysses_and_dsp_trials_of_an_axial_vit_follow_the_same_loss_curve(ray_local, tmp_path: Path, capsys):
-    """attention: [ulysses, dsp] on an axial vit-seg, SP=2, through ``distmis run``: both are exact against one
-    device, so both trials train the same weights and log the same curves."""
-    tree = small_spec_tree(tmp_path / "data", model={
-        "name": "vit-seg", "framework": "torch",
-        "params": {"layers": 2, "embed_dim": 32, "heads": 4, "patch": 4, "decoder_features": 16,
-                   "attention": "axial"}})
-    tree["name"] = "axial-vit"
-    tree["training"].update(epochs=2, tile=[16, 16, 16])
-    tree["search"] = {"algorithm": "grid",
-                      "space": {"parallelism.sequence_parallel.attention": {"grid": ["ulysses", "dsp"]}}}
-    tree["parallelism"] = {"sequence_parallel": {"degree": 2}}
-    client, runs = run_spec(tree, tmp_path, capsys)
-    trials = {r.data.params["parallelism.sequence_parallel.attention"]: r for r in trial_runs(runs)}
-    assert sorted(trials) == ["dsp", "ulysses"]
-    for run in trials.values():
-        assert run.info.status == "FINISHED"
-        assert run.data.params["model.params.attention"] == "axial" and run.data.params["trial.workers"] == "2"
-    # the performance model's bytes for each: DSP's switches against Ulysses' all-to-alls at every stage
-    assert 0 < trials["dsp"].data.metrics["predicted_sent_mb"] < trials["ulysses"].data.metrics["predicted_sent_mb"]
-
-    for metric in ("train_loss", "val_loss", "val_dice"):
-        ulysses, dsp = curve(client, trials["ulysses"], metric), curve(client, trials["dsp"], metric)
-        assert len(ulysses) == len(dsp) == 2
-        np.testing.assert_allclose(dsp, ulysses, rtol=1e-4, atol=1e-5, err_msg=metric)
-    assert curve(client, trials["dsp"], "train_loss")[1] < curve(client, trials["dsp"], "train_loss")[0]
 
 
 def test_a_degree_auto_search_gives_each_trial_the_degree_its_memory_needs(ray_local, tmp_path: Path, capsys):

@@ -600,8 +600,8 @@ def test_the_vits_figure_of_merit_comes_from_its_registry_shape(vit_prepared, pr
 # --------------------------------------------------------------------------- a pipelined U-Net in a real gloo group
 # Each rank writes what it found; the tests compare the ranks with each other, a resumed run with one trained
 # straight on, and the saved model (the whole U-Net, loadable without a pipeline) with the ranks' weights. That a
-# pipelined trial trains as an unpipelined one does is tests/search/test_pipeline_search.py's, and with a short
-# last batch tests/faults/test_pipeline_short_batch.py's.
+# pipelined trial trains as an unpipelined one does is tests/search/test_layout_in_workers.py's (its pipelined
+# search), and with a short last batch tests/faults/test_pipeline_short_batch.py's.
 def pipeline_tree(data: Path) -> dict[str, Any]:
     tree = small_spec_tree(data, model={"name": "unet3d", "framework": "torch",
                                         "params": {"base_filters": 4, "levels": 3, "norm": "group", "norm_groups": 2}})
