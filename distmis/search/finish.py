@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,7 +45,8 @@ def end_search(spec: Spec, data: PreparedData, search_run: SearchRun, grid: Any,
     client = search_run.client
     search_run.log_figure(learning_curves_figure(client, client.get_run(search_run.run_id), "val_dice"),
                           "val_dice_curves.png")
-    test, test_note, model, problems = _finish_with_best_models(search_run, grid, callback, spec, data, model_folder)
+    best = _finish_with_best_models(search_run, grid, callback, spec, data, model_folder)
+    problems = list(best.problems)
     if tune_failure:
         problems.insert(0, f"{tune_failure} (the same command with --resume continues it)")
         search_run.set_tag("distmis.search_error", tune_failure[:500])
@@ -63,12 +65,24 @@ def end_search(spec: Spec, data: PreparedData, search_run: SearchRun, grid: Any,
         search_run.log_metrics({ranked_by: float(best_column.iloc[0])})
     elapsed = search_run.finish("FAILED" if tune_failure else "FINISHED")
     return SearchOutcome(results, failed, elapsed, search_seconds, search_run.tracking_uri, spec.experiment_name,
-                         search_run.run_id, data, test, test_note, model, tuple(problems), failed_trials, tune_failure)
+                         search_run.run_id, data, best.test, best.note, best.model, tuple(problems), failed_trials,
+                         tune_failure)
+
+
+@dataclass(frozen=True)
+class BestModels:
+    """What became of a search's best models: the best's test scores (None if none was scored), a note for the user
+    (why there are none, if there are none), where its model went, and what could not be done."""
+
+    test: TestEvaluation | None
+    note: str
+    model: PublishedModel | None
+    problems: tuple[str, ...] = ()
 
 
 def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowTrialCallback, spec: Spec,
                              data: PreparedData, model_folder: Path | None
-                             ) -> tuple[TestEvaluation | None, str, PublishedModel | None, list[str]]:
+                             ) -> BestModels:
     """What follows the trials: the ``search.evaluate_top`` best candidates scored on the test split (each on its
     own run; the best also on the search's run), the best one's overlay, and the best one's model published
     (:func:`~distmis.search.evaluate.publish_model`; ``model_folder`` None: logged on its run, not copied nor
@@ -76,10 +90,10 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
     finished: its fold models predict as one ensemble (the mean of their probabilities), which is scored on the
     configuration's run, each fold on its own, and published. Only trials whose own final status is FINISHED count.
 
-    Returns the best's scores (None if none), a note for the user, where the model went, and the problems: what
-    could not be done (a model that did not load, a test split that could not be scored, a model that could not be
-    published), each naming the trial and why. The trials' records are safe by now: these are logged and tagged on
-    the search run, and make the command exit 1, not raise.
+    Returns (:class:`BestModels`) the best's scores (None if none), a note for the user, where the model went, and
+    the problems: what could not be done (a model that did not load, a test split that could not be scored, a
+    model that could not be published), each naming the trial and why. The trials' records are safe by now: these
+    are logged and tagged on the search run, and make the command exit 1, not raise.
     """
     top = spec.search.evaluate_top
     finished = callback.finished
@@ -109,7 +123,7 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
                     f"(trials {', '.join(sorted(finished))})", "distmis.test_error")
         else:
             notes.append("no trial finished: there is no model to evaluate")
-        return None, "; ".join(notes), None, problems
+        return BestModels(None, "; ".join(notes), None, tuple(problems))
     best: TestEvaluation | None = None
     published: PublishedModel | None = None
     spacings: dict[str, tuple[float, float, float]] = {}
@@ -154,7 +168,7 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
             logger.warning("could not load trial %s's best weights", model.trial_id, exc_info=exc)
             problem(f"trial {model.trial_id}'s best weights could not be loaded from {_where(model.checkpoint)}: "
                     f"{type(exc).__name__}: {exc}", "distmis.test_error")
-    return best, "; ".join(notes), published, problems
+    return BestModels(best, "; ".join(notes), published, tuple(problems))
 
 
 class _NotLoaded(Exception):
