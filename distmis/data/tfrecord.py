@@ -720,23 +720,13 @@ def convert_to_tfrecords(
                     "shards": shards,
                 }
             assert image_shape is not None and label_shape is not None
-            manifest = {
-                "format_version": FORMAT_VERSION,
-                "preprocess": config.to_dict(),
-                "modalities": list(config.channels or MODALITIES),
-                "channels": list(config.channels or MODALITIES),
-                "targets": config.scheme,
-                "dataset": description.to_dict() if description is not None else None,
-                "image_shape": list(image_shape),
-                "label_shape": list(label_shape),
-                "image_dtype": "float32",
-                "label_dtype": "uint8",
-                "num_classes": config.num_classes,
-                "splits": splits_info,
-                "split": json.loads(json.dumps(dict(split))),
-            }
-            (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-            written = DataManifest.from_dict(manifest)
+            written = DataManifest(
+                preprocess=config.to_dict(), image_shape=tuple(image_shape), label_shape=tuple(label_shape),
+                splits=splits_info, num_classes=config.num_classes, channels=tuple(config.channels or MODALITIES),
+                targets=config.scheme, dataset=description.to_dict() if description is not None else None,
+                split=json.loads(json.dumps(dict(split))),
+            )
+            (tmp / MANIFEST_NAME).write_text(json.dumps(written.to_dict(), indent=2) + "\n")
         finally:
             results.close()  # stops the worker pool
             bar.close()
