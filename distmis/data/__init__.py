@@ -6,6 +6,8 @@ Read top-down, the modules are:
   nnU-Net regions), from its own ``dataset.json``; :func:`describe_dataset`.
 * :mod:`~distmis.data.layouts` - the MSD, nnU-Net v2, BraTS and BraTS 2023 on-disk
   layouts; :func:`discover_cases`, :func:`check_cases` and :func:`read_case`.
+* :mod:`~distmis.data.dataset_layouts` - the registry of those layouts: one entry each, binding its
+  discovery, description, scans and synthetic writer; :data:`DATASET_LAYOUTS`.
 * :mod:`~distmis.data.scans` - the scans to segment (one case or a data set,
   labels optional); :func:`discover_scans`, :func:`read_scan` and :func:`read_scan_label`.
 * :mod:`~distmis.data.preprocess` - z-score, crop / pad, resize, label ->
@@ -22,7 +24,11 @@ Importing this package does not import TensorFlow or pandas.
 
 from __future__ import annotations
 
-from distmis.data.description import DatasetDescription, Region, describe_dataset, layout_description
+from distmis.data import layout_entries  # noqa: F401 - fills the layout registry before anything reads it
+from distmis.data.dataset_layouts import (
+    DATASET_LAYOUTS, DatasetLayout, dataset_layout, describe_dataset, layout_description,
+)
+from distmis.data.description import DatasetDescription, Region
 from distmis.data.errors import DataError
 from distmis.data.inspect import (
     DatasetSummary,
@@ -32,8 +38,6 @@ from distmis.data.inspect import (
     summarize_dataset,
 )
 from distmis.data.layouts import (
-    CASE_FOLDER_LAYOUTS,
-    LABEL_VALUES,
     MODALITIES,
     CaseFiles,
     Layout,
@@ -77,10 +81,11 @@ __all__ = [
     "Region",
     "describe_dataset",
     "layout_description",
+    "DATASET_LAYOUTS",
+    "DatasetLayout",
+    "dataset_layout",
     "Layout",
     "MODALITIES",
-    "LABEL_VALUES",
-    "CASE_FOLDER_LAYOUTS",
     "CaseFiles",
     "coerce_layout",
     "case_file_stems",

@@ -1,7 +1,8 @@
 """What a data set holds: its image channels and label classes, from its own ``dataset.json``.
 
 An MSD task (any of the ten, or one made like them) and an nnU-Net v2 raw data set describe themselves in a
-``dataset.json``; the BraTS layouts have none, and are described by :func:`layout_description`.
+``dataset.json``; the BraTS layouts have none, and are described by
+:func:`~distmis.data.dataset_layouts.layout_description`.
 
 MSD (``layout: msd``)::
 
@@ -23,7 +24,9 @@ nnU-Net v2 (``layout: nnunet``)::
     {"labels": {"background": 0, "whole tumor": [1, 2, 3], "tumor core": [2, 3], "enhancing tumor": [3]},
      "regions_class_order": [1, 2, 3], ...}
 
-:func:`describe_dataset` reads either into a :class:`DatasetDescription`; a missing or ill-typed key is a
+:func:`describe_msd` and :func:`describe_nnunet` read them (through
+:func:`~distmis.data.dataset_layouts.describe_dataset`) into a :class:`DatasetDescription`; a missing or ill-typed
+key is a
 :class:`~distmis.data.errors.DataError` naming the file, the key and what is expected.
 """
 
@@ -38,8 +41,8 @@ from typing import Any, TypeVar
 
 from distmis.data.errors import DataError
 
-__all__ = ["Layout", "LAYOUT_NAMES", "NIFTI_SUFFIXES", "coerce_layout", "Region", "DatasetDescription",
-           "describe_dataset", "layout_description", "dataset_json_layout"]
+__all__ = ["Layout", "NIFTI_SUFFIXES", "coerce_layout", "Region", "DatasetDescription",
+           "describe_msd", "describe_nnunet", "dataset_json_layout"]
 
 #: The largest label value a label map may hold (label maps are read as int16).
 MAX_LABEL_VALUE = 2**15 - 1
@@ -53,14 +56,6 @@ class Layout(str, Enum):
     BRATS = "brats"
     BRATS2023 = "brats2023"
 
-
-#: A human-readable name of each layout, for messages.
-LAYOUT_NAMES: dict[Layout, str] = {
-    Layout.MSD: "MSD",
-    Layout.NNUNET: "nnU-Net v2",
-    Layout.BRATS: "BraTS 2018-2021",
-    Layout.BRATS2023: "BraTS 2023",
-}
 
 #: File name endings accepted for NIfTI files, preferred first.
 NIFTI_SUFFIXES: tuple[str, ...] = (".nii.gz", ".nii")
@@ -217,47 +212,20 @@ class DatasetDescription:
                    num_training=None if num_training is None else int(num_training), name=str(data.get("name", "")))
 
 
-# --------------------------------------------------------------------------- the layouts' own
-
-
-_BRATS_CHANNELS = ("flair", "t1", "t1ce", "t2")
-
-
-def layout_description(layout: Layout | str) -> DatasetDescription:
-    """The description of a layout's own data: BraTS (2018-2021), BraTS 2023, or MSD Task01_BrainTumour.
-
-    ``brats``: channels flair, t1, t1ce, t2; 0 background, 1 necrotic core, 2 edema, 4 enhancing tumour.
-    ``brats2023``: the same channels (t2f, t1n, t1c, t2w); 0 background, 1 necrotic core (NCR), 2 edema (ED),
-    3 enhancing tumour (ET). ``msd``: Task01's FLAIR, T1w, t1gd, T2w; 0 background, 1 edema,
-    2 non-enhancing tumor, 3 enhancing tumour.
-
-    Raises:
-        ValueError: for ``nnunet`` (an nnU-Net data set always has its dataset.json: :func:`describe_dataset`),
-            or an unknown layout.
-    """
-    layout = coerce_layout(layout)
-    if layout is Layout.BRATS:
-        return DatasetDescription(layout, _BRATS_CHANNELS, (("background", 0), ("necrotic core", 1), ("edema", 2),
-                                                            ("enhancing tumour", 4)))
-    if layout is Layout.BRATS2023:
-        return DatasetDescription(layout, _BRATS_CHANNELS, (("background", 0), ("necrotic core", 1), ("edema", 2),
-                                                            ("enhancing tumour", 3)))
-    if layout is Layout.MSD:
-        return DatasetDescription(layout, ("FLAIR", "T1w", "t1gd", "T2w"),
-                                  (("background", 0), ("edema", 1), ("non-enhancing tumor", 2),
-                                   ("enhancing tumour", 3)))
-    raise ValueError(f"layout {layout.value!r} has no fixed channels and classes: an nnU-Net data set is described by "
-                     "its dataset.json (describe_dataset(root, 'nnunet'))")
-
-
 # --------------------------------------------------------------------------- dataset.json
+
+
+#: The two layouts described by a dataset.json: their names in messages, and what their roots hold.
+_JSON_LAYOUTS: dict[Layout, tuple[str, str]] = {
+    Layout.MSD: ("an MSD", "dataset.json (its 'training' list names the cases)"),
+    Layout.NNUNET: ("an nnU-Net v2", "dataset.json, imagesTr/ and labelsTr/"),
+}
 
 
 def _read_json(path: Path, layout: Layout) -> dict[str, Any]:
     if not path.is_file():
-        needs = ("dataset.json, imagesTr/ and labelsTr/" if layout is Layout.NNUNET
-                 else "dataset.json (its 'training' list names the cases)")
-        raise DataError(f"{str(path)!r} not found: an {LAYOUT_NAMES[layout]} data set root holds {needs}")
+        titled, holds = _JSON_LAYOUTS[layout]
+        raise DataError(f"{str(path)!r} not found: {titled} data set root holds {holds}")
     return read_json_object(path)
 
 
@@ -284,7 +252,7 @@ class _Keys:
         self.path, self.meta, self.layout, self.required = path, meta, layout, required
 
     def fail(self, key: str, problem: str, expected: str) -> DataError:
-        return DataError(f"{str(self.path)!r}: {problem} key {key!r}; an {LAYOUT_NAMES[self.layout]} dataset.json "
+        return DataError(f"{str(self.path)!r}: {problem} key {key!r}; {_JSON_LAYOUTS[self.layout][0]} dataset.json "
                          f"needs {expected}")
 
     def get(self, key: str, kind: type | tuple[type, ...], expected: str) -> Any:
@@ -292,9 +260,9 @@ class _Keys:
             other = Layout.MSD if self.layout is Layout.NNUNET else Layout.NNUNET
             hint = ""
             if dataset_json_layout(self.meta) is other:
-                hint = f" (it looks like an {LAYOUT_NAMES[other]} dataset.json: use layout={other.value!r})"
-            raise DataError(f"{str(self.path)!r} lacks the required key {key!r}: {expected}; an "
-                            f"{LAYOUT_NAMES[self.layout]} dataset.json needs "
+                hint = f" (it looks like {_JSON_LAYOUTS[other][0]} dataset.json: use layout={other.value!r})"
+            raise DataError(f"{str(self.path)!r} lacks the required key {key!r}: {expected}; "
+                            f"{_JSON_LAYOUTS[self.layout][0]} dataset.json needs "
                             f"{', '.join(repr(k) for k in self.required)}{hint}")
         value = self.meta[key]
         if not isinstance(value, kind) or isinstance(value, bool):
@@ -359,7 +327,10 @@ def _check_classes(keys: _Keys, classes: list[tuple[str, int]]) -> None:
                             f"({sorted(v for n, v in classes if n == name)}); every class needs its own name")
 
 
-def _describe_msd(path: Path, meta: dict[str, Any], root: Path) -> DatasetDescription:
+def describe_msd(root: Path) -> DatasetDescription:
+    """An MSD data set's description, from its dataset.json's ``modality``, ``labels`` and ``training``."""
+    path = root / "dataset.json"
+    meta = _read_json(path, Layout.MSD)
     keys = _Keys(path, meta, Layout.MSD, ("modality", "labels", "training"))
     channels = keys.channels("modality")
     expected = 'an object of label value -> class name, e.g. {"0": "background", "1": "spleen"}'
@@ -380,7 +351,11 @@ def _describe_msd(path: Path, meta: dict[str, Any], root: Path) -> DatasetDescri
                               name=keys.name(root))
 
 
-def _describe_nnunet(path: Path, meta: dict[str, Any], root: Path) -> DatasetDescription:
+def describe_nnunet(root: Path) -> DatasetDescription:
+    """An nnU-Net v2 data set's description, from its dataset.json's ``channel_names``, ``labels``,
+    ``numTraining``, ``file_ending`` and ``regions_class_order``."""
+    path = root / "dataset.json"
+    meta = _read_json(path, Layout.NNUNET)
     keys = _Keys(path, meta, Layout.NNUNET, ("channel_names", "labels", "numTraining", "file_ending"))
     channels = keys.channels("channel_names")
     expected = ('an object of class name -> label value, or -> a list of values for a region, e.g. '
@@ -431,26 +406,3 @@ def _describe_nnunet(path: Path, meta: dict[str, Any], root: Path) -> DatasetDes
     classes = ((background[0], 0), *((r.name, r.paint) for r in region_objects))
     return DatasetDescription(Layout.NNUNET, channels, classes, regions=region_objects, file_ending=ending,
                               num_training=num_training, name=keys.name(root))
-
-
-def describe_dataset(root: str | Path, layout: Layout | str) -> DatasetDescription:
-    """The description of the data set at ``root``, from its ``dataset.json`` (MSD, nnU-Net v2), or the
-    layout's own (:func:`layout_description`) for the BraTS layouts.
-
-    Required keys: MSD ``modality``, ``labels``, ``training``; nnU-Net v2 ``channel_names``, ``labels``,
-    ``numTraining``, ``file_ending`` (``.nii.gz`` or ``.nii``), and ``regions_class_order`` when a label is a list
-    of values (a region).
-
-    Raises:
-        DataError: naming dataset.json and the key, when the file is missing or not a JSON object, a required
-            key is missing or ill-typed, label 0 (background) is missing, two classes share a value, channel
-            indices are not 0..n-1, or file_ending is not NIfTI's.
-        ValueError: if ``layout`` is unknown.
-    """
-    layout = coerce_layout(layout)
-    if layout not in (Layout.MSD, Layout.NNUNET):
-        return layout_description(layout)
-    root = Path(root)
-    path = root / "dataset.json"
-    meta = _read_json(path, layout)
-    return _describe_msd(path, meta, root) if layout is Layout.MSD else _describe_nnunet(path, meta, root)

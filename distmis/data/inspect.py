@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from distmis.data.case_progress import case_progress
-from distmis.data.description import DatasetDescription, describe_dataset
+from distmis.data.dataset_layouts import dataset_layout, describe_dataset
+from distmis.data.description import DatasetDescription
 from distmis.data.layouts import (
-    LAYOUT_NAMES,
     Layout,
     case_orientation,
     check_cases,
@@ -244,7 +244,8 @@ def format_summary(summary: DatasetSummary) -> str:
     spacing min / median / max per axis; orientations; intensity range per channel; stored dtypes."""
     description, df = summary.description, summary.cases
     title = description.name or summary.root.name
-    lines = [f"{title}: {len(df)} cases, layout {description.layout.value} ({LAYOUT_NAMES[description.layout]})"]
+    layout = description.layout
+    lines = [f"{title}: {len(df)} cases, layout {layout.value} ({dataset_layout(layout).title})"]
     lines.append("channels: " + ", ".join(f"{i} {name}" for i, name in enumerate(description.channels)))
     if len(df) == 0:
         return "\n".join(lines)

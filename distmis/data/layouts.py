@@ -66,7 +66,6 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,26 +74,21 @@ import numpy as np
 # Layout, its names and the NIfTI endings live with the data set's description (which this module reads cases
 # with); they are this module's too.
 from distmis.data.description import (
-    LAYOUT_NAMES,
     NIFTI_SUFFIXES,
     DatasetDescription,
     Layout,
-    _coerce_enum,
     coerce_layout,
-    describe_dataset,
-    layout_description,
+    dataset_json_layout,
+    describe_nnunet,
     read_json_object,
 )
+from distmis.data.dataset_layouts import CaseFiles, case_folder_layouts, dataset_layout, layout_description
 from distmis.data.errors import DataError
 
 __all__ = [
     "Layout",
-    "LAYOUT_NAMES",
     "NIFTI_SUFFIXES",
     "MODALITIES",
-    "LABEL_VALUES",
-    "CASE_FOLDER_LAYOUTS",
-    "LAYOUT_NAMES",
     "CaseFiles",
     "coerce_layout",
     "case_file_stems",
@@ -115,45 +109,12 @@ __all__ = [
 #: order of the four channels of an MSD Task01 image (FLAIR, T1w, T1gd, T2w).
 MODALITIES: tuple[str, ...] = ("flair", "t1", "t1ce", "t2")
 
-#: Label values that may appear in a label map of each brain-tumour layout (an MSD task or nnU-Net data set
-#: other than Task01 has its own: :attr:`~distmis.data.description.DatasetDescription.label_values`).
-LABEL_VALUES: dict[Layout, tuple[int, ...]] = {
-    Layout.MSD: (0, 1, 2, 3),  # 1 edema, 2 non-enhancing tumour, 3 enhancing tumour
-    Layout.BRATS: (0, 1, 2, 4),  # 1 necrotic/non-enhancing core, 2 edema, 4 enhancing
-    Layout.BRATS2023: (0, 1, 2, 3),  # 1 necrotic core (NCR), 2 edema (ED), 3 enhancing tumour (ET)
-}
-
-#: Layouts with one folder per case, named after the case, holding one 3-D file per modality.
-CASE_FOLDER_LAYOUTS: tuple[Layout, ...] = (Layout.BRATS, Layout.BRATS2023)
-
-# Per case-folder layout: the separator between case id and part, the part naming each
-# modality (in MODALITIES order), and the part naming the label file.
-_CASE_FOLDER_NAMING: dict[Layout, tuple[str, tuple[str, ...], str]] = {
-    Layout.BRATS: ("_", ("flair", "t1", "t1ce", "t2"), "seg"),
-    Layout.BRATS2023: ("-", ("t2f", "t1n", "t1c", "t2w"), "seg"),
-}
-
-@dataclass(frozen=True)
-class CaseFiles:
-    """The files that make up one case.
-
-    Attributes:
-        case_id: name of the case, e.g. ``"BRATS_001"``, ``"BraTS2021_00000"`` or ``"BraTS-GLI-00000-000"``.
-        images: MSD: one image file (4-D, or 3-D for one channel); nnU-Net: one 3-D file per channel, in channel
-            order; BraTS / BraTS 2023: four files in :data:`MODALITIES` order.
-        label: the label (segmentation) file.
-    """
-
-    case_id: str
-    images: tuple[Path, ...]
-    label: Path
-
 
 # --------------------------------------------------------------------------- case folders
 
 
 def case_file_stems(layout: Layout | str, case_id: str) -> tuple[tuple[str, ...], str]:
-    """The file names, without ``.nii.gz``, of a case of a case-folder layout (:data:`CASE_FOLDER_LAYOUTS`).
+    """The file names, without ``.nii.gz``, of a case of a layout of one folder per case (BraTS, BraTS 2023).
 
     Returns:
         ``(modality stems in MODALITIES order, label stem)``, e.g. for ``brats2023`` and
@@ -162,12 +123,13 @@ def case_file_stems(layout: Layout | str, case_id: str) -> tuple[tuple[str, ...]
     Raises:
         ValueError: if ``layout`` is unknown or has no case folders (``msd``).
     """
-    layout = coerce_layout(layout)
-    if layout not in _CASE_FOLDER_NAMING:
-        folder_layouts = ", ".join(repr(l.value) for l in CASE_FOLDER_LAYOUTS)
-        raise ValueError(f"layout {layout.value!r} has no case folders; case-folder layouts are {folder_layouts}")
-    separator, modalities, label = _CASE_FOLDER_NAMING[layout]
-    return tuple(f"{case_id}{separator}{m}" for m in modalities), f"{case_id}{separator}{label}"
+    naming = dataset_layout(layout).case_folder
+    if naming is None:
+        folder_layouts = ", ".join(repr(l.value) for l in case_folder_layouts())
+        raise ValueError(f"layout {coerce_layout(layout).value!r} has no case folders; case-folder layouts are "
+                         f"{folder_layouts}")
+    sep = naming.separator
+    return tuple(f"{case_id}{sep}{m}" for m in naming.modalities), f"{case_id}{sep}{naming.label}"
 
 
 # --------------------------------------------------------------------------- discovery
@@ -237,7 +199,8 @@ def _msd_training(root: Path, manifest: Path, meta: dict) -> list[CaseFiles]:
     return list(cases.values())
 
 
-def _discover_msd(root: Path) -> list[CaseFiles]:
+def discover_msd(root: Path) -> list[CaseFiles]:
+    """An MSD data set's cases: its dataset.json's ``training`` list."""
     manifest, meta = _msd_manifest(root)
     return sorted(_msd_training(root, manifest, meta), key=lambda case: case.case_id)
 
@@ -287,8 +250,12 @@ def _nnunet_case_images(case_id: str, found: dict[int, Path], folder: Path, chan
     return tuple(found[i] for i in range(len(channels)))
 
 
-def _discover_nnunet(root: Path) -> list[CaseFiles]:
-    description = describe_dataset(root, Layout.NNUNET)
+def discover_nnunet(root: Path) -> list[CaseFiles]:
+    """An nnU-Net v2 data set's cases: imagesTr/'s channel files with their labelsTr/ labels."""
+    if not (root / "dataset.json").is_file() and (hint := _wrong_layout_hint(root, Layout.NNUNET)):
+        raise DataError(f"{str(root / 'dataset.json')!r} not found: an nnU-Net v2 data set root holds "
+                        f"dataset.json, imagesTr/ and labelsTr/ ({hint})")
+    description = describe_nnunet(root)
     ending = description.file_ending
     images_dir, labels_dir = root / "imagesTr", root / "labelsTr"
     for folder in (images_dir, labels_dir):
@@ -338,7 +305,7 @@ def _find_nifti(folder: Path, stem: str) -> Path | None:
 def _folder_layouts(folder: Path) -> list[Layout]:
     """The case-folder layouts of which ``folder`` holds at least one file named after the folder."""
     found = []
-    for layout in CASE_FOLDER_LAYOUTS:
+    for layout in case_folder_layouts():
         modalities, label = case_file_stems(layout, folder.name)
         if any(_find_nifti(folder, stem) is not None for stem in (*modalities, label)):
             found.append(layout)
@@ -378,18 +345,20 @@ def _case_folder_files(folder: Path, layout: Layout, *, need_label: bool) -> tup
             hint = ""
             if others:
                 example = case_file_stems(others[0], case_id)[0][0] + NIFTI_SUFFIXES[0]
-                hint = f"; it holds {LAYOUT_NAMES[others[0]]} files such as {example!r}: use layout={others[0].value!r}"
+                hint = (f"; it holds {dataset_layout(others[0]).title} files such as {example!r}: "
+                        f"use layout={others[0].value!r}")
             needed = ", ".join(f"{n}{NIFTI_SUFFIXES[0]}" for n in (*modalities, seg)[: None if need_label else -1])
             optional = "" if need_label else f" and may hold {seg}{NIFTI_SUFFIXES[0]}"
             raise DataError(
                 f"case {case_id!r}: missing file {str(expected)!r} "
-                f"(a {LAYOUT_NAMES[layout]} case folder needs {needed}{optional}){hint}"
+                f"(a {dataset_layout(layout).title} case folder needs {needed}{optional}){hint}"
             )
         images.append(found)
     return tuple(images[:-1]), images[-1]  # type: ignore[arg-type]
 
 
-def _discover_case_folders(root: Path, layout: Layout) -> list[CaseFiles]:
+def discover_case_folders(root: Path, layout: Layout) -> list[CaseFiles]:
+    """The cases of a layout of one folder per case: its sub-folders, each named after its case."""
     cases = []
     for folder in _subfolders(root):
         images, label = _case_folder_files(folder, layout, need_label=True)
@@ -404,19 +373,22 @@ def _wrong_layout_hint(root: Path, layout: Layout) -> str:
             meta = json.loads((root / "dataset.json").read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             meta = None
-        looks = Layout.NNUNET if isinstance(meta, dict) and "channel_names" in meta else Layout.MSD
+        looks = dataset_json_layout(meta) if isinstance(meta, dict) else Layout.MSD
         if looks is not layout:
-            return f"it contains dataset.json: is it an {LAYOUT_NAMES[looks]} data set? use layout={looks.value!r}"
+            return (f"it contains dataset.json: is it {dataset_layout(looks).titled} data set? "
+                    f"use layout={looks.value!r}")
     if not root.is_dir():
         return ""
     own = _folder_layouts(root)
     if own:
-        return (f"it is itself a {LAYOUT_NAMES[own[0]]} case folder: pass the folder that holds the case folders"
+        return (f"it is itself a {dataset_layout(own[0]).title} case folder: pass the folder that holds the case "
+                "folders"
                 + ("" if own[0] is layout else f", with layout={own[0].value!r}"))
     for folder in _subfolders(root):
         found = _folder_layouts(folder)
         if found and found[0] is not layout:
-            return f"its sub-folder {folder.name!r} is a {LAYOUT_NAMES[found[0]]} case folder: use layout={found[0].value!r}"
+            return (f"its sub-folder {folder.name!r} is a {dataset_layout(found[0]).title} case folder: "
+                    f"use layout={found[0].value!r}")
     return ""
 
 
@@ -434,23 +406,16 @@ def discover_cases(root: str | Path, layout: Layout | str) -> list[CaseFiles]:
             misnamed, the number of nnU-Net cases differs from ``numTraining``
             (naming both), or no case is found.
     """
-    layout = coerce_layout(layout)
+    entry = dataset_layout(layout)
     root = Path(root)
     _check_root(root)
-    if layout is Layout.MSD:
-        cases = _discover_msd(root)
-    elif layout is Layout.NNUNET:
-        if not (root / "dataset.json").is_file() and (hint := _wrong_layout_hint(root, layout)):
-            raise DataError(f"{str(root / 'dataset.json')!r} not found: an nnU-Net v2 data set root holds "
-                            f"dataset.json, imagesTr/ and labelsTr/ ({hint})")
-        cases = _discover_nnunet(root)
-    else:
-        cases = _discover_case_folders(root, layout)
+    cases = entry.discover(root)
     if not cases:
-        hint = _wrong_layout_hint(root, layout)
-        if not hint and layout in CASE_FOLDER_LAYOUTS:
-            hint = f"a {LAYOUT_NAMES[layout]} data set has one sub-folder per case"
-        raise DataError(f"no cases found in {str(root)!r} for layout {layout.value!r}" + (f" ({hint})" if hint else ""))
+        hint = _wrong_layout_hint(root, entry.layout)
+        if not hint and entry.case_folder is not None:
+            hint = f"{entry.titled} data set has {entry.root_holds}"
+        raise DataError(f"no cases found in {str(root)!r} for layout {entry.layout.value!r}"
+                        + (f" ({hint})" if hint else ""))
     return cases
 
 
@@ -567,8 +532,7 @@ def _as_description(dataset: DatasetDescription | Layout | str) -> DatasetDescri
 
 def _label_hint(description: DatasetDescription) -> str:
     """What a wrong label value may mean: for the brain-tumour layouts' own values, the other layouts' values."""
-    layout = description.layout
-    if layout in (Layout.MSD, *CASE_FOLDER_LAYOUTS) and description == layout_description(layout):
+    if description == dataset_layout(description.layout).own:
         return "; MSD and BraTS 2023 use 0-3, BraTS 2018-2021 uses 0, 1, 2, 4: is the layout right?"
     return "; the allowed values are the data set's labels in its dataset.json"
 
@@ -598,11 +562,6 @@ def _as_label(array: np.ndarray, path: Path, description: DatasetDescription) ->
     return array.astype(np.int16)
 
 
-def _article(layout: Layout) -> str:
-    """"an MSD", "an nnU-Net v2", "a BraTS ..."."""
-    return "an" if layout in (Layout.MSD, Layout.NNUNET) else "a"
-
-
 def _channel_list(channels: Sequence[str]) -> str:
     return ", ".join(channels)
 
@@ -619,9 +578,10 @@ def _read_images(case_id: str, images: Sequence[Path], layout: Layout,
             file is not 3-D or differs in shape from the first, or the image holds NaN/inf.
     """
     count = len(channels)
-    if layout is Layout.MSD:
+    entry = dataset_layout(layout)
+    if entry.images == "one_file":
         if len(images) != 1:
-            raise DataError(f"case {case_id!r}: an MSD case has exactly one image file, got {len(images)}")
+            raise DataError(f"case {case_id!r}: {entry.titled} case has exactly one image file, got {len(images)}")
         path = images[0]
         reference = _load_image(path)
         data = _image_data(reference, path)
@@ -631,11 +591,10 @@ def _read_images(case_id: str, images: Sequence[Path], layout: Layout,
             raise DataError(f"image file {str(path)!r} has shape {data.shape}; {_msd_shape_rule(channels, data.ndim)}")
         return _as_image(data, path), reference
 
-    what, kind, plural = (("channel file", "channel file", "channel files") if layout is Layout.NNUNET
-                          else ("modality file", "modality", "modalities"))
+    what = entry.channel_file
     if len(images) != count:
         raise DataError(
-            f"case {case_id!r}: {_article(layout)} {LAYOUT_NAMES[layout]} case of this data set has {count} image "
+            f"case {case_id!r}: {entry.titled} case of this data set has {count} image "
             f"files ({_channel_list(channels)}), got {len(images)}"
         )
     volumes: list[np.ndarray] = []
@@ -645,13 +604,13 @@ def _read_images(case_id: str, images: Sequence[Path], layout: Layout,
         data = _squeeze_trailing(_image_data(img, path), 3)
         if data.ndim != 3:
             raise DataError(
-                f"image file {str(path)!r} has shape {data.shape}; {_article(layout)} {LAYOUT_NAMES[layout]} {kind} "
+                f"image file {str(path)!r} has shape {data.shape}; {entry.titled} {what} "
                 "must be 3-D"
             )
         if volumes and data.shape != volumes[0].shape:
             raise DataError(
                 f"case {case_id!r}: {what} {str(path)!r} has shape {data.shape} but "
-                f"{str(images[0])!r} has shape {volumes[0].shape}; all {plural} must match"
+                f"{str(images[0])!r} has shape {volumes[0].shape}; all {what}s must match"
             )
         reference = img if reference is None else reference
         volumes.append(_as_image(data, path))
@@ -743,9 +702,10 @@ def _check_headers(case_id: str, images: Sequence[Path], label: Path | None, lay
     a label whose spatial shape or spacing differs from the image's.
     """
     count = len(channels)
-    if layout is Layout.MSD:
+    entry = dataset_layout(layout)
+    if entry.images == "one_file":
         if len(images) != 1:
-            raise DataError(f"case {case_id!r}: an MSD case has exactly one image file, got {len(images)}")
+            raise DataError(f"case {case_id!r}: {entry.titled} case has exactly one image file, got {len(images)}")
         path = images[0]
         img = _load_image(path)
         shape = tuple(int(s) for s in img.header.get_data_shape())
@@ -756,7 +716,7 @@ def _check_headers(case_id: str, images: Sequence[Path], label: Path | None, lay
                             f"channel(s) ({_channel_list(channels)}); {_msd_shape_rule(channels, len(shape))}")
         spatial, spacing, first = shape[:3], _header_spacing(img), path
     else:
-        what = "channel file" if layout is Layout.NNUNET else "modality file"
+        what = entry.channel_file
         if len(images) != count:
             raise DataError(f"case {case_id!r} has {len(images)} image file(s) ({', '.join(p.name for p in images)}) "
                             f"but {source} {count} channel(s) ({_channel_list(channels)}): one 3-D file each")
@@ -766,15 +726,14 @@ def _check_headers(case_id: str, images: Sequence[Path], label: Path | None, lay
             img = _load_image(path)
             shape = _squeezed(tuple(int(s) for s in img.header.get_data_shape()))
             if len(shape) != 3:
-                raise DataError(f"image file {str(path)!r} has shape {shape}; {_article(layout)} "
-                                f"{LAYOUT_NAMES[layout]} {what.removesuffix(' file')} must be 3-D")
+                raise DataError(f"image file {str(path)!r} has shape {shape}; {entry.titled} "
+                                f"{what} must be 3-D")
             zooms = _header_spacing(img)
             if spatial is None:
                 spatial, spacing = shape, zooms
             elif shape != spatial:
                 raise DataError(f"case {case_id!r}: {what} {str(path)!r} has shape {shape} but {str(first)!r} has "
-                                f"shape {spatial}; all {'modalities' if what == 'modality file' else what + 's'} "
-                                "must match")
+                                f"shape {spatial}; all {what}s must match")
             elif not _same_spacing(zooms, spacing):  # type: ignore[arg-type]
                 raise DataError(f"case {case_id!r}: {what} {str(path)!r} has voxel spacing {_mm(zooms)} but "
                                 f"{str(first)!r} has {_mm(spacing)}; a case's channels must lie on one grid")

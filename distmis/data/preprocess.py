@@ -33,7 +33,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from distmis.data.layouts import LABEL_VALUES, Layout, _coerce_enum, coerce_layout, label_counts
+from distmis.data.dataset_layouts import dataset_layout
+from distmis.data.description import _coerce_enum
+from distmis.data.layouts import Layout, coerce_layout, label_counts, layout_description
 from distmis.pyfunc_model import (
     CORE_VALUES, ENHANCING_VALUE, center_crop_or_pad, check_axcodes, check_shape3, legacy_targets, prepare_image,
     prepare_volume, preprocess_geometry, resize, zscore_nonzero,
@@ -81,7 +83,7 @@ def labels_to_target(label: np.ndarray, layout: Layout | str, mode: LabelMode | 
     """Map a label map with the layout's values to binary target channels.
 
     Args:
-        label: integer ``(H, W, D)`` label map with values from ``LABEL_VALUES[layout]``.
+        label: integer ``(H, W, D)`` label map with the values of the layout's own description (``layout_description``).
         layout: which label convention ``label`` uses.
         mode: ``whole-tumour`` -> 1 channel (label > 0); ``regions`` -> 3 channels
             WT (any tumour), TC (core + enhancing: BraTS {1, 4}, MSD {2, 3}, BraTS 2023 {1, 3}) and
@@ -100,11 +102,12 @@ def labels_to_target(label: np.ndarray, layout: Layout | str, mode: LabelMode | 
     if label.dtype.kind not in "iub":
         raise ValueError(f"label must be an integer array, got dtype {label.dtype}")
     found = sorted(label_counts(label))
-    bad = [v for v in found if v not in LABEL_VALUES[layout]]
+    allowed = layout_description(layout).label_values
+    bad = [v for v in found if v not in allowed]
     if bad:
         raise ValueError(
             f"label values {bad} are not allowed for layout {layout.value!r} "
-            f"(found {found}, allowed {list(LABEL_VALUES[layout])})"
+            f"(found {found}, allowed {list(allowed)})"
         )
     whole = label > 0
     if mode is LabelMode.WHOLE_TUMOUR:
@@ -185,7 +188,7 @@ class PreprocessConfig:
         if self.interpolation not in ("linear", "bspline"):
             raise ValueError(f"PreprocessConfig.interpolation must be 'linear' or 'bspline', got {self.interpolation!r}")
         if self.targets is None:
-            if self.labels is LabelMode.CLASSES or self.layout is Layout.NNUNET:
+            if self.labels is LabelMode.CLASSES or dataset_layout(self.layout).own is None:
                 raise ValueError(f"PreprocessConfig with labels {self.labels.value!r} on layout {self.layout.value!r} "
                                  "needs its targets (the data set's labels: distmis.data.targets.target_scheme)")
             object.__setattr__(self, "targets", legacy_targets(self.layout.value, self.labels.value))

@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from distmis.data.dataset_layouts import case_folder_layouts, dataset_layout
+from distmis.data.description import describe_nnunet
 from distmis.data.errors import DataError
 from distmis.data.layouts import (
-    CASE_FOLDER_LAYOUTS,
-    LAYOUT_NAMES,
     MODALITIES,
     NIFTI_SUFFIXES,
     Layout,
@@ -123,16 +123,15 @@ class ScanFiles:
         object.__setattr__(self, "images", tuple(Path(p) for p in self.images))
         if self.label is not None:
             object.__setattr__(self, "label", Path(self.label))
-        if layout is Layout.NNUNET:
-            if not self.images:
-                raise ValueError(f"case {self.case_id!r}: an nnU-Net case has one image file per channel, got none")
-            return
-        expected = 1 if layout is Layout.MSD else len(MODALITIES)
-        if len(self.images) != expected:
-            raise ValueError(
-                f"case {self.case_id!r}: {LAYOUT_NAMES[layout]} cases have {expected} image file(s), "
-                f"got {len(self.images)}"
-            )
+        entry = dataset_layout(layout)
+        if entry.images == "one_file" or entry.case_folder is not None:
+            expected = 1 if entry.images == "one_file" else len(entry.case_folder.modalities)
+            if len(self.images) != expected:
+                raise ValueError(f"case {self.case_id!r}: {dataset_layout(layout).title} cases have {expected} "
+                                 "image file(s), "
+                                 f"got {len(self.images)}")
+        elif not self.images:
+            raise ValueError(f"case {self.case_id!r}: {entry.titled} case has one image file per channel, got none")
 
 
 # --------------------------------------------------------------------------- discovery
@@ -157,11 +156,16 @@ def _case_folder_scan(folder: Path, layout: Layout) -> ScanFiles:
     return ScanFiles(folder.name, layout, images, label)
 
 
+def scans_of_case_folders(root: Path, layout: Layout) -> list[ScanFiles]:
+    """The cases of a data set of one folder per case: its sub-folders that are case folders of ``layout``."""
+    return [_case_folder_scan(sub, layout) for sub in _subfolders(root) if _case_folder_layout(sub) is layout]
+
+
 def _visible_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
 
 
-def _scans_of_msd_root(root: Path) -> list[ScanFiles]:
+def scans_of_msd_root(root: Path) -> list[ScanFiles]:
     """The "training" cases (with their labels) and the "test" images of an MSD data set."""
     manifest, meta = _msd_manifest(root)
     scans = [ScanFiles(c.case_id, Layout.MSD, c.images, c.label) for c in _msd_training(root, manifest, meta)]
@@ -216,7 +220,7 @@ def _looks_nnunet(groups: dict[str, dict[int, Path]], misnamed: list[Path]) -> b
 def _folder_description(folder: Path) -> DatasetDescription | None:
     """The nnU-Net description of the data set ``folder`` (e.g. its imagesTs) lies in, when its parent holds an
     nnU-Net dataset.json that reads."""
-    from distmis.data.description import dataset_json_layout, describe_dataset
+    from distmis.data.description import dataset_json_layout
 
     manifest = folder.parent / "dataset.json"
     if not manifest.is_file():
@@ -225,7 +229,7 @@ def _folder_description(folder: Path) -> DatasetDescription | None:
         meta = json.loads(manifest.read_text())
         if not isinstance(meta, dict) or dataset_json_layout(meta) is not Layout.NNUNET:
             return None
-        return describe_dataset(folder.parent, Layout.NNUNET)
+        return describe_nnunet(folder.parent)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, DataError):
         return None
 
@@ -250,11 +254,9 @@ def _nnunet_scans(groups: dict[str, dict[int, Path]], ending: str, *,
     return scans
 
 
-def _scans_of_nnunet_root(root: Path) -> list[ScanFiles]:
+def scans_of_nnunet_root(root: Path) -> list[ScanFiles]:
     """The cases of an nnU-Net data set's imagesTr (with their labels) and imagesTs (with labelsTs, if any)."""
-    from distmis.data.description import describe_dataset
-
-    description = describe_dataset(root, Layout.NNUNET)
+    description = describe_nnunet(root)
     ending = description.file_ending
     scans: list[ScanFiles] = []
     for name in ("imagesTr", "imagesTs"):
@@ -267,6 +269,13 @@ def _scans_of_nnunet_root(root: Path) -> list[ScanFiles]:
                             f"holds one channel, XXXX its 4-digit index (0000 for {description.channels[0]!r})")
         scans += _nnunet_scans(groups, ending, description=description)
     return scans
+
+
+#: The scans of a data set root with a dataset.json, by the layout its dataset.json follows.
+_DATASET_JSON_SCANS: dict[Layout, Callable[[Path], list[ScanFiles]]] = {
+    Layout.MSD: scans_of_msd_root,
+    Layout.NNUNET: scans_of_nnunet_root,
+}
 
 
 def _nnunet_folder(folder: Path, nifti_files: list[Path]) -> Callable[[], list[ScanFiles]]:
@@ -317,8 +326,8 @@ def _one_layout(root: Path, folders: list[tuple[Path, Layout]]) -> Layout:
     layouts = {layout for _, layout in folders}
     if len(layouts) > 1:
         examples = "; ".join(
-            f"{next(f.name for f, l in folders if l is layout)!r} is a {LAYOUT_NAMES[layout]} case folder"
-            for layout in CASE_FOLDER_LAYOUTS if layout in layouts
+            f"{next(f.name for f, l in folders if l is layout)!r} is a {dataset_layout(layout).title} case folder"
+            for layout in case_folder_layouts() if layout in layouts
         )
         raise DataError(f"{str(root)!r} holds case folders of several layouts ({examples}); "
                         f"a data set's cases must all follow one layout")
@@ -328,7 +337,7 @@ def _one_layout(root: Path, folders: list[tuple[Path, Layout]]) -> Layout:
 def _misnamed_case(files: list[Path]) -> tuple[Layout, str] | None:
     """A case-folder layout and case id whose modality files all lie among ``files``, if any."""
     stems = {_case_id_from_file(p) for p in files}
-    for layout in CASE_FOLDER_LAYOUTS:
+    for layout in case_folder_layouts():
         first = case_file_stems(layout, "")[0][0]  # e.g. "_flair"
         for stem in sorted(stems):
             if stem.endswith(first) and len(stem) > len(first):
@@ -352,13 +361,12 @@ def _dataset_json_layout(folder: Path) -> Layout:
 
 def _classify_folder(folder: Path, wanted: Layout | None = None) -> tuple[str, Layout, Callable[[], list[ScanFiles]]]:
     if (folder / "dataset.json").is_file():
-        if _dataset_json_layout(folder) is Layout.NNUNET:
-            return ("an nnU-Net v2 data set with dataset.json", Layout.NNUNET,
-                    functools.partial(_scans_of_nnunet_root, folder))
-        return "an MSD data set with dataset.json", Layout.MSD, functools.partial(_scans_of_msd_root, folder)
+        indexed = _dataset_json_layout(folder)
+        return (f"{dataset_layout(indexed).titled} data set with dataset.json", indexed,
+                functools.partial(_DATASET_JSON_SCANS[indexed], folder))
     own = _case_folder_layout(folder)
     if own is not None:
-        return f"a {LAYOUT_NAMES[own]} case folder", own, lambda: [_case_folder_scan(folder, own)]
+        return f"a {dataset_layout(own).title} case folder", own, lambda: [_case_folder_scan(folder, own)]
     case_folders = [(sub, found) for sub in _subfolders(folder) if (found := _case_folder_layout(sub)) is not None]
     nifti_files = [p for p in _visible_files(folder) if _is_nifti(p)]
     if case_folders and nifti_files:
@@ -368,14 +376,15 @@ def _classify_folder(folder: Path, wanted: Layout | None = None) -> tuple[str, L
         )
     if case_folders:
         layout = _one_layout(folder, case_folders)
-        return (f"a {LAYOUT_NAMES[layout]} data set", layout,
+        return (f"{dataset_layout(layout).titled} data set", layout,
                 lambda: [_case_folder_scan(sub, layout) for sub, _ in case_folders])
     if nifti_files:
         misnamed = _misnamed_case(nifti_files)
         if misnamed is not None:
             layout, case_id = misnamed
             raise DataError(
-                f"{str(folder)!r} holds the modality files of {LAYOUT_NAMES[layout]} case {case_id!r}, but a case "
+                f"{str(folder)!r} holds the modality files of {dataset_layout(layout).title} case {case_id!r}, but a "
+                "case "
                 f"folder must be named after its case: rename the folder to {case_id!r}"
             )
         if wanted is Layout.NNUNET or (wanted is not Layout.MSD and _looks_nnunet(*_channel_groups(nifti_files)[:2])):
@@ -401,7 +410,7 @@ def _classify_file(path: Path, wanted: Layout | None = None) -> tuple[str, Layou
         modalities, label = case_file_stems(layout, path.parent.name)
         if _case_id_from_file(path) in (*modalities, label):
             raise DataError(
-                f"{str(path)!r} is one file of the {LAYOUT_NAMES[layout]} case folder {str(path.parent)!r}: "
+                f"{str(path)!r} is one file of the {dataset_layout(layout).title} case folder {str(path.parent)!r}: "
                 f"pass that folder to read the case's {len(MODALITIES)} modalities"
             )
     match = _CHANNEL_FILE.match(_case_id_from_file(path))
@@ -480,7 +489,7 @@ def scan_channels(scan: ScanFiles, channels: int | Sequence[str] | None = None) 
     """The channel names a scan is read with: ``channels`` (names, or a count, named ``channel 0``, ...), or by
     default the layout's: the four modalities for MSD and BraTS, one per file for nnU-Net."""
     if channels is None:
-        if scan.layout is Layout.NNUNET:
+        if dataset_layout(scan.layout).own is None:  # its channels are its data set's: one per file
             return tuple(f"channel {i}" for i in range(len(scan.images)))
         return _as_description(scan.layout).channels
     if isinstance(channels, int):
@@ -513,7 +522,7 @@ def read_scan(scan: ScanFiles, channels: int | Sequence[str] | None = None) -> t
             NaN/inf.
     """
     names = scan_channels(scan, channels)
-    if scan.layout is Layout.NNUNET and len(scan.images) != len(names):
+    if dataset_layout(scan.layout).own is None and len(scan.images) != len(names):
         raise DataError(_channel_count_message(scan, names))
     return _read_images(scan.case_id, scan.images, scan.layout, names)
 
@@ -528,9 +537,10 @@ def _channel_count_message(scan: ScanFiles, names: Sequence[str]) -> str:
 def _scan_description(scan: ScanFiles, dataset: DatasetDescription | Layout | str | None) -> DatasetDescription:
     if dataset is not None:
         return _as_description(dataset)
-    if scan.layout is Layout.NNUNET:
-        raise ValueError(f"case {scan.case_id!r} is an nnU-Net case: its label values come from its data set's "
-                         "description (pass dataset=, e.g. describe_dataset(root, 'nnunet'))")
+    if dataset_layout(scan.layout).own is None:
+        raise ValueError(f"case {scan.case_id!r} is {dataset_layout(scan.layout).titled} case: its label values come "
+                         "from its data "
+                         f"set's description (pass dataset=, e.g. describe_dataset(root, {scan.layout.value!r}))")
     return _as_description(scan.layout)
 
 
@@ -542,7 +552,8 @@ def read_scan_label(scan: ScanFiles, shape: tuple[int, int, int],
         scan: a scan with a label file.
         shape: the spatial shape of its image (``read_scan(scan)[0].shape[:3]``), which the label must have.
         dataset: the description whose ``label_values`` the label may hold (the model's data set), or a layout
-            (its own description); None: the scan's layout's (:data:`~distmis.data.layouts.LABEL_VALUES`).
+            (its own description); None: the scan's layout's own
+            (:func:`~distmis.data.description.layout_description`).
 
     Raises:
         DataError: naming the file, if the scan has no label, the label cannot be read, has another shape,
@@ -550,13 +561,15 @@ def read_scan_label(scan: ScanFiles, shape: tuple[int, int, int],
         ValueError: if ``dataset`` is None for an nnU-Net scan (it has no fixed label values).
     """
     if scan.label is None:
-        if scan.layout is Layout.MSD:
-            where = f"an MSD label lies in labelsTr/ beside imagesTr/, named like the image {scan.images[0].name!r}"
-        elif scan.layout is Layout.NNUNET:
-            ending = next((s for s in NIFTI_SUFFIXES if scan.images[0].name.endswith(s)), NIFTI_SUFFIXES[0])
-            where = f"an nnU-Net label lies in labelsTr/ beside imagesTr/, named {scan.case_id}{ending}"
-        else:
+        entry = dataset_layout(scan.layout)
+        if entry.case_folder is not None:
             where = f"its folder holds no {case_file_stems(scan.layout, scan.case_id)[1]}{NIFTI_SUFFIXES[0]}"
+        elif entry.images == "one_file":
+            where = (f"{entry.titled} label lies in labelsTr/ beside imagesTr/, named like the image "
+                     f"{scan.images[0].name!r}")
+        else:
+            ending = next((s for s in NIFTI_SUFFIXES if scan.images[0].name.endswith(s)), NIFTI_SUFFIXES[0])
+            where = f"{entry.titled} label lies in labelsTr/ beside imagesTr/, named {scan.case_id}{ending}"
         raise DataError(f"case {scan.case_id!r} ({str(scan.images[0])!r}) has no label file ({where})")
     spatial = tuple(int(s) for s in shape)
     if len(spatial) != 3:
@@ -577,7 +590,7 @@ def check_scan(scan: ScanFiles, channels: int | Sequence[str] | None = None) -> 
         DataError: naming the file.
     """
     names = scan_channels(scan, channels)
-    if scan.layout is Layout.NNUNET and len(scan.images) != len(names):
+    if dataset_layout(scan.layout).own is None and len(scan.images) != len(names):
         raise DataError(_channel_count_message(scan, names))
     source = "the model takes" if channels is not None else "the layout's images have"
     return _check_headers(scan.case_id, scan.images, scan.label, scan.layout, names, source)

@@ -64,7 +64,7 @@ without real data.  Two kinds of data are made (:class:`SyntheticKind`):
     ``imagesTr/ct_XXX.nii.gz`` 3-D int16, ``labelsTr/ct_XXX.nii.gz`` uint8) and
     nnU-Net v2 (``dataset.json`` with ``channel_names {"0": "CT"}``,
     ``imagesTr/ct_XXX_0000.nii.gz``, ``labelsTr/ct_XXX.nii.gz``).  The BraTS
-    layouts hold only the brain kind (:data:`KIND_LAYOUTS`).
+    layouts hold only the brain kind (each layout's registry entry says which kinds it holds).
 
 The data set is written into a temporary sibling folder and renamed into
 place at the end, so an interrupted run never leaves a half-written data set.
@@ -80,18 +80,18 @@ import os
 import shutil
 import uuid
 from collections.abc import Sequence
-from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from distmis.data.case_progress import case_progress
+from distmis.data.dataset_layouts import DATASET_LAYOUTS, SyntheticKind, dataset_layout
 from distmis.data.errors import DataError
-from distmis.data.layouts import MODALITIES, Layout, case_file_stems, coerce_layout
+from distmis.data.layouts import MODALITIES, Layout, channel_file_name, coerce_layout
 
 __all__ = [
     "SyntheticKind",
-    "KIND_LAYOUTS",
     "CT_LABELS",
     "CT_FRAME_SPACING",
     "coerce_kind",
@@ -100,19 +100,6 @@ __all__ = [
     "synthesize_ct_case",
 ]
 
-
-class SyntheticKind(str, Enum):
-    """What :func:`synthesize_dataset` makes (see the module docstring)."""
-
-    BRAIN = "brain"  # four-channel MRI-like brain tumours (the quickstart's data)
-    CT = "ct"  # one-channel CT-like abdomen with liver, spleen and kidney classes
-
-
-#: The layouts each kind can be written in.
-KIND_LAYOUTS: dict[SyntheticKind, tuple[Layout, ...]] = {
-    SyntheticKind.BRAIN: (Layout.MSD, Layout.NNUNET, Layout.BRATS, Layout.BRATS2023),
-    SyntheticKind.CT: (Layout.MSD, Layout.NNUNET),
-}
 
 #: Label value -> class name of the CT kind (0 is background).
 CT_LABELS: dict[int, str] = {0: "background", 1: "liver", 2: "spleen", 3: "kidney"}
@@ -156,7 +143,6 @@ _TUMOUR = np.array(
 # Typical intensity of each modality in the written files (before the per-case scale).
 _SCALE = np.array([420.0, 610.0, 700.0, 520.0], dtype=np.float32)
 # Label values for (edema, enhancing, necrotic/non-enhancing core) per layout.
-_LABELS = {Layout.MSD: (1, 3, 2), Layout.NNUNET: (1, 3, 2), Layout.BRATS: (2, 4, 1), Layout.BRATS2023: (2, 3, 1)}
 
 
 def _smooth_noise(rng: np.random.Generator, shape: tuple[int, int, int], cells: int) -> np.ndarray:
@@ -221,7 +207,7 @@ def synthesize_case(
     if brain[centre_voxel]:  # tiny volumes: make sure the tumour is never empty
         whole[centre_voxel] = enhancing[centre_voxel] = core[centre_voxel] = True
 
-    edema_value, enhancing_value, core_value = _LABELS[layout]
+    edema_value, enhancing_value, core_value = dataset_layout(layout).synthetic.brain_labels
     label = np.zeros(shape3, dtype=np.uint8)
     label[whole] = edema_value
     label[enhancing] = enhancing_value
@@ -390,6 +376,7 @@ def _to_lps(array: np.ndarray, affine: np.ndarray) -> tuple[np.ndarray, np.ndarr
 def _save(array: np.ndarray, affine: np.ndarray, path: Path) -> None:
     import nibabel as nib
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     img = nib.Nifti1Image(array, affine)
     img.header.set_xyzt_units("mm")
     img.set_qform(affine, code=1)
@@ -447,50 +434,56 @@ def _case_ids(kind: SyntheticKind, layout: Layout, cases: int) -> list[str]:
     """Case ids in the style of each layout's real data sets (sorted as numbered)."""
     if kind is SyntheticKind.CT:
         return [f"ct_{i:03d}" for i in range(cases)]
-    if layout in (Layout.MSD, Layout.NNUNET):
-        return [f"BRATS_{i + 1:03d}" for i in range(cases)]
-    if layout is Layout.BRATS:
-        return [f"BraTS2021_{i:05d}" for i in range(cases)]
-    return [f"BraTS-GLI-{i:05d}-000" for i in range(cases)]
+    return [dataset_layout(layout).synthetic.brain_case_id(i) for i in range(cases)]
 
 
 def _check_kind_layout(kind: SyntheticKind, layout: Layout) -> None:
-    if layout not in KIND_LAYOUTS[kind]:
-        allowed = ", ".join(repr(l.value) for l in KIND_LAYOUTS[kind])
+    if kind not in dataset_layout(layout).synthetic.kinds:
+        allowed = ", ".join(repr(l.value) for l, e in DATASET_LAYOUTS.items() if kind in e.synthetic.kinds)
         raise ValueError(f"synthetic kind {kind.value!r} cannot be written in layout {layout.value!r}; "
                          f"kind {kind.value!r} is written in layouts {allowed}")
 
 
-def _write_case(
-    folder: Path,
-    kind: SyntheticKind,
-    layout: Layout,
-    case_id: str,
-    image: np.ndarray,
-    label: np.ndarray,
-    affine: np.ndarray,
-    lps: bool,
-) -> None:
-    """Write one case's files under the data set folder ``folder``; ``image`` is ``(H, W, D)`` or ``(H, W, D, C)``."""
-    if lps:
-        image, _ = _to_lps(image, affine)
-        label, affine = _to_lps(label, affine)
-    if layout is Layout.MSD:
-        _save(image, affine, folder / "imagesTr" / f"{case_id}.nii.gz")
-        _save(label, affine, folder / "labelsTr" / f"{case_id}.nii.gz")
-    elif layout is Layout.NNUNET:
-        channels = image[..., np.newaxis] if image.ndim == 3 else image
-        for c in range(channels.shape[-1]):
-            _save(np.ascontiguousarray(channels[..., c]), affine, folder / "imagesTr" / f"{case_id}_{c:04d}.nii.gz")
-        _save(label, affine, folder / "labelsTr" / f"{case_id}.nii.gz")
-    else:
-        case_folder = folder / case_id
-        case_folder.mkdir()
-        intensities = np.round(image).astype(np.int16)
-        modality_stems, label_stem = case_file_stems(layout, case_id)
-        for m, stem in enumerate(modality_stems):
-            _save(intensities[..., m], affine, case_folder / f"{stem}.nii.gz")
-        _save(label, affine, case_folder / f"{label_stem}.nii.gz")
+def write_msd_case(folder: Path, case_id: str, image: np.ndarray, label: np.ndarray, affine: np.ndarray) -> None:
+    """One MSD case: ``imagesTr/<case>.nii.gz`` (3-D, or 4-D with the channels last) and ``labelsTr/<case>.nii.gz``."""
+    _save(image, affine, folder / "imagesTr" / f"{case_id}.nii.gz")
+    _save(label, affine, folder / "labelsTr" / f"{case_id}.nii.gz")
+
+
+def write_nnunet_case(folder: Path, case_id: str, image: np.ndarray, label: np.ndarray, affine: np.ndarray) -> None:
+    """One nnU-Net v2 case: ``imagesTr/<case>_XXXX.nii.gz``, one 3-D file per channel, and its label."""
+    channels = image[..., np.newaxis] if image.ndim == 3 else image
+    for c in range(channels.shape[-1]):
+        _save(np.ascontiguousarray(channels[..., c]), affine, folder / "imagesTr" / channel_file_name(case_id, c))
+    _save(label, affine, folder / "labelsTr" / f"{case_id}.nii.gz")
+
+
+def write_case_folder_case(folder: Path, case_id: str, image: np.ndarray, label: np.ndarray, affine: np.ndarray, *,
+                           naming: Any) -> None:
+    """One case of a layout of one folder per case: ``<case>/`` holding a 3-D int16 file per modality and the
+    label, named as ``naming`` (:class:`~distmis.data.dataset_layouts.CaseFolderNaming`) says."""
+    case_folder = folder / case_id
+    case_folder.mkdir()
+    intensities = np.round(image).astype(np.int16)
+    sep = naming.separator
+    for m, part in enumerate(naming.modalities):
+        _save(intensities[..., m], affine, case_folder / f"{case_id}{sep}{part}.nii.gz")
+    _save(label, affine, case_folder / f"{case_id}{sep}{naming.label}.nii.gz")
+
+
+def _write_json(path: Path, meta: dict) -> None:
+    path.write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def write_msd_index(folder: Path, kind: SyntheticKind, case_ids: list[str]) -> None:
+    """An MSD data set's dataset.json."""
+    _write_json(folder / "dataset.json",
+                _msd_dataset_json(case_ids) if kind is SyntheticKind.BRAIN else _ct_msd_dataset_json(case_ids))
+
+
+def write_nnunet_index(folder: Path, kind: SyntheticKind, case_ids: list[str]) -> None:
+    """An nnU-Net v2 data set's dataset.json."""
+    _write_json(folder / "dataset.json", _nnunet_dataset_json(kind, case_ids))
 
 
 def synthesize_dataset(
@@ -509,7 +502,7 @@ def synthesize_dataset(
     Args:
         root: output folder; must not exist or be empty.
         layout: ``msd``, ``nnunet``, ``brats`` or ``brats2023`` (see the module docstring); the
-            ``ct`` kind is written in ``msd`` and ``nnunet`` only (:data:`KIND_LAYOUTS`).
+            ``ct`` kind is written in ``msd`` and ``nnunet`` only (their registry entries' ``synthetic.kinds``).
         cases: number of cases (>= 1).
         shape: spatial shape ``(H, W, D)``, each >= 8.
         seed: the data set is a deterministic function of the seed.
@@ -549,9 +542,7 @@ def synthesize_dataset(
     tmp = root.parent / f".{root.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        if layout in (Layout.MSD, Layout.NNUNET):
-            (tmp / "imagesTr").mkdir()
-            (tmp / "labelsTr").mkdir()
+        writer = dataset_layout(layout).synthetic
         desc = f"synthesize {kind.value} ({layout.value})"
         for index, case_id in enumerate(case_progress(case_ids, desc, enabled=progress)):
             if kind is SyntheticKind.BRAIN:
@@ -560,12 +551,11 @@ def synthesize_dataset(
             else:
                 image, label, spacing = synthesize_ct_case(shape3, np.random.default_rng([int(seed), index, 1]))
                 affine = _centred_affine(shape3, spacing)  # type: ignore[arg-type]
-            _write_case(tmp, kind, layout, case_id, image, label, affine, lps=index >= first_lps)
-        if layout is Layout.MSD:
-            meta = _msd_dataset_json(case_ids) if kind is SyntheticKind.BRAIN else _ct_msd_dataset_json(case_ids)
-            (tmp / "dataset.json").write_text(json.dumps(meta, indent=2) + "\n")
-        elif layout is Layout.NNUNET:
-            (tmp / "dataset.json").write_text(json.dumps(_nnunet_dataset_json(kind, case_ids), indent=2) + "\n")
+            if index >= first_lps:
+                image, _ = _to_lps(image, affine)
+                label, affine = _to_lps(label, affine)
+            writer.write_case(tmp, case_id, image, label, affine)
+        writer.write_index(tmp, kind, case_ids)
         if root.exists():
             root.rmdir()  # checked empty above
         os.replace(tmp, root)

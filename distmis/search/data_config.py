@@ -18,7 +18,7 @@ from distmis.spec.schema import DatasetSpec, Spec
 def dataset_description(spec: Spec | DatasetSpec) -> Any:
     """The data set's :class:`~distmis.data.description.DatasetDescription`: read from its ``dataset.json`` (MSD,
     nnU-Net), the layout's own (BraTS), or, for a synthetic data set not generated yet, what it will hold."""
-    from distmis.data.description import describe_dataset, layout_description
+    from distmis.data.dataset_layouts import describe_dataset, layout_description
 
     data = spec.dataset if isinstance(spec, Spec) else spec
     root = Path(data.path)
@@ -32,7 +32,8 @@ def dataset_description(spec: Spec | DatasetSpec) -> Any:
 
 def _synthetic_description(layout: str, kind: str) -> Any:
     """What ``distmis data synth --kind KIND --layout LAYOUT`` writes into its dataset.json."""
-    from distmis.data.description import DatasetDescription, layout_description
+    from distmis.data.dataset_layouts import layout_description
+    from distmis.data.description import DatasetDescription
     from distmis.data.synthetic import CT_LABELS
 
     if kind == "ct":

@@ -251,7 +251,7 @@ def test_layout_descriptions() -> None:
     assert brats2023.label_values == (0, 1, 2, 3) and brats.label_values == (0, 1, 2, 4)
     assert msd.channels == ("FLAIR", "T1w", "t1gd", "T2w")
     assert msd.classes == (("background", 0), ("edema", 1), ("non-enhancing tumor", 2), ("enhancing tumour", 3))
-    with pytest.raises(ValueError, match="nnU-Net data set is described by its dataset.json"):
+    with pytest.raises(ValueError, match="an nnU-Net v2 data set is described by its dataset.json"):
         layout_description("nnunet")
     with pytest.raises(ValueError, match="unknown layout 'decathlon'"):
         layout_description("decathlon")

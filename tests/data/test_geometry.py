@@ -91,7 +91,7 @@ def test_labels_go_through_the_preprocessing_and_back_to_their_own_grid():
 def test_synthetic_ct_labels_survive_the_preprocessing_at_the_median_spacing_and_back(tmp_path):
     """The issue's round trip: anisotropic spacings that differ between cases, one case stored LPS; with
     ``spacing: auto`` (the median spacing) and RAS, each label preprocessed and restored matches itself."""
-    from distmis.data.description import describe_dataset
+    from distmis.data.dataset_layouts import describe_dataset
     from distmis.data.layouts import discover_cases, read_case
     from distmis.data.layouts import case_orientation
     from distmis.data.statistics import median_spacing

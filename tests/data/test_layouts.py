@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distmis.data import LABEL_VALUES, MODALITIES, CaseFiles, DataError, Layout, discover_cases, read_case
+from distmis.data import MODALITIES, layout_description, CaseFiles, DataError, Layout, discover_cases, read_case
 from distmis.data.layouts import case_file_stems, case_spatial_shape, coerce_layout, label_counts
 
 from .conftest import SHAPE, corrupt_gzip, write_nifti
@@ -47,9 +47,9 @@ def _msd_dataset(root: Path, images: dict[str, np.ndarray], labels: dict[str, np
 
 def test_constants() -> None:
     assert MODALITIES == ("flair", "t1", "t1ce", "t2")
-    assert LABEL_VALUES[Layout.MSD] == (0, 1, 2, 3)
-    assert LABEL_VALUES[Layout.BRATS] == (0, 1, 2, 4)
-    assert LABEL_VALUES[Layout.BRATS2023] == (0, 1, 2, 3)
+    assert layout_description(Layout.MSD).label_values == (0, 1, 2, 3)
+    assert layout_description(Layout.BRATS).label_values == (0, 1, 2, 4)
+    assert layout_description(Layout.BRATS2023).label_values == (0, 1, 2, 3)
     assert Layout("msd") is Layout.MSD and Layout.BRATS == "brats" and Layout("brats2023") is Layout.BRATS2023
 
 
@@ -188,7 +188,7 @@ def test_read_generated_cases(layout: str, msd_root: Path, brats_root: Path, bra
         assert image.shape == SHAPE + (4,) and image.dtype == np.float32
         assert label.shape == SHAPE and label.dtype == np.int16
         assert spacing == (1.0, 1.0, 1.0)
-        assert set(np.unique(label)) == set(LABEL_VALUES[Layout(layout)])  # every compartment present
+        assert set(np.unique(label)) == set(layout_description(layout).label_values)  # every compartment present
         assert (image >= 0).all() and (image[label > 0] > 0).all()  # tumour lies inside the brain
 
 
@@ -586,7 +586,7 @@ def test_check_cases_nnunet_channel_files(tmp_path: Path) -> None:
                                         r".*p_1_0000\.nii\.gz' has \(1, 1, 1\) mm"):
         check_cases([case], description)
     write_nifti(root / "imagesTr" / "p_1_0001.nii.gz", np.zeros(CT + (2,), np.float32))
-    with pytest.raises(DataError, match=r"p_1_0001\.nii\.gz' has shape \(6, 5, 4, 2\); an nnU-Net v2 channel must be "
+    with pytest.raises(DataError, match=r"p_1_0001\.nii\.gz' has shape \(6, 5, 4, 2\); an nnU-Net v2 channel file must be "
                                         r"3-D"):
         check_cases([case], description)
 

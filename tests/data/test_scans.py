@@ -319,11 +319,11 @@ def test_read_scan_errors_name_the_file(tmp_path: Path) -> None:
 
     folder = _case_folder(tmp_path / "b", "brats2023", "c", modalities=[np.ones(SMALL, np.int16)] * 3 + [
         np.ones((12, 10, 7), np.int16)])
-    with pytest.raises(DataError, match=r"c-t2w\.nii\.gz' has shape \(12, 10, 7\).*all modalities must match"):
+    with pytest.raises(DataError, match=r"c-t2w\.nii\.gz' has shape \(12, 10, 7\).*all modality files must match"):
         read_scan(discover_scans(folder)[0])
 
     folder = _case_folder(tmp_path / "c", "brats", "c", modalities=[np.ones(SMALL + (2,), np.int16)] * 4)
-    with pytest.raises(DataError, match=r"c_flair\.nii\.gz' has shape \(12, 10, 8, 2\); a BraTS 2018-2021 modality must be 3-D"):
+    with pytest.raises(DataError, match=r"c_flair\.nii\.gz' has shape \(12, 10, 8, 2\); a BraTS 2018-2021 modality file must be 3-D"):
         read_scan(discover_scans(folder)[0])
 
     nan = np.ones(SMALL + (4,), np.float32)
@@ -569,7 +569,7 @@ def test_read_scan_label_with_the_models_classes(tmp_path: Path) -> None:
     (scan,) = discover_scans(tmp_path / "d" / "imagesTr")
     np.testing.assert_array_equal(read_scan_label(scan, SMALL, description), label)
     check_scan_data(scan, label=True, dataset=description)
-    with pytest.raises(ValueError, match="nnU-Net case: its label values come from its data set's description"):
+    with pytest.raises(ValueError, match="nnU-Net v2 case: its label values come from its data set's description"):
         read_scan_label(scan, SMALL)
     with pytest.raises(DataError) as info:
         read_scan_label(scan, SMALL, "brats")  # BraTS 2018-2021 has no 3
@@ -579,7 +579,7 @@ def test_read_scan_label_with_the_models_classes(tmp_path: Path) -> None:
     check_scan_data(scan)  # the images alone need no description
     (tmp_path / "d" / "labelsTr" / "b_1.nii.gz").unlink()
     (scan,) = discover_scans(tmp_path / "d" / "imagesTr")
-    with pytest.raises(DataError, match=r"has no label file \(an nnU-Net label lies in labelsTr/ beside imagesTr/, "
+    with pytest.raises(DataError, match=r"has no label file \(an nnU-Net v2 label lies in labelsTr/ beside imagesTr/, "
                                         r"named b_1\.nii\.gz\)"):
         read_scan_label(scan, SMALL, description)
 

@@ -9,7 +9,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from distmis.data.description import describe_dataset
+from distmis.data.dataset_layouts import describe_dataset
 from distmis.data.errors import DataError
 from distmis.data.layouts import discover_cases
 from distmis.data.split import make_split

@@ -401,7 +401,7 @@ def test_ct_deterministic_for_a_seed(ct_roots: dict[str, Path], tmp_path: Path) 
 
 @pytest.mark.parametrize("layout", ["msd", "nnunet"])
 def test_ct_reads_back_through_its_dataset_json(ct_roots: dict[str, Path], layout: str) -> None:
-    from distmis.data.description import describe_dataset
+    from distmis.data.dataset_layouts import describe_dataset
 
     description = describe_dataset(ct_roots[layout], layout)
     assert description.channels == ("CT",)

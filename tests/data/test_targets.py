@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distmis.data.description import DatasetDescription, Region, layout_description
+from distmis.data.dataset_layouts import layout_description
+from distmis.data.description import DatasetDescription, Region
 from distmis.data.errors import DataError
 from distmis.data.targets import (
     channel_masks, foreground, label_channels, metric_keys, probabilities_to_labels, target_scheme,

@@ -32,7 +32,7 @@ class ClassesData:
 
 def make_classes_data(tmp: Path) -> ClassesData:
     """6 cases of 16^3 voxels: 3 training, 2 validation, 1 test."""
-    from distmis.data.description import describe_dataset
+    from distmis.data.dataset_layouts import describe_dataset
     from distmis.data.layouts import discover_cases
     from distmis.data.preprocess import PreprocessConfig
     from distmis.data.split import make_split
