@@ -117,7 +117,7 @@ def summarize_dataset(root: str | Path, layout: Layout | str, *, progress: bool 
     ``label_counts`` (``{value: voxels}``); ``foreground_fraction`` (share of voxels with a non-zero label).
 
     Raises:
-        DataError: like :func:`~distmis.data.description.describe_dataset`,
+        DataError: like :func:`~distmis.data.dataset_layouts.describe_dataset`,
             :func:`~distmis.data.layouts.discover_cases`, :func:`~distmis.data.layouts.check_cases` and
             :func:`~distmis.data.layouts.read_case`, naming the bad file or key.
     """

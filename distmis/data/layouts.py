@@ -524,7 +524,7 @@ def _as_image(array: np.ndarray, path: Path) -> np.ndarray:
 
 def _as_description(dataset: DatasetDescription | Layout | str) -> DatasetDescription:
     """``dataset`` as a description: itself, or its layout's own
-    (:func:`~distmis.data.description.layout_description`)."""
+    (:func:`~distmis.data.dataset_layouts.layout_description`)."""
     if isinstance(dataset, DatasetDescription):
         return dataset
     return layout_description(coerce_layout(dataset))
@@ -649,8 +649,8 @@ def read_case(
     Args:
         case: from :func:`discover_cases`.
         dataset: the data set's :class:`~distmis.data.description.DatasetDescription`
-            (:func:`~distmis.data.description.describe_dataset`), or a layout, which stands for its own
-            description (:func:`~distmis.data.description.layout_description`: BraTS, BraTS 2023, MSD Task01).
+            (:func:`~distmis.data.dataset_layouts.describe_dataset`), or a layout, which stands for its own
+            description (:func:`~distmis.data.dataset_layouts.layout_description`: BraTS, BraTS 2023, MSD Task01).
 
     Returns:
         image: float32 ``(H, W, D, C)``, the description's channels in order (nnU-Net: its channel files stacked).

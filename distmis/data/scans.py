@@ -553,7 +553,7 @@ def read_scan_label(scan: ScanFiles, shape: tuple[int, int, int],
         shape: the spatial shape of its image (``read_scan(scan)[0].shape[:3]``), which the label must have.
         dataset: the description whose ``label_values`` the label may hold (the model's data set), or a layout
             (its own description); None: the scan's layout's own
-            (:func:`~distmis.data.description.layout_description`).
+            (:func:`~distmis.data.dataset_layouts.layout_description`).
 
     Raises:
         DataError: naming the file, if the scan has no label, the label cannot be read, has another shape,
