@@ -153,7 +153,8 @@ class ModelRecipe:
     def description(self) -> Any:
         """The training data set's :class:`~distmis.data.description.DatasetDescription` (for a recipe that does
         not record it, its layout's own)."""
-        from distmis.data.description import DatasetDescription, layout_description
+        from distmis.data.dataset_layouts import layout_description
+        from distmis.data.description import DatasetDescription
 
         if self.dataset is not None:
             return DatasetDescription.from_dict(self.dataset)
