@@ -23,6 +23,8 @@ from distmis.trial.trainables import (
     worker_trainer,
 )
 from distmis.spec import validate_spec
+from distmis.spec.layout import SP_DEGREE_PATH
+from distmis.tracking.predicted import predict_trial
 from tests.conftest import small_spec_tree
 from tests.search.test_data_parallel import dp_tree
 from tests.search.test_sequence_parallel_search import curve, trial_runs
@@ -172,6 +174,10 @@ def run_probed_command(tree: dict, tmp_path: Path, capsys: Any, monkeypatch: Any
     return client, client.search_runs([client.get_experiment_by_name(tree["name"]).experiment_id]), probes
 
 
+def history(client: Any, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
 def records(folder: Path) -> dict[str, dict[str, Any]]:
     """The workers' records in ``folder`` by ``<world size>-<rank>`` (the trial processes' left out)."""
     return {p.stem: json.loads(p.read_text()) for p in folder.glob("*.json") if p.stem != "trial-process"}
@@ -239,7 +245,8 @@ def test_data_parallel_workers_train_at_the_effective_lr_and_follow_its_schedule
 def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says_and_follow_one_loss_curve(
         ray_local, tmp_path: Path, capsys, monkeypatch):
     """Degree 1 and 2 searched through ``distmis run``, two data-parallel replicas each: 2 and 4 ranks; the lr
-    scales with DP only; both trials train the same weights (MLflow's curves)."""
+    scales with DP only; both trials train the same weights (MLflow's curves); each logs the performance model's
+    predictions for its layout and its measured steps."""
     tree = small_spec_tree(tmp_path / "data", model={
         "name": "vit-seg", "framework": "torch",
         "params": {"layers": 1, "embed_dim": 16, "heads": 4, "patch": 4, "decoder_features": 8}})
@@ -276,6 +283,18 @@ def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says_and_f
     # sequence parallelism (gather) gives the same gradients, so the same curves.
     assert_same_curves(client, by_degree[1], by_degree[2])
     assert_trained(found.values())  # the curves agree because both trained alike, not because neither did
+    # The performance model against measurement: each trial's predictions for its own layout (step 0), and its
+    # workers' steps reported through Tune to the driver, per epoch.
+    spec = validate_spec(tree)
+    for degree, run in by_degree.items():
+        expected = predict_trial(*resolve_trial(spec, {SP_DEGREE_PATH: degree}))
+        assert {k: v for k, v in run.data.metrics.items() if k.startswith("predicted_")} == pytest.approx(expected)
+        seconds = history(client, run.info.run_id, "step_seconds")
+        assert [step for step, _ in seconds] == [1, 2] and all(value > 0 for _, value in seconds)
+        assert all(value >= 0 for _, value in history(client, run.info.run_id, "peak_memory_mb"))
+        # fom = b L s^2 d / step_seconds: 1 sample per rank, 1 layer, (8/4)^3 = 8 tokens of width 16
+        assert [value for _, value in history(client, run.info.run_id, "fom")] == pytest.approx(
+            [1 * 1 * 8**2 * 16 / value for _, value in seconds])
 
 
 def test_pipelined_trials_hold_their_stage_and_groups_and_follow_one_loss_curve(ray_local, tmp_path: Path, capsys,

@@ -112,33 +112,3 @@ def test_whole_volumes_are_predicted_from_the_volume_given_and_a_bad_one_only_wa
     assert predicted[sized] == pytest.approx(predict_trial(*resolve_trial(tiled, config)))
     assert predicted[unsized] == {} and predicted[wrong] == {}
     assert run.client.get_run(wrong.run_ids["t_00002"]).data.params["trial.workers"] == "2"  # the run is whole
-
-
-def test_through_distmis_run_sp_trials_log_prediction_and_measurement(ray_local, tmp_path: Path, capsys):
-    """End to end: Ray Train worker groups of 1 and 2 gloo ranks report their steps through Tune to the driver."""
-    import yaml
-
-    from distmis.cli.main import main
-
-    tree = vit_tree(tmp_path / "data")
-    tree["name"] = "tiny-vit-model"
-    tree["training"].update(epochs=2, batch_size=1)
-    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(tree))
-    assert main(["run", str(tmp_path / "spec.yaml"), "--output", str(tmp_path / "out"), "--quiet"]) == 0
-    assert "2 trial(s), 0 failed" in capsys.readouterr().out
-
-    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("tiny-vit-model")
-    runs = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("distmis.role") == "trial"]
-    spec = validate_spec(tree)
-    for run in runs:
-        sp = int(run.data.params["parallelism.sequence_parallel.degree"])
-        expected = predict_trial(*resolve_trial(spec, {SP_DEGREE_PATH: sp}))
-        assert {k: v for k, v in run.data.metrics.items() if k.startswith("predicted_")} == pytest.approx(expected)
-        seconds = history(client, run.info.run_id, "step_seconds")
-        assert [step for step, _ in seconds] == [1, 2] and all(value > 0 for _, value in seconds)
-        assert all(value >= 0 for _, value in history(client, run.info.run_id, "peak_memory_mb"))
-        # fom = b L s^2 d / step_seconds: 1 sample, 2 layers, (16/4)^3 = 64 tokens of width 32
-        assert [value for _, value in history(client, run.info.run_id, "fom")] == pytest.approx(
-            [1 * 2 * 64**2 * 32 / value for _, value in seconds])
-    assert sorted(int(r.data.params["parallelism.sequence_parallel.degree"]) for r in runs) == [1, 2]
