@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 import distmis.search.compare as compare
 from distmis.cli.main import main
 from distmis.search.compare import cell_sequence, run_compare
+from distmis.search.run import run_search
 from distmis.search.state import SearchState
 from distmis.trial.trainables import data_parallel_trial, data_parallel_worker, single_process_trial
 from distmis.spec import SpecError, validate_spec
@@ -267,21 +268,52 @@ def trial_with_a_dying_worker(config, **kwargs):
     return single_process_trial(config, **kwargs)
 
 
-def test_a_dead_worker_fails_its_trial_and_the_comparison_names_the_cell(ray_local, tmp_path: Path):
+def test_a_dead_worker_fails_its_trial_and_the_search_records_why(ray_local, tmp_path: Path):
+    """A data-parallel trial whose worker process dies fails (not retried: max_failures 0), and its run says why;
+    what a comparison makes of a cell with a failed trial: the next test."""
     tree = compare_tree(tmp_path / "data")
     tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3]}}
     tree["training"]["epochs"] = 2
-    outcome = run_compare(validate_spec(tree), tmp_path / "out", progress=False, trainable=trial_with_a_dying_worker)
+    tree["parallelism"] = {"mode": "data", "workers": 2}
+    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False, trainable=trial_with_a_dying_worker)
+    assert outcome.failed == 1 and outcome.results["status"].tolist() == ["FAILED"]
+    client = MlflowClient(outcome.tracking_uri)
+    [trial] = trial_runs(client, client.get_run(outcome.parent_run_id))
+    assert trial.info.status == "FAILED"
+    assert "died" in trial.data.tags["error"].lower() or "worker" in trial.data.tags["error"].lower()
+
+
+def test_a_cell_with_a_failed_trial_is_named_and_left_out_of_the_speedups(tmp_path: Path, monkeypatch):
+    """run_compare's bookkeeping (no Ray): the data x2 cell's search ends with one failed trial."""
+    spec = validate_spec(compare_tree(tmp_path / "data"))
+    state = SearchState.start("compare", spec, "parent")
+
+    def fake_run(run_id: str) -> SimpleNamespace:
+        return SimpleNamespace(run_id=run_id, tracking_uri="sqlite://", log_metrics=lambda *a, **k: None,
+                               finish=lambda *a, **k: None)
+
+    def execute(search, data, plan, run, output_dir, *, resume, **kwargs):
+        par = search.parallelism
+        failed = int(par.mode == "data" and par.workers == 2)
+        return SimpleNamespace(results=pd.DataFrame({"best_val_dice": [0.5 if failed else 0.7]}), failed=failed,
+                               search_seconds=40.0)
+
+    monkeypatch.setattr(compare, "preflight", lambda *a, **k: state)
+    monkeypatch.setattr(compare, "ray_connection", lambda *a, **k: nullcontext())
+    monkeypatch.setattr(compare, "check_capacity", lambda *a: None)
+    monkeypatch.setattr(compare, "prepare_output", lambda *a, **k: None)
+    monkeypatch.setattr(compare, "reopen_search_run", lambda spec, output_dir, run_id: fake_run(run_id))
+    monkeypatch.setattr(compare, "open_search_run",
+                        lambda search, output_dir, data, *, run_name, **k: fake_run(run_name))
+    monkeypatch.setattr(compare, "execute_search", execute)
+    monkeypatch.setattr(compare, "_log_table", lambda *a: None)
+    (tmp_path / "out").mkdir()
+    outcome = run_compare(spec, tmp_path / "out", progress=False)
     assert outcome.failed_cells == ["data x2"]
     row = outcome.table[(outcome.table["mode"] == "data") & (outcome.table["workers"] == 2)].iloc[0]
     assert row["status"] == "TRIALS_FAILED" and row["failed_trials"] == 1 and math.isnan(row["speedup"])
-    # The failed trial's MLflow run says why.
-    client = MlflowClient(outcome.tracking_uri)
-    parent = client.get_run(outcome.parent_run_id)
-    [cell] = [c for c in trial_runs(client, parent) if c.info.run_name == "data x2"]
-    [trial] = trial_runs(client, cell)
-    assert trial.info.status == "FAILED"
-    assert "died" in trial.data.tags["error"].lower() or "worker" in trial.data.tags["error"].lower()
+    others = outcome.table[outcome.table["status"] == "FINISHED"]
+    assert len(others) == 3 and others["speedup"].notna().all()
 
 
 def test_compare_refuses_more_workers_than_the_cluster_holds(ray_local, tmp_path: Path):
