@@ -7,7 +7,7 @@ Read top-down, the modules are:
 * :mod:`~distmis.data.layouts` - the MSD, nnU-Net v2, BraTS and BraTS 2023 on-disk
   layouts; :func:`discover_cases`, :func:`check_cases` and :func:`read_case`.
 * :mod:`~distmis.data.dataset_layouts` - the registry of those layouts: one entry each, binding its
-  discovery, description, scans and synthetic writer; :data:`DATASET_LAYOUTS`.
+  discovery, description and synthetic writer; :data:`DATASET_LAYOUTS`.
 * :mod:`~distmis.data.scans` - the scans to segment (one case or a data set,
   labels optional); :func:`discover_scans`, :func:`read_scan` and :func:`read_scan_label`.
 * :mod:`~distmis.data.preprocess` - z-score, crop / pad, resize, label ->

@@ -64,6 +64,11 @@ class CaseFolderNaming:
     modalities: tuple[str, ...]
     label: str
 
+    def stems(self, case_id: str) -> tuple[tuple[str, ...], str]:
+        """The file names, without ``.nii.gz``, of case ``case_id``: ``(modality stems, label stem)``."""
+        return (tuple(f"{case_id}{self.separator}{m}" for m in self.modalities),
+                f"{case_id}{self.separator}{self.label}")
+
 
 @dataclass(frozen=True)
 class SyntheticLayout:

@@ -26,8 +26,7 @@ nnU-Net v2 (``layout: nnunet``)::
 
 :func:`describe_msd` and :func:`describe_nnunet` read them (through
 :func:`~distmis.data.dataset_layouts.describe_dataset`) into a :class:`DatasetDescription`; a missing or ill-typed
-key is a
-:class:`~distmis.data.errors.DataError` naming the file, the key and what is expected.
+key is a :class:`~distmis.data.errors.DataError` naming the file, the key and what is expected.
 """
 
 from __future__ import annotations

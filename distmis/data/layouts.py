@@ -128,8 +128,7 @@ def case_file_stems(layout: Layout | str, case_id: str) -> tuple[tuple[str, ...]
         folder_layouts = ", ".join(repr(l.value) for l in case_folder_layouts())
         raise ValueError(f"layout {coerce_layout(layout).value!r} has no case folders; case-folder layouts are "
                          f"{folder_layouts}")
-    sep = naming.separator
-    return tuple(f"{case_id}{sep}{m}" for m in naming.modalities), f"{case_id}{sep}{naming.label}"
+    return naming.stems(case_id)
 
 
 # --------------------------------------------------------------------------- discovery

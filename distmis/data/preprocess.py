@@ -33,9 +33,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from distmis.data.dataset_layouts import dataset_layout
+from distmis.data.dataset_layouts import dataset_layout, layout_description
 from distmis.data.description import _coerce_enum
-from distmis.data.layouts import Layout, coerce_layout, label_counts, layout_description
+from distmis.data.layouts import Layout, coerce_layout, label_counts
 from distmis.pyfunc_model import (
     CORE_VALUES, ENHANCING_VALUE, center_crop_or_pad, check_axcodes, check_shape3, legacy_targets, prepare_image,
     prepare_volume, preprocess_geometry, resize, zscore_nonzero,

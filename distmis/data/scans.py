@@ -125,10 +125,9 @@ class ScanFiles:
             object.__setattr__(self, "label", Path(self.label))
         entry = dataset_layout(layout)
         if entry.images == "one_file" or entry.case_folder is not None:
-            expected = 1 if entry.images == "one_file" else len(entry.case_folder.modalities)
+            expected = 1 if entry.case_folder is None else len(entry.case_folder.modalities)
             if len(self.images) != expected:
-                raise ValueError(f"case {self.case_id!r}: {dataset_layout(layout).title} cases have {expected} "
-                                 "image file(s), "
+                raise ValueError(f"case {self.case_id!r}: {entry.title} cases have {expected} image file(s), "
                                  f"got {len(self.images)}")
         elif not self.images:
             raise ValueError(f"case {self.case_id!r}: {entry.titled} case has one image file per channel, got none")
@@ -154,11 +153,6 @@ def _msd_scan(image: Path) -> ScanFiles:
 def _case_folder_scan(folder: Path, layout: Layout) -> ScanFiles:
     images, label = _case_folder_files(folder, layout, need_label=False)
     return ScanFiles(folder.name, layout, images, label)
-
-
-def scans_of_case_folders(root: Path, layout: Layout) -> list[ScanFiles]:
-    """The cases of a data set of one folder per case: its sub-folders that are case folders of ``layout``."""
-    return [_case_folder_scan(sub, layout) for sub in _subfolders(root) if _case_folder_layout(sub) is layout]
 
 
 def _visible_files(folder: Path) -> list[Path]:
@@ -384,8 +378,7 @@ def _classify_folder(folder: Path, wanted: Layout | None = None) -> tuple[str, L
             layout, case_id = misnamed
             raise DataError(
                 f"{str(folder)!r} holds the modality files of {dataset_layout(layout).title} case {case_id!r}, but a "
-                "case "
-                f"folder must be named after its case: rename the folder to {case_id!r}"
+                f"case folder must be named after its case: rename the folder to {case_id!r}"
             )
         if wanted is Layout.NNUNET or (wanted is not Layout.MSD and _looks_nnunet(*_channel_groups(nifti_files)[:2])):
             return "a folder of nnU-Net channel files", Layout.NNUNET, _nnunet_folder(folder, nifti_files)
@@ -537,10 +530,10 @@ def _channel_count_message(scan: ScanFiles, names: Sequence[str]) -> str:
 def _scan_description(scan: ScanFiles, dataset: DatasetDescription | Layout | str | None) -> DatasetDescription:
     if dataset is not None:
         return _as_description(dataset)
-    if dataset_layout(scan.layout).own is None:
-        raise ValueError(f"case {scan.case_id!r} is {dataset_layout(scan.layout).titled} case: its label values come "
-                         "from its data "
-                         f"set's description (pass dataset=, e.g. describe_dataset(root, {scan.layout.value!r}))")
+    entry = dataset_layout(scan.layout)
+    if entry.own is None:
+        raise ValueError(f"case {scan.case_id!r} is {entry.titled} case: its label values come from its data set's "
+                         f"description (pass dataset=, e.g. describe_dataset(root, {scan.layout.value!r}))")
     return _as_description(scan.layout)
 
 

@@ -81,12 +81,11 @@ import shutil
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from distmis.data.case_progress import case_progress
-from distmis.data.dataset_layouts import DATASET_LAYOUTS, SyntheticKind, dataset_layout
+from distmis.data.dataset_layouts import DATASET_LAYOUTS, CaseFolderNaming, SyntheticKind, dataset_layout
 from distmis.data.errors import DataError
 from distmis.data.layouts import MODALITIES, Layout, channel_file_name, coerce_layout
 
@@ -459,16 +458,16 @@ def write_nnunet_case(folder: Path, case_id: str, image: np.ndarray, label: np.n
 
 
 def write_case_folder_case(folder: Path, case_id: str, image: np.ndarray, label: np.ndarray, affine: np.ndarray, *,
-                           naming: Any) -> None:
+                           naming: CaseFolderNaming) -> None:
     """One case of a layout of one folder per case: ``<case>/`` holding a 3-D int16 file per modality and the
     label, named as ``naming`` (:class:`~distmis.data.dataset_layouts.CaseFolderNaming`) says."""
     case_folder = folder / case_id
     case_folder.mkdir()
     intensities = np.round(image).astype(np.int16)
-    sep = naming.separator
-    for m, part in enumerate(naming.modalities):
-        _save(intensities[..., m], affine, case_folder / f"{case_id}{sep}{part}.nii.gz")
-    _save(label, affine, case_folder / f"{case_id}{sep}{naming.label}.nii.gz")
+    modality_stems, label_stem = naming.stems(case_id)
+    for m, stem in enumerate(modality_stems):
+        _save(intensities[..., m], affine, case_folder / f"{stem}.nii.gz")
+    _save(label, affine, case_folder / f"{label_stem}.nii.gz")
 
 
 def _write_json(path: Path, meta: dict) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from distmis.data import Layout, describe_dataset, discover_cases, read_case
 from distmis.data.dataset_layouts import (
-    DATASET_LAYOUTS, CaseFolderNaming, DatasetLayout, SyntheticKind, SyntheticLayout, case_folder_layouts,
+    DATASET_LAYOUTS, DatasetLayout, SyntheticKind, SyntheticLayout, case_folder_layouts,
     dataset_layout, layout_description, register_dataset_layout,
 )
 from distmis.data.errors import DataError
@@ -100,7 +100,6 @@ def test_a_new_entry_is_all_a_reader_needs(tmp_path: Path) -> None:
             read_case(type(case)(case.case_id, case.images * 2, case.label), "msd")
     finally:
         DATASET_LAYOUTS[Layout.MSD] = msd
-    assert isinstance(CaseFolderNaming("_", ("a",), "seg"), CaseFolderNaming)
 
 
 def test_no_data_module_branches_on_a_layout_outside_the_registry() -> None:
