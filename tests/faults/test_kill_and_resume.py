@@ -1,7 +1,7 @@
 """A search whose driver is killed (SIGKILL) goes on with ``distmis run --resume`` and ends exactly as an
 uninterrupted one does (issue 32, case 1): real processes, real Ray, sqlite.
 
-One search per framework is killed three times, at three moments (a trial mid-way; a resumed trial just after its
+One search (torch; a TensorFlow trial's restore in a search: ``tests/search/test_retries.py``) is killed three times, at three moments (a trial mid-way; a resumed trial just after its
 first new epoch, when Tune's restored checkpoint index names folders older than the ones the trial went on from;
 one trial finished and a later one mid-way), and resumed after each kill. It then exits 0; finished trials were not
 run again and their runs are untouched; unfinished ones continued from their last epoch in their own MLflow runs;
@@ -140,9 +140,8 @@ def checkpoint_folders(out: Path) -> dict[str, list[tuple[int, Path]]]:
 
 
 
-@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-def test_a_search_killed_three_times_ends_as_an_uninterrupted_one(tmp_path: Path, framework: str):
-    spec, out = write_spec(tmp_path, framework), tmp_path / "out"
+def test_a_search_killed_three_times_ends_as_an_uninterrupted_one(tmp_path: Path):
+    spec, out = write_spec(tmp_path, "torch"), tmp_path / "out"
     db = out / "mlflow.db"
     client = MlflowClient(f"sqlite:///{db}")
 
@@ -165,8 +164,6 @@ def test_a_search_killed_three_times_ends_as_an_uninterrupted_one(tmp_path: Path
                      and len(trial_statuses(db)) == 3)
     before = trial_snapshots(client, parent_id)
     done = {tid for tid, snap in before.items() if snap["status"] == "FINISHED"}
-    logged_before = {tid: max((step for step, _ in snap["history"]["epoch_seconds"]), default=0)
-                     for tid, snap in before.items()}
     assert 1 <= len(done) < 3
 
     console, err = finish(distmis("run", str(spec), "--output", str(out), "--resume", quiet=False))
@@ -205,7 +202,7 @@ def test_a_search_killed_three_times_ends_as_an_uninterrupted_one(tmp_path: Path
         assert all(epoch > 1 for epoch in first_epochs), reports[tid]
 
     # Every trial's newest checkpoint holds its last epoch and its best weights; each folder is named by its epoch.
-    weights = "model.pt" if framework == "torch" else "model.weights.h5"
+    weights = "model.pt"
     folders = checkpoint_folders(out)
     assert len(folders) == 3
     from distmis.train.checkpoint import read_state
