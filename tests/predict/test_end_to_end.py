@@ -1,6 +1,7 @@
 """From a search to segmentations of scans it never saw: the registered model, applied by ``distmis predict``,
 scored by reading the written NIfTI files back with nibabel, independently of distmis; and the same model loaded
-by MLflow in a process that cannot import distmis, giving the same label maps (a TensorFlow and a torch search)."""
+by MLflow in a process that cannot import distmis, giving the same label maps (a TensorFlow search; a torch one:
+tests/search/test_ct_dataset.py)."""
 
 from __future__ import annotations
 
@@ -60,11 +61,6 @@ def tensorflow_search(ray_local, tmp_path_factory) -> tuple[str, Path, object]:
     return search("tensorflow", tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def torch_search(ray_local, tmp_path_factory) -> tuple[str, Path, object]:
-    return search("torch", tmp_path_factory)
-
-
 @pytest.mark.slow  # one trial (8 epochs of 32^3 volumes) and two predictions: about 2 minutes
 def test_a_searched_model_segments_held_out_scans(tensorflow_search, tmp_path: Path, capsys):
     framework, folder, outcome = tensorflow_search
@@ -89,17 +85,16 @@ def test_a_searched_model_segments_held_out_scans(tensorflow_search, tmp_path: P
 
 
 @pytest.mark.slow  # the search of the fixture, distmis predict, and a fresh Python loading the model: about 1 minute
-@pytest.mark.parametrize("framework", ["tensorflow", "torch"])
-def test_the_registered_model_predicts_without_distmis_as_distmis_predict_does(framework: str, request,
-                                                                                tmp_path: Path):
-    framework, folder, outcome = request.getfixturevalue(f"{framework}_search")
-    name = "e2e" if framework == "tensorflow" else f"e2e-{framework}"
-    model_uri = f"models:/{name}@best"
+def test_the_registered_model_predicts_without_distmis_as_distmis_predict_does(tensorflow_search, tmp_path: Path):
+    """The Keras model (a torch one, multi-class, on scans stored LPS:
+    tests/search/test_ct_dataset.py::test_the_ct_model_predicts_without_distmis_as_distmis_predict_does)."""
+    framework, folder, outcome = tensorflow_search
+    model_uri = "models:/e2e@best"
     with model_folder(model_uri, outcome.tracking_uri) as local:  # the registered model, as logged
         assert_python_function_from_code(local)
-        assert (local / "artifacts" / ("model.keras" if framework == "tensorflow" else "network.pt2")).is_file()
+        assert (local / "artifacts" / "model.keras").is_file()
         requirements = {r.split("==")[0] for r in (local / "requirements.txt").read_text().split()}
-        assert requirements >= ({"tensorflow", "keras"} if framework == "tensorflow" else {"torch"})
+        assert requirements >= {"tensorflow", "keras"}
 
     images = folder / "heldout" / "imagesTr"
     assert main(["predict", model_uri, str(images), "--output", str(tmp_path / "segs"),
@@ -117,5 +112,4 @@ def test_the_registered_model_predicts_without_distmis_as_distmis_predict_does(f
         assert np.array_equal(predicted, written), f"{framework} {stem}: {(predicted != written).sum()} voxels differ"
         found += int(predicted.any())
     assert found >= 1  # some tumour found: the comparison is not of empty label maps alone
-    if framework == "tensorflow":
-        assert found == len(cases)  # the quickstart's model finds every tumour
+    assert found == len(cases)  # the quickstart's model finds every tumour

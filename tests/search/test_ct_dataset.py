@@ -1,6 +1,6 @@
 """Any data set, not only brain tumours: a synthetic CT-like data set (one channel, three organ classes, anisotropic
 spacings that differ between cases, cases stored LPS) searched end to end through ``distmis run``, in the nnU-Net
-and the MSD layout, each with the torch and the Keras U-Net: per-class dice under the data set's names
+layout with the torch U-Net and in the MSD layout with the Keras one: per-class dice under the data set's names
 every epoch, the test split scored per class, the model registered, and ``distmis predict`` writing label maps in
 each scan's own geometry with the data set's label values."""
 
@@ -78,9 +78,10 @@ def runs_of(state: SearchState) -> tuple[mlflow.entities.Run, list[mlflow.entiti
     return search_run, trials
 
 
-@pytest.mark.slow  # four tiny searches (one trial of 2 epochs each) and their predictions: about 90 s
-@pytest.mark.parametrize("layout", ["nnunet", "msd"])
-@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+@pytest.mark.slow  # two tiny searches (one trial of 2 epochs each) and their predictions
+# Each layout once, each framework once: the data's preparation does not depend on the framework, nor the trainers
+# on the layout the cases came in (every layout's discovery, description and scans: tests/data/).
+@pytest.mark.parametrize(("layout", "framework"), [("nnunet", "torch"), ("msd", "tensorflow")])
 def test_a_ct_search_trains_scores_registers_and_predicts_per_class(layout, framework, ct_search, tmp_path: Path):
     folder, state = ct_search(layout, framework)
     search_run, trials = runs_of(state)
@@ -132,7 +133,16 @@ def test_the_ct_model_predicts_without_distmis_as_distmis_predict_does(ct_search
     and orientation, writes the label maps distmis predict writes (an LPS case among them)."""
     from tests.predict.test_pyfunc import run_without_distmis
 
+    from distmis.predict.resolve import model_folder
+    from tests.predict.test_pyfunc import read_mlmodel
+
     folder, state = ct_search("nnunet", "torch")
+    with model_folder("models:/ct-nnunet-torch@best", state.tracking_store) as local:  # the model as logged
+        conf = read_mlmodel(local)["flavors"]
+        assert set(conf) == {"python_function"} and "python_model" not in conf["python_function"]
+        assert not list(local.rglob("*.pkl"))  # its code a file of the folder, the network an exported program
+        assert (local / "artifacts" / "network.pt2").is_file()
+        assert "torch" in {r.split("==")[0] for r in (local / "requirements.txt").read_text().split()}
     images = folder / "heldout" / "imagesTr"
     assert main(["predict", "models:/ct-nnunet-torch@best", str(images), "--output", str(tmp_path / "segs"),
                  "--tracking-uri", state.tracking_store, "--quiet"]) == 0
