@@ -1,11 +1,11 @@
 """Searches whose trials train on a curriculum (small positive tiles, larger tiles, the whole volume), end to end
-through ``distmis run``: every epoch's stage and tile in MLflow, and a model that works on the whole volume."""
+through ``distmis run``: every epoch's stage and tile in MLflow, and a model that works on the whole volume. A
+pipelined torch search on a curriculum: tests/search/test_layout_in_workers.py (its pipelined trials)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from distmis.predict.model import SegmentationModel
@@ -44,34 +44,11 @@ def check_curricula(client, runs, tmp_path: Path) -> None:
     assert SegmentationModel.load(tmp_path / "out" / "model").recipe.window == (16, 16, 16)
 
 
-def test_a_pipelined_curriculum_search(ray_local, tmp_path: Path, capsys):
-    """Torch U-Net, 1 and 2 pipeline stages: the curriculum's inputs flow through the pipeline, stage by stage."""
-    tree = curriculum_tree(tmp_path / "data", "torch", "tiny-curriculum")
-    tree["training"]["inference"] = {"compare": True}
-    tree["search"] = {"algorithm": "grid", "space": {"parallelism.pipeline.stages": {"grid": [1, 2]}}}
-    tree["parallelism"] = {"resources_per_worker": {"cpu": 1}, "pipeline": {"microbatches": 2}}
-    client, runs = run_spec(tree, tmp_path, capsys)
-    check_curricula(client, runs, tmp_path)
-    # the best model of each trial, timed and scored by whole-volume and by sliding-window inference (8^3 windows)
-    for run in trial_runs(runs):
-        for way in ("whole_volume", "sliding_window"):
-            assert 0 <= run.data.metrics[f"{way}_dice"] <= 1 and run.data.metrics[f"{way}_seconds"] > 0
-    parent = next(r for r in runs if r.data.tags.get("distmis.role") == "search")
-    table = client.download_artifacts(parent.info.run_id, "inference.csv", str(tmp_path))
-    rows = pd.read_csv(table)
-    assert sorted(rows["stages"]) == [1, 2] and {"whole_volume_seconds", "sliding_window_dice"} <= set(rows)
-
-
-def test_a_tensorflow_curriculum_search(ray_local, tmp_path: Path, capsys):
-    tree = curriculum_tree(tmp_path / "data", "tensorflow", "tiny-tf-curriculum")
-    client, runs = run_spec(tree, tmp_path, capsys)  # two learning rates, one process each
-    check_curricula(client, runs, tmp_path)
-
-
 def test_a_data_parallel_tensorflow_curriculum_search(ray_local, tmp_path: Path, capsys):
     """Two TensorFlow workers per trial (MultiWorkerMirroredStrategy on the search's kept worker group): each
     stage's input pipeline is sharded over them and its step traced for it; the second trial restarts the
-    group's trainer from the first stage again."""
+    group's trainer from the first stage again. (A one-process TensorFlow trainer on a curriculum:
+    tests/train/test_curriculum.py; a one-process trial's path through a search is every other TensorFlow search's.)"""
     tree = curriculum_tree(tmp_path / "data", "tensorflow", "tiny-tf-dp-curriculum")
     tree["parallelism"] = {"mode": "data", "workers": 2, "resources_per_worker": {"cpu": 1}}
     client, runs = run_spec(tree, tmp_path, capsys)

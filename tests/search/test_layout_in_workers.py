@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
+from mlflow.tracking import MlflowClient
 
 from distmis.search.run import run_search
 from distmis.trial.trainables import (
@@ -24,12 +26,45 @@ from distmis.trial.trainables import (
 )
 from distmis.spec import validate_spec
 from distmis.spec.layout import SP_DEGREE_PATH
+from distmis.tracking.results import trial_runs as child_runs
 from distmis.tracking.predicted import predict_trial
 from tests.conftest import small_spec_tree
-from tests.search.test_data_parallel import dp_tree
+from tests.search.test_curriculum_search import CURRICULUM, check_curricula
 from tests.search.test_sequence_parallel_search import curve, trial_runs
 
 pytestmark = pytest.mark.slow
+
+
+def dp_tree(data: Path, framework: str, **parallelism) -> dict:
+    tree = small_spec_tree(data)
+    tree["model"]["framework"] = framework
+    tree["training"]["epochs"] = 2
+    tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3]}}
+    tree["parallelism"] = parallelism
+    return tree
+
+
+def assert_a_data_parallel_run(outcome: Any, output: Path, framework: str) -> None:
+    """What a data-mode search of one 2-epoch trial on 2 workers records."""
+    assert outcome.failed == 0, outcome.results.get("error")
+    client = MlflowClient(outcome.tracking_uri)
+    [child] = child_runs(client, client.get_run(outcome.parent_run_id))
+    assert child.info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(child.info.run_id, "val_dice")) == [1, 2]
+    assert child.data.params["trial.workers"] == "2"
+    assert float(child.data.params["training.optimizer.effective_lr"]) == pytest.approx(2e-3)  # linear scaling
+    # Rank 0 kept a checkpoint of the best epoch: in the Ray Train run's storage, or (TensorFlow, on the search's
+    # worker group) in the Tune trial's.
+    name = "model.weights.h5" if framework == "tensorflow" else "model.pt"
+    assert list((output / ("ray_results" if framework == "tensorflow" else "ray_train")).rglob(name))
+    assert (Path(child.data.tags["distmis.checkpoint"]) / name).is_file()  # the latest, tagged on the trial's run
+    assert 0 <= outcome.best["best_val_dice"] <= 1
+    # Its start-up, part by part, logged once with the first epoch.
+    parts = ["workers", "data"] if framework == "tensorflow" else ["workers", "imports", "data"]
+    startup = {part: client.get_metric_history(child.info.run_id, f"startup_{part}_s") for part in parts + ["total"]}
+    assert all(len(points) == 1 and points[0].step == 1 and points[0].value >= 0 for points in startup.values())
+    assert startup["workers"][0].value > 0  # a worker group does not start in no time
+    assert sum(startup[p][0].value for p in parts) == pytest.approx(startup["total"][0].value, abs=0.01)
 
 
 def optimizer_lr(trainer: Any) -> float:
@@ -93,12 +128,17 @@ def probe_worker(out_dir: str, loop_config: dict[str, Any]) -> None:
 
     import ray.train
 
+    from distmis.train.startup import StartupClock
+
+    clock = StartupClock(since=loop_config.get("submitted_at"))  # as distmis's own worker loop times its start
+    clock.mark("workers")
     before = {"imported_at_start": frameworks_imported(), "tf_config": json.loads(os.environ.get("TF_CONFIG", "null"))}
-    spec, layout, trainer = worker_trainer(loop_config)
+    spec, layout, trainer = worker_trainer(loop_config, clock)
     rank = ray.train.get_context().get_world_rank()
     found = record(out_dir, spec, layout, trainer, rank=rank, before=before)
     found["weights_before"] = weights_sum(trainer)
-    train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint, rank=rank, primary=rank == 0)
+    train_and_report(trainer, spec, ray.train.report, ray.train.Checkpoint, rank=rank, primary=rank == 0,
+                     startup=clock.seconds())
     found["lr_after"] = optimizer_lr(trainer)  # the rate of the last epoch (training.lr_schedule)
     found["weights_after"] = weights_sum(trainer)
     Path(out_dir, f"{layout.world_size}-{rank}.json").write_text(json.dumps(found))
@@ -146,12 +186,17 @@ def probe_trial(out_dir: str, config: dict[str, Any], **kwargs: Any) -> None:
 
 
 def run_probed(tree: dict, tmp_path: Path) -> dict[str, dict[str, Any]]:
+    return run_probed_search(tree, tmp_path)[1]
+
+
+def run_probed_search(tree: dict, tmp_path: Path) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """The search's outcome and the probes' records."""
     probes = tmp_path / "probes"
     probes.mkdir()
     outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False,
                          trainable=functools.partial(probe_trial, str(probes)))
     assert outcome.failed == 0, outcome.results.get("error")
-    return {p.stem: json.loads(p.read_text()) for p in probes.glob("*.json")}
+    return outcome, {p.stem: json.loads(p.read_text()) for p in probes.glob("*.json")}
 
 
 def run_probed_command(tree: dict, tmp_path: Path, capsys: Any, monkeypatch: Any) -> tuple[Any, list, Path]:
@@ -183,11 +228,11 @@ def records(folder: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in folder.glob("*.json") if p.stem != "trial-process"}
 
 
-def assert_same_curves(client: Any, first: Any, second: Any) -> None:
-    """Two trial runs logged the same training and validation curves, two epochs each."""
+def assert_same_curves(client: Any, first: Any, second: Any, epochs: int = 2) -> None:
+    """Two trial runs logged the same training and validation curves, ``epochs`` epochs each."""
     for metric in ("train_loss", "val_loss", "val_dice"):
         one, two = curve(client, first, metric), curve(client, second, metric)
-        assert len(one) == len(two) == 2
+        assert len(one) == len(two) == epochs
         np.testing.assert_allclose(two, one, rtol=1e-4, atol=1e-5, err_msg=metric)
 
 
@@ -219,7 +264,8 @@ def test_data_parallel_workers_train_at_the_effective_lr_and_follow_its_schedule
                                                                                    framework: str):
     tree = one_epoch_tree(tmp_path / "data", framework, mode="data", workers=2, resources_per_worker={"cpu": 1})
     tree["training"].update(epochs=2, lr_schedule={"name": "poly", "power": 1.0})
-    found = run_probed(tree, tmp_path)
+    outcome, found = run_probed_search(tree, tmp_path)
+    assert_a_data_parallel_run(outcome, tmp_path / "out", framework)  # the run, its checkpoint and start-up
     # Only the workers import the framework, and only the trial's own one (distmis.parallel.tensorflow_cluster;
     # TensorFlow's on the search's worker group, distmis.trial.worker_group)
     assert "tensorflow" not in found.pop("trial-process")["imported"]
@@ -244,16 +290,18 @@ def test_data_parallel_workers_train_at_the_effective_lr_and_follow_its_schedule
 
 def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says_and_follow_one_loss_curve(
         ray_local, tmp_path: Path, capsys, monkeypatch):
-    """Degree 1 and 2 searched through ``distmis run``, two data-parallel replicas each: 2 and 4 ranks; the lr
-    scales with DP only; both trials train the same weights (MLflow's curves); each logs the performance model's
-    predictions for its layout and its measured steps."""
+    """Degree 1 and 2 searched through ``distmis run``, two data-parallel replicas each: 2 and 4 ranks, the two
+    trials at once (a hybrid search: several multi-worker trials side by side); the lr scales with DP only; both
+    trials train the same weights (MLflow's curves); each logs the performance model's predictions for its layout
+    and its measured steps."""
     tree = small_spec_tree(tmp_path / "data", model={
         "name": "vit-seg", "framework": "torch",
         "params": {"layers": 1, "embed_dim": 16, "heads": 4, "patch": 4, "decoder_features": 8}})
     tree["name"] = "tiny-vit"
     tree["training"].update(epochs=2, tile=[8, 8, 8], batch_size=1)
     tree["search"] = {"algorithm": "grid", "space": {"parallelism.sequence_parallel.degree": {"grid": [1, 2]}}}
-    tree["parallelism"] = {"workers_per_trial": 2, "resources_per_worker": {"cpu": 0.5},
+    # A quarter CPU per worker: both trials (2 and 4 workers) run at once on the 2-CPU test cluster.
+    tree["parallelism"] = {"workers_per_trial": 2, "resources_per_worker": {"cpu": 0.25},
                            "sequence_parallel": {"attention": "ulysses", "split": "spatial"}}
     client, runs, probes = run_probed_command(tree, tmp_path, capsys, monkeypatch)
     found = records(probes)
@@ -274,6 +322,10 @@ def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says_and_f
 
     by_degree = {int(r.data.params["parallelism.sequence_parallel.degree"]): r for r in trial_runs(runs)}
     assert sorted(by_degree) == [1, 2]
+    parent = next(r for r in runs if r.data.tags.get("distmis.role") == "search")
+    assert "hybrid" in parent.data.tags["distmis.layout"]
+    trials = list(by_degree.values())
+    assert max(r.info.start_time for r in trials) < min(r.info.end_time for r in trials)  # they overlapped
     for degree, run in by_degree.items():
         assert run.info.status == "FINISHED"
         assert run.data.params["trial.workers"] == str(2 * degree)
@@ -301,14 +353,17 @@ def test_pipelined_trials_hold_their_stage_and_groups_and_follow_one_loss_curve(
                                                                                  monkeypatch):
     """stages [1, 2] with two data-parallel replicas, through ``distmis run``: 2 and 4 ranks; each rank of a
     pipelined trial holds one stage (its optimizer only that stage's parameters), pipelines of consecutive ranks,
-    the lr scaled by DP only; both trials train the same weights (MLflow's curves) and the search ends in a
-    scored model."""
+    the lr scaled by DP only; both trials train the same weights (MLflow's curves) on a curriculum (the stage's
+    input changes, and the pipeline with it) and the search ends in a scored model, applied to the whole volume
+    as it was trained last; each trial's best model is timed and scored by whole-volume and by sliding-window
+    inference."""
     tree = small_spec_tree(tmp_path / "data", model={
         "name": "unet3d", "framework": "torch", "params": {"base_filters": 4, "levels": 3, "norm": "group",
                                                            "norm_groups": 2}})
     tree["name"] = "tiny-pipeline"
     tree["dataset"]["synthetic"]["cases"] = 8  # 4 training cases: a full batch of 2 for each replica
-    tree["training"].update(epochs=2, batch_size=2)
+    tree["training"].pop("epochs")
+    tree["training"].update(batch_size=2, curriculum=CURRICULUM, inference={"compare": True})
     tree["search"] = {"algorithm": "grid", "space": {"parallelism.pipeline.stages": {"grid": [1, 2]}}}
     tree["parallelism"] = {"workers_per_trial": 2, "resources_per_worker": {"cpu": 0.5},
                            "pipeline": {"microbatches": 2, "schedule": "1f1b"}}
@@ -338,11 +393,19 @@ def test_pipelined_trials_hold_their_stage_and_groups_and_follow_one_loss_curve(
         assert run.data.metrics["step_seconds"] > 0 and run.data.metrics["peak_memory_mb"] > 0
     # Same seed and data order, group norm and full batches: the pipeline's micro-batches give the batch's own
     # gradients, so both trials train the same weights.
-    assert_same_curves(client, by_stages[1], by_stages[2])
+    assert_same_curves(client, by_stages[1], by_stages[2], epochs=3)
     assert_trained(found.values())  # the curves agree because both trained alike, not because neither did
     # the search ends in a registered model with test metrics, whichever trial won
     parent = next(r for r in runs if r.data.tags.get("distmis.role") == "search")
     assert any(key.startswith("test_") for key in parent.data.metrics)
+    # each epoch's curriculum stage and tile; the model applied to the whole volume, as trained last
+    check_curricula(client, runs, tmp_path)
+    # the best model of each trial, timed and scored by whole-volume and by sliding-window inference (8^3 windows)
+    for run in by_stages.values():
+        for way in ("whole_volume", "sliding_window"):
+            assert 0 <= run.data.metrics[f"{way}_dice"] <= 1 and run.data.metrics[f"{way}_seconds"] > 0
+    table = pd.read_csv(client.download_artifacts(parent.info.run_id, "inference.csv", str(tmp_path)))
+    assert sorted(table["stages"]) == [1, 2] and {"whole_volume_seconds", "sliding_window_dice"} <= set(table)
 
 
 def test_axial_trials_hold_the_dsp_switches_or_the_ulysses_cores_and_follow_one_loss_curve(ray_local, tmp_path: Path,

@@ -78,7 +78,7 @@ def test_workers_dying_at_start_up_release_their_cpus_and_the_next_trial_runs(ra
     from distmis.search.run import run_search
     from distmis.spec import validate_spec
     from distmis.tracking.results import trial_runs
-    from tests.search.test_data_parallel import dp_tree
+    from tests.search.test_layout_in_workers import dp_tree
 
     spec = validate_spec(dp_tree(tmp_path / "data", "torch", mode="data", workers=2))  # 2 workers x 1 CPU: all CPUs
     before = set(created_groups())
