@@ -234,27 +234,6 @@ def test_parser_shape_argument():
         build_parser().parse_args(["data", "synth", "x", "--shape", "8,16"])
 
 
-def test_run_exits_1_when_a_trial_fails(ray_local, tmp_path, monkeypatch, capsys):
-    import functools
-
-    import distmis.search.run as experiment
-    from tests.search.test_experiment import flaky_trial
-
-    monkeypatch.setattr(experiment, "run_search", functools.partial(experiment.run_search, trainable=flaky_trial))
-    tree = small_spec_tree(tmp_path / "data")
-    tree["training"]["epochs"] = 1
-    tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3, 5.0e-2]}}
-    spec = write_spec(tmp_path / "s.yaml", tree)
-    assert main(["run", str(spec), "--output", str(tmp_path / "out"), "--quiet"]) == 1
-    printed = capsys.readouterr()
-    assert "1 failed" in printed.out and "NonFiniteLossError" in printed.out
-    assert "did not finish" in printed.err and "--resume runs them again" in printed.err
-    # The folder's search ended with a failed trial: a plain run into it says what to do, and starts nothing.
-    assert main(["run", str(spec), "--output", str(tmp_path / "out"), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert "ended with 1 failed trial(s)" in err and "--resume" in err and "another --output" in err
-
-
 def test_cli_run_with_an_oversized_tile_exits_2_and_writes_nothing(tmp_path, capsys):
     data = msd_dataset(tmp_path / "data", SHORT_CASES)
     spec = write_spec(tmp_path / "spec.yaml", real_data_tree(data, [16, 16, 16]))

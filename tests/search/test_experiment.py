@@ -149,13 +149,33 @@ def diverging_trial(workdir: str, config, **kwargs):
         single_process_trial(config, **kwargs)
 
 
-def test_failing_trial_is_recorded_and_search_goes_on(ray_local, tmp_path: Path):
+def test_failing_trial_is_recorded_and_search_goes_on(ray_local, tmp_path: Path, monkeypatch, capsys):
+    """Through ``distmis run``: it exits 1 naming the failed trial and what to do; a plain run into its folder then
+    exits 2 and starts nothing; ``--resume`` runs the failed trial again."""
+    import yaml
+
+    import distmis.search.run as run_module
+    from distmis.cli.main import main
+
     tree = small_spec_tree(tmp_path / "data")
     tree["training"]["epochs"] = 1
     tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3, 5.0e-2]}}
     (tmp_path / "diverges").touch()
     trainable = functools.partial(diverging_trial, str(tmp_path))
-    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False, trainable=trainable)
+    outcomes = []
+
+    def run_and_keep(*args, **kwargs):
+        outcomes.append(run_search(*args, trainable=trainable, **kwargs))
+        return outcomes[-1]
+
+    monkeypatch.setattr(run_module, "run_search", run_and_keep)
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump(tree))
+    assert main(["run", str(spec_file), "--output", str(tmp_path / "out"), "--quiet"]) == 1
+    printed = capsys.readouterr()
+    assert "1 failed" in printed.out and "NonFiniteLossError" in printed.out
+    assert "did not finish" in printed.err and "--resume runs them again" in printed.err
+    [outcome] = outcomes
 
     assert outcome.failed == 1
     by_status = {row["status"]: row for row in outcome.results.to_dict("records")}
@@ -180,6 +200,10 @@ def test_failing_trial_is_recorded_and_search_goes_on(ray_local, tmp_path: Path)
     assert state.status == "trials_failed" and state.failed_trials == list(outcome.failed_trials)
     with pytest.raises(SearchStateError, match=r"ended with 1 failed trial\(s\).*--resume"):
         refuse_unfinished(tmp_path / "out")
+    assert main(["run", str(spec_file), "--output", str(tmp_path / "out"), "--quiet"]) == 2  # and starts nothing
+    err = capsys.readouterr().err
+    assert "ended with 1 failed trial(s)" in err and "--resume" in err and "another --output" in err
+    assert len(outcomes) == 1
     (tmp_path / "diverges").unlink()
     resumed = run_search(validate_spec(tree), tmp_path / "out", progress=False, trainable=trainable, resume=True)
     assert resumed.failed == 0 and resumed.parent_run_id == outcome.parent_run_id
