@@ -174,7 +174,7 @@ def test_submitted_search_succeeds_and_the_ui_serves_its_runs(head, tmp_path, mo
     assert "Best trial" in capsys.readouterr().out
     assert main(["status", "no-such-job"]) == 2
 
-    with distmis_ui(cwd=tmp_path) as (url, _ui):  # no folder named: the one search under runs/
+    with distmis_ui(cwd=tmp_path) as (url, ui):  # no folder named: the one search under runs/
         api = f"{url}/api/2.0/mlflow"
         status, body = _get(f"{api}/experiments/get-by-name?experiment_name=tiny")
         assert status == 200
@@ -201,6 +201,17 @@ def test_submitted_search_succeeds_and_the_ui_serves_its_runs(head, tmp_path, mo
         assert {"spec.yaml", "results.csv"} <= listed
         status, body = _get(f"{url}/get-artifact?path=spec.yaml&run_uuid={parent_id}")
         assert status == 200 and yaml.safe_load(body)["name"] == "tiny"
+
+        # ``distmis ui`` ended by SIGTERM (as by ``kill``) stops the mlflow server and its workers with it.
+        tree = psutil.Process(ui.pid).children(recursive=True)
+        assert any("mlflow" in " ".join(p.cmdline()) and "server" in p.cmdline() for p in tree)
+        ui.send_signal(signal.SIGTERM)
+        assert ui.wait(timeout=60) == 0
+        _, alive = psutil.wait_procs(tree, timeout=30)
+        # (a zombie has ended; whatever adopted it may not collect it)
+        assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        with pytest.raises(ConnectionRefusedError):  # nothing listens there any more
+            socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=5)
 
 
 def test_results_on_other_machines_need_reachable_storage(head, tmp_path):
@@ -311,25 +322,3 @@ def test_followers_whose_dashboard_goes_say_so_and_cluster_down_stops_only_its_o
     assert ClusterState.load() is None
     # The session's own local Ray (another cluster on this machine) still works.
     assert ray_local.get(ray_local.remote(lambda: 42).remote()) == 42
-
-
-def test_distmis_ui_stops_its_server_when_killed(tmp_path):
-    """``distmis ui`` ended by SIGTERM (as by ``kill``) stops the mlflow server and its workers with it."""
-    from mlflow.tracking import MlflowClient
-
-    from distmis.tracking.mlflow_tracking import default_tracking_uri
-
-    output = tmp_path / "runs" / "tiny"
-    output.mkdir(parents=True)
-    MlflowClient(default_tracking_uri(output)).create_experiment("tiny")
-    with distmis_ui(str(output), cwd=tmp_path) as (url, ui):
-        assert _get(f"{url}/health")[0] == 200
-        tree = psutil.Process(ui.pid).children(recursive=True)
-        assert any("mlflow" in " ".join(p.cmdline()) and "server" in p.cmdline() for p in tree)
-        ui.send_signal(signal.SIGTERM)
-        assert ui.wait(timeout=60) == 0
-        _, alive = psutil.wait_procs(tree, timeout=30)
-        # (a zombie has ended; whatever adopted it may not collect it)
-        assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        with pytest.raises(ConnectionRefusedError):  # nothing listens there any more
-            socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=5)
