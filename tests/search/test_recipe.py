@@ -15,12 +15,12 @@ from distmis.tracking.results import find_search_run, trial_runs
 RECIPE = Path(__file__).parents[2] / "search_spaces" / "recipe.yaml"
 
 
-@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-def test_a_search_over_augmentation_and_schedules_scores_every_trial_on_the_test_split(ray_local, tmp_path: Path,
-                                                                                         framework: str):
+def test_a_search_over_augmentation_and_schedules_scores_every_trial_on_the_test_split(ray_local, tmp_path: Path):
+    """The torch U-Net's (the Keras trainer's augmentation and schedules: tests/train/test_tf_unet.py,
+    tests/train/test_schedules.py and tests/data/test_tfrecord.py, the TensorFlow input pipeline's augmentation)."""
     spec = load_spec(RECIPE, {  # the shipped spec, made small
         "dataset.path": str(tmp_path / "data"), "dataset.synthetic.cases": 8, "dataset.synthetic.shape": [16, 16, 16],
-        "model.framework": framework, "model.params.base_filters": 4, "model.params.levels": 3,
+        "model.framework": "torch", "model.params.base_filters": 4, "model.params.levels": 3,
         "training.epochs": 2, "training.tile": [8, 8, 8], "training.lr_schedule.warmup_epochs": 0,
     })
     outcome = run_search(spec, tmp_path / "out", progress=False)
