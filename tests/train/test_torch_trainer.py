@@ -770,3 +770,55 @@ def test_a_monai_network_trains_a_curriculum_of_augmented_tiles(prepared, name: 
         metrics = trainer.run_epoch(epoch)
         assert np.isfinite(metrics.train_loss) and 0.0 <= metrics.val_dice <= 1.0
     assert set(inputs) == {(8, 8, 8), (16, 16, 16)}
+
+
+#: The networks the data-mode architecture search (tests/search/test_architecture_search.py) does not train on two
+#: workers: each in DDP over a real gloo group here.
+REPLICATED_NETWORKS = {"segresnet": {"init_filters": 8, "blocks_down": [1, 1, 1], "blocks_up": [1, 1]},
+                       "dynunet": {"filters": [4, 8, 16]}}  # kernels and strides planned from the 16^3 volume
+
+
+def _train_replicas_on_rank(rank: int, world_size: int, spec_trees: dict[str, Any], tfrecord_dir: str,
+                            out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world_size)
+    try:
+        found = {}
+        for name, tree in spec_trees.items():
+            spec = validate_spec(tree)
+            trainer = gloo_trainer(spec, tfrecord_dir)
+            before = [p.detach().clone() for p in trainer.model.parameters()]
+            loss = trainer.train_epoch(1)
+            found[name] = {"wrapper": type(trainer.train_model).__name__, "loss": loss,
+                           "weights": [p.detach().clone() for p in trainer.model.parameters()],
+                           "moved": any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))}
+        torch.save(found, f"{out}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # a real gloo group of 2 processes, two networks trained an epoch each
+def test_monai_networks_train_as_ddp_replicas_that_stay_equal(tmp_path: Path):
+    """A data-parallel trial of SegResNet or DynUNet: each rank's network in DDP over the DP group, its own share of
+    the batches, the same weights on both ranks after the epoch's steps."""
+    import torch.multiprocessing as mp
+
+    trees = {}
+    for name, params in REPLICATED_NETWORKS.items():
+        tree = small_spec_tree(tmp_path / "data")
+        tree["model"] = {"framework": "torch", "name": name, "params": params}
+        tree["training"].update(tile=None, batch_size=1)
+        tree["parallelism"] = {"mode": "data", "workers": 2}
+        trees[name] = tree
+    data = prepare_data(validate_spec(trees["segresnet"]), tmp_path / "out", progress=False)
+    mp.spawn(_train_replicas_on_rank, args=(2, trees, str(data.tfrecord_dir), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    for name in REPLICATED_NETWORKS:
+        first, second = ranks[0][name], ranks[1][name]
+        assert first["wrapper"] == second["wrapper"] == "DistributedDataParallel", name
+        assert first["moved"] and second["moved"], name
+        assert first["loss"] != second["loss"], name  # each rank trained on its own share of the batches
+        for a, b in zip(first["weights"], second["weights"]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
