@@ -32,6 +32,7 @@ from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, SpecError, searched_config, spec_to_dict
 from distmis.spec.schema import Spec
 from distmis.tracking.datasets import TrackedData
+from distmis.tracking.new_store import seed_sqlite_store
 from distmis.tracking.writer import ResilientWriter
 from distmis.trial.record import (
     CLASS_DICE_PREFIX, DEVICE_KEY, HISTORY_KEY, NODES_KEY, STARTUP_PREFIX, SYSTEM_KEY, epoch_metric_names,
@@ -227,6 +228,7 @@ class SearchRun:
         tags: Mapping[str, str] | None = None,
     ):
         self.tracking_uri = tracking_uri
+        seed_sqlite_store(tracking_uri)  # a new local store: a copy of an empty one, not MLflow's migrations again
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.experiment_id = get_or_create_experiment(self.client, experiment, artifact_location)
         self.metric, self.mode = metric, mode
