@@ -539,8 +539,8 @@ def synthesize_dataset(
 
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = root.parent / f".{root.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     try:
+        tmp.mkdir()  # in the try: a Ctrl-C the moment the folder is made still removes it
         writer = dataset_layout(layout).synthetic
         desc = f"synthesize {kind.value} ({layout.value})"
         for index, case_id in enumerate(case_progress(case_ids, desc, enabled=progress)):

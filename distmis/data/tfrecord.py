@@ -679,6 +679,10 @@ def convert_to_tfrecords(
         tmp.mkdir()
     except OSError as exc:
         raise _unwritable(room, exc) from None
+    except BaseException:  # a Ctrl-C the moment the folder was made: still empty, and not marked as distmis's yet
+        if tmp.is_dir():
+            tmp.rmdir()
+        raise
     try:
         marker = _claim(tmp, tag)
     except BaseException as exc:

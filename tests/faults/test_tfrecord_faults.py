@@ -318,3 +318,24 @@ def test_overwrite_replaces_exactly_the_listed_files(written: Path, dataset: Pat
     assert read_manifest(target) == manifest and (target / MANIFEST_NAME).stat().st_ino != inode
     assert _listing(target) == [MANIFEST_NAME, "train-00000-of-00001.tfrecord", "val-00000-of-00001.tfrecord"]
     assert _listing(tmp_path) == ["tfr"]
+
+
+@pytest.mark.parametrize("step", ["generation", "conversion"])
+def test_a_ctrl_c_the_moment_the_partial_folder_is_made_leaves_no_folder(dataset: Path, tmp_path: Path, monkeypatch,
+                                                                         step: str) -> None:
+    """The KeyboardInterrupt of a Ctrl-C can come as ``mkdir`` returns, after the folder was made and before the
+    code that removes it on failure holds it (a loaded machine's driver, descheduled there, took the signal then)."""
+    made = Path.mkdir
+
+    def made_then_interrupted(self: Path, *args, **kwargs) -> None:
+        made(self, *args, **kwargs)
+        if ".partial-" in self.name:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "mkdir", made_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        if step == "generation":
+            synthesize_dataset(tmp_path / "syn", "msd", cases=1, shape=(8, 8, 8), seed=0, progress=False)
+        else:
+            _convert(dataset, tmp_path / "tfr")
+    assert _listing(tmp_path) == []
