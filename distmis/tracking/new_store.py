@@ -41,11 +41,11 @@ def seed_sqlite_store(uri: str) -> bool:
         template = store_template()
         path.parent.mkdir(parents=True, exist_ok=True)
         staged = path.with_name(f".{path.name}.seed-{os.getpid()}")
-        shutil.copyfile(template, staged)
         try:
+            shutil.copyfile(template, staged)
             os.link(staged, path)  # fails where a store appeared meanwhile: that one is kept
         finally:
-            staged.unlink()
+            staged.unlink(missing_ok=True)
     except Exception:  # noqa: BLE001 - an optimisation only: MLflow makes the store when it first opens it
         return False
     return True
