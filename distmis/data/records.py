@@ -1,8 +1,9 @@
-"""Reading distmis's TFRecord files without TensorFlow.
+"""Reading and writing distmis's TFRecord files without TensorFlow.
 
 A torch trial only needs the bytes of its cases, and importing TensorFlow to get them costs each of its
-processes seconds and hundreds of megabytes (``benchmarks/startup.py``). The two formats involved are small
-and stable, so they are read here with the standard library:
+processes seconds and hundreds of megabytes (``benchmarks/startup.py``); so did the search's own process, which
+imported it only to write the records. The two formats involved are small and stable, so they are read and
+written here with the standard library and CRC-32C from ``google-crc32c``:
 
 - a TFRecord file is a sequence of records, each ``uint64 length``, ``uint32 masked CRC-32C of the length``,
   ``length`` bytes of data, ``uint32 masked CRC-32C of the data`` (little-endian);
@@ -10,9 +11,11 @@ and stable, so they are read here with the standard library:
   ``Features{map<string, Feature> feature=1}``, ``Feature{oneof bytes_list=1, float_list=2, int64_list=3}``,
   each list a ``repeated value=1`` (int64 lists packed or not; floats are not used by distmis).
 
-The length's checksum is verified (a truncated or misaligned file fails at once, naming the file); the
-data's is not (CRC-32C over megabytes in pure Python is slow): the shards' sha256 sums in the manifest are
-checked when a search prepares its data (:func:`~distmis.data.tfrecord.verify_checksums`).
+Writing (:func:`write_record`, :func:`serialize_example`) gives the bytes TensorFlow's ``TFRecordWriter`` and
+``tf.train.Example`` give (``tests/data/test_records.py`` compares them), and TensorFlow reads them back.
+When reading, the length's checksum is verified (a truncated or misaligned file fails at once, naming the file);
+the data's is not: the shards' sha256 sums in the manifest are checked when a search prepares its data
+(:func:`~distmis.data.tfrecord.verify_checksums`).
 
 Besides reading a file front to back (:func:`read_records`), :func:`record_offsets` indexes one by its headers
 alone (12 bytes read per record, the data skipped with a seek) and :func:`read_record_at` reads one record at
@@ -26,29 +29,16 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, Mapping, Sequence
+
+import google_crc32c
 
 from distmis.data.errors import DataError
-
-def _crc32c_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-_TABLE = _crc32c_table()
 
 
 def crc32c(data: bytes) -> int:
     """CRC-32C (Castagnoli), as TFRecord uses it."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
+    return int(google_crc32c.value(bytes(data)))
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -138,6 +128,46 @@ def read_record_at(path: str | Path, offset: int) -> bytes:
         if len(data) < length or len(f.read(FOOTER_BYTES)) < FOOTER_BYTES:
             raise DataError(f"{path}: the file ends inside the record at byte {offset} (truncated?)")
     return data
+
+
+def write_record(f: BinaryIO, data: bytes) -> None:
+    """Append one record holding ``data`` to the TFRecord file open for writing as ``f``."""
+    length = struct.pack("<Q", len(data))
+    f.write(length + struct.pack("<I", masked_crc32c(length)))
+    f.write(data)
+    f.write(struct.pack("<I", masked_crc32c(data)))
+
+
+def _key(number: int, wire: int) -> bytes:
+    return _encode_varint(number << 3 | wire)
+
+
+def _encode_varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # a negative int64 as its two's complement, as protobuf writes it (10 bytes)
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _delimited(number: int, payload: bytes) -> bytes:
+    return _key(number, 2) + _encode_varint(len(payload)) + payload
+
+
+def serialize_example(features: Mapping[str, bytes | Sequence[int]]) -> bytes:
+    """A ``tf.train.Example`` of ``features`` serialized, in their order: bytes as a one-element ``BytesList``,
+    int sequences as a packed ``Int64List`` (what :func:`parse_example` reads back)."""
+    entries = []
+    for key, value in features.items():
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            feature = _delimited(1, _delimited(1, bytes(value)))  # Feature.bytes_list{value: [value]}
+        else:
+            packed = b"".join(_encode_varint(int(v)) for v in value)
+            feature = _delimited(3, _delimited(1, packed) if packed else b"")  # Feature.int64_list{value: [...]}
+        entries.append(_delimited(1, _delimited(1, key.encode("utf-8")) + _delimited(2, feature)))
+    return _delimited(1, b"".join(entries))  # Example.features{feature: {key: Feature}}
 
 
 def _varint(buf: memoryview, pos: int) -> tuple[int, int]:

@@ -44,8 +44,8 @@ for a seed; :func:`iter_cases` yields whole volumes for validation. Both read
 one part (``"train"``) or the union of several (``["fold0", "fold2"]``: a
 cross-validation trial's training folds).
 
-TensorFlow is imported inside the functions only, so that importing
-:mod:`distmis.data` stays cheap and the worker processes never load it.
+The records are written and read without TensorFlow (:mod:`distmis.data.records`): a torch search never
+imports it. TensorFlow is imported inside :func:`make_dataset` only, the Keras trainer's input pipeline.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ from distmis.data.errors import DataError
 from distmis.data.layouts import MODALITIES, CaseFiles, read_case
 from distmis.data.manifest import FORMAT_VERSION, MANIFEST_NAME, DataManifest, read_manifest
 from distmis.data.preprocess import PreprocessConfig, preprocess_case
-from distmis.data.records import parse_example, read_records
+from distmis.data.records import parse_example, read_records, serialize_example, write_record
 from distmis.data.split import part_names, split_parts, validate_split
 
 if sys.platform != "win32":
@@ -133,7 +133,7 @@ _WRITING_HERE: set[str] = set()
 
 
 def _tf() -> Any:
-    """Import TensorFlow quietly (only when TFRecords are actually written or read)."""
+    """Import TensorFlow quietly (only for the Keras trainer's input pipeline)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -285,21 +285,15 @@ def _ordered_map(fn: Callable[..., R], items: Sequence[T], config: Any, workers:
 # --------------------------------------------------------------------------- writing
 
 
-def _example(tf: Any, case_id: str, image: np.ndarray, target: np.ndarray) -> bytes:
-    def _bytes(value: bytes) -> Any:
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
-    def _ints(values: Iterable[int]) -> Any:
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
-
-    features = {
-        "case_id": _bytes(case_id.encode("utf-8")),
-        "image": _bytes(np.ascontiguousarray(image, dtype="<f4").tobytes()),
-        "label": _bytes(np.ascontiguousarray(target, dtype=np.uint8).tobytes()),
-        "image_shape": _ints(image.shape),
-        "label_shape": _ints(target.shape),
-    }
-    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+def _example(case_id: str, image: np.ndarray, target: np.ndarray) -> bytes:
+    """One case as a serialized ``tf.train.Example`` (written without TensorFlow: :mod:`distmis.data.records`)."""
+    return serialize_example({
+        "case_id": case_id.encode("utf-8"),
+        "image": np.ascontiguousarray(image, dtype="<f4").tobytes(),
+        "label": np.ascontiguousarray(target, dtype=np.uint8).tobytes(),
+        "image_shape": [int(v) for v in image.shape],
+        "label_shape": [int(v) for v in target.shape],
+    })
 
 
 # --------------------------------------------------------------------------- what distmis wrote
@@ -671,7 +665,6 @@ def convert_to_tfrecords(
     workers = max(1, min(int(workers), len(ordered)))
     room = check_room(ordered, config, out_dir.parent)  # before anything is read or written
 
-    tf = _tf()
     tag = uuid.uuid4().hex[:8]
     tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{tag}"
     try:
@@ -703,7 +696,7 @@ def convert_to_tfrecords(
                 shards = []
                 for index, size in enumerate(sizes):
                     filename = shard_name(name, index, len(sizes))
-                    with tf.io.TFRecordWriter(str(tmp / filename)) as writer:
+                    with open(tmp / filename, "wb") as writer:
                         for _ in range(size):
                             case_id, image, target = next(results)
                             if image_shape is None:
@@ -715,7 +708,7 @@ def convert_to_tfrecords(
                                     f"all cases must have one shape: set crop or resize in the PreprocessConfig "
                                     f"(spec: dataset.crop / dataset.resize; CLI: --crop / --resize)"
                                 )
-                            writer.write(_example(tf, case_id, image, target))
+                            write_record(writer, _example(case_id, image, target))
                             bar.update(1)
                     shards.append({"file": filename, "num_cases": size, "sha256": _sha256(tmp / filename)})
                 splits_info[name] = {
@@ -737,7 +730,7 @@ def convert_to_tfrecords(
         _move_into_place(tmp, out_dir, tag)
     except BaseException as exc:
         _discard_partial(tmp)
-        if is_disk_full(exc):  # TensorFlow's writer or Python's: one clear error, nothing half-written left
+        if is_disk_full(exc):  # the writer's or another: one clear error, nothing half-written left
             raise full_disk_error(room, exc) from None
         raise
     finally:
