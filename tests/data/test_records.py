@@ -72,8 +72,9 @@ def test_records_written_without_tensorflow_are_the_bytes_tensorflow_writes_and_
     for one, other in zip(ours, theirs):  # the same message (a map's entries may come in another order)
         assert tf.train.Example.FromString(one) == tf.train.Example.FromString(other)
     # one feature: no order to differ in, so the very bytes
-    assert serialize_example({"image_shape": [5, 4, 3, 2]}) == tf.train.Example(features=tf.train.Features(
-        feature={"image_shape": tf.train.Feature(int64_list=tf.train.Int64List(value=[5, 4, 3, 2]))})).SerializeToString()
+    shape = tf.train.Feature(int64_list=tf.train.Int64List(value=[5, 4, 3, 2]))
+    one = tf.train.Example(features=tf.train.Features(feature={"image_shape": shape}))
+    assert serialize_example({"image_shape": [5, 4, 3, 2]}) == one.SerializeToString()
     # the framing: TensorFlow's records of the same data, byte for byte
     with open(tmp_path / "framed.tfrecord", "wb") as f:
         for record in theirs:
