@@ -110,6 +110,7 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
 
 def test_optuna_search_with_asha_samples_the_space(ray_local, tmp_path: Path):
     tree = small_spec_tree(tmp_path / "data")
+    tree["model"]["framework"] = "torch"  # the searcher's matter: the lighter trial processes
     tree["training"]["epochs"] = 1
     tree["search"] = {
         "algorithm": "optuna",

@@ -38,6 +38,7 @@ def wait_for_a_metric(db: Path, process: subprocess.Popen, timeout: float = 240)
 @pytest.mark.parametrize("signum, exit_code", [(signal.SIGTERM, 143)])
 def test_a_signal_marks_the_search_and_its_unfinished_trials_killed(tmp_path: Path, signum: int, exit_code: int):
     tree = small_spec_tree(tmp_path / "data")
+    tree["model"]["framework"] = "torch"  # the driver's matter: a driver and trial without TensorFlow start sooner
     tree["training"]["epochs"] = 500  # far longer than the test waits
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(tree))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
