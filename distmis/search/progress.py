@@ -26,8 +26,8 @@ that ended before it was interrupted.
 It assumes that the trials left take as long an epoch as those measured (a searched network or tile size that
 changes the epoch's time makes it rougher) and that every trial trains all its epochs: with ASHA, which stops
 trials early, it is an upper bound. It leaves out the trials' start-up: a search's trials reuse its processes (and
-a data-mode TensorFlow search its worker group), so only the first ones start cold; a data-parallel torch trial's
-worker group starts anew for each trial, and that time is missing from the estimate. It does not include the
+a data-mode search its worker group), so only the first ones start cold; a hybrid search's trial starts its Ray
+Train workers anew each time, and that time is missing from the estimate. It does not include the
 search's end either (scoring the best model on the test split, publishing it).
 """
 

@@ -126,8 +126,8 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=tune_param_space(spec),
                                    resume_unfinished=True, resume_errored=True, storage_filesystem=filesystem)
     else:
-        # Ray Train restarts a data-parallel trial's workers itself (trainable.py); Tune restarts the others, and
-        # the trials on a search's worker group (which start a new group).
+        # Ray Train restarts a hybrid search's trial's workers itself (trial.trainables); Tune restarts the others,
+        # and the trials on a data-mode search's worker group (which start a new group).
         retries = 0 if plan.distributed and not runs_on_worker_group(spec) else spec.parallelism.max_failures
         tuner = tune.Tuner(
             function,

@@ -6,9 +6,9 @@ paths into the spec, e.g. ``{"training.optimizer.lr": 0.001}``). The trial appli
 then either
 
 - trains in its own process (:func:`single_process_trial`, experiment-parallel), or
-- in a data-mode TensorFlow search, runs on the search's worker group, kept between its trials
-  (:func:`tensorflow_group_trial`, :mod:`distmis.trial.worker_group`), or
-- drives a Ray Train run of ``layout.world_size`` workers (:func:`data_parallel_trial`): a
+- in a data-mode search, runs on the search's worker group, kept between its trials
+  (:func:`group_trial`, :mod:`distmis.trial.worker_group`), or
+- in a hybrid search, drives a Ray Train run of ``layout.world_size`` workers (:func:`data_parallel_trial`): a
   ``DataParallelTrainer`` with ``TF_CONFIG`` (``MultiWorkerMirroredStrategy``) or Ray Train's ``TorchTrainer`` (DDP,
   data x sequence parallel groups for vit-seg, or data x pipeline groups for a pipelined U-Net), each worker running
   :func:`data_parallel_worker` on the trial's spec and layout (typed objects, not re-validated);
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 # What the driver imports (the Tune functions, and what it must know of them; release_groups: the worker group's
 # actors of a search, released at its end) and what the tests reach.
 __all__ = ["TrialConfig", "LoopConfig", "single_process_trial", "data_parallel_trial", "data_parallel_worker",
-           "tensorflow_group_trial", "runs_on_worker_group", "release_groups", "worker_trainer",
+           "group_trial", "runs_on_worker_group", "release_groups", "worker_trainer",
            "worker_working_folder", "train_and_report", "resolve_trial"]
 
 #: A trial's config as Tune hands it: the trial's values by their dotted paths into the spec.
@@ -67,9 +67,9 @@ class LoopConfig(TypedDict):
 
 def runs_on_worker_group(spec: Spec) -> bool:
     """Whether a search's distributed trials run on one worker group kept between them
-    (:mod:`distmis.trial.worker_group`) rather than a Ray Train run each: TensorFlow trials of a data-mode
-    search, which run one at a time."""
-    return spec.model.framework == "tensorflow" and spec.parallelism.mode == "data"
+    (:mod:`distmis.trial.worker_group`) rather than a Ray Train run each: the trials of a data-mode search,
+    which run one at a time. A hybrid search's trials, several at once, are Ray Train runs."""
+    return spec.parallelism.mode == "data"
 
 
 
@@ -196,9 +196,9 @@ def data_parallel_trial(
     trial, layout = resolve_trial(spec, config)
     if runs_on_worker_group(trial):
         if worker_loop is not data_parallel_worker:
-            raise ValueError("a data-mode TensorFlow trial runs on the search's worker group, not a worker loop")
+            raise ValueError("a data-mode trial runs on the search's worker group, not a worker loop")
         # The search's own workers, kept between its trials (one at a time): the storage folder is the search's.
-        tensorflow_group_trial(trial, layout, tfrecord_dir, search=Path(storage_path).name)
+        group_trial(trial, layout, tfrecord_dir, search=Path(storage_path).name)
         return
     scaling = ScalingConfig(num_workers=layout.world_size, use_gpu=layout.gpu > 0,
                             resources_per_worker=layout.worker_resources)
@@ -255,11 +255,11 @@ def _tune_report_every_rank() -> TuneReportCallback:
     return EveryRankReport()
 
 
-def tensorflow_group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, *, search: str) -> None:
-    """One data-parallel TensorFlow trial of a data-mode search on the search's worker group
-    (:mod:`distmis.trial.worker_group`): started by the first trial, kept by this reused Tune process for the
-    next ones. Each epoch is reported to Tune with rank 0's checkpoint; a restarted trial hands its checkpoints
-    to the workers and goes on after the last epoch they hold."""
+def group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, *, search: str) -> None:
+    """One trial of a data-mode search on the search's worker group (:mod:`distmis.trial.worker_group`): started
+    by the first trial, kept by this reused Tune process for the next ones. Each epoch is reported to Tune with the
+    checkpoint its ranks wrote; a restarted trial hands its checkpoints to the workers and goes on after the last
+    epoch they hold."""
     from ray import tune
 
     from distmis.trial.worker_group import folder_files, group_for, write_files
@@ -268,7 +268,7 @@ def tensorflow_group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, 
     )
 
     submitted_at = time.time()  # the workers' start-up clocks count from here (distmis.train.startup)
-    group = group_for(layout, search)
+    group = group_for(layout, search, trial.model.framework)
     checkpoints = []
     for checkpoint in resume_candidates(tune.get_checkpoint(), trial_folder()):
         with checkpoint.as_directory() as folder:

@@ -20,7 +20,7 @@ __all__ = ["build_trainer", "trial_frameworks"]
 
 
 def build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None = None,
-                  *, mesh: TrialMesh | None = None) -> Trainer:
+                  *, mesh: TrialMesh | None = None, device: str | None = None) -> Trainer:
     """The framework's trainer for this process; inside a Ray Train worker group when ``layout.distributed``.
 
     ``mesh``: this process's place in the trial. By default it is built over Ray Train's worker group
@@ -28,16 +28,18 @@ def build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clo
     (:meth:`TrialMesh.local`). A local mesh given for a distributed layout rebuilds the trial on one device (the
     driver's evaluation of a trained trial), its layout and so its learning rate unchanged. The worker group must
     be what the layout says: a mismatch raises rather than training silently otherwise. ``clock`` marks the end of
-    the strategy's set-up (TensorFlow) and of the trainer's (model and data).
+    the strategy's set-up (TensorFlow) and of the trainer's (model and data). ``device``: a torch trainer's device,
+    where the caller chose it (a rank of a kept worker group, :mod:`distmis.trial.worker_group`); by default the GPU
+    Ray gave this process, or the CPU.
     """
-    trainer = _build_trainer(spec, layout, tfrecord_dir, clock, mesh)
+    trainer = _build_trainer(spec, layout, tfrecord_dir, clock, mesh, device)
     if clock is not None:
         clock.mark("data")
     return trainer
 
 
 def _build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None,
-                   mesh: TrialMesh | None) -> Trainer:
+                   mesh: TrialMesh | None, device: str | None) -> Trainer:
     if spec.model.framework == "tensorflow":
         from distmis.train.tf_unet import UNetTrainer
 
@@ -61,10 +63,10 @@ def _build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, cl
 
         _check_world(ray.train.get_context().get_world_size(), layout, "Ray Train workers")
         mesh = TrialMesh.build(layout)  # every rank calls it
-        device = _worker_device()
+        device = device or _worker_device()
     elif mesh is None:
-        mesh, device = TrialMesh.local(layout), _trial_device()
-    else:
+        mesh, device = TrialMesh.local(layout), device or _trial_device()
+    elif device is None:
         device = _trial_device() if mesh.is_local else _worker_device()
     return TorchTrainer(spec, tfrecord_dir, layout=layout, mesh=mesh, device=device)
 

@@ -4,9 +4,9 @@ Not a test module: ``test_gpu_refusal.py`` runs it in a subprocess, because the 
 ``ray.init(num_gpus=1)`` (a logical GPU on this CPU-only machine) and the test session may hold a Ray of its own.
 Usage:
     python -m tests.search.gpu_refusal_search WORKDIR CASE [CASE ...]
-with CASE ``torch``, ``tensorflow`` (experiment mode, ``resources_per_trial: {gpu: 1}``), ``torch-ddp`` (a Ray Train
-trial of one worker of one GPU), ``tensorflow-group`` (a data-mode search's TensorFlow worker group of one
-worker of one GPU), ``tensorflow-hybrid`` or ``torch-hybrid`` (a Ray Train trial of two workers of half a GPU).
+with CASE ``torch``, ``tensorflow`` (experiment mode, ``resources_per_trial: {gpu: 1}``), ``torch-group`` or
+``tensorflow-group`` (a data-mode search's worker group of one worker of one GPU), ``tensorflow-hybrid`` or
+``torch-hybrid`` (a Ray Train trial of two workers of half a GPU).
 Prints one JSON line: per case, the search's failed count and each trial run's status, tags and metrics.
 """
 

@@ -19,7 +19,7 @@ from distmis.cli.main import main
 from distmis.search.compare import cell_sequence, run_compare
 from distmis.search.run import run_search
 from distmis.search.state import SearchState
-from distmis.trial.trainables import data_parallel_trial, data_parallel_worker, single_process_trial
+from distmis.trial.trainables import data_parallel_trial, resolve_trial, single_process_trial
 from distmis.spec import SpecError, validate_spec
 from distmis.tracking.results import format_comparison, format_results, speedup_table, trial_runs
 from tests.conftest import small_spec_tree
@@ -243,30 +243,38 @@ def test_compare_command_records_the_table(ray_local, tmp_path: Path, capsys):
     assert len(rows.findall(printed)) == 4 and rows.findall(rebuilt) == rows.findall(printed)
 
 
-def dying_worker(loop_config: dict) -> None:
-    """A real worker whose process dies after its first epoch, as one killed by the OOM killer would."""
-    import ray.train
+def die_after_first_epoch(worker) -> None:
+    """Make this worker of a data-mode search's worker group (run inside it by ``__ray_call__``) die after its
+    trial's first epoch, as a process killed by the OOM killer would."""
+    import distmis.train.loop as loop
 
-    if ray.train.get_context().get_world_rank() == 1:
-        report = ray.train.report
+    epoch_reports = loop.epoch_reports
 
-        def report_then_die(*args, **kwargs):
-            report(*args, **kwargs)
+    def dying(*args, **kwargs):
+        for report in epoch_reports(*args, **kwargs):
+            yield report
             os._exit(3)
 
-        ray.train.report = report_then_die  # in this worker process only
-    data_parallel_worker(loop_config)
+    loop.epoch_reports = dying  # in this worker's process only
 
 
 def trial_with_a_dying_worker(config, **kwargs):
-    if "storage_path" in kwargs:
-        return data_parallel_trial(config, worker_loop=dying_worker, **kwargs)
+    if "storage_path" in kwargs:  # the search's worker group, as the trial will find it; its rank 1 dies
+        import ray
+
+        from distmis.trial.worker_group import group_for
+
+        trial, layout = resolve_trial(kwargs["spec"], config)
+        group = group_for(layout, Path(kwargs["storage_path"]).name, trial.model.framework)
+        ray.get(group.workers[1].__ray_call__.remote(die_after_first_epoch))
+        return data_parallel_trial(config, **kwargs)
     return single_process_trial(config, **kwargs)
 
 
 def test_a_dead_worker_fails_its_trial_and_the_search_records_why(ray_local, tmp_path: Path):
-    """A data-parallel trial whose worker process dies fails (not retried: max_failures 0), and its run says why;
-    what a comparison makes of a cell with a failed trial: the next test."""
+    """A data-parallel trial whose worker process dies (on the search's worker group) fails (not retried:
+    max_failures 0) after the epoch it reported, and its run says why; what a comparison makes of a cell with a
+    failed trial: the next test."""
     tree = compare_tree(tmp_path / "data")
     tree["search"]["space"] = {"training.optimizer.lr": {"grid": [1.0e-3]}}
     tree["training"]["epochs"] = 2
@@ -276,7 +284,9 @@ def test_a_dead_worker_fails_its_trial_and_the_search_records_why(ray_local, tmp
     client = MlflowClient(outcome.tracking_uri)
     [trial] = trial_runs(client, client.get_run(outcome.parent_run_id))
     assert trial.info.status == "FAILED"
-    assert "died" in trial.data.tags["error"].lower() or "worker" in trial.data.tags["error"].lower()
+    error = trial.data.tags["error"]
+    assert "worker process has died" in error, error  # the worker's death, as Ray tells it
+    assert sorted(m.step for m in client.get_metric_history(trial.info.run_id, "val_dice")) == [1]
 
 
 def test_a_cell_with_a_failed_trial_is_named_and_left_out_of_the_speedups(tmp_path: Path, monkeypatch):

@@ -3,7 +3,7 @@ run: never trained on the CPU in the GPU's place (issue 37). The Ray node declar
 (``ray.init(num_gpus=1)`` on this CPU-only machine, whose torch is a CPU build); the trial asks for it
 (``resources_per_trial: {gpu: 1}``). The other paths (TensorFlow, Ray Train workers, the TensorFlow worker group)
 refuse through the same check: ``tests/parallel/test_devices.py`` with the real frameworks, and
-``python -m tests.search.gpu_refusal_search WORKDIR tensorflow torch-ddp tensorflow-group tensorflow-hybrid
+``python -m tests.search.gpu_refusal_search WORKDIR tensorflow torch-group tensorflow-group tensorflow-hybrid
 torch-hybrid`` by hand (each about 10 to 30 s)."""
 
 from __future__ import annotations

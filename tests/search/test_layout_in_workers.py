@@ -1,4 +1,5 @@
-"""The trial layout takes effect where it matters: inside the real trial processes and Ray Train workers.
+"""The trial layout takes effect where it matters: inside the real trial processes, Ray Train workers and the
+workers of a data-mode search's worker group.
 
 Each probe runs the real set-up of a trial (the trainer the search would train), writes down what it finds
 in its own process (the optimizer's learning rate, the process group, the model wrapper, the SP group), then
@@ -21,6 +22,7 @@ from distmis.search.run import run_search
 from distmis.trial.trainables import (
     data_parallel_trial,
     resolve_trial,
+    runs_on_worker_group,
     train_and_report,
     worker_trainer,
 )
@@ -53,14 +55,13 @@ def assert_a_data_parallel_run(outcome: Any, output: Path, framework: str) -> No
     assert sorted(m.step for m in client.get_metric_history(child.info.run_id, "val_dice")) == [1, 2]
     assert child.data.params["trial.workers"] == "2"
     assert float(child.data.params["training.optimizer.effective_lr"]) == pytest.approx(2e-3)  # linear scaling
-    # Rank 0 kept a checkpoint of the best epoch: in the Ray Train run's storage, or (TensorFlow, on the search's
-    # worker group) in the Tune trial's.
+    # Rank 0 kept a checkpoint of the best epoch: on the search's worker group, in the Tune trial's storage.
     name = "model.weights.h5" if framework == "tensorflow" else "model.pt"
-    assert list((output / ("ray_results" if framework == "tensorflow" else "ray_train")).rglob(name))
+    assert list((output / "ray_results").rglob(name)) and not list((output / "ray_train").rglob(name))
     assert (Path(child.data.tags["distmis.checkpoint"]) / name).is_file()  # the latest, tagged on the trial's run
     assert 0 <= outcome.best["best_val_dice"] <= 1
     # Its start-up, part by part, logged once with the first epoch.
-    parts = ["workers", "data"] if framework == "tensorflow" else ["workers", "imports", "data"]
+    parts = ["workers", "data"]  # the group (started, or kept), then the trainer's model and data
     startup = {part: client.get_metric_history(child.info.run_id, f"startup_{part}_s") for part in parts + ["total"]}
     assert all(len(points) == 1 and points[0].step == 1 and points[0].value >= 0 for points in startup.values())
     assert startup["workers"][0].value > 0  # a worker group does not start in no time
@@ -155,26 +156,48 @@ def probe_single(out_dir: str, config: dict[str, Any], *, spec: Any, tfrecord_di
     train_and_report(trainer, trial, tune.report, tune.Checkpoint)
 
 
-def probe_group_worker(worker: Any, out_dir: str) -> None:
-    """Run inside a worker of a data-mode search's TensorFlow worker group (``__ray_call__``), after its trial."""
+def probed_epochs(out_dir: str, epoch_reports: Any, trainer: Any, spec: Any, **kwargs: Any) -> Any:
+    """A worker group's epoch loop, recorded before and after the trial's training (in the worker's process)."""
     import os
 
-    trainer = worker.trainer
-    before = {"tf_config": json.loads(os.environ.get("TF_CONFIG", "null")), "lr_after": optimizer_lr(trainer)}
-    record(out_dir, trainer.spec, trainer.layout, trainer, rank=worker.rank, before=before)
+    rank = kwargs.get("rank", 0)
+    layout = trainer.layout if hasattr(trainer, "layout") else trainer.mesh.layout
+    before = {"imported_at_start": frameworks_imported(), "tf_config": json.loads(os.environ.get("TF_CONFIG", "null"))}
+    found = record(out_dir, spec, layout, trainer, rank=rank, before=before)
+    torch = hasattr(trainer.model, "parameters")
+    if torch:
+        found["weights_before"] = weights_sum(trainer)
+    yield from epoch_reports(trainer, spec, **kwargs)
+    found["lr_after"] = optimizer_lr(trainer)  # the rate of the last epoch (training.lr_schedule)
+    if torch:
+        found["weights_after"] = weights_sum(trainer)
+    Path(out_dir, f"{layout.world_size}-{rank}.json").write_text(json.dumps(found))
+
+
+def install_probe(worker: Any, out_dir: str) -> None:
+    """Record the next trials this worker of a data-mode search's worker group trains (run inside it by
+    ``__ray_call__``): its epoch loop, wrapped."""
+    import distmis.train.loop as loop
+
+    original = getattr(loop.epoch_reports, "unprobed", loop.epoch_reports)
+    loop.epoch_reports = functools.partial(probed_epochs, out_dir, original)
+    loop.epoch_reports.unprobed = original
 
 
 def probe_trial(out_dir: str, config: dict[str, Any], **kwargs: Any) -> None:
     if "parallelism.sequence_parallel.attention" in config:  # records are named by world size and rank: a folder
         out_dir = str(Path(out_dir, str(config["parallelism.sequence_parallel.attention"])))  # per searched value
         Path(out_dir).mkdir(exist_ok=True)
-    if "storage_path" in kwargs and kwargs["spec"].model.framework == "tensorflow":
+    if "storage_path" in kwargs and runs_on_worker_group(kwargs["spec"]):
         import ray
 
         from distmis.trial import worker_group
 
-        data_parallel_trial(config, **kwargs)  # on the search's worker group: no worker loop to replace
-        ray.get([w.__ray_call__.remote(probe_group_worker, out_dir) for w in worker_group._GROUP.workers])
+        # the search's worker group, as the trial will find it, its workers' epoch loop probed
+        trial, layout = resolve_trial(kwargs["spec"], config)
+        group = worker_group.group_for(layout, Path(kwargs["storage_path"]).name, trial.model.framework)
+        ray.get([w.__ray_call__.remote(install_probe, out_dir) for w in group.workers])
+        data_parallel_trial(config, **kwargs)  # on that group: no worker loop to replace
         Path(out_dir, "trial-process.json").write_text(json.dumps({"imported": frameworks_imported()}))
         return None
     if "storage_path" in kwargs:
@@ -266,8 +289,8 @@ def test_data_parallel_workers_train_at_the_effective_lr_and_follow_its_schedule
     tree["training"].update(epochs=2, lr_schedule={"name": "poly", "power": 1.0})
     outcome, found = run_probed_search(tree, tmp_path)
     assert_a_data_parallel_run(outcome, tmp_path / "out", framework)  # the run, its checkpoint and start-up
-    # Only the workers import the framework, and only the trial's own one (distmis.parallel.tensorflow_cluster;
-    # TensorFlow's on the search's worker group, distmis.trial.worker_group)
+    # Only the workers import the framework, and only the trial's own one (the search's worker group,
+    # distmis.trial.worker_group)
     assert "tensorflow" not in found.pop("trial-process")["imported"]
     assert sorted(found) == ["2-0", "2-1"]  # two workers, one record each
     for rank in found.values():

@@ -89,11 +89,13 @@ def epochs_by_process(log: Path) -> list[list[int]]:
     return list(processes.values())
 
 
-@pytest.mark.parametrize("mode", ["experiment", "data"])
+@pytest.mark.parametrize("mode", ["experiment", "hybrid"])
 def test_a_killed_trial_restarts_from_its_last_epoch(ray_local, tmp_path: Path, mode: str):
     tree = small_spec_tree(tmp_path / "data")
-    # A TensorFlow trial restarted in its own process, torch workers in a Ray Train group: the two frameworks'
-    # restores in a search (the killed-driver resume of tests/faults/test_kill_and_resume.py runs torch).
+    # A TensorFlow trial restarted in its own process, torch workers in a Ray Train group (a hybrid search's trial;
+    # Ray Train's FailureConfig restarts it): the two frameworks' restores in a search (the killed-driver resume of
+    # tests/faults/test_kill_and_resume.py runs torch; a data-mode search's worker group resumes a trial from its
+    # checkpoint in tests/trial/test_torch_worker_group.py).
     tree["model"]["framework"] = "tensorflow" if mode == "experiment" else "torch"
     tree["dataset"]["synthetic"]["shape"] = [32, 32, 32]  # epochs of about a second: each report reaches the driver
     tree["training"]["epochs"] = EPOCHS
@@ -102,7 +104,7 @@ def test_a_killed_trial_restarts_from_its_last_epoch(ray_local, tmp_path: Path, 
         tree["parallelism"] = {"resources_per_trial": {"cpu": 1}, "max_failures": 1}
         trainable = functools.partial(dying_single_trial, str(tmp_path))
     else:
-        tree["parallelism"] = {"mode": "data", "workers": 2, "max_failures": 1}
+        tree["parallelism"] = {"workers_per_trial": 2, "max_failures": 1}
         trainable = functools.partial(dying_data_trial, str(tmp_path))
     outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False, trainable=trainable)
 

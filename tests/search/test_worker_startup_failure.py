@@ -80,7 +80,8 @@ def test_workers_dying_at_start_up_release_their_cpus_and_the_next_trial_runs(ra
     from distmis.tracking.results import trial_runs
     from tests.search.test_layout_in_workers import dp_tree
 
-    spec = validate_spec(dp_tree(tmp_path / "data", "torch", mode="data", workers=2))  # 2 workers x 1 CPU: all CPUs
+    # a hybrid search's trial: a Ray Train run of 2 workers x 1 CPU, all the CPUs
+    spec = validate_spec(dp_tree(tmp_path / "data", "torch", workers_per_trial=2, resources_per_worker={"cpu": 1}))
     before = set(created_groups())
     try:
         failed = run_search(spec, tmp_path / "out", progress=False, trainable=dying_trial)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from distmis.trial.worker_group import TensorflowWorkerGroup, release_groups
+from distmis.trial.worker_group import WorkerGroup, release_groups
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_trial
@@ -76,7 +76,7 @@ def test_one_group_serves_the_trials_of_a_search_in_turn(ray_local, search, tmp_
 
     spec, tfrecords = search
     first, layout = resolve_trial(spec, {"training.optimizer.lr": 1.0e-3, "model.params.norm": "batch"})
-    group = TensorflowWorkerGroup(layout, "distmis-workers-test-a-1")
+    group = WorkerGroup(layout, "distmis-workers-test-a-1", "tensorflow")
     try:
         reports = list(group.epochs(first, layout, tfrecords, [], time.time()))
         assert [m["epoch"] for m, _ in reports] == [1, 2]
@@ -144,7 +144,7 @@ def test_one_group_serves_the_trials_of_a_search_in_turn(ray_local, search, tmp_
 def test_an_error_in_a_trial_shuts_the_group_down(ray_local, search, tmp_path: Path):
     spec, _ = search
     trial, layout = resolve_trial(spec, {"training.optimizer.lr": 1.0e-3, "model.params.norm": "batch"})
-    group = TensorflowWorkerGroup(layout, "distmis-workers-test-b-1")
+    group = WorkerGroup(layout, "distmis-workers-test-b-1", "tensorflow")
     with pytest.raises(Exception, match="manifest"):
         list(group.epochs(trial, layout, str(tmp_path / "no-records"), [], time.time()))
     assert group.workers == []

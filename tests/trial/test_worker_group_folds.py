@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from distmis.search.prepare import prepare_data
-from distmis.trial.worker_group import TensorflowWorkerGroup, release_groups
+from distmis.trial.worker_group import WorkerGroup, release_groups
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_trial
 from tests.conftest import small_spec_tree
@@ -33,7 +33,7 @@ def test_a_trial_of_another_fold_restarts_the_trainer_on_its_own_cases(ray_local
     folds = data.split["folds"]
     tfrecords = str(data.tfrecord_dir)
     first, layout = resolve_trial(spec, {"training.optimizer.lr": 1.0e-3, "dataset.split.fold": 0})
-    group = TensorflowWorkerGroup(layout, "distmis-workers-test-folds-1")
+    group = WorkerGroup(layout, "distmis-workers-test-folds-1", "tensorflow")
     try:
         reports = list(group.epochs(first, layout, tfrecords, [], time.time()))
         assert [m["epoch"] for m, _ in reports] == [1, 2] and reports[0][0]["startup_graphs_reused"] == 0.0
