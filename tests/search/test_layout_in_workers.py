@@ -374,12 +374,13 @@ def test_sequence_parallel_hybrid_trials_hold_the_groups_their_layout_says_and_f
 
 def test_pipelined_trials_hold_their_stage_and_groups_and_follow_one_loss_curve(ray_local, tmp_path: Path, capsys,
                                                                                  monkeypatch):
-    """stages [1, 2] with two data-parallel replicas, through ``distmis run``: 2 and 4 ranks; each rank of a
-    pipelined trial holds one stage (its optimizer only that stage's parameters), pipelines of consecutive ranks,
-    the lr scaled by DP only; both trials train the same weights (MLflow's curves) on a curriculum (the stage's
-    input changes, and the pipeline with it) and the search ends in a scored model, applied to the whole volume
-    as it was trained last; each trial's best model is timed and scored by whole-volume and by sliding-window
-    inference."""
+    """stages [1, 2] with two data-parallel replicas, through ``distmis run`` in data mode: 2 and 4 ranks (the
+    search's worker group of 2 made again with 4 for the second trial); each rank of a pipelined trial holds one
+    stage (its optimizer only that stage's parameters), pipelines of consecutive ranks, the lr scaled by DP only;
+    both trials train the same weights (MLflow's curves) on a curriculum (the stage's input changes, and the
+    pipeline with it) and the search ends in a scored model, applied to the whole volume as it was trained last;
+    each trial's best model is timed and scored by whole-volume and by sliding-window inference. (Ray Train's
+    workers build the same trainer over the same mesh: the hybrid SP test above runs them.)"""
     tree = small_spec_tree(tmp_path / "data", model={
         "name": "unet3d", "framework": "torch", "params": {"base_filters": 4, "levels": 3, "norm": "group",
                                                            "norm_groups": 2}})
@@ -388,7 +389,7 @@ def test_pipelined_trials_hold_their_stage_and_groups_and_follow_one_loss_curve(
     tree["training"].pop("epochs")
     tree["training"].update(batch_size=2, curriculum=CURRICULUM, inference={"compare": True})
     tree["search"] = {"algorithm": "grid", "space": {"parallelism.pipeline.stages": {"grid": [1, 2]}}}
-    tree["parallelism"] = {"workers_per_trial": 2, "resources_per_worker": {"cpu": 0.5},
+    tree["parallelism"] = {"mode": "data", "workers": 2, "resources_per_worker": {"cpu": 0.5},
                            "pipeline": {"microbatches": 2, "schedule": "1f1b"}}
     client, runs, probes = run_probed_command(tree, tmp_path, capsys, monkeypatch)
     found = records(probes)
