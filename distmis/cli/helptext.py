@@ -65,7 +65,7 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
                       ("distmis data tfrecord data/quickstart-msd data/quickstart-tfr --split 0.8 0.1 0.1 --seed 1",
                        "another split")),
     "data inspect": (("distmis data inspect data/Task09_Spleen", "channels, classes, shapes, spacings, a row a case"),
-                     ("distmis data inspect data/brats --layout brats", "a BraTS folder, its layout named")),
+                     ("distmis data inspect data/Task09_Spleen --json", "its fingerprint, as JSON")),
 }
 
 

@@ -460,6 +460,11 @@ def _layout_of(args: argparse.Namespace) -> str:
 def cmd_data_inspect(args: argparse.Namespace) -> int:
     from distmis.data.inspect import format_summary, summarize_dataset
 
+    if args.json:  # the fingerprint, for a program or a plan to read
+        from distmis.data.fingerprint import compute_fingerprint
+
+        print(compute_fingerprint(args.dataset, _layout_of(args), progress=not args.quiet).to_json())
+        return EXIT_OK
     summary = summarize_dataset(args.dataset, _layout_of(args), progress=not args.quiet)
     print(format_summary(summary))
     if len(summary.cases):
@@ -616,6 +621,10 @@ def build_parser() -> argparse.ArgumentParser:
                                         "intensity ranges of a dataset, then one row per case")
     p.add_argument("dataset", help="dataset folder (MSD or nnU-Net v2 root with dataset.json, or a BraTS folder)")
     p.add_argument("--layout", choices=LAYOUT_CHOICES, help="the data set's layout (default: detected from its files)")
+    p.add_argument("--json", action="store_true",
+                   help="print the data set's fingerprint as JSON instead: per case its shape, spacing, orientation, "
+                        "shape cropped to its non-zero region, label voxels and objects; per channel the foreground "
+                        "intensities; the median spacing and shape, the anisotropy, each class's share and objects")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_data_inspect)
     add_help_text(parser)  # every command's examples, the exit codes, the descriptions
