@@ -77,6 +77,7 @@ def open_search_run(spec: Spec, output_dir: Path, data: PreparedData, *, run_nam
         run.log_text(yaml.safe_dump(resolved, sort_keys=False), "spec.yaml")
         run.log_dict(data.split, "split.json")
         run.log_dict(data.manifest.to_dict(), "tfrecord_manifest.json")
+        run.log_dict(data.fingerprint.to_dict(), "dataset_fingerprint.json")
         run.log_inputs(tracked_data(spec, data).search_inputs())
     return run
 

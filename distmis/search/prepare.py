@@ -2,7 +2,8 @@
 
 Generate the synthetic dataset if asked, find the cases, split them with the spec's seed and
 convert them once to TFRecords. The TFRecords are keyed by everything that shapes them (the
-preprocessing, the split, the source files), so a second search over the same data reuses them.
+preprocessing, the split, the source files), so a second search over the same data reuses them. The data set's
+fingerprint (:mod:`distmis.data.fingerprint`) is kept in the TFRecords' folder, computed with them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from distmis.data.fingerprint import DatasetFingerprint, fingerprint_for
 from distmis.data.layouts import CaseFiles, Layout, discover_cases
 from distmis.data.preprocess import PreprocessConfig
 from distmis.data.synthetic import synthesize_dataset
@@ -30,6 +32,7 @@ class PreparedData:
     manifest: DataManifest
     split: dict[str, Any]
     generated: bool
+    fingerprint: DatasetFingerprint
 
 
 def ensure_dataset(spec: Spec, *, progress: bool = True) -> bool:
@@ -88,7 +91,7 @@ def dataset_changes(before: dict[str, list[int]], now: dict[str, list[int]], lim
     return out
 
 
-def _fingerprint(cases: list[CaseFiles], config: PreprocessConfig, split: dict[str, Any]) -> str:
+def _conversion_key(cases: list[CaseFiles], config: PreprocessConfig, split: dict[str, Any]) -> str:
     """What the TFRecords are a function of: the preprocessing (its learnt statistics follow from the rest), the
     split (its train, val and test cases, or its folds and test cases: a fold split and a plain one never share a
     folder) and every source file (path, size, modification time)."""
@@ -110,7 +113,8 @@ def prepare_data(spec: Spec, output_dir: str | Path, *, progress: bool = True) -
     image and label spacings: :func:`~distmis.data.layouts.check_cases`); the CT channels' intensity statistics
     are learnt from the training split's foreground (with ``dataset.split.folds``: every non-test case's) just
     before a conversion (:func:`with_statistics`). With folds, one folder holds every fold (``fold0`` ...
-    ``fold{k-1}``, ``test``): each trial reads its own (``dataset.split.fold``)."""
+    ``fold{k-1}``, ``test``): each trial reads its own (``dataset.split.fold``). The data set's fingerprint is
+    kept beside the TFRecords (``dataset_fingerprint.json``), computed the first time."""
     from distmis.data.layouts import check_cases
 
     generated = ensure_dataset(spec, progress=progress)
@@ -119,7 +123,7 @@ def prepare_data(spec: Spec, output_dir: str | Path, *, progress: bool = True) -
     check_cases(cases, description)
     split = split_cases(spec, cases)
     config = preprocess_config(spec, description, cases, split)
-    tfrecord_dir = Path(output_dir).resolve() / "tfrecords" / _fingerprint(cases, config, split)
+    tfrecord_dir = Path(output_dir).resolve() / "tfrecords" / _conversion_key(cases, config, split)
     if (tfrecord_dir / "manifest.json").is_file():
         verify_checksums(tfrecord_dir)
     else:
@@ -129,4 +133,5 @@ def prepare_data(spec: Spec, output_dir: str | Path, *, progress: bool = True) -
     problems = check_input_shape(with_volume(spec, manifest.volume, f"the image_shape of {tfrecord_dir / 'manifest.json'}"))
     if problems:
         raise SpecError(f"{spec.name} (with the data at {spec.dataset.path})", problems)
-    return PreparedData(tfrecord_dir, manifest, split, generated)
+    fingerprint = fingerprint_for(spec.dataset.path, spec.dataset.layout, tfrecord_dir, progress=progress)
+    return PreparedData(tfrecord_dir, manifest, split, generated, fingerprint)

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from distmis.data.fingerprint import FINGERPRINT_FILE, DatasetFingerprint, compute_fingerprint
 from distmis.search.run import run_search
 from distmis.search.state import SearchState, SearchStateError, refuse_unfinished
 from distmis.trial.trainables import single_process_trial
@@ -90,6 +91,11 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"spec.yaml", "split.json", "results.csv", "results.md", "val_dice_curves.png", "best_trial_overlay.png"} <= artifacts
     assert parent.data.metrics["failed_trials"] == 0 and parent.data.metrics["elapsed_seconds"] > 0
+    # The data set's fingerprint: kept beside the TFRecords, and on the search's run
+    kept = outcome.data.tfrecord_dir / FINGERPRINT_FILE
+    assert DatasetFingerprint.from_dict(json.loads(kept.read_text())) == compute_fingerprint(tmp_path / "data", "msd")
+    logged = client.download_artifacts(parent.info.run_id, FINGERPRINT_FILE, str(tmp_path))
+    assert json.loads(Path(logged).read_text()) == json.loads(kept.read_text())
 
     table = outcome.results
     assert len(table) == 4 and list(table["best_val_dice"]) == sorted(table["best_val_dice"], reverse=True)

@@ -12,7 +12,7 @@ import pytest
 from distmis.data.manifest import DataManifest
 from distmis.data.split import make_split
 from distmis.data.tfrecord import iter_cases
-from distmis.search.prepare import _fingerprint, prepare_data
+from distmis.search.prepare import _conversion_key, prepare_data
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_layout
 from distmis.spec.load import apply_config
@@ -73,10 +73,10 @@ def test_a_fold_split_and_a_plain_one_never_share_a_folder(prepared):
     ids = [c.case_id for c in cases]
     folded = make_split(ids, test=0.25, seed=0, folds=3)
     plain = make_split(ids, train=0.5, val=0.25, test=0.25, seed=0)
-    assert _fingerprint(cases, config, folded) != _fingerprint(cases, config, plain)
-    assert _fingerprint(cases, config, folded) != _fingerprint(cases, config, make_split(ids, test=0.25, seed=0,
+    assert _conversion_key(cases, config, folded) != _conversion_key(cases, config, plain)
+    assert _conversion_key(cases, config, folded) != _conversion_key(cases, config, make_split(ids, test=0.25, seed=0,
                                                                                           folds=2))
-    assert _fingerprint(cases, config, folded) == _fingerprint(cases, config, dict(folded))
+    assert _conversion_key(cases, config, folded) == _conversion_key(cases, config, dict(folded))
 
 
 def test_trial_parts_of_each_fold_and_the_mismatches(prepared):
