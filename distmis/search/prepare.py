@@ -3,7 +3,8 @@
 Generate the synthetic dataset if asked, find the cases, split them with the spec's seed and
 convert them once to TFRecords. The TFRecords are keyed by everything that shapes them (the
 preprocessing, the split, the source files), so a second search over the same data reuses them. The data set's
-fingerprint (:mod:`distmis.data.fingerprint`) is kept in the TFRecords' folder, computed with them.
+fingerprint (:mod:`distmis.data.fingerprint`) is kept in the output folder, reused while the data set's files are
+unchanged.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def prepare_data(spec: Spec, output_dir: str | Path, *, progress: bool = True) -
     are learnt from the training split's foreground (with ``dataset.split.folds``: every non-test case's) just
     before a conversion (:func:`with_statistics`). With folds, one folder holds every fold (``fold0`` ...
     ``fold{k-1}``, ``test``): each trial reads its own (``dataset.split.fold``). The data set's fingerprint is
-    kept beside the TFRecords (``dataset_fingerprint.json``), computed the first time."""
+    kept in the output folder (``dataset_fingerprint.json``, beside ``tfrecords/``), computed the first time. (Not
+    in a TFRecord folder: an overwrite of one replaces only the files its manifest lists.)"""
     from distmis.data.layouts import check_cases
 
     generated = ensure_dataset(spec, progress=progress)
@@ -133,5 +135,5 @@ def prepare_data(spec: Spec, output_dir: str | Path, *, progress: bool = True) -
     problems = check_input_shape(with_volume(spec, manifest.volume, f"the image_shape of {tfrecord_dir / 'manifest.json'}"))
     if problems:
         raise SpecError(f"{spec.name} (with the data at {spec.dataset.path})", problems)
-    fingerprint = fingerprint_for(spec.dataset.path, spec.dataset.layout, tfrecord_dir, progress=progress)
+    fingerprint = fingerprint_for(spec.dataset.path, spec.dataset.layout, output_dir, progress=progress)
     return PreparedData(tfrecord_dir, manifest, split, generated, fingerprint)

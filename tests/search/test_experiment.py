@@ -91,8 +91,8 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"spec.yaml", "split.json", "results.csv", "results.md", "val_dice_curves.png", "best_trial_overlay.png"} <= artifacts
     assert parent.data.metrics["failed_trials"] == 0 and parent.data.metrics["elapsed_seconds"] > 0
-    # The data set's fingerprint: kept beside the TFRecords, and on the search's run
-    kept = outcome.data.tfrecord_dir / FINGERPRINT_FILE
+    # The data set's fingerprint: kept in the output folder, and on the search's run
+    kept = tmp_path / "out" / FINGERPRINT_FILE
     assert DatasetFingerprint.from_dict(json.loads(kept.read_text())) == compute_fingerprint(tmp_path / "data", "msd")
     logged = client.download_artifacts(parent.info.run_id, FINGERPRINT_FILE, str(tmp_path))
     assert json.loads(Path(logged).read_text()) == json.loads(kept.read_text())
