@@ -152,6 +152,8 @@ MODELS: dict[str, ModelEntry] = {
             input_multiple=lambda p: p.patch,
             input_rule=lambda p: f"the patch size, model.params.patch={p.patch}",
             parallelisms=frozenset({"dp", "sp"}), fixed_input=True,
+            # its decoder instance-normalizes the token grid (the input / patch)
+            input_check=lambda p, shape, batch: _deepest_map("instance", (p.patch,) * 3, shape, batch),
             perf_shape=_vit_shape, token_attention=lambda p: p.attention,
             summary="a ViT encoder with a convolutional decoder (sequence-parallel)",
         ),

@@ -171,6 +171,12 @@ def test_the_input_check_says_what_torch_says():
     assert entry.input_check(group_norm, (16, 16, 16), 1) is None
     swin = model_entry("swinunetr")
     assert "single voxel" in swin.input_check(swin.params(feature_size=12), (32, 32, 32), 2)
+    vit = model_entry("vit-seg")  # one token: the decoder's first map is a single voxel
+    vit_params = {"layers": 1, "embed_dim": 32, "heads": 2, "patch": 8, "decoder_features": 8}
+    assert "single voxel" in vit.input_check(vit.params(**vit_params), (8, 8, 8), 2)
+    assert vit.input_check(vit.params(**vit_params), (16, 8, 8), 2) is None
+    with pytest.raises(ValueError, match="more than 1 spatial element"):
+        build("vit-seg", vit_params, (8, 8, 8)).train()(torch.randn(1, IN_CHANNELS, 8, 8, 8))
 
 
 def test_the_registry_imports_no_torch():
