@@ -242,8 +242,10 @@ ALLOWED: dict[str, set[str]] = {
     # the registries' composition: each network bound to its builders and parallelizing functions
     "distmis.networks": {"distmis.perf", "distmis.models", "distmis.parallel"},
     "distmis.tracking": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.trial.record"},
+    # a network's training step traced on fake tensors: its memory and FLOPs, from the network itself
+    "distmis.estimate": {"distmis.perf", "distmis.models", "distmis.networks"},
     "distmis.train": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.data", "distmis.parallel",
-                      "distmis.networks", "distmis.pyfunc_model", "distmis.trial.record"},
+                      "distmis.networks", "distmis.estimate", "distmis.pyfunc_model", "distmis.trial.record"},
     "distmis.predict": {"distmis.models", "distmis.spec", "distmis.data", "distmis.pyfunc_model", "distmis.train",
                         "distmis.networks", "distmis.tracking"},
     "distmis.service": {"distmis.spec", "distmis.tracking"},
@@ -252,9 +254,11 @@ ALLOWED: dict[str, set[str]] = {
                       "distmis.networks", "distmis.train", "distmis.pyfunc_model", "distmis.trial.record"},
     # the driver: the search from spec to results; of the trial package, its entry points only (TRIAL_ENTRY_POINTS)
     "distmis.search": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.data", "distmis.parallel",
+                       "distmis.estimate",
                        "distmis.networks", "distmis.train", "distmis.tracking", "distmis.predict", "distmis.service",
                        "distmis.pyfunc_model", "distmis.trial", "distmis.trial.record"},
     "distmis.cli": {"distmis.perf", "distmis.models", "distmis.spec", "distmis.data", "distmis.parallel",
+                    "distmis.estimate",
                     "distmis.networks", "distmis.train", "distmis.tracking", "distmis.predict", "distmis.service",
                     "distmis.search", "distmis.pyfunc_model", "distmis.trial.record"},
     "distmis.__main__": {"distmis.cli"},

@@ -138,6 +138,7 @@ class TorchTrainer:
         self.model = build_network(self.entry, spec.model.params, self.network_input).to(self.device)
         self.train_model = self.parallelism.apply(self.model, self._input_shape())
         self.num_parameters = count_trainable_parameters(self.model)
+        self._predictions: dict[tuple, dict[str, float]] = {}  # predicted_step's, by stage input
         opt = training.optimizer
         self.optimizer = torch.optim.Adam(
             self.train_model.parameters(), lr=self.layout.effective_lr, betas=(opt.beta1, opt.beta2), eps=opt.epsilon,
@@ -470,11 +471,33 @@ class TorchTrainer:
                 dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
             values = largest.cpu().tolist()
         step_seconds, peak = values
-        metrics = {"step_seconds": step_seconds, "peak_memory_mb": peak / 2**20}
+        metrics = {"step_seconds": step_seconds, "peak_memory_mb": peak / 2**20, **self.predicted_step()}
         fom = self.figure_of_merit(step_seconds)
         if fom is not None:
             metrics["fom"] = fom
         return metrics
+
+    def predicted_step(self) -> dict[str, float]:
+        """The traced memory model's prediction of this rank's training step at the current stage's input
+        (:func:`distmis.estimate.memory.predict_step_memory`, on a fake copy of the network): ``{}`` where a rank
+        does not train the whole network (sequence parallelism, pipeline stages) or the driver logs the performance
+        model's (a network with a ``perf_shape``). Traced once per stage input."""
+        if self.entry.perf_shape is not None or self.layout.sp > 1 or self.layout.pp > 1:
+            return {}
+        shape = self._input_shape()
+        key = (shape.tile, shape.batch_size)
+        if key not in self._predictions:
+            from distmis.estimate.memory import predict_step_memory
+
+            network = dataclasses.replace(self.network_input, tile=shape.tile)
+            memory = predict_step_memory(self.entry, self.spec.model.params, network, self.train_loss_fn,
+                                         batch=shape.batch_size, precision=self.precision.name,
+                                         device="cuda" if self.device.type == "cuda" else "cpu",
+                                         threads=torch.get_num_threads(), model=self.model)
+            self._predictions[key] = {"predicted_step_memory_mb": memory.step / 2**20,
+                                      "predicted_peak_memory_mb": memory.peak / 2**20,
+                                      "predicted_flops_per_step": memory.trace.flops}
+        return self._predictions[key]
 
     def figure_of_merit(self, step_seconds: float) -> float | None:
         """The seed's ``b L s^2 d / step_seconds`` (``b`` the ``training.batch_size`` samples a rank trains per

@@ -88,6 +88,11 @@ class EpochMetrics:
     step_seconds: float | None = None  # mean wall seconds of a training step, the batch's wait excluded
     peak_memory_mb: float | None = None  # a step's peak memory above what the process held before training, MiB
     fom: float | None = None  # the seed's figure of merit b L s^2 d / step_seconds (ViT-seg)
+    # The traced memory model's prediction of the same step (distmis.estimate.memory: torch trials training the
+    # whole network on a rank, the ViT-seg's aside, whose prediction the driver logs at step 0): MiB and FLOPs
+    predicted_step_memory_mb: float | None = None  # what peak_memory_mb measures
+    predicted_peak_memory_mb: float | None = None  # with the weights and the batch
+    predicted_flops_per_step: float | None = None
     # With a training.curriculum: the epoch's stage (1-based) and the size of its training input
     curriculum_stage: int | None = None
     tile_h: int | None = None

@@ -140,6 +140,9 @@ def test_epoch_metrics_and_checkpoint(prepared, tmp_path: Path):
     saved = torch.load(path, weights_only=True)
     assert saved.keys() == before.keys()
     assert any(not torch.equal(saved[k], before[k]) for k in before)  # the epoch trained the weights
+    # the traced memory model's prediction of the same step, beside what the step measured
+    assert metrics.predicted_peak_memory_mb > metrics.predicted_step_memory_mb > 0
+    assert metrics.predicted_flops_per_step > 0 and metrics.peak_memory_mb is not None
 
 
 def test_alone_the_model_itself_trains(prepared):
@@ -595,6 +598,9 @@ def test_the_vits_figure_of_merit_comes_from_its_registry_shape(vit_prepared, pr
     assert trainer.perf_shape.tokens == 8 and trainer.figure_of_merit(1.0) is not None
     unet = local_trainer(*[prepared[0], prepared[1].tfrecord_dir])
     assert unet.perf_shape is None and unet.figure_of_merit(1.0) is None
+    # the driver logs the ViT's predictions (the performance model, which knows SP), the trainer nobody else's
+    trainer.run_epoch(1)
+    assert trainer.predicted_step() == {} and trainer.step_metrics().keys() == {"step_seconds", "peak_memory_mb", "fom"}
 
 
 # --------------------------------------------------------------------------- a pipelined U-Net in a real gloo group
