@@ -221,7 +221,6 @@ def _rate(text: str) -> float:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from distmis.models.registry import MODELS
     from distmis.parallel.planner import Machine, best_layouts, plan_layouts
     from distmis.spec import load_spec, parse_set_options
     from distmis.spec.load import default_output_dir
@@ -229,9 +228,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec, parse_set_options(args.set))
     if spec.model.entry.perf_shape is None or not spec.model.entry.supports("sp"):
-        described = [name for name, entry in MODELS.items() if entry.perf_shape is not None and entry.supports("sp")]
-        raise BadInput(f"{args.spec}: distmis plan sizes the sequence-parallel layouts of networks the performance "
-                       f"model describes ({', '.join(described)}); model.name is {spec.model.name!r}")
+        return _plan_trial_steps(args, spec)
     try:
         machine = Machine(ranks=args.ranks, memory_per_rank=args.memory_per_rank, device_flops=args.device_flops,
                           bandwidth=args.bandwidth, reserved=args.reserved)
@@ -275,6 +272,46 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     if missing:
         print(f"\npatch {', '.join(map(str, missing))}: no layout fits")
+    return EXIT_OK
+
+
+def _plan_trial_steps(args: argparse.Namespace, spec: Any) -> int:
+    """``distmis plan`` for a network the performance model does not describe: every distinct training step the
+    search can take, traced (``distmis/search/trial_steps.py``), against ``--memory-per-rank`` less ``--reserved``."""
+    from distmis.search.trial_steps import trial_steps
+
+    usable = args.memory_per_rank - args.reserved
+    if usable <= 0:
+        raise BadInput(f"--reserved ({args.reserved:g} bytes) must be less than --memory-per-rank "
+                       f"({args.memory_per_rank:g} bytes)")
+    try:
+        steps = trial_steps(spec, device=args.device, threads=args.threads, precision=args.precision)
+    except ValueError as exc:
+        raise BadInput(f"{args.spec}: {exc}") from None
+    print(f"{spec.name}: a rank's training step per trial, traced ({args.device} rules), against "
+          f"{args.memory_per_rank / 2**30:.1f} GiB per rank less {args.reserved / 2**30:.1f} GiB reserved")
+    print("| trial | network | tile | batch | precision | step MiB | peak MiB | GFLOP per step | fits |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    fitting = []
+    for step in steps:
+        trial = ", ".join(f"{k}={v}" for k, v in step.config.items()) or "-"
+        tile = "x".join(map(str, step.tile)) if step.tile else "whole volume"
+        if step.memory is None:
+            print(f"| {trial} | {step.network} | {tile} | {step.batch} | {step.precision} | | | | {step.reason} |")
+            continue
+        fits = step.memory.peak <= usable
+        fitting.append(fits)
+        print(f"| {trial} | {step.network} | {tile} | {step.batch} | {step.precision} | "
+              f"{step.memory.step / 2**20:.0f} | {step.memory.peak / 2**20:.0f} | "
+              f"{step.memory.trace.flops / 1e9:.1f} | {'yes' if fits else 'no'} |")
+    if fitting and not any(fitting):
+        need = min(s.memory.peak for s in steps if s.memory is not None)
+        print(f"\nnothing fits: the smallest predicted peak is {need / 2**30:.2f} GiB per rank, and a rank has "
+              f"{usable / 2**30:.2f} GiB (--memory-per-rank less --reserved): a smaller tile or batch, bf16, or "
+              "more memory")
+        return EXIT_BAD_INPUT
+    if not all(fitting):
+        print(f"\n{fitting.count(False)} of {len(fitting)} steps do not fit")
     return EXIT_OK
 
 
@@ -518,7 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("plan", help="predict memory, step time and bytes of a vit-seg spec's layouts (SP x DP x "
-                                     "attention, per patch size) from the performance model")
+                                     "attention, per patch size) from the performance model; for any other "
+                                     "network, each trial's training step, traced, and whether it fits a rank")
     spec_args(p)
     p.add_argument("--ranks", type=_positive_int, default=4, help="devices (workers) per trial (default 4)")
     p.add_argument("--memory-per-rank", type=_bytes, default=16e9, help="e.g. 16GB, 6GiB (default 16GB)")
@@ -533,6 +571,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training precision whose bytes are counted: fp32, or mixed bf16 / fp16 (16-bit "
                         "activations and weight copies, fp32 weights, gradients and Adam state; default: the "
                         "spec's training.precision)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="whose rules a traced step follows (not vit-seg): a GPU's, or a CPU's (its convolutions' "
+                        "workspace and the C heap's retention) (default cuda)")
+    p.add_argument("--threads", type=_positive_int, default=1,
+                   help="torch threads a CPU rank runs (not vit-seg; --device cpu; default 1)")
     p.add_argument("--output", help="folder for plan.png (default: runs/<spec name>)")
     p.set_defaults(func=cmd_plan)
 

@@ -463,7 +463,7 @@ def check_search_space(spec: Spec) -> list[tuple[str, str]]:
             problems.append((where, f"'{domain.kind}' samples real numbers, but {path} takes integers; "
                              f"use randint: [{low}, {high}] or a choice of integers"))
             continue
-        for value in _values_to_check(domain):
+        for value in values_to_check(domain):
             for model in with_models:
                 picked = f" (model.name {model[MODEL_NAME_PATH]!r})" if model else ""
                 try:
@@ -493,7 +493,7 @@ def check_model_combinations(spec: Spec) -> list[tuple[str, str]]:
         return []
     base_problems = set(trial_problems(spec))
     problems: list[tuple[str, str]] = []
-    for config in searched_combinations({path: _values_to_check(domain) for path, domain in space.items()}):
+    for config in searched_combinations({path: values_to_check(domain) for path, domain in space.items()}):
         try:
             found = sorted(set(trial_problems(apply_config(spec, config))) - base_problems)
         except SpecError as exc:
@@ -524,7 +524,7 @@ def _named(config: Mapping[str, Any]) -> str:
 MAX_CHECKED_INTEGERS = 512
 
 
-def _values_to_check(domain: Any) -> list[Any]:
+def values_to_check(domain: Any) -> list[Any]:
     """The values of a domain that stand for all of it: every grid/choice value, every integer of a short
     randint range, the ends of any other range."""
     if domain.kind == "randint":
@@ -812,7 +812,7 @@ MAX_CHECKED_COMBINATIONS = 512
 def check_pipeline_combinations(spec: Spec) -> list[tuple[str, str]]:
     """With several of :data:`PIPELINE_PATHS` searched, every combination of their values must make a valid
     pipeline (each value alone is checked by :func:`check_search_space`)."""
-    searched = {path: _values_to_check(spec.search.space[path]) for path in PIPELINE_PATHS
+    searched = {path: values_to_check(spec.search.space[path]) for path in PIPELINE_PATHS
                 if path in spec.search.space and spec.search.space[path].kind in ("grid", "choice", "randint")}
     if len(searched) < 2:
         return []
