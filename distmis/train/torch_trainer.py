@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,8 @@ from distmis.train.schedules import LearningRateSchedule
 from distmis.train.torch_losses import make_loss
 
 __all__ = ["TorchTrainer"]
+
+logger = logging.getLogger(__name__)
 
 
 class TorchTrainer:
@@ -490,10 +493,16 @@ class TorchTrainer:
             from distmis.estimate.memory import predict_step_memory
 
             network = dataclasses.replace(self.network_input, tile=shape.tile)
-            memory = predict_step_memory(self.entry, self.spec.model.params, network, self.train_loss_fn,
-                                         batch=shape.batch_size, precision=self.precision.name,
-                                         device="cuda" if self.device.type == "cuda" else "cpu",
-                                         threads=torch.get_num_threads(), model=self.model)
+            try:
+                memory = predict_step_memory(self.entry, self.spec.model.params, network, self.train_loss_fn,
+                                             batch=shape.batch_size, precision=self.precision.name,
+                                             device="cuda" if self.device.type == "cuda" else "cpu",
+                                             threads=torch.get_num_threads(), model=self.model)
+            except Exception as exc:  # noqa: BLE001 - a prediction that cannot be made never stops training
+                logger.warning("no memory prediction for %s at %s, batch %d: %s: %s", self.entry.name,
+                               list(shape.tile), shape.batch_size, type(exc).__name__, exc)
+                self._predictions[key] = {}
+                return {}
             self._predictions[key] = {"predicted_step_memory_mb": memory.step / 2**20,
                                       "predicted_peak_memory_mb": memory.peak / 2**20,
                                       "predicted_flops_per_step": memory.trace.flops}

@@ -828,3 +828,17 @@ def test_monai_networks_train_as_ddp_replicas_that_stay_equal(tmp_path: Path):
         assert first["loss"] != second["loss"], name  # each rank trained on its own share of the batches
         for a, b in zip(first["weights"], second["weights"]):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_prediction_that_cannot_be_made_never_stops_training(prepared, monkeypatch, caplog):
+    import distmis.estimate.memory as memory
+
+    def broken(*args, **kwargs):
+        raise NotImplementedError("an operation fake tensors lack")
+
+    monkeypatch.setattr(memory, "predict_step_memory", broken)
+    spec, data = prepared
+    trainer = local_trainer(spec, data.tfrecord_dir)
+    metrics = trainer.run_epoch(1)
+    assert metrics.predicted_step_memory_mb is None and metrics.peak_memory_mb is not None
+    assert "no memory prediction for unet3d" in caplog.text and "an operation fake tensors lack" in caplog.text
