@@ -24,7 +24,7 @@ import os
 from math import prod
 from typing import Any, Callable, Literal
 
-from distmis.estimate.step_trace import StepTrace
+from distmis.estimate.record import StepTrace
 from distmis.models.params import NetworkParams
 from distmis.models.registry import ModelEntry, NetworkInput
 
@@ -107,9 +107,10 @@ def graph_memory(operations: list[Any], held: set[str], mark: int | None = None)
 
 def trace_keras_step(entry: ModelEntry, params: NetworkParams, network: NetworkInput,
                      loss_fn: Callable[[Any, Any], Any], *, batch: int,
-                     precision: Literal["fp32", "bf16", "fp16"] = "fp32") -> StepTrace:
-    """Trace one training step of ``entry``'s Keras network (``params``, built for ``network`` in ``precision``)
-    on ``batch`` inputs of ``network.tile``, trained on ``loss_fn`` (``(target, output) -> loss``, Keras's order:
+                     precision: Literal["fp32", "bf16", "fp16"] = "fp32", model: Any = None) -> StepTrace:
+    """Trace one training step of ``entry``'s Keras network (``params``, built for ``network`` in ``precision``;
+    or ``model``, a network already built, whose step is traced but not run, with an optimizer of its own) on
+    ``batch`` inputs of ``network.tile``, trained on ``loss_fn`` (``(target, output) -> loss``, Keras's order:
     :func:`distmis.train.losses.make_loss`; see the module's docstring)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
@@ -124,7 +125,8 @@ def trace_keras_step(entry: ModelEntry, params: NetworkParams, network: NetworkI
         raise ValueError(f"batch must be at least 1, got {batch}")
     network = NetworkInput(network.in_channels, network.out_channels, network.tile, network.activation,
                            network.spacing, precision)
-    model = build_network(entry, params, network, "tensorflow")
+    if model is None:
+        model = build_network(entry, params, network, "tensorflow")
     optimizer = keras.optimizers.Adam()
     optimizer.build(model.trainable_variables)
     forward_end: list[int] = []

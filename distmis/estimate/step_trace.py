@@ -16,7 +16,6 @@ networks at their default sizes (the transformers the longest), whatever the til
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
 from typing import Callable, Literal
 
 import torch
@@ -24,6 +23,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, FakeCopy
 from torch.utils.flop_counter import FlopCounterMode
 
 from distmis.estimate.live_bytes import LiveBytes
+from distmis.estimate.record import StepTrace
 from distmis.estimate.workspace import workspace_rule
 from distmis.models.params import NetworkParams
 from distmis.models.registry import ModelEntry, NetworkInput
@@ -34,34 +34,6 @@ __all__ = ["Loss", "StepTrace", "TrainingStep", "trace_step", "stand_in_loss", "
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: A training loss, ``(output, target) -> scalar``.
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class StepTrace:
-    """One training step of ``network`` on a batch of ``batch`` inputs of ``tile`` voxels, in ``precision``, as
-    traced (bytes are per rank; FLOPs counted by torch)."""
-
-    network: str
-    tile: tuple[int, int, int]
-    batch: int
-    precision: str
-    device: str
-    parameters: int  # trainable values
-    parameter_bytes: int  # the fp32 weights (and buffers)
-    optimizer_bytes: int  # Adam's state: two fp32 moments per parameter and its step counters
-    batch_bytes: int  # the image and target batch the step reads (fp32)
-    gradient_bytes: int  # the parameters' gradients, which outlive the step
-    saved_bytes: int  # what the step holds at its forward's end: the activations autograd keeps for the backward
-    peak_bytes: int  # the most the step holds at once besides the parameters, Adam's state and the batch,
-    # the workspace of the kernel running at that moment included
-    workspace_bytes: int  # that kernel's workspace
-    moment: str  # the operation running at the peak
-    stand_in_loss: bool  # the loss read values, and stand_in_loss took its place
-    flops: float  # forward and backward
-    forward_flops: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class TrainingStep:

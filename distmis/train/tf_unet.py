@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import threading
 from pathlib import Path
@@ -40,8 +41,15 @@ from distmis.train.epoch import (
 )
 from distmis.train.inference import predict_channels_last
 from distmis.train.schedules import LearningRateSchedule
+from distmis.train.tf_metering import AllocatorMeter, allocator_device
 
 __all__ = ["EpochMetrics", "NonFiniteLossError", "UNetTrainer", "graph_key"]
+
+logger = logging.getLogger(__name__)
+
+
+def _variable_bytes(variable: Any) -> int:
+    return int(np.prod(variable.shape)) * np.dtype(variable.dtype).itemsize
 
 
 def _release_in_background(iterator: Any) -> None:
@@ -158,6 +166,7 @@ class UNetTrainer:
         # learning-rate variable at each epoch's start or step: no graph is traced again for it
         self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
         self._epochs_trained = 0
+        self._predictions: dict[tuple, dict[str, float]] = {}  # memory_metrics' predictions, by stage input
         # train / val, or with cross-validation (dataset.split.fold) the other folds / this trial's fold
         self.parts = trial_parts(manifest, spec.dataset.split.fold, self.tfrecord_dir)
         self._num_train = self.parts.num_train
@@ -421,10 +430,53 @@ class UNetTrainer:
                                 {key: float(value) for key, value in zip(self.metric_keys, class_means)})
 
     def run_epoch(self, epoch: int) -> EpochMetrics:
-        """Train one epoch, validate, and time both. Raises NonFiniteLossError if training diverged."""
-        metrics = checked_epoch(epoch, lambda: self.train_epoch(epoch), self.validate,
-                                learning_rate=self.learning_rates.at(epoch))
-        return dataclasses.replace(metrics, **curriculum_metrics(self.spec.training, epoch, self.volume_shape))
+        """Train one epoch, validate, and time both; with the training steps' peak memory and its prediction where a
+        worker trains one replica (:meth:`memory_metrics`). Raises NonFiniteLossError if training diverged."""
+        peak: list[float | None] = []
+
+        def train() -> float:
+            meter = AllocatorMeter(allocator_device()) if self.replicas == 1 else None
+            if meter is not None:  # Adam's moments, once made, are the step's as in the first epoch
+                meter.start(held=float(sum(_variable_bytes(v) for v in self.optimizer.variables)))
+            loss = self.train_epoch(epoch)
+            peak.append(meter.stop() if meter is not None else None)
+            return loss
+
+        metrics = checked_epoch(epoch, train, self.validate, learning_rate=self.learning_rates.at(epoch))
+        return dataclasses.replace(metrics, **curriculum_metrics(self.spec.training, epoch, self.volume_shape),
+                                   **self.memory_metrics(peak[0] if peak else None))
+
+    def memory_metrics(self, peak: float | None) -> dict[str, float]:
+        """``peak_memory_mb`` (the allocator's, :class:`~distmis.train.tf_metering.AllocatorMeter`) and the traced
+        step's prediction at the current stage's input (:func:`distmis.estimate.keras_step.trace_keras_step`, of this
+        model's step, traced once per input and never run): ``predicted_step_memory_mb`` (what ``peak_memory_mb``
+        measures), ``predicted_peak_memory_mb`` (with the weights and the batch) and ``predicted_flops_per_step``.
+        Only a worker that trains one replica reports them; a prediction that cannot be made is a warning."""
+        if peak is None:
+            return {}
+        metrics = {"peak_memory_mb": peak / 2**20}
+        tile = tuple(self.stage.tile or self.volume_shape)
+        key = (tile, self.stage.batch_size)
+        if key not in self._predictions:
+            from distmis.estimate.keras_step import trace_keras_step
+
+            network = NetworkInput(int(self.model.input_shape[-1]), self.num_classes, tile,  # type: ignore[arg-type]
+                                   activation=self.activation, precision=self.spec.training.precision)
+            try:
+                trace = trace_keras_step(self.spec.model.entry, self.spec.model.params, network, self.loss_fn,
+                                         batch=self.stage.batch_size, precision=self.spec.training.precision,
+                                         model=self.model)
+            except Exception as exc:  # noqa: BLE001 - a prediction that cannot be made never stops training
+                logger.warning("no memory prediction for the Keras U-Net at %s, batch %d: %s: %s", list(tile),
+                               self.stage.batch_size, type(exc).__name__, exc)
+                self._predictions[key] = {}
+            else:  # the allocator's count: tensors alone, no C heap to add
+                step = trace.optimizer_bytes + trace.peak_bytes
+                self._predictions[key] = {
+                    "predicted_step_memory_mb": step / 2**20,
+                    "predicted_peak_memory_mb": (step + trace.parameter_bytes + trace.batch_bytes) / 2**20,
+                    "predicted_flops_per_step": trace.flops}
+        return {**metrics, **self._predictions[key]}
 
     weight_files: tuple[str, ...] = ("model.weights.h5",)
 

@@ -64,3 +64,12 @@ def test_the_traced_step_is_tensorflows_own_count():
     from distmis.train.torch_losses import make_loss as torch_loss
 
     assert trace_step(entry, params, network, torch_loss("dice"), batch=2).forward_flops == trace.forward_flops
+
+
+def test_the_keras_estimate_and_trainer_import_no_torch():
+    """A TensorFlow trial predicts its step without torch (its record is framework-free)."""
+    import subprocess
+    import sys
+
+    code = "import sys, distmis.estimate.keras_step, distmis.train.tf_unet; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

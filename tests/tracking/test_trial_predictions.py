@@ -79,7 +79,9 @@ def test_each_vit_trial_logs_its_layouts_predictions_and_its_measurements(tmp_pa
     assert {"step_seconds", "peak_memory_mb", "fom"} <= set(EPOCH_METRICS)
 
 
-def test_a_unet_trial_has_no_predictions(tmp_path: Path):
+def test_the_driver_predicts_nothing_for_a_unet_trial(tmp_path: Path):
+    """The performance model describes the ViT-seg alone; a U-Net's trainer reports its traced prediction itself
+    (tests/train: the trainers' epoch metrics), which this result leaves out."""
     spec, run = search(tmp_path, small_spec_tree("/nonexistent/data"))
     callback = run.trial_callback(spec)
     t = trial("t_00000", {"training.optimizer.lr": 1e-3})

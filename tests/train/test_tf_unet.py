@@ -42,6 +42,13 @@ def test_epoch_metrics_and_checkpoint(prepared, tmp_path: Path):
     assert trainer.num_parameters == sum(int(np.prod(w.shape)) for w in trainer.model.trainable_weights)
     path = trainer.save(tmp_path)
     assert path.is_file() and path.stat().st_size > 0
+    # the allocator's peak of the training steps, beside the traced step's prediction
+    assert metrics.peak_memory_mb > 0 and metrics.predicted_peak_memory_mb > metrics.predicted_step_memory_mb > 0
+    assert metrics.predicted_flops_per_step > 0
+    assert trainer._train_step.experimental_get_tracing_count() == 1  # the prediction traced a step of its own
+    again = trainer.run_epoch(2)  # traced once per input; Adam's moments, there now, counted as in the first
+    assert again.predicted_step_memory_mb == metrics.predicted_step_memory_mb
+    assert again.peak_memory_mb == pytest.approx(metrics.peak_memory_mb, rel=0.5)
 
 
 def test_one_trace_of_the_training_step_whatever_the_batch_size(prepared):
