@@ -48,7 +48,7 @@ def dp_tree(data: Path, framework: str, **parallelism) -> dict:
 
 def assert_a_data_parallel_run(outcome: Any, output: Path, framework: str) -> None:
     """What a data-mode search of one 2-epoch trial on 2 workers records."""
-    assert outcome.failed == 0, outcome.results.get("error")
+    assert outcome.failed == 0, list(outcome.results.get("error", []))  # whole, not pandas' cut
     client = MlflowClient(outcome.tracking_uri)
     [child] = child_runs(client, client.get_run(outcome.parent_run_id))
     assert child.info.status == "FINISHED"
@@ -222,7 +222,7 @@ def run_probed_search(tree: dict, tmp_path: Path) -> tuple[Any, dict[str, dict[s
     probes.mkdir()
     outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False,
                          trainable=functools.partial(probe_trial, str(probes)))
-    assert outcome.failed == 0, outcome.results.get("error")
+    assert outcome.failed == 0, list(outcome.results.get("error", []))  # whole, not pandas' cut
     return outcome, {p.stem: json.loads(p.read_text()) for p in probes.glob("*.json")}
 
 
