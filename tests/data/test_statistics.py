@@ -97,3 +97,21 @@ def test_with_folds_the_ct_statistics_come_from_every_development_case(ct_root: 
     assert stats["std"] == pytest.approx(foreground.std(), abs=1e-9)
     one_fold = np.concatenate([raw(by_id[i].images[0])[raw(by_id[i].label) > 0] for i in split["folds"][0]])
     assert stats["mean"] != pytest.approx(one_fold.mean(), abs=1e-6)
+
+
+def test_anisotropic_data_gets_nnunets_target_spacing_along_its_coarse_axis():
+    from distmis.data.statistics import anisotropic_target
+
+    # thin in-plane, thick slices (ratio > 3), and few of them: the coarse axis takes its 10th percentile
+    spacings = np.array([[0.8, 0.8, z] for z in (2.5, 3.0, 4.0, 5.0, 5.0, 5.0, 5.0, 6.0, 6.0, 7.0)])
+    shapes = np.array([[512, 512, 40]] * 10)
+    target = anisotropic_target(spacings, shapes)
+    assert target[:2] == (0.8, 0.8) and target[2] == pytest.approx(np.percentile(spacings[:, 2], 10)) != 5.0
+    # as many slices as in-plane voxels: the median stays (nnU-Net's second condition)
+    assert anisotropic_target(spacings, np.array([[128, 128, 128]] * 10))[2] == 5.0
+    # spacings within a factor of 3: the median everywhere
+    assert anisotropic_target(np.array([[1.0, 1.0, 2.5], [1.0, 1.0, 2.0]]), np.array([[256, 256, 40]] * 2)) == (
+        1.0, 1.0, 2.25)
+    # the 10th percentile never below the other axes' spacing
+    low = np.array([[1.0, 1.0, 0.5]] * 5 + [[1.0, 1.0, 7.0]] * 5)  # median 3.75: anisotropic; 10th percentile 0.5
+    assert anisotropic_target(low, np.array([[400, 400, 30]] * 10))[2] == 1.0
