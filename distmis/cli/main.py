@@ -21,12 +21,13 @@ from typing import Any, Callable, NoReturn, Sequence
 from distmis.cli.console import console
 from distmis.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, BadInput
 from distmis.cli.helptext import add_help_text
+from distmis.cli.planned import load_planned
 from distmis.data.layouts import Layout
 from distmis.train.threads import tensorflow_env
 
 EXIT_TRIALS_FAILED = EXIT_FAILED
 LAYOUT_CHOICES = [layout.value for layout in Layout]  # the layouts distmis.data reads
-NATIVE_FILTERED = frozenset({"run", "compare", "predict", "data"})  # see distmis.cli.console
+NATIVE_FILTERED = frozenset({"run", "compare", "predict", "data", "validate", "plan"})  # see distmis.cli.console
 
 
 def _shape(text: str) -> tuple[int, int, int]:
@@ -88,13 +89,20 @@ def _version() -> str:
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args: argparse.Namespace) -> int:
     from distmis.search.input_fit import check_dataset_path
+    from distmis.search.memory_fit import check_trials_fit, format_steps
     from distmis.search.search_space import num_trials
-    from distmis.spec import load_spec, parse_set_options
+    from distmis.spec import parse_set_options
 
-    spec = load_spec(args.spec, parse_set_options(args.set))
+    spec = load_planned(args.spec, parse_set_options(args.set))
     data = Path(spec.dataset.path)
+    fit = None
     if data.exists() or spec.dataset.synthetic is not None:
         check_dataset_path(spec)  # as `run` does before any work: dataset.json, every network input against the volumes
+        fit = check_trials_fit(spec)  # with parallelism.memory_per_worker: every step predicted to fit
+    if fit is not None:
+        print(f"each trial's training step, traced ({fit.device} rules), against {fit.usable / 2**20:,.0f} MiB per "
+              "worker (parallelism.memory_per_worker less the process's own):")
+        print("\n".join(format_steps(fit)))
     print(f"{args.spec}: valid search spec {spec.name!r}, {num_trials(spec)} trial(s)")
     if not data.exists() and spec.dataset.synthetic is None:
         print(f"(dataset.path {str(data)!r} is not on this machine: checked without its data; `run` checks it there)")
@@ -107,9 +115,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     with loading_libraries():  # Ray, Tune, MLflow, pandas: no collection while they load, frozen after
         from distmis.search.run import run_search
     from distmis.spec.load import default_output_dir
-    from distmis.spec import load_spec, parse_set_options
+    from distmis.spec import parse_set_options
 
-    spec = load_spec(args.spec, parse_set_options(args.set))
+    spec = load_planned(args.spec, parse_set_options(args.set))
     output = Path(args.output) if args.output else default_output_dir(spec)
     outcome = run_search(spec, output, address=args.address, progress=not args.quiet, verbose=args.verbose,
                          resume=args.resume)
@@ -124,7 +132,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     with loading_libraries():
         from distmis.search.compare import run_compare
     from distmis.spec.load import default_output_dir
-    from distmis.spec import load_spec, parse_set_options
+    from distmis.spec import parse_set_options
 
     overrides = parse_set_options(args.set)
     overrides["parallelism.mode"] = "compare"
@@ -132,7 +140,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         overrides["parallelism.workers"] = args.workers
     if args.repeats is not None:
         overrides["parallelism.repeats"] = args.repeats
-    spec = load_spec(args.spec, overrides)
+    spec = load_planned(args.spec, overrides)
     output = Path(args.output) if args.output else default_output_dir(spec)
     outcome = run_compare(spec, output, address=args.address, progress=not args.quiet, verbose=args.verbose,
                           resume=args.resume)
@@ -222,11 +230,11 @@ def _rate(text: str) -> float:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from distmis.parallel.planner import Machine, best_layouts, plan_layouts
-    from distmis.spec import load_spec, parse_set_options
+    from distmis.spec import parse_set_options
     from distmis.spec.load import default_output_dir
     from distmis.tracking.figures import plan_figure
 
-    spec = load_spec(args.spec, parse_set_options(args.set))
+    spec = load_planned(args.spec, parse_set_options(args.set))
     if spec.model.entry.perf_shape is None or not spec.model.entry.supports("sp"):
         return _plan_trial_steps(args, spec)
     try:
@@ -278,6 +286,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _plan_trial_steps(args: argparse.Namespace, spec: Any) -> int:
     """``distmis plan`` for a network the performance model does not describe: every distinct training step the
     search can take, traced (``distmis/search/trial_steps.py``), against ``--memory-per-rank`` less ``--reserved``."""
+    from distmis.search.memory_fit import StepsFit, format_steps
     from distmis.search.trial_steps import trial_steps
 
     usable = args.memory_per_rank - args.reserved
@@ -290,20 +299,8 @@ def _plan_trial_steps(args: argparse.Namespace, spec: Any) -> int:
         raise BadInput(f"{args.spec}: {exc}") from None
     print(f"{spec.name}: a rank's training step per trial, traced ({args.device} rules), against "
           f"{args.memory_per_rank / 2**30:.1f} GiB per rank less {args.reserved / 2**30:.1f} GiB reserved")
-    print("| trial | network | tile | batch | precision | step MiB | peak MiB | GFLOP per step | fits |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    fitting = []
-    for step in steps:
-        trial = ", ".join(f"{k}={v}" for k, v in step.config.items()) or "-"
-        tile = "x".join(map(str, step.tile)) if step.tile else "whole volume"
-        if step.memory is None:
-            print(f"| {trial} | {step.network} | {tile} | {step.batch} | {step.precision} | | | | {step.reason} |")
-            continue
-        fits = step.memory.peak <= usable
-        fitting.append(fits)
-        print(f"| {trial} | {step.network} | {tile} | {step.batch} | {step.precision} | "
-              f"{step.memory.step / 2**20:.0f} | {step.memory.peak / 2**20:.0f} | "
-              f"{step.memory.trace.flops / 1e9:.1f} | {'yes' if fits else 'no'} |")
+    print("\n".join(format_steps(StepsFit(steps, usable, args.device))))
+    fitting = [s.memory.peak <= usable for s in steps if s.memory is not None]
     if fitting and not any(fitting):
         need = min(s.memory.peak for s in steps if s.memory is not None)
         print(f"\nnothing fits: the smallest predicted peak is {need / 2**30:.2f} GiB per rank, and a rank has "

@@ -68,9 +68,10 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- jobs
 def cmd_submit(args: argparse.Namespace) -> int:
     from distmis.service.jobs import follow_logs, job_client, submit_search, token_accepted, wait_for_job
-    from distmis.spec import load_spec, parse_set_options
+    from distmis.cli.planned import load_planned
+    from distmis.spec import parse_set_options
 
-    spec = load_spec(args.spec, parse_set_options(args.set))  # SpecError: exit 2, nothing sent
+    spec = load_planned(args.spec, parse_set_options(args.set))  # SpecError: exit 2, nothing sent
     submission = submit_search(spec, address=args.address, output=Path(args.output) if args.output else None,
                                resume=args.resume)
     print(f"submitted {submission.job_id} to {submission.address}")

@@ -3,7 +3,7 @@
 :func:`preflight` runs first in ``distmis run`` (and ``compare``): the output folder's state (a resume must
 find its search, its data and its store as they were; a plain run must not replace an unfinished search), that
 it can be written in (whatever the store: the converted data and Ray's results go there), the data set's path and
-tiles, and the tracking store, asked once with a short timeout. Every refusal is exit 2.
+tiles, every training step against ``parallelism.memory_per_worker`` where it is set, and the tracking store, asked once with a short timeout. Every refusal is exit 2.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from distmis.search.output import tracking_location
 from distmis.search.input_fit import check_dataset_path
+from distmis.search.memory_fit import check_trials_fit
 from distmis.search.prepare import dataset_files
 from distmis.search.state import (
     Kind, SearchState, SearchStateError, check_resume_matches, refuse_unfinished, state_to_resume,
@@ -33,6 +34,7 @@ def preflight(spec: Spec, output_dir: Path, kind: Kind, *, resume: bool) -> Sear
         state = None
     check_output_writable(output_dir)  # needed whatever the store: the converted data and Ray's results go there
     check_dataset_path(spec)
+    check_trials_fit(spec)
     uri, _ = tracking_location(spec, output_dir)
     if state is not None:
         check_resume_matches(state, dataset=dataset_files(spec), tracking_store=uri, output_dir=output_dir)

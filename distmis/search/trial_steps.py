@@ -23,7 +23,7 @@ from distmis.spec.curriculum import training_stages
 from distmis.spec.load import MODEL_NAME_PATH, apply_config, searched_combinations, values_to_check, volume_shape
 from distmis.spec.schema import Spec
 
-__all__ = ["STEP_FIELDS", "TrialStep", "trial_steps"]
+__all__ = ["STEP_FIELDS", "TrialStep", "predict_step", "trial_steps"]
 
 #: The searched fields, besides ``model.*``, that change a rank's training step.
 STEP_FIELDS = ("training.tile", "training.batch_size", "training.precision", "training.loss.name",
@@ -53,15 +53,19 @@ def _activation(spec: Spec) -> Literal["sigmoid", "softmax"]:
     return "softmax" if spec.dataset.labels == "classes" else "sigmoid"
 
 
-def _predict(trial: Spec, tile: tuple[int, int, int], batch: int, device: Literal["cpu", "cuda"],
-             threads: int) -> StepMemory:
-    """One stage's step of ``trial``: its network built for ``tile``, on ``batch`` inputs."""
+def predict_step(trial: Spec, tile: tuple[int, int, int], batch: int, device: Literal["cpu", "cuda"], threads: int,
+                 *, channels: tuple[int, int] | None = None,
+                 activation: Literal["sigmoid", "softmax"] | None = None) -> StepMemory:
+    """One stage's step of ``trial``: its network built for ``tile``, on ``batch`` inputs of ``channels`` (in,
+    out; default: as far as the spec tells, ``dataset.in_channels`` and ``num_classes``) and ``activation``
+    (default: softmax for ``dataset.labels: classes``)."""
     from distmis.estimate.keras_step import trace_keras_step
     from distmis.estimate.memory import cpu_overhead, predict_step_memory
 
     entry = trial.model.entry
     training = trial.training
-    network = NetworkInput(trial.dataset.in_channels, trial.dataset.num_classes, tile, activation=_activation(trial),
+    inputs, outputs = channels or (trial.dataset.in_channels, trial.dataset.num_classes)
+    network = NetworkInput(inputs, outputs, tile, activation=activation or _activation(trial),
                            precision=training.precision)
     if trial.model.framework == "tensorflow":
         from distmis.train.losses import make_loss as keras_loss
@@ -79,9 +83,11 @@ def _predict(trial: Spec, tile: tuple[int, int, int], batch: int, device: Litera
 
 
 def trial_steps(spec: Spec, *, device: Literal["cpu", "cuda"] = "cuda", threads: int = 1,
-                precision: str | None = None) -> list[TrialStep]:
+                precision: str | None = None, channels: tuple[int, int] | None = None,
+                activation: Literal["sigmoid", "softmax"] | None = None) -> list[TrialStep]:
     """Every distinct training step the search of ``spec`` can take (see the module's docstring), in ``precision``
-    (default: each trial's ``training.precision``), with ``device``'s rules (a GPU's: no CPU overhead)."""
+    (default: each trial's ``training.precision``), with ``device``'s rules (a GPU's: no CPU overhead); ``channels``
+    and ``activation``: the data set's, where it is known (see :func:`predict_step`)."""
     searched = _step_paths(spec)
     configs = list(searched_combinations(searched)) if searched else [{}]
     done: dict[tuple, StepMemory] = {}
@@ -102,7 +108,8 @@ def trial_steps(spec: Spec, *, device: Literal["cpu", "cuda"] = "cuda", threads:
             key = (name, trial.model.framework, trial.model.params.model_dump_json(), tile, stage.batch_size,
                    trial.training.precision, trial.training.loss.name, trial.dataset.labels)
             if key not in done:
-                done[key] = _predict(trial, tile, stage.batch_size, device, threads)  # type: ignore[arg-type]
+                done[key] = predict_step(trial, tile, stage.batch_size, device, threads,  # type: ignore[arg-type]
+                                         channels=channels, activation=activation)
             steps.append(TrialStep(shown, name, tile, stage.batch_size, trial.training.precision,  # type: ignore[arg-type]
                                    done[key]))
     return steps

@@ -106,7 +106,8 @@ class DatasetSpec(StrictModel):
     channel not named follows its name (``CT`` -> ``ct``, anything else ``zscore``, nnU-Net's rule).
     ``orientation: RAS`` reorients every case first. ``spacing``: resample every case to this voxel spacing in mm,
     ``[x, y, z]`` along the (reoriented) array axes, or ``auto``: the median spacing of the non-test cases, as
-    nnU-Net picks it. ``interpolation``: how images are resampled (labels: nearest neighbour).
+    nnU-Net picks it (with its rule for an anisotropic axis: :func:`distmis.data.statistics.anisotropic_target`).
+    ``interpolation``: how images are resampled (labels: nearest neighbour).
     """
 
     path: str = Field(min_length=1)
@@ -478,6 +479,15 @@ class TrainingSpec(StrictModel):
                              f"({self.epochs}): the schedule would never leave its warm-up")
         return self
 
+    @field_validator("tile", "batch_size", mode="before")
+    @classmethod
+    def _planned_first(cls, value: Any, info: Any) -> Any:
+        if value == "auto":
+            raise ValueError(f"'auto' asks distmis to plan training.{info.field_name} from the data and "
+                             "parallelism.memory_per_worker; `distmis run`, `validate`, `plan` and `submit` plan it "
+                             "before the spec is validated (distmis.search.input_plan.planned_tree, for a program)")
+        return value
+
     @property
     def inference_batch_size(self) -> int:
         """Windows per forward pass of sliding-window inference."""
@@ -718,10 +728,18 @@ class ParallelismSpec(StrictModel):
     pipeline: PipelineSpec = PipelineSpec()
     autoscaling: bool = Field(False, description="the cluster adds nodes on demand: do not refuse a trial that "
                                                  "does not fit the nodes there are now")
+    memory_per_worker: float | None = Field(
+        None, description="bytes one process of a trial may hold (a GPU's memory, or a CPU worker's share of its "
+                          "node): '24GB', '16GiB' or a number. training.tile / batch_size 'auto' are planned to fit it")
     max_failures: int = Field(0, ge=0, description="times a trial whose process or worker died is restarted from "
                                                    "its last epoch's checkpoint before it counts as failed")
     repeats: int = Field(1, ge=1, le=100, description="compare: run every (mode, workers) cell this many times, in "
                                                     "an interleaved order, for a mean and std of each figure")
+
+    @field_validator("memory_per_worker", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return None if value is None else parse_size(value)
 
     @model_validator(mode="after")
     def _workers_fit_the_mode(self) -> ParallelismSpec:

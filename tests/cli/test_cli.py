@@ -67,6 +67,8 @@ def test_a_search_from_the_command_line_prints_what_a_person_reads(tmp_path: Pat
     work.mkdir()
     tree = small_spec_tree(tmp_path / "data", name="cli-run")
     tree["tracking"] = {"uri": f"sqlite:///{store / 'mlflow.db'}"}
+    tree["training"]["tile"] = "auto"  # planned: the whole 16^3 volume fits a worker of 8 GB
+    tree["parallelism"]["memory_per_worker"] = "8GB"
     spec = write_spec(tmp_path / "s.yaml", tree)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     store.mkdir()
@@ -75,7 +77,8 @@ def test_a_search_from_the_command_line_prints_what_a_person_reads(tmp_path: Pat
     assert done.returncode == 0, done.stdout + done.stderr
 
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("search cli-run: 2 trial(s), experiment-parallel")
+    assert lines[0].startswith("planned training.tile: tile [16, 16, 16], batch 2 ("), lines[0]
+    assert lines[1].startswith("search cli-run: 2 trial(s), experiment-parallel")
     assert not [line for line in lines if NOISE.search(line) or BOX.search(line) or "\x1b" in line]
     assert not [line for line in done.stderr.splitlines() if NOISE.search(line) or "Successfully registered" in line]
     epochs = [re.match(r"\s+(lr=\S+)\s+epoch (\d+)/2  train_loss \d\.\d{4}  val_dice \d\.\d{4}  elapsed \d+:\d\d$", line)

@@ -1,0 +1,160 @@
+"""Before any work: with ``parallelism.memory_per_worker`` set, every training step the search can take is predicted
+(:func:`~distmis.search.trial_steps.trial_steps`, with the data set's own channels and volume), and a search with a
+step that does not fit is refused, naming the trial, its tile and batch, and the largest tile that fits
+(:func:`check_trials_fit`). ``distmis validate`` prints the steps (:func:`format_steps`).
+
+A trial split over ranks (a sequence-parallel degree or pipeline stages other than 1) holds a part of the network
+per rank, which the trace of the whole does not describe: such a search is not checked here (the ViT's
+``degree: auto`` sizes its split with the performance model).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from distmis.perf.sizing import PROCESS_RESERVE
+from distmis.search.trial_steps import TrialStep, trial_steps
+from distmis.spec.load import SpecError, with_volume
+from distmis.spec.schema import Spec
+
+__all__ = ["DataShape", "StepsFit", "check_trials_fit", "data_shape", "format_steps", "trial_device"]
+
+Tile = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class DataShape:
+    """What a trial's network sees of the data set: its channels in and out, the output's activation, the volume
+    every case's tile must fit (each side the smallest over the cases) and the data set's voxels."""
+
+    channels: tuple[int, int]
+    activation: Literal["sigmoid", "softmax"]
+    volume: Tile
+    voxels: int
+
+
+@dataclass(frozen=True)
+class StepsFit:
+    """The search's predicted steps against ``usable`` bytes per worker, with the ``device``'s rules."""
+
+    steps: list[TrialStep]
+    usable: float
+    device: Literal["cpu", "cuda"]
+
+
+def trial_device(spec: Spec) -> tuple[Literal["cpu", "cuda"], int]:
+    """The rules and threads of one of a trial's processes: a GPU's when it is given one, else its CPUs'."""
+    from distmis.spec.load import trial_gpus
+
+    par = spec.parallelism
+    workers = par.mode != "experiment" or par.workers_per_trial > 1
+    cpus = (par.resources_per_worker if workers else par.resources_per_trial).cpu
+    return ("cuda" if trial_gpus(spec) > 0 else "cpu"), max(1, int(cpus))
+
+
+def data_shape(spec: Spec) -> DataShape:
+    """The data set's :class:`DataShape`, from its ``dataset.json`` and NIfTI headers (no voxel data).
+    ValueError when no case's volume can be read."""
+    from distmis.data.targets import target_scheme
+    from distmis.search.data_config import dataset_description
+    from distmis.search.input_fit import preprocessed_volumes
+
+    description = dataset_description(spec)
+    targets = target_scheme(description, spec.dataset.labels)
+    shapes = [volume.shape for volume in preprocessed_volumes(spec)]
+    if not shapes:
+        raise ValueError(f"no case's preprocessed volume can be read at dataset.path {spec.dataset.path!r} (a "
+                         "synthetic data set resampled to a spacing is known once generated)")
+    volume = tuple(min(axis) for axis in zip(*shapes))
+    return DataShape((len(description.channels), len(targets["channels"])), targets["activation"],
+                     volume, sum(math.prod(shape) for shape in shapes))  # type: ignore[arg-type]
+
+
+def _split_per_rank(spec: Spec) -> bool:
+    par = spec.parallelism
+    searched = any(path.startswith(("parallelism.sequence_parallel.", "parallelism.pipeline."))
+                   for path in spec.search.space)
+    return searched or par.sequence_parallel.degree != 1 or par.pipeline.stages != 1
+
+
+def check_trials_fit(spec: Spec) -> StepsFit | None:
+    """The search's steps (None when ``parallelism.memory_per_worker`` is unset, a trial is split over ranks, or
+    the data cannot be read yet); SpecError, for ``training.tile`` (or the search space's field that sets it),
+    when a step's predicted peak exceeds the memory per worker less the process's own
+    (:data:`~distmis.perf.sizing.PROCESS_RESERVE`)."""
+    memory = spec.parallelism.memory_per_worker
+    if memory is None or _split_per_rank(spec):
+        return None
+    try:
+        data = data_shape(spec)
+    except ValueError:
+        return None  # preparing the data reports it
+    device, threads = trial_device(spec)
+    usable = memory - PROCESS_RESERVE
+    known = with_volume(spec, data.volume, "the data set")
+    steps = trial_steps(known, device=device, threads=threads, channels=data.channels, activation=data.activation)
+    over = [step for step in steps if step.memory is not None and step.memory.peak > usable]
+    if over:
+        raise SpecError(spec.name, [_refusal(known, step, usable, data, device, threads) for step in over[:5]])
+    return StepsFit(steps, usable, device)
+
+
+def _refusal(spec: Spec, step: TrialStep, usable: float, data: DataShape, device: Literal["cpu", "cuda"],
+             threads: int) -> tuple[str, str]:
+    """The message for one step that does not fit: its trial, its need, and the largest tile that fits at its
+    batch (by the planner's rule)."""
+    from distmis.search.tile_search import NothingFits, plan_inputs
+    from distmis.search.trial_steps import predict_step
+    from distmis.spec.load import apply_config, check_input_shape
+
+    assert step.memory is not None and step.tile is not None
+    trial = apply_config(spec, step.config)
+    where = next((f"search.space.{path}" for path in step.config if path.startswith("training.")), "training.tile")
+
+    def at(tile: Tile, batch: int) -> Spec:
+        return apply_config(trial, {"training.curriculum": None, "training.tile": list(tile),
+                                    "training.batch_size": batch}, source="the largest tile")
+
+    def valid(tile: Tile, batch: int) -> bool:
+        try:
+            return not check_input_shape(at(tile, batch), data.volume)
+        except SpecError:
+            return False
+
+    def peak(tile: Tile, batch: int) -> float:
+        return predict_step(at(tile, batch), tile, batch, device, threads, channels=data.channels,
+                            activation=data.activation).peak
+
+    try:
+        largest, _, _ = plan_inputs(data.volume, trial.model.input_multiple, peak, usable, batch=step.batch,
+                                    valid=valid)
+        advice = f"the largest tile that fits at batch {step.batch} is {list(largest)}"
+    except NothingFits:
+        advice = f"no tile fits at batch {step.batch}: a smaller batch, bf16, or more memory"
+    except ValueError as exc:
+        advice = str(exc)
+    trial_name = ", ".join(f"{k}={v}" for k, v in step.config.items()) or "every trial"
+    return (where, f"{trial_name}: {step.network} on tile {list(step.tile)} at batch {step.batch} "
+                   f"({step.precision}) is predicted to need {step.memory.peak / 2**20:,.0f} MiB per step, and a "
+                   f"worker has {usable / 2**20:,.0f} MiB (parallelism.memory_per_worker less "
+                   f"{PROCESS_RESERVE / 2**20:.0f} MiB for the process, {device} rules); {advice}")
+
+
+def format_steps(fit: StepsFit) -> list[str]:
+    """The steps as a markdown table, one row each: trial, network, tile, batch, precision, predicted step and
+    peak (MiB), GFLOP per step, whether it fits."""
+    lines = ["| trial | network | tile | batch | precision | step MiB | peak MiB | GFLOP per step | fits |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for step in fit.steps:
+        trial = ", ".join(f"{k}={v}" for k, v in step.config.items()) or "-"
+        tile = "x".join(map(str, step.tile)) if step.tile else "whole volume"
+        if step.memory is None:
+            lines.append(f"| {trial} | {step.network} | {tile} | {step.batch} | {step.precision} | | | | "
+                         f"{step.reason} |")
+            continue
+        lines.append(f"| {trial} | {step.network} | {tile} | {step.batch} | {step.precision} | "
+                     f"{step.memory.step / 2**20:.0f} | {step.memory.peak / 2**20:.0f} | "
+                     f"{step.memory.trace.flops / 1e9:.1f} | {'yes' if step.memory.peak <= fit.usable else 'no'} |")
+    return lines
