@@ -1,21 +1,12 @@
-"""A torch network's real training step, measured as a trial's ``StepMeter`` measures it on a CPU, in a fresh
-process (``python -m tests.search.measured_step JSON``): Adam's moments made by a first step, the C heap trimmed,
-the resident set's high-water mark reset, a second step, then the high-water mark less the resident set before it,
-plus the gradients and Adam's state the step starts with. Prints the bytes."""
+"""A torch network's real training step on a CPU, measured by a trial's own :class:`~distmis.train.metering.StepMeter`
+in a fresh process (``python -m tests.search.measured_step JSON``): a first step makes Adam's moments, then a second
+is measured, the gradients and Adam's state it starts with counted as a trial's first epoch counts them. Prints
+the bytes."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import sys
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def measured_step(config: dict) -> float:
@@ -25,6 +16,7 @@ def measured_step(config: dict) -> float:
     from distmis.estimate.step_trace import TrainingStep
     from distmis.models.registry import NetworkInput, model_entry
     from distmis.networks import build_network
+    from distmis.train.metering import StepMeter
     from distmis.train.torch_losses import make_loss
 
     entry = model_entry(config["network"])
@@ -35,14 +27,17 @@ def measured_step(config: dict) -> float:
     loss_fn = make_loss(config["loss"], from_logits=entry.output == "logits", activation=network.activation)
     step = TrainingStep(model, network, loss_fn, batch=config["batch"], precision="fp32")
     step()
-    ctypes.CDLL("libc.so.6").malloc_trim(ctypes.c_size_t(0))
-    held = sum(t.untyped_storage().nbytes() for t in step.optimizer_state())
-    held += sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
-    before = _status("VmRSS")
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
+
+    def held() -> float:
+        state = sum(t.untyped_storage().nbytes() for t in step.optimizer_state())
+        return state + sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
+
+    meter = StepMeter(torch.device("cpu"), held=held)
+    meter.start_epoch()
+    meter.start_step()
     step()
-    return float(_status("VmHWM") - before + held)
+    meter.end_step()
+    return meter.peak_bytes
 
 
 if __name__ == "__main__":
