@@ -32,7 +32,7 @@ from distmis.spec.load import (
     validate_spec, values_to_check, with_overrides,
 )
 from distmis.spec.schema import Spec
-from distmis.search.tile_search import DATASET_SHARE, MIN_BATCH, Candidate, NothingFits, Tile, plan_inputs
+from distmis.search.tile_search import DATASET_SHARE, MIN_BATCH, Candidate, NothingFits, Tile, mib, plan_inputs
 
 __all__ = ["AUTO_FIELDS", "InputPlan", "load_planned_spec", "plan_spec", "planned_tree"]
 
@@ -72,16 +72,12 @@ class InputPlan:
         """One line for the console."""
         chosen = self.chosen
         line = (f"planned {' and '.join(self.fields)}: tile {list(self.tile)}, batch {self.batch} "
-                f"({_mib(chosen.peak)} MiB predicted per step, {_mib(self.usable)} MiB usable per worker, "
+                f"({mib(chosen.peak)} MiB predicted per step, {mib(self.usable)} MiB usable per worker, "
                 f"{self.device} rules")
         nxt = self.next_larger
         if nxt is not None:
-            line += f"; tile {list(nxt.tile)} at batch {nxt.batch} would need {_mib(nxt.peak)} MiB"
+            line += f"; tile {list(nxt.tile)} at batch {nxt.batch} would need {mib(nxt.peak)} MiB"
         return line + ")"
-
-
-def _mib(value: float) -> str:
-    return f"{value / 2**20:,.0f}"
 
 
 # --------------------------------------------------------------------------- a spec's plan
@@ -107,7 +103,7 @@ def _refusals(spec: Spec, fields: Sequence[str]) -> list[tuple[str, str]]:
         problems.append(("training.curriculum", "gives each stage's tile and batch: 'auto' plans one tile"))
     if spec.parallelism.memory_per_worker is not None and spec.parallelism.memory_per_worker <= PROCESS_RESERVE:
         problems.append(("parallelism.memory_per_worker", f"{spec.parallelism.memory_per_worker:g} bytes is no "
-                                                          f"more than the {_mib(PROCESS_RESERVE)} MiB a process "
+                                                          f"more than the {mib(PROCESS_RESERVE)} MiB a process "
                                                           "holds itself"))
     return problems
 
@@ -133,7 +129,8 @@ def plan_spec(spec: Spec, fields: Sequence[str]) -> InputPlan:
     usable = spec.parallelism.memory_per_worker - PROCESS_RESERVE
     trials = [apply_config(spec, config) for config in _network_configs(spec)]
     multiple = math.lcm(*(trial.model.input_multiple for trial in trials))
-    fixed_tile = None if "training.tile" in fields else spec.training.tile
+    # a tile not planned is the spec's, or (null) the whole volume
+    fixed_tile = None if "training.tile" in fields else tuple(spec.training.tile or data.volume)
     fixed_batch = None if "training.batch_size" in fields else spec.training.batch_size
 
     def at(trial: Spec, tile: Tile, batch: int) -> Spec:
@@ -151,7 +148,7 @@ def plan_spec(spec: Spec, fields: Sequence[str]) -> InputPlan:
 
     pipe = spec.parallelism.pipeline
     tile, batch, considered = plan_inputs(
-        data.volume, multiple, peak, usable, tile=tuple(fixed_tile) if fixed_tile else None, batch=fixed_batch,  # type: ignore[arg-type]
+        data.volume, multiple, peak, usable, tile=fixed_tile, batch=fixed_batch,  # type: ignore[arg-type]
         batch_cap=lambda tile: round(DATASET_SHARE * data.voxels / math.prod(tile)),
         batch_multiple=pipe.microbatches if pipe.stages > 1 else 1,
         equal_pair=bool(spec.training.augment.enabled and spec.training.augment.rotate90), valid=valid)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from distmis.perf.sizing import PROCESS_RESERVE
@@ -68,8 +69,11 @@ def data_shape(spec: Spec) -> DataShape:
         raise ValueError(f"no case's preprocessed volume can be read at dataset.path {spec.dataset.path!r} (a "
                          "synthetic data set resampled to a spacing is known once generated)")
     volume = tuple(min(axis) for axis in zip(*shapes))
+    voxels = sum(math.prod(shape) for shape in shapes)
+    if spec.dataset.synthetic is not None and not Path(spec.dataset.path).exists():  # one shape for every case
+        voxels *= spec.dataset.synthetic.cases
     return DataShape((len(description.channels), len(targets["channels"])), targets["activation"],
-                     volume, sum(math.prod(shape) for shape in shapes))  # type: ignore[arg-type]
+                     volume, voxels)  # type: ignore[arg-type]
 
 
 def _split_per_rank(spec: Spec) -> bool:

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-__all__ = ["DATASET_SHARE", "MIN_BATCH", "Candidate", "NothingFits", "Tile", "plan_inputs", "tile_candidates"]
+__all__ = ["DATASET_SHARE", "MIN_BATCH", "Candidate", "NothingFits", "Tile", "mib", "plan_inputs", "tile_candidates"]
 
 Tile = tuple[int, int, int]
 #: nnU-Net's cap on the batch: its tiles hold at most this share of the data set's voxels.
@@ -17,7 +17,8 @@ DATASET_SHARE = 0.05
 MIN_BATCH = 2
 
 
-def _mib(value: float) -> str:
+def mib(value: float) -> str:
+    """Bytes as whole MiB, with thousands separated: ``1,024``."""
     return f"{value / 2**20:,.0f}"
 
 
@@ -113,8 +114,8 @@ def plan_inputs(volume: Sequence[int], multiple: int, peak: Callable[[Tile, int]
         where = f"the smallest, tile {list(smallest.tile)} at batch {smallest.batch}"
         if smallest.reason:
             raise NothingFits(f"no training step fits: {where}, cannot be trained ({smallest.reason})")
-        raise NothingFits(f"no training step fits: {where}, is predicted to need {_mib(smallest.peak)} MiB, and a "
-                          f"worker has {_mib(usable)} MiB for it")
+        raise NothingFits(f"no training step fits: {where}, is predicted to need {mib(smallest.peak)} MiB, and a "
+                          f"worker has {mib(usable)} MiB for it")
     chosen = tiles[first]
     if first > 0:
         fits(tiles[first - 1], start)  # traced already by the bisection, unless it stopped a step short

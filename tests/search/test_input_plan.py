@@ -43,6 +43,21 @@ def test_auto_is_refused_without_memory_beside_a_search_over_the_tile_and_outsid
         planned_tree({**tree, "training": {**tree["training"], "batch_size": "auto"}})
 
 
+def test_a_planned_batch_keeps_the_specs_tile_or_whole_volumes_and_nnunets_cap(tmp_path):
+    tree = small_spec_tree(tmp_path / "data")  # 6 synthetic cases of 16^3
+    tree["model"]["framework"] = "torch"
+    tree["dataset"]["synthetic"]["cases"] = 40
+    tree["training"].update(tile=[8, 8, 8], batch_size="auto")
+    tree["parallelism"]["memory_per_worker"] = "8GB"
+    planned, plan = planned_tree(tree)
+    # 5% of 40 x 16^3 voxels is 16 tiles of 8^3: the cap, in a roomy worker
+    assert planned["training"]["tile"] == [8, 8, 8] and planned["training"]["batch_size"] == plan.batch == 16
+    assert plan.fields == ("training.batch_size",) and plan.next_larger is None
+    tree["training"]["tile"] = None  # whole volumes: the batch is planned for them
+    planned, plan = planned_tree(tree)
+    assert planned["training"]["tile"] is None and plan.tile == (16, 16, 16) and plan.batch == 2
+
+
 @pytest.mark.slow  # traces a U-Net's step at a few tiles, and measures two real steps in fresh processes (~40 s)
 def test_the_planned_tile_fits_a_worker_and_the_next_larger_does_not_predicted_and_measured(tmp_path, capsys):
     """A cap between the predicted steps of two consecutive tiles of the sequence: the plan picks the smaller one,
