@@ -15,13 +15,15 @@ stage at the spec's volume shape (a stage whose volume is unknown is left out, a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from distmis.estimate.memory import StepMemory
 from distmis.models.registry import NetworkInput
 from distmis.spec.curriculum import training_stages
 from distmis.spec.load import MODEL_NAME_PATH, apply_config, searched_combinations, values_to_check, volume_shape
 from distmis.spec.schema import Spec
+
+if TYPE_CHECKING:  # the estimate imports torch: a driver that checks no step never loads it
+    from distmis.estimate.memory import StepMemory
 
 __all__ = ["STEP_FIELDS", "TrialStep", "predict_step", "trial_steps"]
 
@@ -53,20 +55,34 @@ def _activation(spec: Spec) -> Literal["sigmoid", "softmax"]:
     return "softmax" if spec.dataset.labels == "classes" else "sigmoid"
 
 
+#: The steps already traced in this process (the planner's, then the driver's check of the same search's steps),
+#: by everything :func:`predict_step` reads.
+_TRACED: dict[tuple, StepMemory] = {}
+
+
 def predict_step(trial: Spec, tile: tuple[int, int, int], batch: int, device: Literal["cpu", "cuda"], threads: int,
                  *, channels: tuple[int, int] | None = None,
                  activation: Literal["sigmoid", "softmax"] | None = None) -> StepMemory:
     """One stage's step of ``trial``: its network built for ``tile``, on ``batch`` inputs of ``channels`` (in,
     out; default: as far as the spec tells, ``dataset.in_channels`` and ``num_classes``) and ``activation``
-    (default: softmax for ``dataset.labels: classes``)."""
+    (default: softmax for ``dataset.labels: classes``). Each distinct step is traced once per process."""
+    training = trial.training
+    inputs, outputs = channels or (trial.dataset.in_channels, trial.dataset.num_classes)
+    network = NetworkInput(inputs, outputs, tuple(int(t) for t in tile), activation=activation or _activation(trial),
+                           precision=training.precision)
+    key = (trial.model.name, trial.model.framework, trial.model.params.model_dump_json(), network, batch, device,
+           threads, training.loss.model_dump_json())
+    if key not in _TRACED:
+        _TRACED[key] = _trace(trial, network, batch, device, threads)
+    return _TRACED[key]
+
+
+def _trace(trial: Spec, network: NetworkInput, batch: int, device: Literal["cpu", "cuda"], threads: int) -> StepMemory:
     from distmis.estimate.keras_step import trace_keras_step
-    from distmis.estimate.memory import cpu_overhead, predict_step_memory
+    from distmis.estimate.memory import StepMemory, cpu_overhead, predict_step_memory
 
     entry = trial.model.entry
     training = trial.training
-    inputs, outputs = channels or (trial.dataset.in_channels, trial.dataset.num_classes)
-    network = NetworkInput(inputs, outputs, tile, activation=activation or _activation(trial),
-                           precision=training.precision)
     if trial.model.framework == "tensorflow":
         from distmis.train.losses import make_loss as keras_loss
 

@@ -41,3 +41,13 @@ def test_a_step_over_the_memory_is_refused_with_the_largest_tile_that_fits(tmp_p
     assert main(["validate", str(path)]) == 0
     out = capsys.readouterr().out
     assert "| - | unet3d | 16x16x16 | 2 | fp32 |" in out and out.count("| yes |") == 1
+
+
+def test_the_driver_imports_no_torch_until_a_step_is_checked():
+    """A search's driver (a TensorFlow search's, a `distmis run` without memory_per_worker) loads no torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, distmis.cli.main, distmis.cli.planned, distmis.search.run, distmis.search.preflight, "
+            "distmis.search.input_plan, distmis.search.memory_fit; assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
