@@ -191,6 +191,24 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
+@contextmanager
+def read_in_place(checkpoint: StoredCheckpoint) -> Iterator[str]:
+    """The folder to read ``checkpoint`` from: its own, when it is on this machine's disk (a search's storage, or
+    pyarrow's local file system), else Ray's local copy (``as_directory``).
+
+    Not Ray's copy where it need not be: the ranks of a restarted trial on one node share one copy, and a rank that
+    takes Ray's download lock after another rank's download has finished copies the checkpoint again, over the
+    files that rank is reading (seen: ``PytorchStreamReader failed reading file``, then a failed trial)."""
+    from distmis.trial.record import STORAGE_TYPE
+
+    filesystem = getattr(checkpoint, "filesystem", None)
+    if getattr(filesystem, "type_name", None) in ("local", STORAGE_TYPE) and os.path.isdir(checkpoint.path):
+        yield checkpoint.path
+        return
+    with checkpoint.as_directory() as directory:
+        yield directory
+
+
 def _resume(trainer: Trainer, checkpoints: Sequence[StoredCheckpoint], best_dir: str, rank: int) -> TrainingState:
     """Load the newest of ``checkpoints`` that loads; an unreadable one (cut short when a process died while it
     was being saved) is skipped with a warning."""
@@ -199,7 +217,7 @@ def _resume(trainer: Trainer, checkpoints: Sequence[StoredCheckpoint], best_dir:
     problems = []
     for checkpoint in checkpoints:
         try:
-            with checkpoint.as_directory() as directory:
+            with read_in_place(checkpoint) as directory:
                 state = resume_from(trainer, directory, best_dir, rank=rank)
         except Exception as exc:  # noqa: BLE001 - a missing or truncated file, whatever its reader raises
             logger.warning("cannot resume from %s (%s); trying an older checkpoint", checkpoint.path, exc)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 __all__ = ["CLASS_DICE_PREFIX", "EpochMetrics", "epoch_metric_names", "HISTORY_KEY", "STARTUP_PREFIX", "DEVICE_KEY",
-           "NODES_KEY", "SYSTEM_KEY", "CHECKPOINT_PREFIX", "RESUME_DIR", "STATE_FILE", "SystemSample",
+           "NODES_KEY", "SYSTEM_KEY", "CHECKPOINT_PREFIX", "STORAGE_TYPE", "RESUME_DIR", "STATE_FILE", "SystemSample",
            "samples_to_json", "samples_from_json", "with_every_rank_records", "TrainingState", "stored_state",
            "held_epoch", "complete_folders"]
 
@@ -119,6 +119,9 @@ def epoch_metric_names() -> tuple[str, ...]:
 
 # --------------------------------------------------------------------------- a checkpoint folder's structure
 CHECKPOINT_PREFIX = "checkpoint_"  # the folders Tune and Ray Train write a trial's checkpoints to
+#: pyarrow's ``type_name`` of the file system a search's Ray storage is on (:mod:`distmis.trial.storage`): the local
+#: disk, with every file written whole.
+STORAGE_TYPE = "py::distmis-atomic-local"
 RESUME_DIR = "resume"
 STATE_FILE = "state.json"  # in RESUME_DIR, written last: a folder with a state is complete
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from distmis.trial.record import STORAGE_TYPE
+
 PARTIAL_MARK = ".partial-"  # a file being written; one left behind by a killed writer is never read by Ray
 
 
@@ -82,7 +84,7 @@ class AtomicLocalHandler(pafs.FileSystemHandler):
         return AtomicLocalHandler, ()
 
     def get_type_name(self) -> str:
-        return "distmis-atomic-local"
+        return STORAGE_TYPE.removeprefix("py::")  # pyarrow adds the prefix
 
     def normalize_path(self, path: str) -> str:
         return self._local.normalize_path(path)

@@ -67,3 +67,34 @@ def test_outside_a_trial_the_scratch_is_a_fresh_temporary_folder(prepared, tmp_p
     assert (checkpoint.parent / BEST_DIR / "model.pt").is_file()
     epochs.close()  # a trial stopped between two epochs
     assert not checkpoint.parent.exists()
+
+
+def test_a_restarted_rank_reads_a_checkpoint_on_the_searchs_disk_in_place(tmp_path):
+    """Ray's ``as_directory`` gives the ranks of a node one shared copy, which a late rank copies again over the
+    files another rank is reading; a checkpoint on the search's own (local) storage is read where it is."""
+    from contextlib import contextmanager
+
+    from ray.train import Checkpoint
+
+    from distmis.train.loop import read_in_place
+    from distmis.trial.storage import atomic_local_filesystem
+
+    folder = tmp_path / "checkpoint_000002"
+    folder.mkdir()
+    (folder / "model.pt").write_bytes(b"weights")
+    stored = Checkpoint(str(folder), filesystem=atomic_local_filesystem())
+    with read_in_place(stored) as directory:
+        assert directory == str(folder)
+    with stored.as_directory() as copied:  # what Ray would have given: a copy elsewhere
+        assert copied != str(folder) and (Path(copied) / "model.pt").read_bytes() == b"weights"
+
+    class Remote:  # a checkpoint on another machine's storage (an s3 bucket): only Ray's copy can be read
+        path = "bucket/trial/checkpoint_000002"
+        filesystem = type("S3", (), {"type_name": "s3"})()
+
+        @contextmanager
+        def as_directory(self):
+            yield str(folder)
+
+    with read_in_place(Remote()) as directory:
+        assert directory == str(folder)
