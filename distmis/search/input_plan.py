@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
+from pydantic import ValidationError
+
 from distmis.perf.sizing import PROCESS_RESERVE
 from distmis.spec.load import (
     SpecError, problems_from_validation_error, read_spec_file, searched_combinations,
@@ -119,9 +121,8 @@ def _network_configs(spec: Spec) -> list[dict[str, Any]]:
 def plan_spec(spec: Spec, fields: Sequence[str]) -> InputPlan:
     """The plan of ``fields`` (``training.tile``, ``training.batch_size``) for ``spec``, whose planned fields hold
     placeholders (a whole volume, batch 2). ValueError when the data or the memory leave nothing to plan."""
-    from distmis.search.memory_fit import data_shape, trial_device
-    from distmis.search.trial_steps import predict_step
-    from distmis.spec.load import apply_config, check_input_shape
+    from distmis.search.memory_fit import data_shape, step_rules, trial_device
+    from distmis.spec.load import apply_config
 
     data = data_shape(spec)
     device, threads = trial_device(spec)
@@ -133,19 +134,7 @@ def plan_spec(spec: Spec, fields: Sequence[str]) -> InputPlan:
     fixed_tile = None if "training.tile" in fields else tuple(spec.training.tile or data.volume)
     fixed_batch = None if "training.batch_size" in fields else spec.training.batch_size
 
-    def at(trial: Spec, tile: Tile, batch: int) -> Spec:
-        return apply_config(trial, {"training.tile": list(tile), "training.batch_size": batch}, source="the plan")
-
-    def valid(tile: Tile, batch: int) -> bool:
-        try:
-            return not any(check_input_shape(at(trial, tile, batch), data.volume) for trial in trials)
-        except SpecError:
-            return False
-
-    def peak(tile: Tile, batch: int) -> float:
-        return max(predict_step(at(trial, tile, batch), tile, batch, device, threads, channels=data.channels,
-                                activation=data.activation).peak for trial in trials)
-
+    valid, peak = step_rules(trials, data, device, threads)
     pipe = spec.parallelism.pipeline
     tile, batch, considered = plan_inputs(
         data.volume, multiple, peak, usable, tile=fixed_tile, batch=fixed_batch,  # type: ignore[arg-type]
@@ -167,11 +156,7 @@ def planned_tree(tree: Mapping[str, Any], source: str = "<spec>") -> tuple[dict[
         placeholders["training.batch_size"] = MIN_BATCH
     try:
         spec = Spec.model_validate(with_overrides(tree, placeholders))
-    except Exception as exc:  # pydantic's: the spec's own errors, as validate_spec words them
-        from pydantic import ValidationError
-
-        if not isinstance(exc, ValidationError):
-            raise
+    except ValidationError as exc:  # the spec's own errors, as validate_spec words them
         raise SpecError(source, problems_from_validation_error(exc)) from None
     problems = _refusals(spec, fields)
     if problems:

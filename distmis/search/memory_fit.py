@@ -13,14 +13,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal, Sequence
 
 from distmis.perf.sizing import PROCESS_RESERVE
 from distmis.search.trial_steps import TrialStep, trial_steps
 from distmis.spec.load import SpecError, with_volume
 from distmis.spec.schema import Spec
 
-__all__ = ["DataShape", "StepsFit", "check_trials_fit", "data_shape", "format_steps", "trial_device"]
+__all__ = ["DataShape", "StepsFit", "check_trials_fit", "data_shape", "format_steps", "step_rules", "trial_device"]
 
 Tile = tuple[int, int, int]
 
@@ -105,32 +105,42 @@ def check_trials_fit(spec: Spec) -> StepsFit | None:
     return StepsFit(steps, usable, device)
 
 
-def _refusal(spec: Spec, step: TrialStep, usable: float, data: DataShape, device: Literal["cpu", "cuda"],
-             threads: int) -> tuple[str, str]:
-    """The message for one step that does not fit: its trial, its need, and the largest tile that fits at its
-    batch (by the planner's rule)."""
-    from distmis.search.tile_search import NothingFits, plan_inputs
+def step_rules(trials: Sequence[Spec], data: DataShape, device: Literal["cpu", "cuda"], threads: int
+               ) -> tuple[Callable[[Tile, int], bool], Callable[[Tile, int], float]]:
+    """What the planner's search (:func:`~distmis.search.tile_search.plan_inputs`) asks of a tile at a batch, for
+    ``trials`` (each a network the search can pick): whether every one of them takes it (the spec's input rules
+    against the data set's volume), and the largest of their predicted step peaks."""
     from distmis.search.trial_steps import predict_step
     from distmis.spec.load import apply_config, check_input_shape
 
-    assert step.memory is not None and step.tile is not None
-    trial = apply_config(spec, step.config)
-    where = next((f"search.space.{path}" for path in step.config if path.startswith("training.")), "training.tile")
-
-    def at(tile: Tile, batch: int) -> Spec:
+    def at(trial: Spec, tile: Tile, batch: int) -> Spec:
         return apply_config(trial, {"training.curriculum": None, "training.tile": list(tile),
-                                    "training.batch_size": batch}, source="the largest tile")
+                                    "training.batch_size": batch}, source="a planned tile")
 
     def valid(tile: Tile, batch: int) -> bool:
         try:
-            return not check_input_shape(at(tile, batch), data.volume)
+            return not any(check_input_shape(at(trial, tile, batch), data.volume) for trial in trials)
         except SpecError:
             return False
 
     def peak(tile: Tile, batch: int) -> float:
-        return predict_step(at(tile, batch), tile, batch, device, threads, channels=data.channels,
-                            activation=data.activation).peak
+        return max(predict_step(at(trial, tile, batch), tile, batch, device, threads, channels=data.channels,
+                                activation=data.activation).peak for trial in trials)
 
+    return valid, peak
+
+
+def _refusal(spec: Spec, step: TrialStep, usable: float, data: DataShape, device: Literal["cpu", "cuda"],
+             threads: int) -> tuple[str, str]:
+    """The message for one step that does not fit: its trial, its need, and the largest tile that fits at its
+    batch (by the planner's rule)."""
+    from distmis.search.tile_search import NothingFits, mib, plan_inputs
+    from distmis.spec.load import apply_config
+
+    assert step.memory is not None and step.tile is not None
+    trial = apply_config(spec, step.config)
+    where = next((f"search.space.{path}" for path in step.config if path.startswith("training.")), "training.tile")
+    valid, peak = step_rules([trial], data, device, threads)
     try:
         largest, _, _ = plan_inputs(data.volume, trial.model.input_multiple, peak, usable, batch=step.batch,
                                     valid=valid)
@@ -141,9 +151,9 @@ def _refusal(spec: Spec, step: TrialStep, usable: float, data: DataShape, device
         advice = str(exc)
     trial_name = ", ".join(f"{k}={v}" for k, v in step.config.items()) or "every trial"
     return (where, f"{trial_name}: {step.network} on tile {list(step.tile)} at batch {step.batch} "
-                   f"({step.precision}) is predicted to need {step.memory.peak / 2**20:,.0f} MiB per step, and a "
-                   f"worker has {usable / 2**20:,.0f} MiB (parallelism.memory_per_worker less "
-                   f"{PROCESS_RESERVE / 2**20:.0f} MiB for the process, {device} rules); {advice}")
+                   f"({step.precision}) is predicted to need {mib(step.memory.peak)} MiB per step, and a "
+                   f"worker has {mib(usable)} MiB (parallelism.memory_per_worker less "
+                   f"{mib(PROCESS_RESERVE)} MiB for the process, {device} rules); {advice}")
 
 
 def format_steps(fit: StepsFit) -> list[str]:

@@ -3,7 +3,8 @@
 :func:`preflight` runs first in ``distmis run`` (and ``compare``): the output folder's state (a resume must
 find its search, its data and its store as they were; a plain run must not replace an unfinished search), that
 it can be written in (whatever the store: the converted data and Ray's results go there), the data set's path and
-tiles, every training step against ``parallelism.memory_per_worker`` where it is set, and the tracking store, asked once with a short timeout. Every refusal is exit 2.
+tiles, every training step against ``parallelism.memory_per_worker`` where it is set, and the tracking store, asked
+once with a short timeout. Every refusal is exit 2.
 """
 
 from __future__ import annotations
