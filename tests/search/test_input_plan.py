@@ -58,7 +58,7 @@ def test_a_planned_batch_keeps_the_specs_tile_or_whole_volumes_and_nnunets_cap(t
     assert planned["training"]["tile"] is None and plan.tile == (16, 16, 16) and plan.batch == 2
 
 
-@pytest.mark.slow  # traces a U-Net's step at a few tiles, and measures two real steps in fresh processes (~40 s)
+@pytest.mark.slow  # traces a U-Net's step at a few tiles, and measures two real steps in fresh processes (~20 s)
 def test_the_planned_tile_fits_a_worker_and_the_next_larger_does_not_predicted_and_measured(tmp_path, capsys):
     """A cap between the predicted steps of two consecutive tiles of the sequence: the plan picks the smaller one,
     and the real steps, measured as a trial measures them, fall on either side of the cap."""
