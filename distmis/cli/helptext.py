@@ -33,6 +33,10 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
     "plan": (("distmis plan search_spaces/vit_axial.yaml --ranks 4 --memory-per-rank 6GB",
               "predicted layouts of 4 ranks of 6 GB each; writes plan.png"),
              ("distmis plan search_spaces/vit_axial.yaml --precision bf16", "the same in mixed precision")),
+    "init": (("distmis init data/quickstart-msd -o runs/quickstart-init.yaml",
+              "a spec for the data set, for this machine's CPUs and memory"),
+             ("distmis init data/Task09_Spleen --gpus-per-worker 1 --memory-per-worker 24GB --workers 8 "
+              "--networks unet3d,dynunet -o spleen.yaml", "for 8 GPUs of 24 GB, the U-Net against nnU-Net's")),
     "results": (("distmis results runs/quickstart", "the results table of the search in runs/quickstart"),
                 ("distmis results runs/quickstart --format csv", "the same as CSV")),
     "predict": (("distmis predict runs/quickstart data/heldout/imagesTr --output runs/heldout-seg --labels",

@@ -27,7 +27,7 @@ from distmis.train.threads import tensorflow_env
 
 EXIT_TRIALS_FAILED = EXIT_FAILED
 LAYOUT_CHOICES = [layout.value for layout in Layout]  # the layouts distmis.data reads
-NATIVE_FILTERED = frozenset({"run", "compare", "predict", "data", "validate", "plan"})  # see distmis.cli.console
+NATIVE_FILTERED = frozenset({"run", "compare", "predict", "data", "validate", "plan", "init"})  # see distmis.cli.console
 
 
 def _shape(text: str) -> tuple[int, int, int]:
@@ -609,6 +609,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "model's folds)")
     p.set_defaults(func=cmd_predict)
 
+    from distmis.cli.init_command import add_init_command
+
+    add_init_command(sub, size=_bytes, rate=_rate, positive=_positive_int, layouts=LAYOUT_CHOICES)
+
     from distmis.cli.service import add_service_commands
 
     add_service_commands(sub, spec_args)
@@ -705,6 +709,7 @@ def _main(argv: Sequence[str] | None) -> int:
     for var, value in tensorflow_env().items():  # before anything imports TensorFlow
         os.environ.setdefault(var, value)
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as given (distmis init writes it)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     # before the libraries are imported: they read its settings then. TensorFlow's native notices are filtered for

@@ -14,6 +14,8 @@ An entry says everything the rest of distmis needs to know about a network, so t
 - its input-size rules (``input_multiple``, ``input_rule``; ``fixed_input`` for a network built for one input
   size, whose curriculum may not change the tile; ``input_check``, what else an input must be for it to train,
   such as a deepest feature map of more than one voxel under instance normalization) and so its inference window;
+- ``draft_params``: the ``model.params`` ``distmis init`` writes for a data set of a given median volume (voxels),
+  where the params class's defaults do not suit it (the U-Net's depth, nnU-Net's rule);
 - ``perf_shape``: where the performance model describes it, its arithmetic shape
   (:class:`~distmis.perf.model.ViTShape`); ``token_attention``: for a sequence-parallel network, the attention over
   its tokens its params give (``full`` or ``axial``: DSP needs axial).
@@ -85,6 +87,8 @@ class ModelEntry:
     constructor: str | None = None  # the library class it builds ("monai.networks.nets:SegResNet"), if any
     # (params, an input's shape, its batch size) -> why the network cannot train on it, or None
     input_check: Callable[[Any, tuple[int, int, int], int], str | None] | None = None
+    # the data set's median volume (voxels) -> the model.params `distmis init` writes (defaults: {})
+    draft_params: Callable[[tuple[int, int, int]], dict[str, Any]] = lambda volume: {}
     summary: str = ""
 
     def __post_init__(self) -> None:
@@ -120,6 +124,14 @@ def _deepest_map(norm: Any, factor: Sequence[int], shape: Sequence[int], batch_s
             "use group normalization")
 
 
+def _unet_draft(volume: tuple[int, int, int]) -> dict[str, Any]:
+    """The U-Net ``distmis init`` writes: nnU-Net's depth rule (halve while the smallest side of the deepest map stays
+    at 4 voxels or more, at most 5 times: 2 to 6 levels), 16 filters, group normalization (nnU-Net's instance
+    normalization in groups of 8, which does not depend on the batch)."""
+    halvings = max(0, min(volume).bit_length() - 3)  # the largest k with min(volume) / 2**k >= 4
+    return {"base_filters": 16, "levels": max(2, min(6, halvings + 1)), "norm": "group", "norm_groups": 8}
+
+
 def _dynunet_multiple(params: DynUNetParams) -> int:
     product = params.downsampling()
     return 1 if product is None else lcm(*product)
@@ -144,7 +156,7 @@ MODELS: dict[str, ModelEntry] = {
             name="unet3d", params=UNet3DParams, frameworks=("tensorflow", "torch"), output="probabilities",
             input_multiple=lambda p: 2 ** (p.levels - 1),
             input_rule=lambda p: f"2**(levels-1) for levels={p.levels}",
-            parallelisms=frozenset({"dp", "pp"}),
+            parallelisms=frozenset({"dp", "pp"}), draft_params=_unet_draft,
             summary="the DistMIS paper's 3D U-Net (TensorFlow and torch)",
         ),
         ModelEntry(
