@@ -144,14 +144,17 @@ def _workers(request: InitRequest) -> tuple[int, int, float, str]:
     return workers, per_worker, memory, f"this machine's {total / 2**30:.1f} GiB over {workers} worker(s)"
 
 
-def _labels(description: Any) -> str:
+def _labels(description: Any) -> tuple[str, str]:
+    """``dataset.labels`` for the data set, and why."""
+    from distmis.data.errors import DataError
     from distmis.data.targets import target_scheme
 
     try:
-        target_scheme(description, "regions")
-        return "regions"
-    except Exception:  # noqa: BLE001 - DataError: the data set has no regions
-        return "classes"
+        channels = [c["name"] for c in target_scheme(description, "regions")["channels"]]
+    except DataError:  # no regions
+        return "classes", "one softmax channel per label value, background included"
+    kind = "its region-based labels" if description.regions else "a brain-tumour set's regions"
+    return "regions", f"{kind}: {', '.join(channels)}, each a sigmoid channel"
 
 
 def matmul_rate(threads: int) -> float:
@@ -185,11 +188,10 @@ def _data_section(request: InitRequest) -> tuple[str, dict[str, Any], dict[tuple
     description = describe_dataset(root, layout)
     name = request.name or _slug(description.name or root.resolve().name)
     fingerprint = fingerprint_for(root, layout, Path(os.environ.get("DISTMIS_OUTPUT", "runs")) / name)
-    labels = _labels(description)
+    labels, why = _labels(description)
     dataset: dict[str, Any] = {"path": _path_text(root), "layout": layout, "labels": labels}
-    reasons = {("dataset", "layout"): "detected from the files",
-               ("dataset", "labels"): "the data set's region-based labels" if labels == "regions"
-               else "one softmax channel per label value, background included"}
+    reasons = {("dataset", "layout"): "given (--layout)" if request.layout else "detected from the files",
+               ("dataset", "labels"): why}
     spacings = {case.spacing for case in fingerprint.cases}
     if len(spacings) > 1:
         dataset["spacing"] = "auto"
@@ -262,7 +264,7 @@ def draft_spec(request: InitRequest) -> Draft:
     assert fit is not None  # memory_per_worker is set, and nothing is split over ranks
     device, threads = trial_device(spec)
     rate = request.device_flops or (matmul_rate(threads) if device == "cpu" else None)
-    reasons.update(_plan_reasons(plan, smaller, memory, memory_source, workers, params, volume))
+    reasons.update(_plan_reasons(plan, memory_source, workers, params, volume))
     train_cases = max(1, round(len(fingerprint.cases) * SPLIT["train"]))
     header = _header(request, description, fingerprint, spec)
     return Draft(planned, spec, plan, smaller, fit, train_cases, rate, reasons, header)
@@ -288,22 +290,21 @@ def _common_shape(spec: Spec) -> tuple[list[int], str] | None:
 def _smaller_tile(spec: Spec, plan: InputPlan) -> Tile | None:
     """The first tile of the planner's sequence after the planned one with at most half its voxels, that every
     network takes (it fits: smaller tiles need less)."""
-    from distmis.search.input_plan import _network_configs
+    from distmis.search.input_plan import network_configs
 
     data = data_shape(spec)
     device, threads = trial_device(spec)
-    trials = [apply_config(spec, config) for config in _network_configs(spec)]
+    trials = [apply_config(spec, config) for config in network_configs(spec)]
     valid, _ = step_rules(trials, data, device, threads)
     multiple = math.lcm(*(trial.model.input_multiple for trial in trials))
     equal_pair = bool(spec.training.augment.enabled and spec.training.augment.rotate90)
-    for tile in tile_candidates(plan.volume, multiple, equal_pair=equal_pair):
-        if math.prod(tile) * 2 <= math.prod(plan.tile) and all(t <= p for t, p in zip(tile, plan.tile)):
-            return tile if valid(tile, plan.batch) else None
-    return None
+    halved = (tile for tile in tile_candidates(plan.volume, multiple, equal_pair=equal_pair)
+              if math.prod(tile) * 2 <= math.prod(plan.tile) and all(t <= p for t, p in zip(tile, plan.tile)))
+    return next((tile for tile in halved if valid(tile, plan.batch)), None)
 
 
-def _plan_reasons(plan: InputPlan, smaller: Tile | None, memory: float, source: str, workers: int,
-                  params: Mapping[str, Mapping[str, Any]], volume: Tile) -> dict[tuple[str, ...], str]:
+def _plan_reasons(plan: InputPlan, source: str, workers: int, params: Mapping[str, Mapping[str, Any]],
+                  volume: Tile) -> dict[tuple[str, ...], str]:
     chosen = plan.chosen
     larger = plan.next_larger
     tile = (f"planned: the largest that fits every network ({mib(chosen.peak)} MiB predicted per step, "

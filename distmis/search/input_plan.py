@@ -36,7 +36,7 @@ from distmis.spec.load import (
 from distmis.spec.schema import Spec
 from distmis.search.tile_search import DATASET_SHARE, MIN_BATCH, Candidate, NothingFits, Tile, mib, plan_inputs
 
-__all__ = ["AUTO_FIELDS", "InputPlan", "load_planned_spec", "plan_spec", "planned_tree"]
+__all__ = ["AUTO_FIELDS", "InputPlan", "load_planned_spec", "network_configs", "plan_spec", "planned_tree"]
 
 AUTO_FIELDS = ("training.tile", "training.batch_size")
 #: Searched fields that a plan would have to follow trial by trial: refused beside ``auto``.
@@ -110,7 +110,7 @@ def _refusals(spec: Spec, fields: Sequence[str]) -> list[tuple[str, str]]:
     return problems
 
 
-def _network_configs(spec: Spec) -> list[dict[str, Any]]:
+def network_configs(spec: Spec) -> list[dict[str, Any]]:
     """Every combination of the searched values that changes a network's step besides its input: ``model.*``, the
     precision and the loss (a range: its ends)."""
     paths = {path: values_to_check(domain) for path, domain in spec.search.space.items()
@@ -128,7 +128,7 @@ def plan_spec(spec: Spec, fields: Sequence[str]) -> InputPlan:
     device, threads = trial_device(spec)
     assert spec.parallelism.memory_per_worker is not None
     usable = spec.parallelism.memory_per_worker - PROCESS_RESERVE
-    trials = [apply_config(spec, config) for config in _network_configs(spec)]
+    trials = [apply_config(spec, config) for config in network_configs(spec)]
     multiple = math.lcm(*(trial.model.input_multiple for trial in trials))
     # a tile not planned is the spec's, or (null) the whole volume
     fixed_tile = None if "training.tile" in fields else tuple(spec.training.tile or data.volume)
