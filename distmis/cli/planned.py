@@ -1,4 +1,4 @@
-"""The spec a command reads: its file, the ``--set`` overrides, and its ``auto`` tile and batch planned."""
+"""The spec a command reads: its file, the ``--set`` overrides, and its ``auto`` tile, batch or stages planned."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ __all__ = ["load_planned"]
 
 
 def load_planned(path: str, overrides: Mapping[str, Any]) -> Any:
-    """The spec file at ``path`` with ``overrides``, its ``auto`` tile and batch planned
+    """The spec file at ``path`` with ``overrides``, its ``auto`` tile, batch or pipeline stages planned
     (:func:`~distmis.search.input_plan.load_planned_spec`), the plan printed in one line."""
     from distmis.search.input_plan import load_planned_spec
 

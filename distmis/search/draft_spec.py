@@ -253,7 +253,7 @@ def draft_spec(request: InitRequest) -> Draft:
         tree["search"]["space"]["model.name"] = {"choice": list(request.networks)}
 
     planned, plan = planned_tree(tree, source="init")
-    assert plan is not None
+    assert isinstance(plan, InputPlan)
     smaller = _smaller_tile(validate_spec(planned, source="init"), plan)
     if smaller is not None:
         planned["search"]["space"]["training.tile"] = {"choice": [list(plan.tile), list(smaller)]}

@@ -17,6 +17,9 @@ A step's peak is the largest over the networks the search can pick (each combina
 values, precision and loss), so that every trial of the search trains the same tile and batch: their validation
 scores compare like with like. The channels in and out are the data set's own (its ``dataset.json``), and the rules
 are the trial's device's (a GPU's when its processes are given one, else a CPU's with its threads).
+
+``parallelism.pipeline.stages: auto`` is planned here too, by :mod:`distmis.search.stage_plan`: the fewest stages
+whose every rank fits, for the spec's tile and batch.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ from pydantic import ValidationError
 
 from distmis.perf.sizing import PROCESS_RESERVE
 from distmis.spec.load import (
-    SpecError, problems_from_validation_error, read_spec_file, searched_combinations,
+    SpecError, apply_config, problems_from_validation_error, read_spec_file, searched_combinations,
     validate_spec, values_to_check, with_overrides,
 )
 from distmis.spec.schema import Spec
+from distmis.search.stage_plan import STAGES_PATH, StagePlan
 from distmis.search.tile_search import DATASET_SHARE, MIN_BATCH, Candidate, NothingFits, Tile, mib, plan_inputs
 
 __all__ = ["AUTO_FIELDS", "InputPlan", "load_planned_spec", "network_configs", "plan_spec", "planned_tree"]
@@ -85,9 +89,33 @@ class InputPlan:
 # --------------------------------------------------------------------------- a spec's plan
 def _auto_fields(tree: Mapping[str, Any]) -> tuple[str, ...]:
     training = tree.get("training")
-    if not isinstance(training, Mapping):
-        return ()
-    return tuple(f"training.{name}" for name in ("tile", "batch_size") if training.get(name) == "auto")
+    fields = tuple(f"training.{name}" for name in ("tile", "batch_size")
+                   if isinstance(training, Mapping) and training.get(name) == "auto")
+    parallelism = tree.get("parallelism")
+    pipeline = parallelism.get("pipeline") if isinstance(parallelism, Mapping) else None
+    if isinstance(pipeline, Mapping) and pipeline.get("stages") == "auto":
+        fields += (STAGES_PATH,)
+    return fields
+
+
+def _stage_refusals(spec: Spec, fields: Sequence[str]) -> list[tuple[str, str]]:
+    """What ``stages: auto`` cannot plan for: with the tile or batch planned too, a searched pipeline or degree,
+    a network that is not cut into stages."""
+    problems = []
+    if len(fields) > 1:
+        problems.append((STAGES_PATH, "'auto' plans the stages for the spec's tile and batch: give them, or plan "
+                                      "them with stages 1 first"))
+    for path in spec.search.space:
+        if path in ("parallelism", "parallelism.pipeline") or path.startswith("parallelism.pipeline."):
+            problems.append((f"search.space.{path}", f"searches what {STAGES_PATH} 'auto' plans"))
+    if spec.parallelism.sequence_parallel.degree != 1:
+        problems.append((STAGES_PATH, "'auto' plans stages of a whole network: not beside sequence parallelism"))
+    for config in network_configs(spec):
+        entry = apply_config(spec, config).model.entry
+        if not entry.supports("pp"):
+            problems.append((STAGES_PATH, f"'auto' plans pipeline stages, which {entry.name} does not take (the "
+                                          "torch unet3d does)"))
+    return problems
 
 
 def _refusals(spec: Spec, fields: Sequence[str]) -> list[tuple[str, str]]:
@@ -144,9 +172,11 @@ def plan_spec(spec: Spec, fields: Sequence[str]) -> InputPlan:
     return InputPlan(tuple(fields), tile, batch, usable, data.volume, device, tuple(considered))
 
 
-def planned_tree(tree: Mapping[str, Any], source: str = "<spec>") -> tuple[dict[str, Any], InputPlan | None]:
-    """``tree`` with ``training.tile`` / ``training.batch_size`` ``auto`` replaced by the plan, and the plan (None
-    and ``tree`` as it is when nothing asks for one). SpecError, naming the field, when the plan cannot be made."""
+def planned_tree(tree: Mapping[str, Any], source: str = "<spec>"
+                 ) -> tuple[dict[str, Any], InputPlan | StagePlan | None]:
+    """``tree`` with ``training.tile`` / ``training.batch_size`` ``auto`` replaced by the plan (or
+    ``parallelism.pipeline.stages`` ``auto``: :mod:`distmis.search.stage_plan`), and the plan (None and ``tree`` as
+    it is when nothing asks for one). SpecError, naming the field, when the plan cannot be made."""
     fields = _auto_fields(tree)
     if not fields:
         return dict(tree), None
@@ -154,14 +184,23 @@ def planned_tree(tree: Mapping[str, Any], source: str = "<spec>") -> tuple[dict[
         if "training.tile" in fields else {}
     if "training.batch_size" in fields:
         placeholders["training.batch_size"] = MIN_BATCH
+    if STAGES_PATH in fields:
+        placeholders[STAGES_PATH] = 1
     try:
         spec = Spec.model_validate(with_overrides(tree, placeholders))
     except ValidationError as exc:  # the spec's own errors, as validate_spec words them
         raise SpecError(source, problems_from_validation_error(exc)) from None
-    problems = _refusals(spec, fields)
+    problems = _refusals(spec, fields) + (_stage_refusals(spec, fields) if STAGES_PATH in fields else [])
     if problems:
-        raise SpecError(source, problems)
+        raise SpecError(source, list(dict.fromkeys(problems)))
     try:
+        if STAGES_PATH in fields:
+            from distmis.search.memory_fit import data_shape
+            from distmis.search.stage_plan import plan_stages
+
+            trials = [apply_config(spec, config) for config in network_configs(spec)]
+            staged = plan_stages(spec, trials, data_shape(spec))
+            return with_overrides(tree, {STAGES_PATH: staged.stages}), staged
         plan = plan_spec(spec, fields)
     except ValueError as exc:
         if isinstance(exc, SpecError):
@@ -172,7 +211,8 @@ def planned_tree(tree: Mapping[str, Any], source: str = "<spec>") -> tuple[dict[
     return with_overrides(tree, {field: values[field] for field in fields}), plan
 
 
-def load_planned_spec(path: str | Path, overrides: Mapping[str, Any] | None = None) -> tuple[Spec, InputPlan | None]:
+def load_planned_spec(path: str | Path, overrides: Mapping[str, Any] | None = None
+                      ) -> tuple[Spec, InputPlan | StagePlan | None]:
     """Read, override, plan (:func:`planned_tree`) and validate a spec file: the CLI's entry point."""
     source = str(path)
     tree, plan = planned_tree(with_overrides(read_spec_file(path), overrides or {}), source)

@@ -701,9 +701,19 @@ class PipelineSpec(StrictModel):
     micro-batches' activations). See docs/spec.md and :mod:`distmis.parallel.pipeline`. ``stages: 1`` (the
     default) is no pipeline, and ``microbatches`` is then unused."""
 
-    stages: int = Field(1, ge=1, description="pipeline stages (workers) per data-parallel replica; 1: none")
+    stages: int = Field(1, ge=1, description="pipeline stages (workers) per data-parallel replica; 1: none; "
+                                             "'auto': the fewest whose per-rank peak fits memory_per_worker")
     microbatches: int = Field(1, ge=1, description="micro-batches per batch: must divide training.batch_size")
     schedule: Literal["gpipe", "1f1b"] = "gpipe"
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _planned_first(cls, value: Any) -> Any:
+        if value == "auto":
+            raise ValueError("'auto' asks distmis to plan parallelism.pipeline.stages from "
+                             "parallelism.memory_per_worker; `distmis run`, `validate`, `plan` and `submit` plan it "
+                             "before the spec is validated (distmis.search.input_plan.planned_tree, for a program)")
+        return value
 
 
 class ParallelismSpec(StrictModel):
