@@ -76,25 +76,38 @@ def data_shape(spec: Spec) -> DataShape:
                      volume, voxels)  # type: ignore[arg-type]
 
 
-def _split_per_rank(spec: Spec) -> bool:
-    par = spec.parallelism
-    searched = any(path.startswith(("parallelism.sequence_parallel.", "parallelism.pipeline."))
-                   for path in spec.search.space)
-    return searched or par.sequence_parallel.degree != 1 or par.pipeline.stages != 1
+def _sequence_parallel(spec: Spec) -> bool:
+    searched = any(path.startswith("parallelism.sequence_parallel.") for path in spec.search.space)
+    return searched or spec.parallelism.sequence_parallel.degree != 1
+
+
+def _pipelined(spec: Spec) -> bool:
+    from distmis.spec.layout import searched_pp_stages
+
+    return max(searched_pp_stages(spec)) > 1
 
 
 def check_trials_fit(spec: Spec) -> StepsFit | None:
     """The search's steps (None when ``parallelism.memory_per_worker`` is unset, a trial is split over ranks, or
     the data cannot be read yet); SpecError, for ``training.tile`` (or the search space's field that sets it),
     when a step's predicted peak exceeds the memory per worker less the process's own
-    (:data:`~distmis.perf.sizing.PROCESS_RESERVE`)."""
+    (:data:`~distmis.perf.sizing.PROCESS_RESERVE`); for ``parallelism.pipeline.stages``, when a pipelined trial's
+    busiest rank does."""
     memory = spec.parallelism.memory_per_worker
-    if memory is None or _split_per_rank(spec):
+    whole = {"parallelism", "parallelism.pipeline"} & set(spec.search.space)  # a section searched: not told apart
+    if memory is None or _sequence_parallel(spec) or whole:
         return None
     try:
         data = data_shape(spec)
     except ValueError:
         return None  # preparing the data reports it
+    if _pipelined(spec):
+        from distmis.search.stage_plan import check_staged_trials
+
+        problems = check_staged_trials(with_volume(spec, data.volume, "the data set"), data, memory - PROCESS_RESERVE)
+        if problems:
+            raise SpecError(spec.name, problems[:5])
+        return None
     device, threads = trial_device(spec)
     usable = memory - PROCESS_RESERVE
     known = with_volume(spec, data.volume, "the data set")

@@ -16,6 +16,9 @@ costs at the tile) and each stage's step is traced on one micro-batch
 Stage counts the schedule cannot run (1F1B with fewer micro-batches than stages) or the U-Net cannot be cut into
 (more than its ``2 * levels - 1`` cells) are skipped. Every network the search can pick must be cut the same way,
 so each stage count's peak is the largest over them.
+
+A search that gives its stages (above 1, or searched) is checked the same way before any work
+(:func:`check_staged_trials`, from :func:`~distmis.search.memory_fit.check_trials_fit`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from distmis.search.memory_fit import DataShape
 from distmis.search.tile_search import mib
 from distmis.spec.schema import Spec
 
-__all__ = ["STAGES_PATH", "StageCount", "StagePlan", "stage_peaks", "plan_stages"]
+__all__ = ["STAGES_PATH", "StageCount", "StagePlan", "check_staged_trials", "stage_peaks", "plan_stages"]
 
 STAGES_PATH = "parallelism.pipeline.stages"
 
@@ -150,3 +153,42 @@ def plan_stages(spec: Spec, trials: list[Spec], data: DataShape) -> StagePlan:
     raise ValueError(f"no stage count fits: {need}, and a worker has {mib(usable)} MiB "
                      f"(memory_per_worker less {mib(PROCESS_RESERVE)} MiB for the process)"
                      + (f"; skipped {'; '.join(skipped)}" if skipped else ""))
+
+
+#: The searched fields, besides ``model.*``, that change a pipelined rank's step.
+_STAGE_STEP_FIELDS = ("training.tile", "training.batch_size", "training.precision", "training.loss.name",
+                      STAGES_PATH, "parallelism.pipeline.microbatches", "parallelism.pipeline.schedule")
+
+
+def check_staged_trials(spec: Spec, data: DataShape, usable: float) -> list[tuple[str, str]]:
+    """For a search whose trials are cut into pipeline stages (the spec's, or searched), every combination of the
+    searched values that change a rank's step, predicted against ``usable`` bytes per rank: a problem per
+    combination whose busiest rank does not fit, naming the fewest stages that would."""
+    from distmis.search.memory_fit import trial_device
+    from distmis.spec.load import apply_config, searched_combinations, values_to_check
+
+    paths = {path: values_to_check(domain) for path, domain in spec.search.space.items()
+             if path.startswith("model.") or path in _STAGE_STEP_FIELDS}
+    problems = []
+    for config in (list(searched_combinations(paths)) if paths else [{}]):
+        trial = apply_config(spec, config)
+        stages = trial.parallelism.pipeline.stages
+        device, threads = trial_device(trial)
+        try:
+            peak = max(stage_peaks(trial, stages, data, device, threads))
+        except ValueError:
+            continue  # a count the U-Net or the schedule cannot take: the spec's own checks name it
+        if peak <= usable:
+            continue
+        try:
+            fewest = plan_stages(trial, [trial], data)
+            advice = f"{fewest.stages} stages fit"
+        except ValueError as exc:
+            advice = str(exc)
+        where = f"search.space.{STAGES_PATH}" if STAGES_PATH in config else STAGES_PATH
+        name = ", ".join(f"{k}={v}" for k, v in config.items()) or "every trial"
+        tile = list(trial.training.tile or data.volume)
+        problems.append((where, f"{name}: {trial.model.name} in {stages} stage(s) on tile {tile} at batch "
+                                f"{trial.training.batch_size}: its busiest rank is predicted to need {mib(peak)} MiB, "
+                                f"and a worker has {mib(usable)} MiB ({device} rules); {advice}"))
+    return problems

@@ -75,6 +75,24 @@ def test_what_stages_auto_cannot_plan_is_named(tmp_path):
         planned_tree(staged_tree(tmp_path / "d", PROCESS_RESERVE + 1000))
 
 
+def test_a_spec_whose_stages_do_not_fit_is_refused_naming_the_fewest_that_do(tmp_path, peaks):
+    from distmis.search.memory_fit import check_trials_fit
+
+    usable = (peaks[2] + peaks[3]) / 2  # three stages fit, two do not
+    tree = staged_tree(tmp_path / "d", PROCESS_RESERVE + usable)
+    tree["parallelism"]["pipeline"]["stages"] = 3
+    assert check_trials_fit(validate_spec(tree)) is None  # fits: nothing to refuse
+    tree["parallelism"]["pipeline"]["stages"] = 2
+    with pytest.raises(SpecError, match=r"parallelism.pipeline.stages: every trial: unet3d in 2 stage\(s\) on tile "
+                                        r"\[48, 48, 48\] at batch 2: its busiest rank is predicted to need \d+ MiB, "
+                                        r"and a worker has \d+ MiB \(cpu rules\); 3 stages fit"):
+        check_trials_fit(validate_spec(tree))
+    tree["search"]["space"]["parallelism.pipeline.stages"] = {"grid": [2, 3]}
+    with pytest.raises(SpecError, match=r"search.space.parallelism.pipeline.stages: "
+                                        r"parallelism.pipeline.stages=2: unet3d in 2 stage"):
+        check_trials_fit(validate_spec(tree))
+
+
 @pytest.mark.slow  # two measured steps in fresh processes (one of two gloo ranks) and a pipelined trial (~70 s)
 def test_a_search_with_stages_auto_trains_the_planned_pipeline(ray_local, tmp_path, peaks, capsys):
     """The U-Net's step on one rank and cut into two stages, each predicted and measured as a trial measures it
