@@ -10,30 +10,16 @@ per rank, which the trace of the whole does not describe: such a search is not c
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Literal, Sequence
 
 from distmis.perf.sizing import PROCESS_RESERVE
+from distmis.search.data_shape import DataShape, Tile, data_shape, trial_device  # re-exported here too
 from distmis.search.trial_steps import TrialStep, trial_steps
 from distmis.spec.load import SpecError, with_volume
 from distmis.spec.schema import Spec
 
 __all__ = ["DataShape", "StepsFit", "check_trials_fit", "data_shape", "format_steps", "step_rules", "trial_device"]
-
-Tile = tuple[int, int, int]
-
-
-@dataclass(frozen=True)
-class DataShape:
-    """What a trial's network sees of the data set: its channels in and out, the output's activation, the volume
-    every case's tile must fit (each side the smallest over the cases) and the data set's voxels."""
-
-    channels: tuple[int, int]
-    activation: Literal["sigmoid", "softmax"]
-    volume: Tile
-    voxels: int
 
 
 @dataclass(frozen=True)
@@ -43,37 +29,6 @@ class StepsFit:
     steps: list[TrialStep]
     usable: float
     device: Literal["cpu", "cuda"]
-
-
-def trial_device(spec: Spec) -> tuple[Literal["cpu", "cuda"], int]:
-    """The rules and threads of one of a trial's processes: a GPU's when it is given one, else its CPUs'."""
-    from distmis.spec.load import trial_gpus
-
-    par = spec.parallelism
-    workers = par.mode != "experiment" or par.workers_per_trial > 1
-    cpus = (par.resources_per_worker if workers else par.resources_per_trial).cpu
-    return ("cuda" if trial_gpus(spec) > 0 else "cpu"), max(1, int(cpus))
-
-
-def data_shape(spec: Spec) -> DataShape:
-    """The data set's :class:`DataShape`, from its ``dataset.json`` and NIfTI headers (no voxel data).
-    ValueError when no case's volume can be read."""
-    from distmis.data.targets import target_scheme
-    from distmis.search.data_config import dataset_description
-    from distmis.search.input_fit import preprocessed_volumes
-
-    description = dataset_description(spec)
-    targets = target_scheme(description, spec.dataset.labels)
-    shapes = [volume.shape for volume in preprocessed_volumes(spec)]
-    if not shapes:
-        raise ValueError(f"no case's preprocessed volume can be read at dataset.path {spec.dataset.path!r} (a "
-                         "synthetic data set resampled to a spacing is known once generated)")
-    volume = tuple(min(axis) for axis in zip(*shapes))
-    voxels = sum(math.prod(shape) for shape in shapes)
-    if spec.dataset.synthetic is not None and not Path(spec.dataset.path).exists():  # one shape for every case
-        voxels *= spec.dataset.synthetic.cases
-    return DataShape((len(description.channels), len(targets["channels"])), targets["activation"],
-                     volume, voxels)  # type: ignore[arg-type]
 
 
 def _sequence_parallel(spec: Spec) -> bool:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from distmis.perf.sizing import PROCESS_RESERVE
-from distmis.search.memory_fit import DataShape
+from distmis.search.data_shape import DataShape
 from distmis.search.tile_search import mib
 from distmis.spec.schema import Spec
 
@@ -127,7 +127,7 @@ def plan_stages(spec: Spec, trials: list[Spec], data: DataShape) -> StagePlan:
     """The fewest stages (from 1) at which every rank of every one of ``trials`` (the networks the search can pick,
     ``spec``'s stages a placeholder) is predicted to fit. ValueError naming the most stages tried and their need
     when none fits."""
-    from distmis.search.memory_fit import trial_device
+    from distmis.search.data_shape import trial_device
     from distmis.spec.load import apply_config
 
     assert spec.parallelism.memory_per_worker is not None
@@ -164,7 +164,7 @@ def check_staged_trials(spec: Spec, data: DataShape, usable: float) -> list[tupl
     """For a search whose trials are cut into pipeline stages (the spec's, or searched), every combination of the
     searched values that change a rank's step, predicted against ``usable`` bytes per rank: a problem per
     combination whose busiest rank does not fit, naming the fewest stages that would."""
-    from distmis.search.memory_fit import trial_device
+    from distmis.search.data_shape import trial_device
     from distmis.spec.load import apply_config, searched_combinations, values_to_check
 
     paths = {path: values_to_check(domain) for path, domain in spec.search.space.items()
