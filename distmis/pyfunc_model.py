@@ -47,7 +47,8 @@ __all__ = [
     "load_network", "check_image", "check_params", "SegmentationModel", "pyfunc_class",
     "metric_key", "legacy_targets", "recipe_targets", "brain_tumour", "foreground", "labels_to_channels",
     "channel_masks", "probabilities_to_labels", "normalize_channels", "check_axcodes", "reorient",
-    "reoriented_spacing", "resampled_shape", "preprocess_geometry", "prepare_volume", "prepare_image",
+    "reoriented_spacing", "resampled_shape", "ANISOTROPY_THRESHOLD", "separate_axis", "resample",
+    "preprocess_geometry", "prepare_volume", "prepare_image",
     "restore_probabilities", "network_artifact", "recipe_folds", "check_folds", "mean_probabilities",
     "keras_float16", "keras_float32", "keras_runnable_here",
 ]
@@ -429,6 +430,37 @@ def resampled_shape(shape: Sequence[int], spacing: Sequence[float], target: Sequ
 
 
 INTERPOLATION_ORDER = {"linear": 1, "bspline": 3}
+#: nnU-Net's threshold: a grid whose coarsest axis is more than this many times its finest is resampled in two passes.
+ANISOTROPY_THRESHOLD = 3.0
+
+
+def separate_axis(spacing: Sequence[float] | None, target: Sequence[float] | None) -> int | None:
+    """nnU-Net's rule for resampling anisotropic data: the axis resampled on its own (the out-of-plane axis), or None.
+
+    The scan's own spacing decides first, then the target's: the grid whose coarsest axis is more than
+    :data:`ANISOTROPY_THRESHOLD` times its finest has that axis resampled apart from the others, by nearest
+    neighbour, so that the thick slices are not blended into each other (:func:`resample`). A grid with two equally
+    coarse axes has none."""
+    for grid in (spacing, target):
+        if grid is None:
+            continue
+        values = [float(v) for v in grid]
+        coarsest = max(values)
+        if coarsest / min(values) > ANISOTROPY_THRESHOLD and values.count(coarsest) == 1:
+            return values.index(coarsest)
+    return None
+
+
+def resample(array: np.ndarray, shape: Sequence[int], *, order: int, axis: int | None) -> np.ndarray:
+    """Resample the first three axes to ``shape`` on the volume's extent (``grid_mode``), as to a voxel spacing: in
+    one pass at spline ``order``, or, with a separate ``axis`` (:func:`separate_axis`), the other two axes at
+    ``order`` first, then ``axis`` alone by nearest neighbour (nnU-Net's resampling of anisotropic data)."""
+    target = check_shape3(shape, "resample shape")
+    if axis is None or order == 0:
+        return resize(array, target, order=order, grid_mode=True)
+    in_plane = tuple(array.shape[i] if i == axis else target[i] for i in range(3))
+    out = resize(array, in_plane, order=order, grid_mode=True)
+    return resize(out, target, order=0, grid_mode=True)
 
 
 def preprocess_geometry(shape: Sequence[int], preprocess: dict[str, Any], spacing: Sequence[float] | None = None,
@@ -451,20 +483,23 @@ def preprocess_geometry(shape: Sequence[int], preprocess: dict[str, Any], spacin
         if oriented_spacing is not None:
             oriented_spacing = reoriented_spacing(oriented_spacing, axcodes, orientation)  # type: ignore[arg-type]
     resampled = resampled_shape(oriented, oriented_spacing, target_spacing) if target_spacing else oriented
-    return {"shape": list(shape), "axcodes": axcodes, "oriented": list(oriented), "resampled": list(resampled)}
+    axis = separate_axis(oriented_spacing, target_spacing) if target_spacing else None
+    return {"shape": list(shape), "axcodes": axcodes, "oriented": list(oriented), "resampled": list(resampled),
+            "separate_axis": axis}
 
 
 def prepare_volume(array: np.ndarray, preprocess: dict[str, Any], geometry: dict[str, Any], *, label: bool) -> np.ndarray:
     """The geometry steps of the preprocessing on an image ``(H, W, D, C)`` (already normalised) or a label map
     ``(H, W, D)``: reorientation, resampling to the target spacing (images linearly or by B-spline, labels by
-    nearest neighbour), centre crop / pad, resize (images linearly, labels by nearest neighbour)."""
+    nearest neighbour; an anisotropic grid's out-of-plane axis apart, by nearest neighbour: :func:`resample`),
+    centre crop / pad, resize (images linearly, labels by nearest neighbour)."""
     orientation, crop, resize_to = preprocess.get("orientation"), preprocess.get("crop"), preprocess.get("resize")
     order = 0 if label else INTERPOLATION_ORDER[preprocess.get("interpolation") or "linear"]
     out = array
     if orientation:
         out = reorient(out, geometry["axcodes"], orientation)
     if tuple(geometry["resampled"]) != tuple(out.shape[:3]):
-        out = resize(out, geometry["resampled"], order=order, grid_mode=True)
+        out = resample(out, geometry["resampled"], order=order, axis=geometry.get("separate_axis"))
     if crop is not None:
         out = center_crop_or_pad(out, crop)
     if resize_to is not None:
@@ -485,12 +520,13 @@ def prepare_image(image: np.ndarray, preprocess: dict[str, Any], spacing: Sequen
 
 def restore_probabilities(prob: np.ndarray, preprocess: dict[str, Any], geometry: dict[str, Any]) -> np.ndarray:
     """Per-channel values ``(h, w, d, C)`` on the network's grid -> ``(H, W, D, C)`` on the scan's own grid: the
-    resize and crop undone (:func:`restore_geometry`), the values resampled linearly back to the scan's shape before
+    resize and crop undone (:func:`restore_geometry`), the values resampled linearly back (an anisotropic grid's
+    out-of-plane axis apart, by nearest neighbour, as :func:`resample` does) to the scan's shape before
     resampling, and the reorientation undone."""
     orientation = preprocess.get("orientation")
     out = restore_geometry(prob, geometry["resampled"], preprocess.get("crop"), preprocess.get("resize"))
     if tuple(geometry["oriented"]) != tuple(out.shape[:3]):
-        out = resize(out, geometry["oriented"], order=1, grid_mode=True)
+        out = resample(out, geometry["oriented"], order=1, axis=geometry.get("separate_axis"))
     if orientation:
         out = reorient(out, orientation, geometry["axcodes"])
     return np.ascontiguousarray(out, dtype=np.float32)

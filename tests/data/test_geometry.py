@@ -56,6 +56,26 @@ def test_resampled_shape_keeps_the_field_of_view():
     assert pm.resampled_shape((3, 3, 3), (0.1, 0.1, 0.1), (1.0, 1.0, 1.0)) == (1, 1, 1)
 
 
+def test_an_anisotropic_grid_has_its_coarse_axis_resampled_apart():
+    """nnU-Net's rule: the scan's own spacing decides first, then the target's; anisotropy over 3 with one coarsest
+    axis."""
+    assert pm.separate_axis((0.8, 0.8, 5.0), (1.0, 1.0, 1.0)) == 2
+    assert pm.separate_axis((1.0, 1.0, 1.0), (0.7, 3.0, 0.7)) == 1  # the target's
+    assert pm.separate_axis((1.0, 1.0, 2.9), (1.0, 1.0, 2.9)) is None  # under the threshold
+    assert pm.separate_axis((4.0, 4.0, 1.0), None) is None  # two equally coarse axes
+    # slices of distinct values along the coarse axis: resampled apart, no slice is a blend of two
+    slices = np.broadcast_to(np.arange(1, 7, dtype=np.float32), (8, 8, 6)).copy()
+    apart = pm.resample(slices, (12, 12, 15), order=1, axis=2)
+    assert apart.shape == (12, 12, 15) and set(np.unique(apart)) <= set(range(1, 7))
+    blended = pm.resample(slices, (12, 12, 15), order=1, axis=None)
+    assert not set(np.unique(blended)) <= set(range(1, 7))
+    # across the other axes it interpolates at the order given
+    ramp = np.broadcast_to(np.arange(8, dtype=np.float32)[:, None, None], (8, 8, 6)).copy()
+    assert len(np.unique(pm.resample(ramp, (15, 8, 6), order=1, axis=2))) > 8
+    geometry = pm.preprocess_geometry((40, 40, 10), {"spacing": [1.0, 1.0, 1.0]}, (0.8, 0.8, 4.0))
+    assert geometry["separate_axis"] == 2 and geometry["resampled"] == [32, 32, 40]
+
+
 def _blobs(shape: tuple[int, int, int]) -> np.ndarray:
     """A label map with three organ-like ellipsoids, values 1, 2 and 5."""
     grid = np.stack(np.meshgrid(*[np.linspace(-1, 1, n) for n in shape], indexing="ij"), -1)
