@@ -293,11 +293,21 @@ def _plan_trial_steps(args: argparse.Namespace, spec: Any) -> int:
     if usable <= 0:
         raise BadInput(f"--reserved ({args.reserved:g} bytes) must be less than --memory-per-rank "
                        f"({args.memory_per_rank:g} bytes)")
+    from distmis.search.data_shape import data_shape
+    from distmis.spec.load import with_volume
+
+    try:  # the data set's own channels, activation and volume, where it can be read
+        data = data_shape(spec)
+        spec, channels, activation = with_volume(spec, data.volume, "the data set"), data.channels, data.activation
+        source = f"{data.channels[0]} channel(s) in and {data.channels[1]} out, from the data set"
+    except ValueError:  # DataError too: not there yet, and the spec's guess is used
+        channels, activation, source = None, None, "channels as far as the spec tells (the data set is not read)"
     try:
-        steps = trial_steps(spec, device=args.device, threads=args.threads, precision=args.precision)
+        steps = trial_steps(spec, device=args.device, threads=args.threads, precision=args.precision,
+                            channels=channels, activation=activation)
     except ValueError as exc:
         raise BadInput(f"{args.spec}: {exc}") from None
-    print(f"{spec.name}: a rank's training step per trial, traced ({args.device} rules), against "
+    print(f"{spec.name}: a rank's training step per trial, traced ({args.device} rules, {source}), against "
           f"{args.memory_per_rank / 2**30:.1f} GiB per rank less {args.reserved / 2**30:.1f} GiB reserved")
     print("\n".join(format_steps(StepsFit(steps, usable, args.device))))
     fitting = [s.memory.peak <= usable for s in steps if s.memory is not None]

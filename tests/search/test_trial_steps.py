@@ -55,6 +55,7 @@ def test_distmis_plan_predicts_every_trial_of_any_network_and_refuses_a_memory_n
     path.write_text(yaml.safe_dump(tree(tmp_path)))
     assert main(["plan", str(path), "--memory-per-rank", "8GB", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
+    assert "4 channel(s) in and 1 out, from the data set" in out  # the synthetic brain set: 4 MRI channels, WT
     rows = [line for line in out.splitlines() if line.startswith("| ") and "training.batch_size=" in line]
     assert len(rows) == 4 and all(row.endswith("| yes |") for row in rows)
     assert main(["plan", str(path), "--memory-per-rank", "513MiB", "--device", "cpu"]) == 2
