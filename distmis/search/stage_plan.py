@@ -32,9 +32,14 @@ from distmis.search.data_shape import DataShape
 from distmis.search.tile_search import mib
 from distmis.spec.schema import Spec
 
-__all__ = ["STAGES_PATH", "StageCount", "StagePlan", "check_staged_trials", "stage_peaks", "plan_stages"]
+__all__ = ["STAGES_PATH", "TooManyStages", "StageCount", "StagePlan", "check_staged_trials", "stage_peaks",
+           "plan_stages"]
 
 STAGES_PATH = "parallelism.pipeline.stages"
+
+
+class TooManyStages(ValueError):
+    """The U-Net has fewer cells than the stages asked for."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ def stage_peaks(trial: Spec, stages: int, data: DataShape, device: Literal["cpu"
     model = build_network(trial.model.entry, trial.model.params, network)
     cells = unet_cells(model)  # ValueError: not a U-Net that pipelines
     if stages > len(cells):
-        raise ValueError(f"the U-Net has {len(cells)} cells: it cannot be cut into {stages} stages")
+        raise TooManyStages(f"the U-Net has {len(cells)} cells: it cannot be cut into {stages} stages")
     if pipe.schedule == "1f1b" and pipe.microbatches < stages:
         raise ValueError(f"1f1b needs at least as many micro-batches as stages ({pipe.microbatches} < {stages})")
     dtype = COMPUTE_DTYPES.get(training.precision)
@@ -140,10 +145,10 @@ def plan_stages(spec: Spec, trials: list[Spec], data: DataShape) -> StagePlan:
             count = StageCount(stages, tuple(max(p) for p in zip(*(
                 stage_peaks(apply_config(trial, {STAGES_PATH: stages}), stages, data, device, threads)
                 for trial in trials))))
-        except ValueError as exc:
+        except TooManyStages:
+            break
+        except ValueError as exc:  # a count the schedule cannot run
             skipped.append(f"{stages}: {exc}")
-            if "cannot be cut" in str(exc):
-                break
             continue
         considered.append(count)
         if count.peak <= usable:
