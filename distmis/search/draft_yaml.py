@@ -42,14 +42,14 @@ def _prediction(draft: Draft) -> list[str]:
     flops = [s.memory.trace.flops for s in draft.fit.steps if s.memory is not None]
     if flops:
         most = max(flops) * steps_per_epoch * draft.spec.training.epochs
-        line = (f"A trial's training steps: {steps_per_epoch} a epoch x {draft.spec.training.epochs} epochs, at most "
-                f"{most / 1e12:.3g} TFLOP")
+        line = (f"A trial's training steps: {steps_per_epoch} per epoch x {draft.spec.training.epochs} epochs, at "
+                f"most {most / 1e12:.3g} TFLOP")
         if draft.device_flops:
             least, longest = (f * steps_per_epoch * draft.spec.training.epochs / draft.device_flops / 60
                               for f in (min(flops), max(flops)))
-            line += (f"; at {draft.device_flops / 1e9:.3g} GFLOP/s (the device's matmul rate: a lower bound, "
-                     f"convolutions reach a fraction of it) at least {least:.2g} to {longest:.2g} minutes, "
-                     "validation not counted")
+            line += (f"; at {draft.device_flops / 1e9:.3g} GFLOP/s, the device's matmul rate, {least:.2g} to "
+                     f"{longest:.2g} minutes: a lower bound, since convolutions reach a fraction of that rate, and "
+                     "validation is not counted")
         lines.append(line + ".")
     return lines
 
