@@ -34,7 +34,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise
     except ValueError as exc:  # an option the data or the machine cannot take
         raise BadInput(str(exc)) from None
-    command = "distmis init " + " ".join(shlex.quote(a) for a in getattr(args, "argv", [args.dataset]))
+    command = "distmis " + " ".join(shlex.quote(a) for a in getattr(args, "argv", ["init", args.dataset]))
     text = render_spec(draft, str(out) if out else "spec.yaml", command)
     checked_spec(text)  # as `distmis run` will read it
     notes = sys.stderr if out is None else sys.stdout
@@ -84,7 +84,8 @@ def add_init_command(sub: Any, *, size: Callable[[str], float], rate: Callable[[
                                                             "--workers; 4 with a GPU)")
     p.add_argument("--networks", type=networks, default=list(DEFAULT_NETWORKS), metavar="NAME,NAME",
                    help=f"the networks the search picks from (default {','.join(DEFAULT_NETWORKS)})")
-    p.add_argument("--framework", choices=["torch", "tensorflow"], default="torch", help="default torch")
+    p.add_argument("--framework", choices=["torch", "tensorflow"], default="torch",
+                   help="what every network is built in (default torch; tensorflow: the Keras U-Net only)")
     p.add_argument("--epochs", type=positive, default=50, help="epochs per trial (default 50)")
     p.add_argument("--name", help="the search's name (default: the data set's)")
     p.add_argument("--layout", choices=layouts, help="the data set's layout (default: detected from its files)")

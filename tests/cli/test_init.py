@@ -38,7 +38,8 @@ def test_init_prints_the_spec_without_o_and_keeps_a_file_it_did_not_write(tmp_pa
     assert kept.read_text() == "mine\n"
     assert main(["init", str(datasets["mri"]), "--memory-per-worker", "2GB", "--networks", "unet3d"]) == 0
     printed = capsys.readouterr()
-    assert printed.out.startswith("# distmis init ") and "planned training.tile" in printed.err
+    assert printed.out.startswith(f"# distmis init {datasets['mri']} --memory-per-worker 2GB --networks unet3d\n")
+    assert "planned training.tile" in printed.err
     assert yaml.safe_load(printed.out)["model"]["name"] == "unet3d"
     with pytest.raises(SystemExit) as refused:  # argparse's own refusal of an argument
         main(["init", str(datasets["mri"]), "--networks", "unet3d,unet2d"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from distmis.perf.sizing import PROCESS_RESERVE
@@ -106,12 +108,13 @@ def test_a_search_with_stages_auto_trains_the_planned_pipeline(ray_local, tmp_pa
     from mlflow.tracking import MlflowClient
 
     from distmis.cli.main import main
-    from tests.search.test_input_plan import ROOT
+
+    root = Path(__file__).resolve().parents[2]
 
     def measured(stages: int) -> float:
         config = {"network": "unet3d", "params": UNET["params"], "in": 4, "out": 1, "tile": [48, 48, 48],
                   "activation": "sigmoid", "loss": "dice", "batch": 2, "stages": stages}
-        run = subprocess.run([sys.executable, "-m", "tests.search.measured_step", json.dumps(config)], cwd=ROOT,
+        run = subprocess.run([sys.executable, "-m", "tests.search.measured_step", json.dumps(config)], cwd=root,
                              capture_output=True, text=True, check=True)
         return float(run.stdout.split()[-1])
 
