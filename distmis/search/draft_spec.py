@@ -39,7 +39,8 @@ from typing import Any, Literal, Mapping
 
 from distmis.perf.sizing import PROCESS_RESERVE
 from distmis.search.input_plan import InputPlan, planned_tree
-from distmis.search.memory_fit import StepsFit, check_trials_fit, data_shape, step_rules, trial_device
+from distmis.search.data_shape import data_shape, trial_device
+from distmis.search.memory_fit import StepsFit, check_trials_fit, step_rules
 from distmis.search.tile_search import Tile, mib, tile_candidates
 from distmis.spec.load import apply_config, validate_spec
 from distmis.spec.schema import Spec

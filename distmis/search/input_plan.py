@@ -99,8 +99,8 @@ def _auto_fields(tree: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def _stage_refusals(spec: Spec, fields: Sequence[str]) -> list[tuple[str, str]]:
-    """What ``stages: auto`` cannot plan for: with the tile or batch planned too, a searched pipeline or degree,
-    a network that is not cut into stages."""
+    """What ``stages: auto`` cannot plan for: with the tile or batch planned too, a searched pipeline, sequence
+    parallelism, a network that is not cut into stages."""
     problems = []
     if len(fields) > 1:
         problems.append((STAGES_PATH, "'auto' plans the stages for the spec's tile and batch: give them, or plan "
@@ -149,7 +149,8 @@ def network_configs(spec: Spec) -> list[dict[str, Any]]:
 def plan_spec(spec: Spec, fields: Sequence[str]) -> InputPlan:
     """The plan of ``fields`` (``training.tile``, ``training.batch_size``) for ``spec``, whose planned fields hold
     placeholders (a whole volume, batch 2). ValueError when the data or the memory leave nothing to plan."""
-    from distmis.search.memory_fit import data_shape, step_rules, trial_device
+    from distmis.search.data_shape import data_shape, trial_device
+    from distmis.search.memory_fit import step_rules
     from distmis.spec.load import apply_config
 
     data = data_shape(spec)
@@ -195,7 +196,7 @@ def planned_tree(tree: Mapping[str, Any], source: str = "<spec>"
         raise SpecError(source, list(dict.fromkeys(problems)))
     try:
         if STAGES_PATH in fields:
-            from distmis.search.memory_fit import data_shape
+            from distmis.search.data_shape import data_shape
             from distmis.search.stage_plan import plan_stages
 
             trials = [apply_config(spec, config) for config in network_configs(spec)]

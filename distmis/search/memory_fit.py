@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
 from distmis.perf.sizing import PROCESS_RESERVE
-from distmis.search.data_shape import DataShape, Tile, data_shape, trial_device  # re-exported here too
+from distmis.search.data_shape import DataShape, Tile, data_shape, trial_device
 from distmis.search.trial_steps import TrialStep, trial_steps
 from distmis.spec.load import SpecError, with_volume
 from distmis.spec.schema import Spec
 
-__all__ = ["DataShape", "StepsFit", "check_trials_fit", "data_shape", "format_steps", "step_rules", "trial_device"]
+__all__ = ["StepsFit", "check_trials_fit", "format_steps", "step_rules"]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pytest
 
 from distmis.perf.sizing import PROCESS_RESERVE
 from distmis.search.input_plan import planned_tree
-from distmis.search.memory_fit import data_shape
+from distmis.search.data_shape import data_shape
 from distmis.search.stage_plan import StagePlan, stage_peaks
 from distmis.spec import SpecError, validate_spec
 from distmis.spec.load import apply_config, with_overrides
