@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from distmis.predict.resolve import LOCAL_MODEL_FOLDER
 from distmis.search.console import SearchConsole
 from distmis.search.finish import end_search
+from distmis.search.folds import restored_trials
 from distmis.search.interrupts import SearchInterrupted, signals_stop_tune, sigterm_interrupts
 from distmis.search.outcome import SearchOutcome
 from distmis.search.output import tracked_data
@@ -92,7 +93,9 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     ``experiment``: the Tune experiment's folder name under ``OUTPUT/ray_results``. With ``resume``, a search
     that was interrupted goes on (``Tuner.restore``): finished trials stay as they are, unfinished and failed
     ones continue from their last checkpoint in their own MLflow runs, and the searcher and scheduler carry on
-    from their saved state. (A search killed before Tune saved anything starts its trials afresh.)
+    from their saved state. (A search killed before Tune saved anything starts its trials afresh.) The runs of
+    trials Tune's saved state does not hold are set aside: Tune makes new trials in their place
+    (:meth:`~distmis.tracking.mlflow_tracking.MLflowTrialCallback.set_aside_lost_runs`).
     """
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
@@ -100,8 +103,13 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     search_run.set_tag("distmis.layout", plan.label)
     callback = search_run.trial_callback(spec, volume=data.manifest.volume,
                                          data=tracked_data(spec, data))
+    storage = output_dir / "ray_results"
+    filesystem = atomic_local_filesystem()  # a driver killed while Tune saves leaves whole files (storage.py)
+    restore = resume and tune.Tuner.can_restore(str(storage / experiment), storage_filesystem=filesystem)
     if resume:
         callback.adopt_existing_runs()
+        resumed = (restored_trials(str(storage / experiment)) or {}) if restore else {}  # Tune's trials, by id
+        callback.set_aside_lost_runs(resumed)
     # One checkpoint per epoch makes Tune warn about snapshot frequency; expected here. Tune saves its own state
     # (which trials ended, the searcher's) every few seconds, so little is run again after the driver is killed.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -111,7 +119,6 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     # again; MLflow holds the curves.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     function = trial_function(plan, spec, data, output_dir, experiment, trainable)
-    storage = output_dir / "ray_results"
     # the search as a whole after each trial's end: on the search run (always) and the console (unless --quiet)
     tracker = SearchProgress(spec, total=num_trials(spec), at_once=trials_at_once(plan, node_resources()),
                              record=lambda metrics, step: search_run.log_metrics(metrics, step=step))
@@ -121,8 +128,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     if not verbose:  # Tune's newer output prints its experiment box and paths even at verbose=0; the older is silent
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     handle = callback.handle(tracker, *([console] if console else []))
-    filesystem = atomic_local_filesystem()  # a driver killed while Tune saves leaves whole files (storage.py)
-    if resume and tune.Tuner.can_restore(str(storage / experiment), storage_filesystem=filesystem):
+    if restore:
         tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=tune_param_space(spec),
                                    resume_unfinished=True, resume_errored=True, storage_filesystem=filesystem)
     else:

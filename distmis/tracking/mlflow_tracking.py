@@ -20,7 +20,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 from mlflow.entities import DatasetInput, Metric, Param, RunStatus
@@ -54,6 +54,7 @@ RESUMES_TAG = "distmis.resumes"  # times a search (or a trial in it) was resumed
 SEARCH_RUN_TAG = "distmis.search_run"  # every trial run: its search's run (a fold's parent is its configuration's)
 CONFIGURATION_TAG = "distmis.configuration"  # cross-validation: a configuration's id, on its run and its folds'
 FOLD_TAG = "distmis.fold"  # cross-validation: the fold a trial's run validated on
+LOST_TAG = "distmis.lost"  # a resumed search's deleted run: why its trial was lost and will not run again
 CONFIGURATION_ROLE = "configuration"
 
 logger = logging.getLogger(__name__)
@@ -467,6 +468,37 @@ class MLflowTrialCallback(tune.Callback):
             self.client.update_run(run_id, status="RUNNING")
 
         self.writer.submit(f"reopen ({configuration})", reopen)
+
+    def set_aside_lost_runs(self, resumed: Collection[str]) -> list[str]:
+        """Delete the adopted runs of the trials that had not finished and that Tune will not run again:
+        ``resumed`` holds the trials of the state Tune resumes from (none when it starts afresh). Returns their ids.
+
+        Tune saves its state every few seconds: a driver killed just after a trial began leaves a state without it,
+        though the trial's run exists. Tune never runs that trial again: the searcher makes a new trial in its place,
+        with a run of its own (a cross-validated search's fold searcher hands the same configuration and fold out
+        again: :meth:`~distmis.search.folds.FoldSearcher.reconcile`). Kept, the lost run would count as a trial that
+        failed and as a second run of its configuration (and fold). It is moved to MLflow's deleted runs (``mlflow
+        runs restore`` brings it back), tagged with why: the search's runs are then those an uninterrupted search
+        has."""
+        lost = sorted(self.adopted - self.finished_before - set(resumed))
+        for trial_id in lost:
+            run_id = self.run_ids.pop(trial_id)
+            for known in (self.started, self.adopted, self.num_parameters_logged):
+                known.discard(trial_id)
+            for by_trial in (self.trial_folds, self.attempts_before, self.epochs, self.best):
+                by_trial.pop(trial_id, None)
+            reason = ("the search was interrupted just after this trial began, before Ray Tune saved its state: "
+                      "the resumed search made a new trial in its place")
+
+            def delete(run_id: str = run_id) -> None:
+                self.client.set_tag(run_id, LOST_TAG, reason)
+                self.client.delete_run(run_id)
+
+            self.writer.submit(f"set aside ({trial_id})", delete)
+        if lost:
+            logger.info("set aside the runs of %d trial(s) Ray Tune's saved state did not hold: %s", len(lost),
+                        ", ".join(lost))
+        return lost
 
     def _reopen(self, trial_id: str) -> None:
         """An interrupted or failed trial runs again: its run is RUNNING again and counts the resume."""

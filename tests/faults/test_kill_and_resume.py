@@ -73,14 +73,19 @@ def kill_driver_when(process: subprocess.Popen, ready: Callable[[], bool], timeo
     process.wait(timeout=60)
 
 
-def finish(process: subprocess.Popen, timeout: float = 900) -> tuple[str, str]:
-    """The process's stdout and stderr, once it exited 0."""
+def finish(process: subprocess.Popen, timeout: float = 900, db: Path | None = None) -> tuple[str, str]:
+    """The process's stdout and stderr, once it exited 0; else the failure says why, with the ``error`` tags of the
+    runs in the MLflow store at ``db`` (what a failed trial recorded)."""
     try:
         out, err = process.communicate(timeout=timeout)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 0, err[-4000:]
+    if process.returncode != 0 and db is not None:
+        errors = query(db, "SELECT r.name, r.status, t.value FROM runs r JOIN tags t ON r.run_uuid = t.run_uuid "
+                           "WHERE t.key IN ('error', 'distmis.previous_error')")
+        err += "\nthe runs' errors:\n" + "\n".join(f"{name} {status}: {error}" for name, status, error in errors)
+    assert process.returncode == 0, err[-6000:]
     return out, err
 
 
@@ -166,7 +171,7 @@ def test_a_search_killed_three_times_ends_as_an_uninterrupted_one(tmp_path: Path
     done = {tid for tid, snap in before.items() if snap["status"] == "FINISHED"}
     assert 1 <= len(done) < 3
 
-    console, err = finish(distmis("run", str(spec), "--output", str(out), "--resume", quiet=False))
+    console, err = finish(distmis("run", str(spec), "--output", str(out), "--resume", quiet=False), db=db)
     assert "could not be loaded" not in err, err[-3000:]
 
     parent = client.get_run(parent_id)
@@ -256,7 +261,7 @@ def test_a_trial_whose_finished_write_was_held_back_at_the_kill_finishes_on_resu
     assert run.info.status == "RUNNING"
     assert len(client.get_metric_history(run.info.run_id, "epoch_seconds")) < 4  # the last epoch never reached it
 
-    finish(distmis("run", str(spec), "--output", str(out), "--resume"))
+    finish(distmis("run", str(spec), "--output", str(out), "--resume"), db=out / "mlflow.db")
     run = client.get_run(run.info.run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["epochs_completed"] == 4
     assert_one_point_per_epoch(client, run.info.run_id, epochs=4)

@@ -210,3 +210,56 @@ def test_a_configuration_that_failed_for_a_fold_finishes_when_its_fold_runs_agai
     assert after.info.status == "FINISHED" and after.data.metrics["cv_val_dice"] == pytest.approx((0.1 + 0.2) / 2)
     assert "error" not in after.data.tags and "fold(s) 1" in after.data.tags["distmis.previous_error"]
     assert client.get_run(second.run_ids["t_00001"]).info.status == "FINISHED"
+
+
+def test_the_run_of_a_trial_tune_lost_is_set_aside_and_its_replacement_has_the_only_run_of_its_fold(tmp_path: Path):
+    """A driver killed just after a fold's trial began, before Tune saved its state: the resumed search's Tune
+    does not have that trial, and the fold searcher hands its fold out again as a new trial. The lost trial's run
+    is deleted (tagged why), counts neither as failed nor as a run of its fold, and the search ends as an
+    uninterrupted one: one FINISHED run per (configuration, fold)."""
+    from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY
+    from distmis.tracking.mlflow_tracking import LOST_TAG
+
+    tree = small_spec_tree(tmp_path / "data")
+    tree["dataset"]["split"] = {"folds": 2, "test": 0.25, "seed": 0}
+    spec = validate_spec(tree)
+    run = SearchRun(f"sqlite:///{tmp_path / 'mlflow.db'}", "tiny", run_name="tiny", searched=["training.optimizer.lr"],
+                    metric="val_dice", mode="max")
+
+    def fold_trial(trial_id: str, configuration: str, fold: int) -> Any:
+        t = trial(trial_id, 1e-3 if configuration == "c000" else 2e-3)
+        t.config.update({FOLD_KEY: fold, CONFIGURATION_KEY: configuration})
+        return t
+
+    first = run.trial_callback(spec)
+    done, cut, lost = fold_trial("t0", "c000", 0), fold_trial("t1", "c000", 1), fold_trial("t2", "c001", 0)
+    for t in (done, cut):
+        first.on_trial_start(0, [], t)
+        first.on_trial_result(0, [], t, result(1))
+    first.on_trial_complete(0, [], done)
+    first.on_trial_start(0, [], lost)  # its run is made; the driver is killed before Tune saves a state with it
+    assert first.close()
+    client = run.client
+    lost_run = first.run_ids["t2"]
+    mark_interrupted(client, run.run_id)
+
+    second = SearchRun.reopen(run.tracking_uri, run.run_id).trial_callback(spec)
+    second.adopt_existing_runs()
+    assert second.set_aside_lost_runs({"t0": done.config, "t1": cut.config}) == ["t2"]
+    replacement, other = fold_trial("t3", "c001", 0), fold_trial("t4", "c001", 1)
+    for t in (cut, replacement, other):
+        second.on_trial_start(0, [], t)
+        second.on_trial_result(0, [], t, result(2, attempt="b"))
+        second.on_trial_complete(0, [], t)
+    cv = second.summarize_configurations(final=True)
+    assert second.close()
+
+    assert second.failed == [] and sorted(cv) == ["c000", "c001"]
+    deleted = client.get_run(lost_run)
+    assert deleted.info.lifecycle_stage == "deleted" and "Ray Tune" in deleted.data.tags[LOST_TAG]
+    folds = {(r.data.tags["distmis.configuration"], r.data.tags["distmis.fold"]): r.info.status
+             for r in client.search_runs([run.experiment_id], filter_string="tags.`distmis.role` = 'trial'")}
+    assert folds == {(c, str(f)): "FINISHED" for c in ("c000", "c001") for f in (0, 1)}
+    assert len(client.search_runs([run.experiment_id], filter_string="tags.`distmis.role` = 'trial'")) == 4
+    c001 = client.get_run(second.configuration_runs["c001"])
+    assert c001.info.status == "FINISHED" and c001.data.metrics["cv_val_dice"] == pytest.approx(0.2)
