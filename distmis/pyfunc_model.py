@@ -18,11 +18,11 @@ taken before they are thresholded or argmaxed; the ``folds`` parameter picks a s
 ``modalities`` order; ``params``: the case's ``spacing`` and ``orientation`` where the recipe resamples or
 reorients) and returns its label map ``(H, W, D)`` in the data set's label values: each channel normalised
 (:func:`normalize_channels`: z-score over the non-zero voxels, or CT clipping and z-scoring with the training
-foreground's statistics), reoriented, resampled to the training spacing, centre cropped / padded and resized as the
-recipe says (:func:`prepare_image`), probabilities by sliding windows of the network's input (:func:`sliding_window`,
-MONAI's), every geometric step undone (:func:`restore_probabilities`), then thresholded (sigmoid regions) or
-argmaxed (softmax classes) and painted in the data set's values (:func:`probabilities_to_labels`, following the
-recipe's target scheme).
+foreground's statistics), cropped to its non-zero region, reoriented, resampled to the training spacing, centre
+cropped / padded and resized as the recipe says (:func:`prepare_image`), probabilities by sliding windows of the
+network's input (:func:`sliding_window`, MONAI's), every geometric step undone (:func:`restore_probabilities`),
+then thresholded (sigmoid regions) or argmaxed (softmax classes) and painted in the data set's values
+(:func:`probabilities_to_labels`, following the recipe's target scheme).
 
 These functions are the only copy in distmis: :mod:`distmis.data.preprocess`, :mod:`distmis.data.postprocess`
 and :mod:`distmis.train.inference` (training, validation) and ``distmis predict`` call them, so a label map from
@@ -47,7 +47,7 @@ __all__ = [
     "load_network", "check_image", "check_params", "SegmentationModel", "pyfunc_class",
     "metric_key", "legacy_targets", "recipe_targets", "brain_tumour", "foreground", "labels_to_channels",
     "channel_masks", "probabilities_to_labels", "normalize_channels", "check_axcodes", "reorient",
-    "reoriented_spacing", "resampled_shape", "ANISOTROPY_THRESHOLD", "separate_axis", "resample",
+    "reoriented_spacing", "resampled_shape", "ANISOTROPY_THRESHOLD", "separate_axis", "resample", "nonzero_box",
     "preprocess_geometry", "prepare_volume", "prepare_image",
     "restore_probabilities", "network_artifact", "recipe_folds", "check_folds", "mean_probabilities",
     "keras_float16", "keras_float32", "keras_runnable_here",
@@ -463,11 +463,33 @@ def resample(array: np.ndarray, shape: Sequence[int], *, order: int, axis: int |
     return resize(out, target, order=0, grid_mode=True)
 
 
+def nonzero_box(image: np.ndarray) -> tuple[slice, slice, slice]:
+    """The bounding box of the voxels where any channel of ``image`` (``(H, W, D, C)``) is non-zero: nnU-Net's crop.
+    The whole volume when no voxel is (nothing to crop to)."""
+    where = np.argwhere(np.any(image != 0, axis=-1))
+    if not len(where):
+        return tuple(slice(0, n) for n in image.shape[:3])  # type: ignore[return-value]
+    low, high = where.min(axis=0), where.max(axis=0) + 1
+    return tuple(slice(int(a), int(b)) for a, b in zip(low, high))  # type: ignore[return-value]
+
+
+def _box_slices(geometry: dict[str, Any]) -> tuple[slice, slice, slice] | None:
+    box = geometry.get("box")
+    return None if box is None else tuple(slice(int(a), int(b)) for a, b in box)  # type: ignore[return-value]
+
+
 def preprocess_geometry(shape: Sequence[int], preprocess: dict[str, Any], spacing: Sequence[float] | None = None,
-                        axcodes: str | None = None) -> dict[str, Any]:
+                        axcodes: str | None = None, box: Sequence[slice] | None = None) -> dict[str, Any]:
     """Where each step of :func:`prepare_image` takes a scan of spatial ``shape`` (``spacing`` mm, oriented
-    ``axcodes``): the shapes after reorientation and resampling, and what the restore needs to go back."""
-    shape = check_shape3(tuple(shape)[:3], "scan shape")
+    ``axcodes``): the box it is cropped to first (``box``, its non-zero region when the recipe's
+    ``crop_to_nonzero`` says so: :func:`nonzero_box`), the shapes after reorientation and resampling, and what the
+    restore needs to go back."""
+    full = check_shape3(tuple(shape)[:3], "scan shape")
+    shape = full
+    if box is not None:
+        if len(box) != 3 or not all(0 <= b.start < b.stop <= n for b, n in zip(box, full)):
+            raise ValueError(f"box {box} is not a non-empty box inside a {list(full)} scan")
+        shape = tuple(b.stop - b.start for b in box)  # type: ignore[assignment]
     orientation = preprocess.get("orientation")
     target_spacing = preprocess.get("spacing")
     if orientation and axcodes is None:
@@ -484,18 +506,22 @@ def preprocess_geometry(shape: Sequence[int], preprocess: dict[str, Any], spacin
             oriented_spacing = reoriented_spacing(oriented_spacing, axcodes, orientation)  # type: ignore[arg-type]
     resampled = resampled_shape(oriented, oriented_spacing, target_spacing) if target_spacing else oriented
     axis = separate_axis(oriented_spacing, target_spacing) if target_spacing else None
-    return {"shape": list(shape), "axcodes": axcodes, "oriented": list(oriented), "resampled": list(resampled),
-            "separate_axis": axis}
+    return {"shape": list(full), "box": None if box is None else [[b.start, b.stop] for b in box],
+            "axcodes": axcodes, "oriented": list(oriented), "resampled": list(resampled), "separate_axis": axis}
 
 
 def prepare_volume(array: np.ndarray, preprocess: dict[str, Any], geometry: dict[str, Any], *, label: bool) -> np.ndarray:
     """The geometry steps of the preprocessing on an image ``(H, W, D, C)`` (already normalised) or a label map
-    ``(H, W, D)``: reorientation, resampling to the target spacing (images linearly or by B-spline, labels by
-    nearest neighbour; an anisotropic grid's out-of-plane axis apart, by nearest neighbour: :func:`resample`),
-    centre crop / pad, resize (images linearly, labels by nearest neighbour)."""
+    ``(H, W, D)``: the crop to the geometry's box (the image's non-zero region), reorientation, resampling to the
+    target spacing (images linearly or by B-spline, labels by nearest neighbour; an anisotropic grid's out-of-plane
+    axis apart, by nearest neighbour: :func:`resample`), centre crop / pad, resize (images linearly, labels by
+    nearest neighbour)."""
     orientation, crop, resize_to = preprocess.get("orientation"), preprocess.get("crop"), preprocess.get("resize")
     order = 0 if label else INTERPOLATION_ORDER[preprocess.get("interpolation") or "linear"]
     out = array
+    box = _box_slices(geometry)
+    if box is not None:
+        out = out[box]
     if orientation:
         out = reorient(out, geometry["axcodes"], orientation)
     if tuple(geometry["resampled"]) != tuple(out.shape[:3]):
@@ -510,9 +536,11 @@ def prepare_volume(array: np.ndarray, preprocess: dict[str, Any], geometry: dict
 def prepare_image(image: np.ndarray, preprocess: dict[str, Any], spacing: Sequence[float] | None = None,
                   axcodes: str | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     """What a network's input is made of, in training and prediction: each channel normalised
-    (:func:`normalize_channels`), then :func:`prepare_volume`. Returns the float32 ``(h, w, d, C)`` input and the
-    geometry (:func:`preprocess_geometry`) that :func:`restore_probabilities` undoes."""
-    geometry = preprocess_geometry(image.shape[:3], preprocess, spacing, axcodes)
+    (:func:`normalize_channels`), then :func:`prepare_volume` (first cropped to the image's non-zero region when
+    the recipe's ``crop_to_nonzero`` says so). Returns the float32 ``(h, w, d, C)`` input and the geometry
+    (:func:`preprocess_geometry`) that :func:`restore_probabilities` undoes."""
+    box = nonzero_box(image) if preprocess.get("crop_to_nonzero") else None
+    geometry = preprocess_geometry(image.shape[:3], preprocess, spacing, axcodes, box)
     normalised = normalize_channels(image, preprocess.get("normalization"))
     out = prepare_volume(normalised, preprocess, geometry, label=False)
     return np.ascontiguousarray(out, dtype=np.float32), geometry
@@ -522,13 +550,19 @@ def restore_probabilities(prob: np.ndarray, preprocess: dict[str, Any], geometry
     """Per-channel values ``(h, w, d, C)`` on the network's grid -> ``(H, W, D, C)`` on the scan's own grid: the
     resize and crop undone (:func:`restore_geometry`), the values resampled linearly back (an anisotropic grid's
     out-of-plane axis apart, by nearest neighbour, as :func:`resample` does) to the scan's shape before
-    resampling, and the reorientation undone."""
+    resampling, the reorientation undone, and the values placed back in the box the scan was cropped to (0
+    outside it: no region; for a softmax, whose all-zero voxels argmax to the first channel, the background)."""
     orientation = preprocess.get("orientation")
     out = restore_geometry(prob, geometry["resampled"], preprocess.get("crop"), preprocess.get("resize"))
     if tuple(geometry["oriented"]) != tuple(out.shape[:3]):
         out = resample(out, geometry["oriented"], order=1, axis=geometry.get("separate_axis"))
     if orientation:
         out = reorient(out, orientation, geometry["axcodes"])
+    box = _box_slices(geometry)
+    if box is not None:
+        whole = np.zeros(tuple(geometry["shape"]) + out.shape[3:], dtype=np.float32)
+        whole[box] = out
+        out = whole
     return np.ascontiguousarray(out, dtype=np.float32)
 
 

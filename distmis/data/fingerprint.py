@@ -46,6 +46,7 @@ from distmis.data.layouts import (
     label_counts,
     read_case,
 )
+from distmis.pyfunc_model import nonzero_box
 
 __all__ = ["FINGERPRINT_FILE", "FINGERPRINT_VERSION", "FOREGROUND_SAMPLES_PER_CASE", "ANISOTROPY_THRESHOLD",
            "CaseFingerprint", "ChannelFingerprint", "ClassFingerprint", "DatasetFingerprint", "compute_fingerprint",
@@ -177,16 +178,6 @@ def _floats(values: Sequence[Any]) -> Spacing:
 
 
 # --------------------------------------------------------------------------- one case
-def nonzero_box(image: np.ndarray) -> tuple[slice, slice, slice]:
-    """The bounding box of the voxels where any channel of ``image`` (``(H, W, D, C)``) is non-zero: nnU-Net's crop.
-    The whole volume when no voxel is (nothing to crop to)."""
-    where = np.argwhere(np.any(image != 0, axis=-1))
-    if not len(where):
-        return tuple(slice(0, n) for n in image.shape[:3])  # type: ignore[return-value]
-    low, high = where.min(axis=0), where.max(axis=0) + 1
-    return tuple(slice(int(a), int(b)) for a, b in zip(low, high))  # type: ignore[return-value]
-
-
 def _objects(label: np.ndarray, values: Sequence[int], voxel_mm3: float) -> dict[int, tuple[float, ...]]:
     """Per foreground label value: the volumes (mm^3) of its 6-connected components, largest first."""
     from scipy import ndimage

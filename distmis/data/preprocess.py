@@ -5,20 +5,22 @@ The pipeline applied by :func:`preprocess_case` is, in order (nnU-Net's order: n
 1. :func:`~distmis.pyfunc_model.normalize_channels` - each channel by its scheme: ``zscore`` over the channel's
    non-zero voxels (MRI; the background stays exactly 0), or ``ct``: clipped to the training split's foreground
    0.5 / 99.5 percentiles, then z-scored with its foreground mean and standard deviation.
-2. reorientation to ``orientation`` (e.g. RAS), when asked.
-3. resampling to the target ``spacing`` in mm, when asked (images linearly or by B-spline, labels by nearest
+2. the crop to the box of the image's non-zero voxels (any channel), when ``crop_to_nonzero`` asks (nnU-Net's crop;
+   the label is cropped with the image's box).
+3. reorientation to ``orientation`` (e.g. RAS), when asked.
+4. resampling to the target ``spacing`` in mm, when asked (images linearly or by B-spline, labels by nearest
    neighbour).
-4. :func:`center_crop_or_pad` - optional, to a fixed ``crop`` shape (cuts away
+5. :func:`center_crop_or_pad` - optional, to a fixed ``crop`` shape (cuts away
    empty background, pads with zeros where the volume is smaller).
-5. :func:`resize` - optional, resample to a fixed ``resize`` shape (linear for
+6. :func:`resize` - optional, resample to a fixed ``resize`` shape (linear for
    the image, nearest-neighbour for the label).
-6. the label map to target channels (:mod:`distmis.data.targets`): one whole-tumour channel, overlapping regions
+7. the label map to target channels (:mod:`distmis.data.targets`): one whole-tumour channel, overlapping regions
    (BraTS WT, TC, ET or an nnU-Net data set's regions), or the one-hot classes with background.
 
 What to do is described by a :class:`PreprocessConfig`, which is stored in the
 TFRecord manifest so that a trained model knows how its inputs were made.
 
-Steps 1-5 (and the target schemes) are implemented once, in the code of the
+Steps 1-6 (and the target schemes) are implemented once, in the code of the
 model a search registers (:mod:`distmis.pyfunc_model`, which does not import distmis):
 training data and predictions are made by the same functions, re-exported here.
 """
@@ -131,6 +133,8 @@ class PreprocessConfig:
         layout: on-disk layout of the source data set.
         labels: target channels (see :class:`LabelMode`).
         crop: centre crop / pad of the spatial axes, applied after resampling and before ``resize``.
+        crop_to_nonzero: crop each case to the box of its image's non-zero voxels first (any channel; nnU-Net's
+            crop), before reorientation and resampling; ``crop`` then gives the cases one shape.
         resize: final spatial shape after resampling.
         channels: the image channels' names, in order (None: the four BraTS modalities).
         normalization: per channel, ``{"scheme": "zscore"}`` or ``{"scheme": "ct", "lower", "upper", "mean",
@@ -157,6 +161,7 @@ class PreprocessConfig:
     spacing: tuple[float, float, float] | None = None
     interpolation: Interpolation = "linear"
     targets: dict[str, Any] | None = field(default=None, compare=True)
+    crop_to_nonzero: bool = False
 
     __hash__ = None  # type: ignore[assignment]  # holds dicts
 
@@ -167,6 +172,11 @@ class PreprocessConfig:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, _check_shape3(value, f"PreprocessConfig.{name}"))
+        if not isinstance(self.crop_to_nonzero, bool):
+            raise ValueError(f"PreprocessConfig.crop_to_nonzero must be true or false, got {self.crop_to_nonzero!r}")
+        if self.crop_to_nonzero and self.crop is None:
+            raise ValueError("PreprocessConfig.crop_to_nonzero needs crop: the cases' non-zero regions differ in "
+                             "shape, and crop gives them one")
         if self.channels is not None:
             object.__setattr__(self, "channels", tuple(str(c) for c in self.channels))
         if self.normalization is not None:
@@ -218,6 +228,7 @@ class PreprocessConfig:
             "layout": self.layout.value,
             "labels": self.labels.value,
             "crop": list(self.crop) if self.crop is not None else None,
+            "crop_to_nonzero": self.crop_to_nonzero,
             "resize": list(self.resize) if self.resize is not None else None,
             "channels": list(self.channels) if self.channels is not None else None,
             "normalization": normalization,
@@ -230,8 +241,8 @@ class PreprocessConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PreprocessConfig:
         """Inverse of :meth:`to_dict` (also reads the four-key dicts written before); unknown keys are an error."""
-        known = {"layout", "labels", "crop", "resize", "channels", "normalization", "orientation", "spacing",
-                 "interpolation", "targets"}
+        known = {"layout", "labels", "crop", "crop_to_nonzero", "resize", "channels", "normalization", "orientation",
+                 "spacing", "interpolation", "targets"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown PreprocessConfig field(s) {unknown}; allowed: {sorted(known)}")

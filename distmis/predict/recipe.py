@@ -25,8 +25,8 @@ __all__ = ["RECIPE_FILE", "ModelRecipe", "RecipeError"]
 
 #: File name of the recipe, in the model's folder (``extra_files/``) and on its trial run.
 RECIPE_FILE = "preprocessing.json"
-RECIPE_VERSION = 3  # 2: channels of any data set, per-channel normalisation, orientation, spacing, target scheme;
-#                    3: ``folds`` (a fold ensemble's networks)
+RECIPE_VERSION = 4  # 2: channels of any data set, per-channel normalisation, orientation, spacing, target scheme;
+#                    3: ``folds`` (a fold ensemble's networks); 4: ``crop_to_nonzero``
 
 
 class RecipeError(ValueError):
@@ -99,6 +99,7 @@ class ModelRecipe:
     output: Literal["probabilities", "logits"]
     crop: tuple[int, int, int] | None = None
     resize: tuple[int, int, int] | None = None
+    crop_to_nonzero: bool = False
     modalities: tuple[str, ...] = MODALITIES
     normalisation: str = "zscore-nonzero"
     normalization: tuple[dict[str, Any], ...] | None = None
@@ -137,6 +138,7 @@ class ModelRecipe:
     def preprocess_config(self) -> PreprocessConfig:
         try:
             return PreprocessConfig(layout=self.layout, labels=self.labels, crop=self.crop, resize=self.resize,
+                                    crop_to_nonzero=self.crop_to_nonzero,
                                     channels=self.modalities, normalization=self.normalization,
                                     orientation=self.orientation, spacing=self.spacing,
                                     interpolation=self.interpolation,  # type: ignore[arg-type]
@@ -189,6 +191,7 @@ class ModelRecipe:
         return cls(
             framework=spec.model.framework, model=spec.model.name, layout=made.layout.value,
             labels=made.labels.value, num_classes=manifest.num_classes, crop=made.crop, resize=made.resize,
+            crop_to_nonzero=made.crop_to_nonzero,
             modalities=tuple(manifest.channels or made.channels or MODALITIES),
             normalization=made.normalization, orientation=made.orientation, spacing=made.spacing,
             interpolation=made.interpolation, targets=made.scheme, dataset=manifest.dataset,

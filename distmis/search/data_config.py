@@ -98,6 +98,7 @@ def preprocess_config(spec: Spec | DatasetSpec, description: Any = None,
     schemes = normalization_schemes(spec, description.channels)
     return PreprocessConfig(
         layout=Layout(data.layout), labels=LabelMode(data.labels), crop=data.crop, resize=data.resize,
+        crop_to_nonzero=data.crop_to_nonzero,
         channels=tuple(description.channels), normalization=tuple({"scheme": s} for s in schemes),
         orientation=data.orientation, spacing=spacing, interpolation=data.interpolation,
         targets=target_scheme(description, data.labels),

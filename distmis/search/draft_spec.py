@@ -6,9 +6,10 @@ What is decided, and from what:
 * **the data**: its layout (from its files), what to predict (``regions`` where the data set has region-based labels
   or is a brain-tumour set, else one class per label value), ``spacing: auto`` where the cases' spacings differ (the
   median, with nnU-Net's rule for an anisotropic axis), ``orientation: RAS`` where their orientations differ, and the
-  normalization by each channel's name (``CT`` -> ``ct``, else ``zscore``), and ``crop`` where the cases' shapes
-  differ after resampling (the conversion stores one shape: each case padded about its centre to the largest, at
-  most twice the median); the fingerprint
+  normalization by each channel's name (``CT`` -> ``ct``, else ``zscore``), ``crop_to_nonzero`` where a case has a
+  zero border (nnU-Net's crop), and ``crop`` where the cases' shapes (or non-zero regions) differ after resampling
+  (the conversion stores one shape: each case padded about its centre to the largest, at most twice the median);
+  the fingerprint
   (:func:`~distmis.data.fingerprint.fingerprint_for`) is kept in the search's output folder, where the search reuses
   it;
 * **the networks** (``--networks``): each at the params its registry entry drafts for the data's volume
@@ -35,7 +36,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 from distmis.perf.sizing import PROCESS_RESERVE
 from distmis.search.input_plan import InputPlan, planned_tree
@@ -243,9 +244,16 @@ def draft_spec(request: InitRequest) -> Draft:
         return validate_spec({**tree, "model": {"name": "unet3d", "framework": "torch", "params": {"levels": 2}},
                               "training": {**tree["training"], "tile": [2, 2, 2], "batch_size": 2}}, source="init")
 
-    crop = _common_shape(probe())
+    bordered = [case for case in fingerprint.cases if tuple(case.cropped_shape) != tuple(case.shape)]
+    nonzero = {case.case_id: case.cropped_shape for case in fingerprint.cases} if bordered else None
+    crop = _common_shape(probe(), nonzero)
     if crop is not None:
         dataset["crop"], reasons[("dataset", "crop")] = crop
+    if nonzero is not None:
+        dataset["crop_to_nonzero"] = True
+        reasons[("dataset", "crop_to_nonzero")] = (
+            f"{len(bordered)} of {len(fingerprint.cases)} case(s) have a zero border: each is cropped to its non-zero "
+            "region first (nnU-Net's crop), then centred in dataset.crop")
     volume = data_shape(probe()).volume
     params = {network: model_entry(network).draft_params(volume) for network in request.networks}
     tree["model"]["params"] = params[first]
@@ -271,20 +279,24 @@ def draft_spec(request: InitRequest) -> Draft:
     return Draft(planned, spec, plan, smaller, fit, train_cases, rate, reasons, header)
 
 
-def _common_shape(spec: Spec) -> tuple[list[int], str] | None:
-    """Where the cases' preprocessed shapes differ, the one shape they are cropped or padded to about their centre
-    (``dataset.crop``: the conversion stores cases of one shape) and why: each side the largest case's, so that
-    nothing is cut away, but at most twice the median case's, so that one outlier does not pad them all."""
+def _common_shape(spec: Spec, nonzero: Mapping[str, Sequence[int]] | None = None) -> tuple[list[int], str] | None:
+    """Where the cases' preprocessed shapes differ, or they are cropped to their non-zero regions (``nonzero``: case
+    id -> that region's shape), the one shape they are cropped or padded to about their centre (``dataset.crop``:
+    the conversion stores cases of one shape) and why: each side the largest case's, so that nothing is cut away,
+    but at most twice the median case's, so that one outlier does not pad them all."""
     from distmis.search.input_fit import preprocessed_volumes
 
-    shapes = [volume.shape for volume in preprocessed_volumes(spec)]
-    if len(set(shapes)) <= 1:
+    shapes = [volume.shape for volume in preprocessed_volumes(spec, nonzero)]
+    if len(set(shapes)) <= 1 and nonzero is None:
         return None
     median = [sorted(axis)[len(axis) // 2] for axis in zip(*shapes)]
     crop = [min(max(axis), 2 * m) for axis, m in zip(zip(*shapes), median)]
     cut = sum(any(s > c for s, c in zip(shape, crop)) for shape in shapes)
-    why = (f"the cases' shapes differ ({len(set(shapes))} shapes, median {'x'.join(map(str, median))}): each is "
-           "padded (or cropped) about its centre to the largest, at most twice the median")
+    regions = "non-zero regions' " if nonzero is not None else ""
+    if len(set(shapes)) == 1:
+        return crop, f"the shape of the cases' {regions}preprocessed volumes"
+    why = (f"the cases' {regions}shapes differ ({len(set(shapes))} shapes, median {'x'.join(map(str, median))}): "
+           "each is padded (or cropped) about its centre to the largest, at most twice the median")
     return crop, why + (f"; {cut} case(s) lose a border" if cut else "")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from distmis.data.errors import DataError
 from distmis.data.layouts import Layout, case_spatial_shape, discover_cases
@@ -89,8 +89,9 @@ def _geometry(start: str, config: PreprocessConfig) -> str:
     return " -> ".join(steps) if len(steps) > 1 else f"{steps[0]}, no dataset.crop or dataset.resize"
 
 
-def preprocessed_volumes(spec: Spec) -> Iterator[Volume]:
-    """The preprocessed shape of each case, from the NIfTI headers only (no voxel data is read).
+def preprocessed_volumes(spec: Spec, nonzero: Mapping[str, Sequence[int]] | None = None) -> Iterator[Volume]:
+    """The preprocessed shape of each case, from the NIfTI headers only (no voxel data is read); with ``nonzero``
+    (case id -> its shape cropped to its non-zero region: the fingerprint's), of each case's non-zero region.
 
     A synthetic dataset not generated yet: the one shape ``dataset.synthetic.shape`` gives (nothing when it is
     resampled: its spacings are not known before it is written). Raises DataError when the cases cannot be found
@@ -112,11 +113,12 @@ def preprocessed_volumes(spec: Spec) -> Iterator[Volume]:
     split = split_cases(spec, cases) if spec.dataset.spacing == "auto" else None
     config = preprocess_config(spec, cases=cases, split=split)
     for case in cases:
-        stored = case_spatial_shape(case)
+        stored = tuple(nonzero[case.case_id]) if nonzero is not None else case_spatial_shape(case)
+        start = f"{'non-zero region' if nonzero is not None else 'stored shape'} {list(stored)}"
         geometry = {"spacing": case_spacing(case) if config.spacing is not None else None,
                     "axcodes": case_orientation(case) if config.orientation is not None else None}
-        yield Volume(preprocessed_shape(stored, config, **geometry),
-                     f"case file {str(case.images[0])!r} ({_geometry(f'stored shape {list(stored)}', config)})")
+        yield Volume(preprocessed_shape(stored, config, **geometry),  # type: ignore[arg-type]
+                     f"case file {str(case.images[0])!r} ({_geometry(start, config)})")
 
 
 #: The most distinct preprocessed shapes whose whole volumes are checked against the networks: the conversion takes

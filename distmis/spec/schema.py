@@ -107,7 +107,11 @@ class DatasetSpec(StrictModel):
     ``orientation: RAS`` reorients every case first. ``spacing``: resample every case to this voxel spacing in mm,
     ``[x, y, z]`` along the (reoriented) array axes, or ``auto``: the median spacing of the non-test cases, as
     nnU-Net picks it (with its rule for an anisotropic axis: :func:`distmis.data.statistics.anisotropic_target`).
-    ``interpolation``: how images are resampled (labels: nearest neighbour).
+    ``interpolation``: how images are resampled (labels: nearest neighbour). ``crop_to_nonzero: true`` crops every
+    case to the box of its image's non-zero voxels first (any channel, as nnU-Net crops; the label with it), before
+    reorientation and resampling: the zero border of a skull-stripped MRI goes, and ``crop`` (needed with it) centres
+    the cases' regions in one shape. ``distmis predict`` and the registered model crop a scan the same way and put
+    the prediction back in place (background outside the box).
     """
 
     path: str = Field(min_length=1)
@@ -118,6 +122,7 @@ class DatasetSpec(StrictModel):
     spacing: Literal["auto"] | tuple[float, float, float] | None = None
     interpolation: Literal["linear", "bspline"] = "linear"
     crop: Shape3 | None = None
+    crop_to_nonzero: bool = False
     resize: Shape3 | None = None
     split: SplitSpec = SplitSpec()
     synthetic: SyntheticSpec | None = None
@@ -130,6 +135,13 @@ class DatasetSpec(StrictModel):
         if isinstance(value, tuple) and not all(math.isfinite(v) and v > 0 for v in value):
             raise ValueError(f"spacing must be 'auto' or three positive numbers (mm), got {list(value)}")
         return value
+
+    @model_validator(mode="after")
+    def _nonzero_crop_has_a_shape(self) -> DatasetSpec:
+        if self.crop_to_nonzero and self.crop is None:
+            raise ValueError("crop_to_nonzero needs crop: [x, y, z], the one shape the cases' non-zero regions are "
+                             "centre-cropped or padded to (their shapes differ; distmis init proposes one)")
+        return self
 
     @model_validator(mode="after")
     def _synthetic_fits_layout(self) -> DatasetSpec:

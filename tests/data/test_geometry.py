@@ -144,3 +144,42 @@ def test_synthetic_ct_labels_survive_the_preprocessing_at_the_median_spacing_and
             a, b = back == value, label == value
             assert b.any() and 2 * (a & b).sum() / (a.sum() + b.sum()) >= 0.95, (case.case_id, value)
     assert len(seen_spacings) == len(cases)  # every case has its own spacing
+
+
+def test_a_scan_cropped_to_its_non_zero_region_keeps_its_labels_and_comes_back_in_place():
+    """``crop_to_nonzero``: a skull-stripped MRI-like scan (zero outside an off-centre head) is cropped to the head
+    before resampling, the centre crop then centres the head in the network's shape, and every step, the box
+    included, is undone on the prediction: the labels land where they were, background outside the box."""
+    shape, spacing, axcodes = (70, 60, 30), (1.0, 1.0, 2.0), "LPS"
+    label = np.zeros(shape, np.int16)
+    label[14:54, 4:44, 12:28] = _blobs((40, 40, 16))
+    image = np.zeros(shape + (2,), np.float32)
+    rng = np.random.default_rng(2)
+    image[10:58, 2:48, 10:30] = rng.uniform(1, 100, (48, 46, 20, 2))  # the head: off-centre, touching the top slice
+    targets = {"mode": "classes", "activation": "softmax",
+               "channels": [{"name": n, "key": n, "values": [v], "paint": v}
+                            for n, v in (("background", 0), ("a", 1), ("b", 2), ("c", 5))]}
+    config = PreprocessConfig(layout="msd", labels="classes", channels=("T1", "T2"), orientation="RAS",
+                              spacing=(1.0, 1.0, 1.0), crop=(48, 48, 40), crop_to_nonzero=True, targets=targets)
+    recipe = config.to_dict()
+    prepared, onehot = preprocess_case(image, label, config, spacing, axcodes)
+    assert prepared.shape == (48, 48, 40, 2) and onehot.shape == (48, 48, 40, 4)
+    geometry = pm.preprocess_geometry(shape, recipe, spacing, axcodes, pm.nonzero_box(image))
+    assert geometry["box"] == [[10, 58], [2, 48], [10, 30]] and geometry["resampled"] == [48, 46, 40]
+    # the head fills the network's input: no voxel of it was cut, and the padding is the 2 columns 46 -> 48
+    assert np.count_nonzero(np.any(prepared != 0, axis=-1)) == 48 * 46 * 40
+    assert pm.prepare_image(image, recipe, spacing, axcodes)[1] == geometry
+    # every label voxel survives the crop, and a prediction equal to the targets comes back onto the labels
+    back = pm.probabilities_to_labels(pm.restore_probabilities(onehot.astype(np.float32), recipe, geometry), targets)
+    assert back.shape == shape
+    np.testing.assert_array_equal(back, label)
+    # without it, the same centre crop cuts into the off-centre head
+    plain = PreprocessConfig(layout="msd", labels="classes", channels=("T1", "T2"), orientation="RAS",
+                             spacing=(1.0, 1.0, 1.0), crop=(48, 48, 40), targets=targets)
+    assert np.count_nonzero(np.any(preprocess_case(image, label, plain, spacing, axcodes)[0] != 0, axis=-1)) \
+        < 48 * 46 * 40
+
+
+def test_a_nonzero_crop_without_a_common_shape_is_refused():
+    with pytest.raises(ValueError, match="crop_to_nonzero needs crop"):
+        PreprocessConfig(layout="msd", crop_to_nonzero=True)

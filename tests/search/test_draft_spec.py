@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from distmis.data.fingerprint import compute_fingerprint
 from distmis.data.synthetic import synthesize_dataset
 from distmis.perf.sizing import PROCESS_RESERVE
 from distmis.search.draft_spec import InitRequest, draft_spec
@@ -46,16 +47,23 @@ def drafts(datasets, tmp_path_factory):
                 for key, path in datasets.items()}
 
 
-def test_the_data_decides_labels_spacing_orientation_and_channels(drafts):
+def test_the_data_decides_labels_spacing_orientation_and_channels(drafts, datasets):
     mri, ct, regions = drafts["mri"].spec, drafts["ct"].spec, drafts["regions"].spec
     assert (mri.dataset.layout, mri.dataset.labels, mri.dataset.spacing, mri.dataset.orientation) == \
         ("msd", "regions", None, None)  # a brain-tumour set: WT, TC, ET; one spacing and orientation
     # the CT's cases differ in spacing (anisotropic) and one is stored LPS
     assert (ct.dataset.labels, ct.dataset.spacing, ct.dataset.orientation) == ("classes", "auto", "RAS")
     # resampled, the CT's cases differ in shape: one shape for all, each side the largest case's (the conversion
-    # stores one shape); the other sets share theirs
-    assert ct.dataset.crop is not None and mri.dataset.crop is None and regions.dataset.crop is None
+    # stores one shape); it has no zero border to crop
+    assert ct.dataset.crop is not None and not ct.dataset.crop_to_nonzero
     assert tuple(ct.dataset.crop) == drafts["ct"].plan.volume
+    # the brain sets' heads sit in a zero border: each case is cropped to its non-zero region (nnU-Net's crop), and
+    # those regions are centred in one shape that holds the largest of them
+    for key, layout in (("mri", "msd"), ("regions", "nnunet")):
+        cases = compute_fingerprint(datasets[key], layout).cases
+        assert drafts[key].spec.dataset.crop_to_nonzero and any(c.cropped_shape != c.shape for c in cases)
+        largest = tuple(max(axis) for axis in zip(*(c.cropped_shape for c in cases)))
+        assert tuple(drafts[key].spec.dataset.crop) == largest == drafts[key].plan.volume
     assert (regions.dataset.layout, regions.dataset.labels) == ("nnunet", "regions")
     channels = {key: {step.memory.trace.flops > 0 for step in draft.fit.steps} for key, draft in drafts.items()}
     assert channels == {"mri": {True}, "ct": {True}, "regions": {True}}

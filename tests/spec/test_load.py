@@ -125,6 +125,15 @@ def test_volume_not_divisible_by_pooling(spec_tree):
     assert path == "dataset.crop" and "divide by 4" in message
 
 
+def test_a_nonzero_crop_needs_a_common_shape(spec_tree):
+    spec_tree["dataset"].pop("crop", None)
+    spec_tree["dataset"]["crop_to_nonzero"] = True
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "dataset" and "crop_to_nonzero needs crop" in message
+    spec_tree["dataset"]["crop"] = [32, 32, 32]
+    assert validate_spec(spec_tree).dataset.crop_to_nonzero is True
+
+
 def test_tile_larger_than_volume(spec_tree):
     spec_tree["training"]["tile"] = [32, 32, 32]
     [(path, message)] = problems_of(spec_tree)
