@@ -435,7 +435,7 @@ class UNetTrainer:
         peak: list[float | None] = []
 
         def train() -> float:
-            meter = AllocatorMeter(allocator_device()) if self.replicas == 1 else None
+            meter = AllocatorMeter(allocator_device()) if self.one_replica_here else None
             if meter is not None:  # Adam's moments, once made, are the step's as in the first epoch
                 meter.start(held=float(sum(_variable_bytes(v) for v in self.optimizer.variables)))
             loss = self.train_epoch(epoch)
@@ -446,12 +446,23 @@ class UNetTrainer:
         return dataclasses.replace(metrics, **curriculum_metrics(self.spec.training, epoch, self.volume_shape),
                                    **self.memory_metrics(peak[0] if peak else None))
 
+    @property
+    def one_replica_here(self) -> bool:
+        """Whether this process trains one replica: a single-replica strategy, or one worker of a multi-worker one
+        with a replica per worker (a data-parallel trial on CPUs or one GPU each). Its allocator then holds that
+        replica's step alone, as the prediction does (plus the all-reduce's buffers)."""
+        if self.replicas == 1:
+            return True
+        worker = _worker_of(self.strategy)
+        return worker is not None and worker[0] == self.replicas
+
     def memory_metrics(self, peak: float | None) -> dict[str, float]:
         """``peak_memory_mb`` (the allocator's, :class:`~distmis.train.tf_metering.AllocatorMeter`) and the traced
         step's prediction at the current stage's input (:func:`distmis.estimate.keras_step.trace_keras_step`, of this
         model's step, traced once per input and never run): ``predicted_step_memory_mb`` (what ``peak_memory_mb``
         measures), ``predicted_peak_memory_mb`` (with the weights and the batch) and ``predicted_flops_per_step``.
-        Only a worker that trains one replica reports them; a prediction that cannot be made is a warning."""
+        Only a process that trains one replica reports them (:attr:`one_replica_here`); a prediction that cannot be
+        made is a warning."""
         if peak is None:
             return {}
         metrics = {"peak_memory_mb": peak / 2**20}
@@ -463,9 +474,11 @@ class UNetTrainer:
             network = NetworkInput(int(self.model.input_shape[-1]), self.num_classes, tile,  # type: ignore[arg-type]
                                    activation=self.activation, precision=self.spec.training.precision)
             try:
+                # a multi-worker replica's variables are mirrored, which a step traced outside the strategy cannot
+                # update: a copy of the network of its own is traced then
                 trace = trace_keras_step(self.spec.model.entry, self.spec.model.params, network, self.loss_fn,
                                          batch=self.stage.batch_size, precision=self.spec.training.precision,
-                                         model=self.model)
+                                         model=self.model if self.replicas == 1 else None)
             except Exception as exc:  # noqa: BLE001 - a prediction that cannot be made never stops training
                 logger.warning("no memory prediction for the Keras U-Net at %s, batch %d: %s: %s", list(tile),
                                self.stage.batch_size, type(exc).__name__, exc)
