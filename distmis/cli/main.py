@@ -235,6 +235,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from distmis.tracking.figures import plan_figure
 
     spec = load_planned(args.spec, parse_set_options(args.set))
+    if args.workers is not None:
+        return _plan_makespan(args, spec)
     if spec.model.entry.perf_shape is None or not spec.model.entry.supports("sp"):
         return _plan_trial_steps(args, spec)
     try:
@@ -280,6 +282,35 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     if missing:
         print(f"\npatch {', '.join(map(str, missing))}: no layout fits")
+    return EXIT_OK
+
+
+def _plan_makespan(args: argparse.Namespace, spec: Any) -> int:
+    """``distmis plan SPEC --workers W``: the search's predicted makespan by mode, and auto's schedule
+    (``distmis/search/makespan_plan.py``); ``--gantt`` draws the schedules."""
+    from distmis.perf.makespan import Cluster
+    from distmis.search.makespan_plan import Hardware, format_makespan, plan_makespan
+    from distmis.tracking.figures import gantt_figure
+
+    try:
+        cluster = Cluster(workers=args.workers, per_node=args.per_node, bandwidth=args.bandwidth,
+                          inter_node_bandwidth=args.inter_node_bandwidth)
+        hardware = Hardware(device_flops=args.device_flops, startup_seconds=args.startup_seconds,
+                            step_overhead=args.step_overhead)
+        plan = plan_makespan(spec, cluster, hardware, device=args.device, threads=args.threads)
+    except ValueError as exc:
+        raise BadInput(f"{args.spec}: {exc}") from None
+    print(f"{spec.name}: {args.device_flops:.3g} FLOP/s a worker, {args.bandwidth:.3g} B/s inside a node, "
+          f"{args.inter_node_bandwidth:.3g} B/s between nodes, {args.startup_seconds:g} s start-up a trial")
+    print(format_makespan(plan))
+    if args.gantt:
+        gantt = Path(args.gantt)
+        figure = gantt_figure([plan.schedules[0], min(plan.schedules[1:-1], key=lambda s: s.makespan,
+                                                      default=plan.schedules[0]), plan.auto],
+                              title=f"{spec.name} on {args.workers} worker(s), predicted")
+        gantt.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(gantt, dpi=120)
+        print(f"\nGantt chart: {gantt}")
     return EXIT_OK
 
 
@@ -584,6 +615,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive_int, default=1,
                    help="torch threads a CPU rank runs (not vit-seg; --device cpu; default 1)")
     p.add_argument("--output", help="folder for plan.png (default: runs/<spec name>)")
+    p.add_argument("--workers", type=_positive_int, default=None,
+                   help="predict the whole search on this many workers instead: its makespan experiment-parallel, "
+                        "data-parallel at each degree and auto, and auto's schedule (--device-flops: the rate a "
+                        "worker reaches on the search's steps)")
+    p.add_argument("--per-node", type=_positive_int, default=None,
+                   help="--workers: workers per node (default: all on one node)")
+    p.add_argument("--inter-node-bandwidth", type=_rate, default=12.5e9,
+                   help="--workers: bytes/s a worker sends to another node (default 12.5e9); --bandwidth inside one")
+    p.add_argument("--startup-seconds", type=float, default=10.0,
+                   help="--workers: a trial's start-up, s (default 10)")
+    p.add_argument("--step-overhead", type=float, default=0.0,
+                   help="--workers: a training step's fixed cost, s (default 0)")
+    p.add_argument("--gantt", help="--workers: draw the experiment, best data-parallel and auto schedules to this PNG")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("results", help="print a search's results table (or a comparison's speedup table) from MLflow")

@@ -162,3 +162,36 @@ def plan_figure(rows: list, *, memory_per_rank: float, title: str = ""):
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def gantt_figure(schedules: list, *, title: str = ""):
+    """One row of bars per worker for each :class:`~distmis.perf.makespan.Schedule` (a panel each, one time axis):
+    what ran where and when, a trial's bar on every worker it held, labelled with its name; minutes on the axis
+    (hours past two hours)."""
+    plt = _pyplot()
+    if not schedules:
+        raise ValueError("no schedule to draw")
+    longest = max(s.makespan for s in schedules)
+    scale, unit = (3600, "hours") if longest > 7200 else (60, "minutes")
+    end = longest / scale or 1.0
+    fig, axes = plt.subplots(len(schedules), 1, figsize=(8, 1.0 + 0.45 * sum(s.workers for s in schedules)),
+                             sharex=True, squeeze=False)
+    colours = plt.get_cmap("tab20")
+    for ax, schedule in zip(axes[:, 0], schedules):
+        for index, p in enumerate(sorted(schedule.placements, key=lambda p: p.trial)):
+            for worker in p.workers:
+                ax.barh(worker, (p.end - p.start) / scale, left=p.start / scale, height=0.8,
+                        color=colours(index % 20), edgecolor="black", linewidth=0.5)
+            middle = (p.start + p.end) / 2 / scale
+            ax.text(middle, sum(p.workers) / len(p.workers), p.trial, ha="center", va="center", fontsize=7)
+        ax.set_yticks(range(schedule.workers))
+        ax.set_yticklabels([f"w{w}" for w in range(schedule.workers)])
+        ax.set_ylim(schedule.workers - 0.5, -0.5)
+        ax.set_xlim(0, end * 1.02)
+        ax.set_title(f"{schedule.mode}: {schedule.makespan / scale:.3g} {unit}, {schedule.idle_fraction:.0%} idle",
+                     fontsize=9)
+    axes[-1, 0].set_xlabel(unit)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
