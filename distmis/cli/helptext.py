@@ -32,7 +32,6 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
                  "experiment- against data-parallel on 1 and 2 workers, every cell 3 times"),),
     "plan": (("distmis plan search_spaces/vit_axial.yaml --ranks 4 --memory-per-rank 6GB",
               "predicted layouts of 4 ranks of 6 GB each; writes plan.png"),
-             ("distmis plan search_spaces/vit_axial.yaml --precision bf16", "the same in mixed precision"),
              ("distmis plan benchmarks/speedup.yaml --workers 8 --per-node 4 --device-flops 30e12 --gantt plan.png",
               "the search's makespan on 8 workers of two nodes: experiment, data-parallel and auto")),
     "init": (("distmis init data/quickstart-msd -o runs/quickstart-init.yaml",
