@@ -32,11 +32,13 @@ __all__ = ["end_search"]
 
 
 def end_search(spec: Spec, data: PreparedData, search_run: SearchRun, grid: Any, callback: MLflowTrialCallback, *,
-               search_seconds: float, tune_failure: str = "", model_folder: Path | None = None) -> SearchOutcome:
+               search_seconds: float, capacity: int = 1, tune_failure: str = "",
+               model_folder: Path | None = None) -> SearchOutcome:
     """What follows the trials of a search (``grid``: Tune's results; ``callback``: the trials' records, closed):
-    the learning curves, the best candidates scored on the test split and the best one published
-    (``model_folder``: where its model is kept; None: logged on its run only), the results tables on the search's
-    run, and the run ended (FAILED when Ray Tune itself stopped the search: ``tune_failure`` says why)."""
+    the learning curves, what the search cost (:func:`_record_accounting`; ``capacity``: the workers its trials
+    could hold at once), the best candidates scored on the test split and the best one published (``model_folder``:
+    where its model is kept; None: logged on its run only), the results tables on the search's run, and the run
+    ended (FAILED when Ray Tune itself stopped the search: ``tune_failure`` says why)."""
     # Counted from each trial's own final status as the callback recorded it: Tune's grid.errors misses a trial
     # whose error file could not be written (a full or read-only disk).
     failed_trials = tuple(callback.failed)
@@ -45,6 +47,7 @@ def end_search(spec: Spec, data: PreparedData, search_run: SearchRun, grid: Any,
     client = search_run.client
     search_run.log_figure(learning_curves_figure(client, client.get_run(search_run.run_id), "val_dice"),
                           "val_dice_curves.png")
+    _record_accounting(search_run, capacity)
     best = _finish_with_best_models(search_run, grid, callback, spec, data, model_folder)
     problems = list(best.problems)
     if tune_failure:
@@ -67,6 +70,22 @@ def end_search(spec: Spec, data: PreparedData, search_run: SearchRun, grid: Any,
     return SearchOutcome(results, failed, elapsed, search_seconds, search_run.tracking_uri, spec.experiment_name,
                          search_run.run_id, data, best.test, best.note, best.model, tuple(problems), failed_trials,
                          tune_failure)
+
+
+def _record_accounting(search_run: SearchRun, capacity: int) -> None:
+    """The search's ``span_seconds``, ``worker_hours`` and ``idle_fraction`` of ``capacity`` workers, and the
+    schedule that ran, drawn (``schedule.png``): :mod:`distmis.tracking.accounting`."""
+    from distmis.tracking.accounting import measured_schedule, search_accounting, trial_spans
+    from distmis.tracking.figures import gantt_figure
+
+    spans = trial_spans(search_run.client, search_run.run_id)
+    figures = search_accounting(spans, capacity)
+    if not figures:
+        return
+    search_run.log_metrics(figures)
+    schedule = measured_schedule(spans, capacity)
+    search_run.log_figure(gantt_figure([schedule], title=f"what ran where: {figures['worker_hours']:.3g} "
+                                                         f"worker-hours on {capacity} worker(s)"), "schedule.png")
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,8 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     function = trial_function(plan, spec, data, output_dir, experiment, trainable)
     # the search as a whole after each trial's end: on the search run (always) and the console (unless --quiet)
-    tracker = SearchProgress(spec, total=num_trials(spec), at_once=trials_at_once(plan, node_resources()),
+    at_once = trials_at_once(plan, node_resources())
+    tracker = SearchProgress(spec, total=num_trials(spec), at_once=at_once,
                              record=lambda metrics, step: search_run.log_metrics(metrics, step=step))
     if resume:
         tracker.adopt(callback.best, callback.epochs)
@@ -192,6 +193,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         callback.summarize_configurations(final=True)
     callback.close()  # the trial records a store outage held back, before the results are read
     return end_search(spec, data, search_run, grid, callback, search_seconds=search_seconds,
+                      capacity=at_once * plan.largest.world_size,
                       tune_failure=tune_failure, model_folder=output_dir / LOCAL_MODEL_FOLDER if keep_model else None)
 
 

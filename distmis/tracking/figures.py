@@ -183,7 +183,7 @@ def gantt_figure(schedules: list, *, title: str = ""):
                 ax.barh(worker, (p.end - p.start) / scale, left=p.start / scale, height=0.8,
                         color=colours(index % 20), edgecolor="black", linewidth=0.5)
             middle = (p.start + p.end) / 2 / scale
-            ax.text(middle, sum(p.workers) / len(p.workers), p.trial, ha="center", va="center", fontsize=7)
+            ax.text(middle, sum(p.workers) / len(p.workers), p.trial.split()[0], ha="center", va="center", fontsize=7)
         ax.set_yticks(range(schedule.workers))
         ax.set_yticklabels([f"w{w}" for w in range(schedule.workers)])
         ax.set_ylim(schedule.workers - 0.5, -0.5)

@@ -389,6 +389,7 @@ class MLflowTrialCallback(tune.Callback):
         self.attempts: dict[str, set[str]] = {}  # attempt ids seen this session
         self.attempts_before: dict[str, int] = {}  # attempts recorded before a resume
         self.adopted: set[str] = set()  # trials whose runs a resumed search took over
+        self.trial_workers: dict[str, int] = {}  # trial id -> the workers it holds (its layout's world size)
         self.num_parameters_logged: set[str] = set()
         self.reopened: set[str] = set()
         # cross-validation (spec.cv_folds): the folds every configuration trains, and the configurations' runs
@@ -437,6 +438,8 @@ class MLflowTrialCallback(tune.Callback):
             if "model.num_parameters" in run.data.params:
                 self.num_parameters_logged.add(trial_id)
             self.attempts_before[trial_id] = int(run.data.tags.get(ATTEMPTS_TAG, "0"))
+            if str(run.data.params.get("trial.workers", "")).isdigit():
+                self.trial_workers[trial_id] = int(run.data.params["trial.workers"])
             epochs = self.client.get_metric_history(run_id, "epoch_seconds")  # logged with every epoch
             self.epochs[trial_id] = max((m.step for m in epochs), default=0)
             history = [m for m in self.client.get_metric_history(run_id, self.search.metric) if math.isfinite(m.value)]
@@ -532,6 +535,7 @@ class MLflowTrialCallback(tune.Callback):
             params = {k: v for k, v in flatten(spec_to_dict(spec)).items() if not k.startswith(("search.", "tracking."))}
             params.update({"trial.workers": layout.world_size, "trial.data_parallel": layout.dp,
                            "training.optimizer.effective_lr": layout.effective_lr})
+            self.trial_workers[trial_id] = layout.world_size
             invalid = None
             predicted = self._predict(trial_id, spec, layout)
         tags = {ROLE_TAG: "trial", TRIAL_ID_TAG: trial_id, SEARCH_RUN_TAG: self.search.run_id,
@@ -702,6 +706,8 @@ class MLflowTrialCallback(tune.Callback):
         summary: dict[str, float] = {}
         if "time_total_s" in last:
             summary["elapsed_seconds"] = float(last["time_total_s"])
+            # the workers' time it held: what it cost the cluster (accounting: distmis.tracking.accounting)
+            summary["worker_seconds"] = self.trial_workers.get(trial.trial_id, 1) * float(last["time_total_s"])
         if trial.trial_id in self.best:
             value, epoch = self.best[trial.trial_id]
             summary[f"best_{self.search.metric}"] = value

@@ -73,7 +73,8 @@ def best_epoch_values(client: MlflowClient, run: Run, names: Sequence[str], epoc
 def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
     """One row per trial (per configuration in a search with cross-validation folds: :func:`cv_results_frame`): status, searched values, best metric and epoch, each scored channel's validation dice at
     that best epoch (``val_dice_<key>``: the data set's classes or regions), test dice (the trials scored on the
-    test split: ``search.evaluate_top``), epochs, seconds, error."""
+    test split: ``search.evaluate_top``), epochs, seconds, worker-hours (the workers it held times its time),
+    error."""
     searched: list[str] = json.loads(parent.data.tags.get(SEARCHED_TAG, "[]"))
     metric = parent.data.tags.get(METRIC_TAG, "val_dice")
     mode = parent.data.tags.get(MODE_TAG, "max")
@@ -95,6 +96,7 @@ def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
             row.update({name: m.get(name, math.nan) for name in INFERENCE_METRICS})
         row["epochs"] = int(m.get("epochs_completed", 0))
         row["elapsed_s"] = round(m.get("elapsed_seconds", math.nan), 1)
+        row["worker_h"] = round(m.get("worker_seconds", math.nan) / 3600, 4)
         row["num_params"] = p.get("model.num_parameters")
         row["error"] = run.data.tags.get("error", "")
         row["run_id"] = run.info.run_id
@@ -123,6 +125,7 @@ def cv_results_frame(client: MlflowClient, configurations: Sequence[Run], search
         row.update({name: value for name, value in sorted(m.items()) if name.startswith("test_dice_")})
         row["epochs"] = sum(int(fold.data.metrics.get("epochs_completed", 0)) for fold in folds)
         row["elapsed_s"] = round(sum(fold.data.metrics.get("elapsed_seconds", 0.0) for fold in folds), 1)
+        row["worker_h"] = round(sum(fold.data.metrics.get("worker_seconds", 0.0) for fold in folds) / 3600, 4)
         row["num_params"] = p.get("model.num_parameters") or next(
             (fold.data.params["model.num_parameters"] for fold in folds if "model.num_parameters" in fold.data.params),
             None)

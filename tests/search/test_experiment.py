@@ -54,6 +54,8 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
         assert params["training.optimizer.lr"] in ("0.001", "0.005")
         assert params["model.params.norm"] in ("batch", "group")
         assert child.data.metrics["elapsed_seconds"] > 0
+        # what it cost: its one worker's time (experiment-parallel: one worker a trial)
+        assert child.data.metrics["worker_seconds"] == pytest.approx(child.data.metrics["elapsed_seconds"])
         checkpoint = Path(child.data.tags["distmis.checkpoint"])  # its latest: the best weights at the root
         assert (checkpoint / "model.weights.h5").is_file() and (checkpoint / "resume" / "state.json").is_file()
     combos = {(c.data.params["training.optimizer.lr"], c.data.params["model.params.norm"]) for c in children}
@@ -91,6 +93,15 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"spec.yaml", "split.json", "results.csv", "results.md", "val_dice_curves.png", "best_trial_overlay.png"} <= artifacts
     assert parent.data.metrics["failed_trials"] == 0 and parent.data.metrics["elapsed_seconds"] > 0
+    # What the search cost: its trials' spans on the workers they held, and the schedule that ran, drawn
+    assert "schedule.png" in artifacts
+    spans = [(c.info.start_time / 1000, c.info.end_time / 1000) for c in children]
+    assert parent.data.metrics["span_seconds"] == pytest.approx(max(e for _, e in spans) - min(s for s, _ in spans))
+    assert parent.data.metrics["worker_hours"] == pytest.approx(sum(e - s for s, e in spans) / 3600)
+    capacity = 2  # the 2-CPU local Ray: two 1-CPU trials at once
+    assert parent.data.metrics["idle_fraction"] == pytest.approx(
+        1 - parent.data.metrics["worker_hours"] * 3600 / (capacity * parent.data.metrics["span_seconds"]))
+    assert 0 <= parent.data.metrics["idle_fraction"] < 1
     # The data set's fingerprint: kept in the output folder, and on the search's run
     kept = tmp_path / "out" / FINGERPRINT_FILE
     assert DatasetFingerprint.from_dict(json.loads(kept.read_text())) == compute_fingerprint(tmp_path / "data", "msd")
@@ -99,7 +110,9 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
 
     table = outcome.results
     assert len(table) == 4 and list(table["best_val_dice"]) == sorted(table["best_val_dice"], reverse=True)
-    assert set(table.columns) >= {"trial", "status", "lr", "norm", "best_val_dice", "best_epoch", "elapsed_s"}
+    assert set(table.columns) >= {"trial", "status", "lr", "norm", "best_val_dice", "best_epoch", "elapsed_s",
+                                  "worker_h"}
+    assert (table["worker_h"] > 0).all()
     assert table["test_dice_WT"].notna().tolist() == [True, True, False, False]  # the 2 scored: the 2 best
     assert dict(zip(table["run_id"], table["test_dice_WT"]))[best_run.info.run_id] == best_run.data.metrics["test_dice_WT"]
     # Each trial's newest checkpoint (its last epoch's) holds the best epoch's weights and the state to resume from.
