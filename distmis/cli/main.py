@@ -289,19 +289,33 @@ def _plan_makespan(args: argparse.Namespace, spec: Any) -> int:
     """``distmis plan SPEC --workers W``: the search's predicted makespan by mode, and auto's schedule
     (``distmis/search/makespan_plan.py``); ``--gantt`` draws the schedules."""
     from distmis.perf.makespan import Cluster
-    from distmis.search.makespan_plan import Hardware, format_makespan, plan_makespan
+    from distmis.search.makespan_plan import Hardware, calibrate, check_calibration, format_makespan, plan_makespan
     from distmis.tracking.figures import gantt_figure
 
+    checked = None
     try:
         cluster = Cluster(workers=args.workers, per_node=args.per_node, bandwidth=args.bandwidth,
                           inter_node_bandwidth=args.inter_node_bandwidth)
-        hardware = Hardware(device_flops=args.device_flops, startup_seconds=args.startup_seconds,
-                            step_overhead=args.step_overhead)
+        if args.calibrate:
+            calibration = calibrate(args.calibrate, device=args.device, threads=args.threads)
+            hardware = calibration.hardware(args.step_overhead)
+            checked = check_calibration(args.calibrate, calibration, device=args.device, threads=args.threads)
+        else:
+            hardware = Hardware(device_flops=args.device_flops, startup_seconds=args.startup_seconds,
+                                step_overhead=args.step_overhead)
         plan = plan_makespan(spec, cluster, hardware, device=args.device, threads=args.threads)
     except ValueError as exc:
         raise BadInput(f"{args.spec}: {exc}") from None
-    print(f"{spec.name}: {args.device_flops:.3g} FLOP/s a worker, {args.bandwidth:.3g} B/s inside a node, "
-          f"{args.inter_node_bandwidth:.3g} B/s between nodes, {args.startup_seconds:g} s start-up a trial")
+    if args.calibrate:
+        print(f"calibrated on {calibration.trials} trial(s) of {args.calibrate}: {hardware.device_flops:.3g} FLOP/s "
+              f"a worker, {hardware.startup_seconds:.3g} s start-up a trial, {hardware.cold_start_seconds:.3g} s "
+              "more for the first on a worker")
+        if checked is not None:
+            predicted, measured = checked
+            print(f"  that search, predicted in its own mode on its {calibration.capacity} worker(s): "
+                  f"{predicted:.1f} s; measured: {measured:.1f} s ({predicted / measured - 1:+.0%})")
+    print(f"{spec.name}: {hardware.device_flops:.3g} FLOP/s a worker, {args.bandwidth:.3g} B/s inside a node, "
+          f"{args.inter_node_bandwidth:.3g} B/s between nodes, {hardware.startup_seconds:.3g} s start-up a trial")
     print(format_makespan(plan))
     if args.gantt:
         gantt = Path(args.gantt)
@@ -628,6 +642,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-overhead", type=float, default=0.0,
                    help="--workers: a training step's fixed cost, s (default 0)")
     p.add_argument("--gantt", help="--workers: draw the experiment, best data-parallel and auto schedules to this PNG")
+    p.add_argument("--calibrate", metavar="OUTPUT",
+                   help="--workers: take a worker's rate and a trial's start-up from the search in this output "
+                        "folder (its measured epochs), in place of --device-flops and --startup-seconds, and "
+                        "predict that search itself beside what it measured")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("results", help="print a search's results table (or a comparison's speedup table) from MLflow")

@@ -83,7 +83,8 @@ class TrialCost:
     """What one trial costs, by parts: ``epochs`` (ASHA: the expected ones), an epoch's training compute on one
     worker (s), its ``steps`` on one worker, the fixed cost of a step (s), the gradient bytes all-reduced each step,
     the validation each epoch (s, on every worker), the start-up (s), and the most workers it can use (1: a trial
-    that cannot be data-parallel)."""
+    that cannot be data-parallel). ``cold_start_seconds``: what a trial costs more when it is the first on one of
+    its workers (distmis keeps a worker's process, imports and traced graphs for the next trial it runs)."""
 
     name: str
     epochs: float
@@ -94,12 +95,13 @@ class TrialCost:
     validate_seconds: float = 0.0
     startup_seconds: float = 0.0
     max_degree: int | None = None
+    cold_start_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"trial {self.name}: steps must be at least 1, got {self.steps}")
         for name in ("epochs", "train_seconds", "step_overhead", "gradient_bytes", "validate_seconds",
-                     "startup_seconds"):
+                     "startup_seconds", "cold_start_seconds"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"trial {self.name}: {name} must be a non-negative number, got {value!r}")
@@ -202,7 +204,8 @@ def _take(free: list[float], degree: int, cluster: Cluster) -> tuple[int, ...]:
 def list_schedule(costs: Sequence[TrialCost], degrees: Sequence[int], cluster: Cluster, *,
                   order: Sequence[int] | None = None, mode: str = "") -> Schedule:
     """Place the trials, in ``order`` (default: the longest at its degree first), each on its ``degrees[i]``
-    workers (:func:`_take`), starting when the last of them is free."""
+    workers (:func:`_take`), starting when the last of them is free; a trial that is the first on one of its workers
+    takes its ``cold_start_seconds`` longer."""
     if len(degrees) != len(costs):
         raise ValueError(f"{len(costs)} trial(s) but {len(degrees)} degree(s)")
     for cost, degree in zip(costs, degrees):
@@ -212,11 +215,14 @@ def list_schedule(costs: Sequence[TrialCost], degrees: Sequence[int], cluster: C
     if order is None:
         order = sorted(range(len(costs)), key=lambda i: (-seconds[i], i))
     free = [0.0] * cluster.workers
+    used: set[int] = set()
     placements = []
     for index in order:
         workers = _take(free, degrees[index], cluster)
         start = max(free[w] for w in workers)
-        end = start + seconds[index]
+        cold = costs[index].cold_start_seconds if any(w not in used for w in workers) else 0.0
+        end = start + seconds[index] + cold
+        used.update(workers)
         for w in workers:
             free[w] = end
         placements.append(Placement(costs[index].name, degrees[index], start, end, workers))

@@ -13,6 +13,10 @@ convolution reaches of it):
   (:func:`~distmis.perf.makespan.asha_epochs`);
 * the start-up and a fixed cost per step: given (``startup_seconds``, ``step_overhead``).
 
+Or calibrated on an earlier search of the same data and networks (:func:`calibrate`): the rate its workers reached
+on their epochs, and its trials' start-up; :func:`check_calibration` then predicts that search itself, to set beside
+the span it measured.
+
 The search's trials (:func:`~distmis.search.search_space.num_trials`, folds included) take the distinct steps the
 search can take in turn. The schedules are then those of :func:`~distmis.perf.makespan.pack`: experiment-parallel,
 data-parallel at every degree up to W, and auto.
@@ -28,22 +32,24 @@ from typing import Literal
 from distmis.perf.makespan import Cluster, Schedule, TrialCost, asha_epochs, pack
 from distmis.spec.schema import Spec
 
-__all__ = ["Hardware", "MakespanPlan", "split_sizes", "validation_windows", "search_costs", "plan_makespan",
-           "format_makespan"]
+__all__ = ["Hardware", "MakespanPlan", "Calibration", "split_sizes", "validation_windows", "search_costs",
+           "plan_makespan", "format_makespan", "calibrate", "check_calibration"]
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """A worker's rate on the search's steps (FLOP/s), a trial's start-up (s) and the fixed cost of a step (s)."""
+    """A worker's rate on the search's steps (FLOP/s), a trial's start-up (s), the fixed cost of a step (s), and
+    what a trial costs more as the first on a worker (s: its process, imports and graphs made anew)."""
 
     device_flops: float
     startup_seconds: float = 10.0
     step_overhead: float = 0.0
+    cold_start_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.device_flops) and self.device_flops > 0):
             raise ValueError(f"device_flops must be a positive rate, got {self.device_flops!r}")
-        for name in ("startup_seconds", "step_overhead"):
+        for name in ("startup_seconds", "step_overhead", "cold_start_seconds"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ValueError(f"{name} must be a non-negative number of seconds, got {getattr(self, name)!r}")
 
@@ -102,14 +108,22 @@ def search_costs(spec: Spec, hardware: Hardware, *, device: Literal["cpu", "cuda
     from distmis.search.search_space import num_trials
     from distmis.search.trial_steps import trial_steps
 
+    from distmis.spec.load import with_volume
+
     train, val = split_sizes(spec)
-    try:
-        volume = data_shape(spec).volume
-    except (ValueError, OSError):
-        volume = None
-    steps = [step for step in trial_steps(spec, device=device, threads=threads) if step.memory is not None]
+    channels = activation = volume = None
+    try:  # the data set's own channels, activation and volume, where it can be read
+        data = data_shape(spec)
+        volume, channels, activation = data.volume, data.channels, data.activation
+        spec = with_volume(spec, data.volume, "the data set")
+    except (ValueError, OSError):  # DataError too: not there yet, and the spec's guess is used
+        pass
+    traced = trial_steps(spec, device=device, threads=threads, channels=channels, activation=activation)
+    steps = [step for step in traced if step.memory is not None]
     if not steps:
-        raise ValueError(f"no training step of {spec.name} can be traced: the search's trials cannot be costed")
+        reasons = "; ".join(sorted({step.reason for step in traced if step.reason})) or "no step"
+        raise ValueError(f"no training step of {spec.name} can be traced ({reasons}): the search's trials cannot "
+                         "be costed")
     trials = num_trials(spec)
     search = spec.search
     if search.scheduler == "asha":
@@ -129,7 +143,7 @@ def search_costs(spec: Spec, hardware: Hardware, *, device: Literal["cpu", "cuda
             train_seconds=batches * trace.flops / hardware.device_flops, steps=batches,
             step_overhead=hardware.step_overhead, gradient_bytes=4.0 * trace.parameters,
             validate_seconds=val * windows * forward / hardware.device_flops,
-            startup_seconds=hardware.startup_seconds, max_degree=None))
+            startup_seconds=hardware.startup_seconds, max_degree=None, cold_start_seconds=hardware.cold_start_seconds))
     return costs
 
 
@@ -165,3 +179,110 @@ def format_makespan(plan: MakespanPlan) -> str:
     for p in sorted(plan.auto.placements, key=lambda p: (p.start, p.workers)):
         lines.append(f"  {p.trial}: {p.degree} worker(s) {list(p.workers)}, {_duration(p.start)} - {_duration(p.end)}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A worker's rate and a trial's start-up as an earlier search measured them (:func:`calibrate`), and that
+    search's own schedule: its mode's degree, the workers its trials could hold at once, and its measured span."""
+
+    source: str
+    trials: int
+    device_flops: float
+    startup_seconds: float
+    cold_start_seconds: float
+    degree: int
+    capacity: int
+    span_seconds: float | None
+
+    def hardware(self, step_overhead: float = 0.0) -> Hardware:
+        return Hardware(self.device_flops, self.startup_seconds, step_overhead, self.cold_start_seconds)
+
+
+def calibrate(output: str | Path, *, device: Literal["cpu", "cuda"] = "cuda", threads: int = 1) -> Calibration:
+    """Calibrate the model on the search whose output folder is ``output`` (``distmis run --output``).
+
+    Its trials that began before any had ended started their workers cold (a new process, its imports, traced
+    graphs); the later ones found them warm. From the warm trials (or all, when none was): a worker's rate is the
+    median over them of the model's FLOPs of an epoch at the trial's degree (training over the degree, and
+    validation) over the trial's median measured ``epoch_seconds``, and a trial's start-up the median of their runs'
+    time outside their epochs (the data, the checkpoints, the records). The cold start is how much longer the cold
+    trials' runs took (medians). The fixed cost of a step and the all-reduce are in the rate. ValueError naming the
+    folder when it holds no search whose trials ran."""
+    import statistics
+
+    from mlflow.tracking import MlflowClient
+
+    from distmis.search.state import SearchState
+    from distmis.spec import validate_spec
+    from distmis.tracking.mlflow_tracking import ROLE_TAG, SEARCH_RUN_TAG, default_tracking_uri
+    from distmis.tracking.uri import is_redacted
+
+    folder = Path(output)
+    state = SearchState.load(folder) if folder.is_dir() else None
+    if state is None or state.kind != "search":
+        raise ValueError(f"--calibrate {str(folder)!r}: not the output folder of a distmis search (it holds no "
+                         "search_state.json of a search; a comparison's cells are searches of their own)")
+    uri = state.tracking_store or default_tracking_uri(folder)
+    if is_redacted(uri):
+        raise ValueError(f"--calibrate {str(folder)!r}: its store {uri} needs a password distmis does not keep")
+    client = MlflowClient(uri)
+    parent = client.get_run(state.run_id)
+    runs = [run for run in client.search_runs([parent.info.experiment_id], max_results=10_000,
+                                              filter_string=f"tags.`{SEARCH_RUN_TAG}` = '{state.run_id}'")
+            if run.data.tags.get(ROLE_TAG) == "trial"]
+    earlier = validate_spec(state.spec, source=str(folder / "search_state.json"))
+    costs = search_costs(earlier, Hardware(device_flops=1.0), device=device, threads=threads)  # seconds = FLOPs
+    measured = []  # (run, epoch seconds, degree) of each trial that logged an epoch
+    for run in runs:
+        epochs = [m.value for m in client.get_metric_history(run.info.run_id, "epoch_seconds") if m.value > 0]
+        if epochs:
+            workers = str(run.data.params.get("trial.workers", "1"))
+            measured.append((run, epochs, int(workers) if workers.isdigit() else 1))
+    if not measured:
+        raise ValueError(f"--calibrate {str(folder)!r}: no trial of that search logged an epoch's time")
+    metrics = parent.data.metrics
+    span, hours, idle = (metrics.get(k) for k in ("span_seconds", "worker_hours", "idle_fraction"))
+    capacity = round(hours * 3600 / ((1 - idle) * span)) if span and hours and idle is not None and idle < 1 else 0
+    degrees = [degree for _, _, degree in measured]
+    degree = max(set(degrees), key=degrees.count)
+    # The first trials on the workers (those that began before any ended) start cold; the others find a warm one
+    ended = [run.info.end_time for run, _, _ in measured if run.info.end_time]
+    first_end = min(ended) if ended else math.inf
+    cold = [m for m in measured if m[0].info.start_time < first_end]
+    warm = [m for m in measured if m[0].info.start_time >= first_end] or cold
+    rates = [statistics.mean(c.train_seconds / d + c.validate_seconds for c in costs) / statistics.median(epochs)
+             for _, epochs, d in warm]
+
+    def outside(group: list) -> list[float]:  # a run's time outside its epochs, and its whole time
+        return [max(0.0, (run.info.end_time - run.info.start_time) / 1000 - sum(epochs))
+                for run, epochs, _ in group if run.info.end_time and run.info.start_time]
+
+    def whole(group: list) -> list[float]:
+        return [(run.info.end_time - run.info.start_time) / 1000 for run, _, _ in group
+                if run.info.end_time and run.info.start_time]
+
+    startup = statistics.median(outside(warm)) if outside(warm) else 0.0
+    extra = (statistics.median(whole(cold)) - statistics.median(whole(warm))
+             if warm is not cold and whole(cold) and whole(warm) else 0.0)
+    return Calibration(str(folder), len(measured), statistics.median(rates), startup, max(0.0, extra), degree,
+                       max(capacity, 1), span)
+
+
+def check_calibration(output: str | Path, calibration: Calibration, *, device: Literal["cpu", "cuda"] = "cuda",
+                      threads: int = 1) -> tuple[float, float] | None:
+    """The calibrated model's makespan of the earlier search itself, in its own mode and on its own workers, and
+    the span it measured: (predicted, measured); None when it recorded no span."""
+    from distmis.search.state import SearchState
+    from distmis.spec import validate_spec
+
+    if not calibration.span_seconds:
+        return None
+    state = SearchState.load(Path(output))
+    assert state is not None
+    earlier = validate_spec(state.spec, source=str(Path(output) / "search_state.json"))
+    costs = search_costs(earlier, calibration.hardware(), device=device, threads=threads)
+    cluster = Cluster(workers=max(calibration.capacity, calibration.degree))
+    mode: Literal["experiment", "data"] = "experiment" if calibration.degree == 1 else "data"
+    schedule = pack(costs, cluster, mode, degree=calibration.degree)
+    return schedule.makespan, calibration.span_seconds

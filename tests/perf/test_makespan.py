@@ -24,7 +24,9 @@ def assert_valid(schedule, costs, cluster) -> None:
     by_name = {c.name: c for c in costs}
     for p in schedule.placements:
         assert len(set(p.workers)) == p.degree and all(0 <= w < cluster.workers for w in p.workers)
-        assert p.end - p.start == pytest.approx(by_name[p.trial].seconds(p.degree, cluster))
+        seconds = by_name[p.trial].seconds(p.degree, cluster)
+        assert p.end - p.start == pytest.approx(seconds) or \
+            p.end - p.start == pytest.approx(seconds + by_name[p.trial].cold_start_seconds)
     for a in schedule.placements:
         for b in schedule.placements:
             if a is not b and set(a.workers) & set(b.workers):
@@ -40,6 +42,16 @@ def test_a_trial_speeds_up_by_its_degree_less_its_all_reduce_and_its_validation(
     # 8 workers span two nodes: the slower link, 2 * 7/8 * 1e8 bytes at 1 GB/s a step
     assert cost.epoch_seconds(8, cluster) == pytest.approx(12.5 + 13 * 0.175 + 5)
     assert cluster.allreduce_seconds(1e8, 4) < cluster.allreduce_seconds(1e8, 5)  # the node's edge
+
+
+def test_a_trial_first_on_a_worker_pays_its_cold_start_and_the_next_does_not():
+    cluster = Cluster(workers=2)
+    costs = [TrialCost(f"t{i}", 1, 10.0, 10, cold_start_seconds=5.0) for i in range(4)]
+    schedule = pack(costs, cluster, "experiment")
+    lengths = sorted(round(p.end - p.start, 6) for p in schedule.placements)
+    assert lengths == [10.0, 10.0, 15.0, 15.0] and schedule.makespan == pytest.approx(25.0)
+    data = pack(costs, cluster, "data", degree=2)  # the first trial starts both workers
+    assert sorted(round(p.end - p.start, 6) for p in data.placements) == [5.0, 5.0, 5.0, 10.0]
 
 
 def test_asha_stops_the_trials_at_its_rungs():

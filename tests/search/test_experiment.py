@@ -102,6 +102,15 @@ def test_grid_search_logs_every_trial_and_epoch(ray_local, tmp_path: Path):
     assert parent.data.metrics["idle_fraction"] == pytest.approx(
         1 - parent.data.metrics["worker_hours"] * 3600 / (capacity * parent.data.metrics["span_seconds"]))
     assert 0 <= parent.data.metrics["idle_fraction"] < 1
+    # The makespan model calibrated on this search: its workers' rate on its epochs, its trials' start-up, and its
+    # own schedule (experiment-parallel on the 2 workers) predicted beside the span it measured
+    from distmis.search.makespan_plan import calibrate, check_calibration
+
+    calibration = calibrate(tmp_path / "out", device="cpu")
+    assert (calibration.trials, calibration.degree, calibration.capacity) == (4, 1, capacity)
+    assert calibration.device_flops > 0 and calibration.startup_seconds > 0
+    predicted, measured = check_calibration(tmp_path / "out", calibration, device="cpu")
+    assert predicted > 0 and measured == parent.data.metrics["span_seconds"]
     # The data set's fingerprint: kept in the output folder, and on the search's run
     kept = tmp_path / "out" / FINGERPRINT_FILE
     assert DatasetFingerprint.from_dict(json.loads(kept.read_text())) == compute_fingerprint(tmp_path / "data", "msd")

@@ -87,3 +87,10 @@ def test_a_spec_whose_cases_cannot_be_counted_is_refused_naming_the_path(tmp_pat
     spec["dataset"]["path"] = str(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="nowhere.*does not exist"):
         split_sizes(validate_spec(spec))
+
+
+def test_calibrating_on_a_folder_that_holds_no_search_is_refused_naming_it(tmp_path: Path):
+    from distmis.search.makespan_plan import calibrate
+
+    with pytest.raises(ValueError, match=r"--calibrate .*nothing.*not the output folder of a distmis search"):
+        calibrate(tmp_path / "nothing")
