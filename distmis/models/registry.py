@@ -87,6 +87,9 @@ class ModelEntry:
     constructor: str | None = None  # the library class it builds ("monai.networks.nets:SegResNet"), if any
     # (params, an input's shape, its batch size) -> why the network cannot train on it, or None
     input_check: Callable[[Any, tuple[int, int, int], int], str | None] | None = None
+    # (params, tile) -> whether the tile planner (training.tile: auto) prefers the tile among those the network
+    # takes (None: every one): a network that plans its own strides from the tile pools fully only on some
+    tile_preference: Callable[[Any, tuple[int, int, int]], bool] | None = None
     # the data set's median volume (voxels) -> the model.params `distmis init` writes (defaults: {})
     draft_params: Callable[[tuple[int, int, int]], dict[str, Any]] = lambda volume: {}
     summary: str = ""
@@ -144,6 +147,16 @@ def _dynunet_rule(params: DynUNetParams) -> str:
     return f"the least common multiple of the strides' product along each axis, {list(product)}"
 
 
+def _dynunet_prefers(params: DynUNetParams, tile: tuple[int, int, int]) -> bool:
+    """Planned strides: a tile on which every axis is pooled as nnU-Net would pool it (:func:`full_pooling`)."""
+    from distmis.models.dynunet_plan import MAX_DOWNSAMPLINGS, full_pooling
+
+    if not params.planned:
+        return True
+    depth = MAX_DOWNSAMPLINGS if params.filters is None else min(MAX_DOWNSAMPLINGS, len(params.filters) - 1)
+    return full_pooling(tile, max_downsamplings=depth)
+
+
 def _dynunet_check(params: DynUNetParams, shape: tuple[int, int, int], batch_size: int) -> str | None:
     product = params.downsampling()  # planned strides keep every feature map at 4 voxels or more
     return None if product is None else _deepest_map(params.norm_name, product, shape, batch_size)
@@ -195,7 +208,7 @@ MODELS: dict[str, ModelEntry] = {
         ModelEntry(
             name="dynunet", params=DynUNetParams, frameworks=("torch",), output="logits",
             input_multiple=_dynunet_multiple, input_rule=_dynunet_rule, input_check=_dynunet_check,
-            constructor="monai.networks.nets:DynUNet",
+            tile_preference=_dynunet_prefers, constructor="monai.networks.nets:DynUNet",
             summary="MONAI's DynUNet: nnU-Net's U-Net, its kernels and strides planned from the tile and spacing",
         ),
         ModelEntry(

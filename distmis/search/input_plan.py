@@ -165,11 +165,17 @@ def plan_spec(spec: Spec, fields: Sequence[str]) -> InputPlan:
 
     valid, peak = step_rules(trials, data, device, threads)
     pipe = spec.parallelism.pipeline
+
+    def preferred(tile: Tile) -> bool:  # every network's own preference (a DynUNet planned from its tile)
+        return all(trial.model.entry.tile_preference(trial.model.params, tile) for trial in trials
+                   if trial.model.entry.tile_preference is not None)
+
     tile, batch, considered = plan_inputs(
         data.volume, multiple, peak, usable, tile=fixed_tile, batch=fixed_batch,  # type: ignore[arg-type]
         batch_cap=lambda tile: round(DATASET_SHARE * data.voxels / math.prod(tile)),
         batch_multiple=pipe.microbatches if pipe.stages > 1 else 1,
-        equal_pair=bool(spec.training.augment.enabled and spec.training.augment.rotate90), valid=valid)
+        equal_pair=bool(spec.training.augment.enabled and spec.training.augment.rotate90), valid=valid,
+        preferred=preferred)
     return InputPlan(tuple(fields), tile, batch, usable, data.volume, device, tuple(considered))
 
 

@@ -81,10 +81,12 @@ def _first_fitting(count: int, fits: Callable[[int], bool]) -> int | None:
 def plan_inputs(volume: Sequence[int], multiple: int, peak: Callable[[Tile, int], float], usable: float, *,
                 tile: Tile | None = None, batch: int | None = None, batch_cap: Callable[[Tile], int] | None = None,
                 batch_multiple: int = 1, equal_pair: bool = False,
-                valid: Callable[[Tile, int], bool] = lambda tile, batch: True) -> tuple[Tile, int, list[Candidate]]:
+                valid: Callable[[Tile, int], bool] = lambda tile, batch: True,
+                preferred: Callable[[Tile], bool] = lambda tile: True) -> tuple[Tile, int, list[Candidate]]:
     """The tile (``tile`` None: planned) and batch (``batch`` None: planned, up to ``batch_cap`` of the tile, a
     multiple of ``batch_multiple``) whose ``peak(tile, batch)`` fits ``usable`` bytes, and every candidate traced
-    (``valid``: whether the network takes a tile at a batch).
+    (``valid``: whether the network takes a tile at a batch; ``preferred``: the tiles searched first, the others
+    only when none of those is valid).
     :class:`NothingFits`, naming the smallest candidate's need, when none fits."""
     traced: dict[tuple[Tile, int], Candidate] = {}
 
@@ -98,6 +100,8 @@ def plan_inputs(volume: Sequence[int], multiple: int, peak: Callable[[Tile, int]
         return traced[(candidate, n)].fits
 
     sequence = [tile] if tile is not None else tile_candidates(volume, multiple, equal_pair=equal_pair)
+    if tile is None:
+        sequence = [t for t in sequence if preferred(t)] or sequence
     start = batch if batch is not None else max(MIN_BATCH, batch_multiple) // batch_multiple * batch_multiple
     tiles = [t for t in sequence if valid(t, start)]
     if not tiles:

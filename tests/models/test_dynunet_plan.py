@@ -67,3 +67,13 @@ def test_bad_inputs_are_refused():
         plan_dynunet((32, 0, 32))
     with pytest.raises(ValueError, match="three positive numbers"):
         plan_dynunet((32, 32, 32), (1.0, -1.0, 1.0))
+
+
+def test_full_pooling_holds_where_the_tile_divides_by_what_nnunet_would_pool():
+    from distmis.models.dynunet_plan import full_pooling
+
+    assert full_pooling((40, 40, 40)) and full_pooling((96, 96, 96)) and full_pooling((48, 48, 32))
+    assert plan_dynunet((45, 45, 45)).downsampling == (1, 1, 1)  # odd: never pooled here
+    assert plan_dynunet((45, 45, 45), even=False).downsampling == (8, 8, 8)  # nnU-Net pads it and pools 3 times
+    assert not full_pooling((45, 45, 45)) and not full_pooling((36, 36, 36))  # 36 -> 18 -> 9: one pooling short
+    assert full_pooling((7, 7, 7))  # too small to pool either way

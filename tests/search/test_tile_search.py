@@ -63,3 +63,28 @@ def test_the_batch_grows_to_nnunets_share_of_the_data_and_drops_below_2_only_whe
     assert plan_inputs(volume, 8, linear_peak([]), usable, batch_cap=lambda t: 6)[:2] == ((8, 8, 8), 1)
     with pytest.raises(NothingFits, match=r"tile \[8, 8, 8\] at batch 2, is predicted to need 2 MiB"):
         plan_inputs(volume, 8, linear_peak([]), 1e6, batch=2)
+
+
+def test_a_networks_preferred_tiles_are_searched_first_and_the_others_only_when_none_is_valid():
+    """A DynUNet planned from its tile (multiple 1: any tile is valid) prefers tiles it pools fully: stepping by one
+    voxel, the plan lands on 40 (pooled 3 times a side), not on 45 or 41 (odd: not pooled at all)."""
+    from distmis.models.registry import model_entry
+
+    entry = model_entry("dynunet")
+    params = entry.params()
+    assert entry.input_multiple(params) == 1
+
+    def prefers(tile):
+        return entry.tile_preference(params, tile)
+
+    usable = 1e6 + 1e3 * 2 * 45 * 45 * 45  # the whole volume fits: only the preference moves the tile
+    tile, _, _ = plan_inputs((45, 45, 45), 1, linear_peak([]), usable, batch=2, preferred=prefers)
+    assert tile == (40, 40, 40) and not prefers((45, 45, 45)) and not prefers((41, 40, 40))
+    tile, _, _ = plan_inputs((45, 45, 45), 1, linear_peak([]), usable, batch=2)  # no preference: the volume
+    assert tile == (45, 45, 45)
+    # none preferred (a volume too thin to pool, 7 voxels): the valid ones as before
+    tile, _, _ = plan_inputs((7, 7, 7), 1, linear_peak([]), 1e9, batch=2, preferred=lambda t: False)
+    assert tile == (7, 7, 7)
+    # explicit strides: no preference
+    fixed = entry.params(kernel_size=[[3, 3, 3]] * 3, strides=[[1, 1, 1], [2, 2, 2], [2, 2, 2]])
+    assert entry.tile_preference(fixed, (45, 45, 45))
