@@ -78,7 +78,11 @@ def _record_accounting(search_run: SearchRun, capacity: int) -> None:
     from distmis.tracking.accounting import measured_schedule, search_accounting, trial_spans
     from distmis.tracking.figures import gantt_figure
 
-    spans = trial_spans(search_run.client, search_run.run_id)
+    try:
+        spans = trial_spans(search_run.client, search_run.run_id)
+    except Exception as exc:  # noqa: BLE001 - a record of the cost never stops the search's end
+        logger.warning("no accounting of the search's workers: its trial runs could not be read: %s", exc)
+        return
     figures = search_accounting(spans, capacity)
     if not figures:
         return
