@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from distmis.models.dynunet_plan import MAX_DOWNSAMPLINGS, plan_dynunet
+from distmis.models.dynunet_plan import plan_dynunet
 from distmis.models.params import (BasicUNetParams, DynUNetParams, NetworkParams, SegResNetParams, SwinUNETRParams,
                                    UNETRParams)
 from distmis.models.registry import NetworkInput
@@ -35,8 +35,7 @@ def dynunet_arguments(params: DynUNetParams, network_input: NetworkInput) -> dic
     and spacing when the params leave them out."""
     arguments = _params(params)
     if params.strides is None:
-        depth = MAX_DOWNSAMPLINGS if params.filters is None else min(MAX_DOWNSAMPLINGS, len(params.filters) - 1)
-        plan = plan_dynunet(network_input.tile, network_input.spacing, max_downsamplings=depth)
+        plan = plan_dynunet(network_input.tile, network_input.spacing, max_downsamplings=params.planned_depth)
         arguments.update(kernel_size=plan.kernel_size, strides=plan.strides,
                          upsample_kernel_size=plan.upsample_kernel_size)
     elif params.upsample_kernel_size is None:

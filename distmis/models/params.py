@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from distmis.models.dynunet_plan import MAX_DOWNSAMPLINGS
+
 
 class NetworkParams(BaseModel):
     """Base of every network's params: unknown keys are errors, assignments are validated."""
@@ -281,6 +283,11 @@ class DynUNetParams(NetworkParams):
     def planned(self) -> bool:
         """Whether the kernels and strides are planned from the network input (not given)."""
         return self.strides is None
+
+    @property
+    def planned_depth(self) -> int:
+        """The most downsamplings planned strides may make: nnU-Net's 5, or ``len(filters) - 1`` when fewer."""
+        return MAX_DOWNSAMPLINGS if self.filters is None else min(MAX_DOWNSAMPLINGS, len(self.filters) - 1)
 
     @model_validator(mode="after")
     def _consistent(self) -> DynUNetParams:

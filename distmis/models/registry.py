@@ -149,12 +149,9 @@ def _dynunet_rule(params: DynUNetParams) -> str:
 
 def _dynunet_prefers(params: DynUNetParams, tile: tuple[int, int, int]) -> bool:
     """Planned strides: a tile on which every axis is pooled as nnU-Net would pool it (:func:`full_pooling`)."""
-    from distmis.models.dynunet_plan import MAX_DOWNSAMPLINGS, full_pooling
+    from distmis.models.dynunet_plan import full_pooling
 
-    if not params.planned:
-        return True
-    depth = MAX_DOWNSAMPLINGS if params.filters is None else min(MAX_DOWNSAMPLINGS, len(params.filters) - 1)
-    return full_pooling(tile, max_downsamplings=depth)
+    return not params.planned or full_pooling(tile, max_downsamplings=params.planned_depth)
 
 
 def _dynunet_check(params: DynUNetParams, shape: tuple[int, int, int], batch_size: int) -> str | None:

@@ -215,7 +215,7 @@ def calibrate(output: str | Path, *, device: Literal["cpu", "cuda"] = "cuda", th
 
     from distmis.search.state import SearchState
     from distmis.spec import validate_spec
-    from distmis.tracking.mlflow_tracking import ROLE_TAG, SEARCH_RUN_TAG, default_tracking_uri
+    from distmis.tracking.mlflow_tracking import ROLE_TAG, SEARCH_RUN_TAG, default_tracking_uri, run_workers
     from distmis.tracking.uri import is_redacted
 
     folder = Path(output)
@@ -237,8 +237,7 @@ def calibrate(output: str | Path, *, device: Literal["cpu", "cuda"] = "cuda", th
     for run in runs:
         epochs = [m.value for m in client.get_metric_history(run.info.run_id, "epoch_seconds") if m.value > 0]
         if epochs:
-            workers = str(run.data.params.get("trial.workers", "1"))
-            measured.append((run, epochs, int(workers) if workers.isdigit() else 1))
+            measured.append((run, epochs, run_workers(run)))
     if not measured:
         raise ValueError(f"--calibrate {str(folder)!r}: no trial of that search logged an epoch's time")
     metrics = parent.data.metrics

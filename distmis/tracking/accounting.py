@@ -32,7 +32,7 @@ class TrialSpan:
 
 def trial_spans(client: MlflowClient, parent_run_id: str) -> list[TrialSpan]:
     """The ended trial runs of the search ``parent_run_id`` (a cross-validated search's fold runs included)."""
-    from distmis.tracking.mlflow_tracking import ROLE_TAG, SEARCH_RUN_TAG
+    from distmis.tracking.mlflow_tracking import ROLE_TAG, SEARCH_RUN_TAG, run_workers
 
     parent = client.get_run(parent_run_id)
     runs = client.search_runs([parent.info.experiment_id], max_results=10_000,
@@ -41,9 +41,8 @@ def trial_spans(client: MlflowClient, parent_run_id: str) -> list[TrialSpan]:
     for run in runs:
         if run.data.tags.get(ROLE_TAG) != "trial" or not run.info.end_time or not run.info.start_time:
             continue
-        workers = str(run.data.params.get("trial.workers", "1"))
-        spans.append(TrialSpan(run.info.run_name or run.info.run_id, int(workers) if workers.isdigit() else 1,
-                               run.info.start_time / 1000, run.info.end_time / 1000))
+        spans.append(TrialSpan(run.info.run_name or run.info.run_id, run_workers(run), run.info.start_time / 1000,
+                               run.info.end_time / 1000))
     return sorted(spans, key=lambda span: (span.start, span.name))
 
 

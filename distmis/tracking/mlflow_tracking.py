@@ -73,6 +73,12 @@ SYSTEM_PREFIX = "system/"
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 
 
+def run_workers(run: Any) -> int:
+    """The workers a trial's MLflow run held: its ``trial.workers`` param (1 where it has none)."""
+    workers = str(run.data.params.get("trial.workers", "1"))
+    return int(workers) if workers.isdigit() else 1
+
+
 def default_tracking_uri(output_dir: str | Path) -> str:
     return f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}"
 
@@ -438,8 +444,7 @@ class MLflowTrialCallback(tune.Callback):
             if "model.num_parameters" in run.data.params:
                 self.num_parameters_logged.add(trial_id)
             self.attempts_before[trial_id] = int(run.data.tags.get(ATTEMPTS_TAG, "0"))
-            if str(run.data.params.get("trial.workers", "")).isdigit():
-                self.trial_workers[trial_id] = int(run.data.params["trial.workers"])
+            self.trial_workers[trial_id] = run_workers(run)
             epochs = self.client.get_metric_history(run_id, "epoch_seconds")  # logged with every epoch
             self.epochs[trial_id] = max((m.step for m in epochs), default=0)
             history = [m for m in self.client.get_metric_history(run_id, self.search.metric) if math.isfinite(m.value)]
