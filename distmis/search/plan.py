@@ -7,6 +7,8 @@ package); this module only reads those layouts:
 - data-parallel: every trial is a Ray Train run over N workers; one trial at a time.
 - hybrid: experiment-parallel trials that are each a worker group (data- and/or sequence-parallel); as many
   at once as the cluster has room for the largest of them.
+- auto: every trial a worker group of as many workers as the search's worker pool gives it, out of
+  ``parallelism.workers`` (:mod:`distmis.search.worker_pool`); at most that many trials at once.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ DRIVER_RESOURCES = {"cpu": 0, "memory": 2**20}
 class SearchPlan:
     """What Ray Tune needs to lay the search's trials out."""
 
-    mode: str  # "experiment" or "data"
+    mode: str  # "experiment", "data" or "auto"
     layouts: tuple[TrialLayout, ...]  # every layout a trial of the search can take (per searched SP degree or stages)
     max_concurrent_trials: int | None
+    pool_workers: int = 0  # auto: the workers the search's pool shares among its trials
 
     @property
     def distributed(self) -> bool:
@@ -60,6 +63,8 @@ class SearchPlan:
         workers = "/".join(str(n) for n in sorted({layout.world_size for layout in self.layouts}))
         if self.mode == "data":
             return f"data-parallel, {workers} worker(s) per trial"
+        if self.mode == "auto":
+            return f"auto: {self.pool_workers} worker(s), each trial on its share, grown onto idle ones"
         if self.distributed:
             return f"hybrid: {at_once} x {workers} workers"
         return f"experiment-parallel, {at_once} at once"
@@ -87,6 +92,9 @@ def plan_search(spec: Spec, *, cluster_slots: int | None = None) -> SearchPlan:
     layouts = trial_layouts(spec)
     if par.mode == "data":
         return SearchPlan("data", layouts, 1)
+    if par.mode == "auto":  # a trial holds one worker at least: never more trials than workers at once
+        workers = par.worker_counts[0]
+        return SearchPlan("auto", layouts, min(workers, par.max_concurrent_trials or workers), pool_workers=workers)
     limit = par.max_concurrent_trials
     if layouts[0].distributed and cluster_slots:
         fit = max(1, cluster_slots // max(layout.world_size for layout in layouts))
@@ -145,12 +153,23 @@ def fit_problems(layouts: tuple[TrialLayout, ...], nodes: list[dict[str, float]]
     return list(dict.fromkeys(problems))
 
 
+def search_fit_problems(spec: Spec, nodes: list[dict[str, float]]) -> list[str]:
+    """:func:`fit_problems` of the search's trials; of an ``auto`` search, of a trial of all its pool's workers (a
+    trial may grow onto every one of them)."""
+    layouts = trial_layouts(spec)
+    if spec.parallelism.mode == "auto":
+        import dataclasses
+
+        layouts = tuple(dataclasses.replace(layout, dp=spec.parallelism.worker_counts[0]) for layout in layouts)
+    return fit_problems(layouts, nodes)
+
+
 def check_fit(spec: Spec) -> None:
     """Refuse (SpecError, exit 2), before any data is converted, a search whose trials cannot fit the connected
     cluster: Ray would wait for them forever. ``parallelism.autoscaling: true`` skips it (nodes may come)."""
     if spec.parallelism.autoscaling:
         return
-    problems = fit_problems(trial_layouts(spec), node_resources())
+    problems = search_fit_problems(spec, node_resources())
     if problems:
         raise SpecError(spec.name, [("parallelism", f"{p}; lower the resources or the workers, add nodes, or set "
                                                    "parallelism.autoscaling: true on an autoscaling cluster")

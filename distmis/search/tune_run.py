@@ -72,7 +72,12 @@ def trial_function(plan: SearchPlan, spec: Spec, data: PreparedData, output_dir:
     """The Tune trainable for a plan, with the search's spec and its resources bound."""
     from ray import tune
 
-    if plan.distributed:
+    if plan.mode == "auto":
+        from distmis.trial.auto_trial import auto_trial
+
+        bound = tune.with_parameters(trainable or auto_trial, spec=spec, tfrecord_dir=str(data.tfrecord_dir),
+                                     search=experiment)
+    elif plan.distributed:
         bound = tune.with_parameters(trainable or data_parallel_trial, spec=spec, tfrecord_dir=str(data.tfrecord_dir),
                                      storage_path=str(output_dir / "ray_train" / experiment))
     else:
@@ -128,14 +133,21 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     console = SearchConsole(spec, tracker) if progress else None
     if not verbose:  # Tune's newer output prints its experiment box and paths even at verbose=0; the older is silent
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    handle = callback.handle(tracker, *([console] if console else []))
+    others: list[tune.Callback] = [tracker, *([console] if console else [])]
+    if plan.mode == "auto":  # the pool the trials share their workers through; it goes with the search
+        from distmis.search.worker_pool import pool_callback, start_pool
+
+        pool = start_pool(experiment, plan.pool_workers, num_trials(spec), begun=callback.started)  # noqa: F841
+        others.append(pool_callback(experiment))
+    handle = callback.handle(*others)
     if restore:
         tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=tune_param_space(spec),
                                    resume_unfinished=True, resume_errored=True, storage_filesystem=filesystem)
     else:
         # Ray Train restarts a hybrid search's trial's workers itself (trial.trainables); Tune restarts the others,
-        # and the trials on a data-mode search's worker group (which start a new group).
-        retries = 0 if plan.distributed and not runs_on_worker_group(spec) else spec.parallelism.max_failures
+        # and the trials on a data-mode search's worker group or an auto search's (which start a new group).
+        hybrid = plan.distributed and plan.mode != "auto" and not runs_on_worker_group(spec)
+        retries = 0 if hybrid else spec.parallelism.max_failures
         tuner = tune.Tuner(
             function,
             param_space=tune_param_space(spec),
@@ -183,8 +195,12 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         search_run.finish("FAILED", timeout=30)
         raise
     finally:  # the workers died with the last trial's process; their placement group outlives it
-        if plan.distributed and runs_on_worker_group(spec):
+        if plan.distributed and (runs_on_worker_group(spec) or plan.mode == "auto"):
             release_groups(experiment)
+        if plan.mode == "auto":
+            from distmis.search.worker_pool import stop_pool
+
+            stop_pool(experiment)
     if (received or callback.unfinished) and not tune_failure:  # Tune stopped on Ctrl-C or SIGTERM
         _record_interruption(callback, search_run)
         raise SearchInterrupted(received.get("signal", signal.SIGINT))
@@ -193,7 +209,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         callback.summarize_configurations(final=True)
     callback.close()  # the trial records a store outage held back, before the results are read
     return end_search(spec, data, search_run, grid, callback, search_seconds=search_seconds,
-                      capacity=at_once * plan.largest.world_size,
+                      capacity=plan.pool_workers or at_once * plan.largest.world_size,
                       tune_failure=tune_failure, model_folder=output_dir / LOCAL_MODEL_FOLDER if keep_model else None)
 
 

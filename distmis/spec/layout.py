@@ -123,17 +123,20 @@ def resolve_layout(spec: Spec) -> TrialLayout:
     """The layout of a trial of ``spec`` (a trial's spec: the search's with its config applied).
 
     ``experiment`` mode: ``workers_per_trial`` replicas (1: one process per trial; more: hybrid). ``data`` mode:
-    ``workers`` replicas. Either way times the sequence-parallel degree (``auto``: chosen here, by the
-    performance model) and the pipeline's stages. A search whose trials may hold more than one rank (a searched or
-    chosen degree, or a searched stage count, above 1 included) runs every trial as a Ray Train worker group, so
-    that all its trials are laid out, reserved and timed alike.
+    ``workers`` replicas. ``auto`` mode: one replica, a worker group that the search's worker pool may grow (the
+    trial replaces ``dp`` by the workers it is given: :mod:`distmis.trial.auto_trial`). Either way times the
+    sequence-parallel degree (``auto``: chosen here, by the performance model) and the pipeline's stages. A search
+    whose trials may hold more than one rank (a searched or chosen degree, or a searched stage count, above 1
+    included) runs every trial as a Ray Train worker group, so that all its trials are laid out, reserved and timed
+    alike.
     """
     par = spec.parallelism
     if par.mode == "compare":
         raise ValueError("a comparison has no single trial layout: each of its cells is a search of its own "
                          "(distmis.search.compare.cell_spec)")
     dp = par.worker_counts[0] if par.mode == "data" else par.workers_per_trial
-    distributed = par.mode == "data" or dp * max(searched_sp_degrees(spec)) * max(searched_pp_stages(spec)) > 1
+    distributed = (par.mode in ("data", "auto")
+                   or dp * max(searched_sp_degrees(spec)) * max(searched_pp_stages(spec)) > 1)
     resources: ResourcesSpec = par.resources_per_worker if distributed else par.resources_per_trial
     return TrialLayout(
         dp=dp, sp=sp_degree(spec), pp=par.pipeline.stages, distributed=distributed, cpu=resources.cpu, gpu=resources.gpu,

@@ -842,7 +842,7 @@ def trial_gpus(spec: Spec) -> float:
     par = spec.parallelism
     if par.mode == "compare":
         return min(par.resources_per_trial.gpu, par.resources_per_worker.gpu)
-    workers = par.mode == "data" or par.workers_per_trial > 1
+    workers = par.mode in ("data", "auto") or par.workers_per_trial > 1
     return (par.resources_per_worker if workers else par.resources_per_trial).gpu
 
 
@@ -883,8 +883,27 @@ def check_folds(spec: Spec) -> list[tuple[str, str]]:
     return problems
 
 
+def check_auto_mode(spec: Spec) -> list[tuple[str, str]]:
+    """``parallelism.mode: auto`` grows a trial by data-parallel replicas: a trial split by sequence parallelism or
+    pipeline stages (set or searched) has a fixed number of ranks per replica that the pool does not size, and is
+    refused by name."""
+    if spec.parallelism.mode != "auto":
+        return []
+    problems = []
+    fixed = {"parallelism.sequence_parallel.degree": spec.parallelism.sequence_parallel.degree,
+             "parallelism.pipeline.stages": spec.parallelism.pipeline.stages}
+    for path, value in fixed.items():
+        searched = spec.search.space.get(path)
+        if value != 1 or (searched is not None and list(searched.values) != [1]):
+            shown = f"searched over {list(searched.values)}" if searched is not None else f"{value!r}"
+            problems.append((path, f"mode 'auto' sizes each trial by data-parallel replicas (one worker each) and "
+                                   f"grows it onto idle workers; a trial split over several ranks ({path} {shown}) "
+                                   "cannot be sized so: use mode 'experiment' or 'data' for it, or set it to 1"))
+    return problems
+
+
 def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
-    problems = trial_problems(spec) + check_search_space(spec) + check_folds(spec)
+    problems = trial_problems(spec) + check_search_space(spec) + check_folds(spec) + check_auto_mode(spec)
     return (problems or check_auto_degree_combinations(spec) or check_pipeline_combinations(spec)
             or check_model_combinations(spec))

@@ -735,11 +735,14 @@ class ParallelismSpec(StrictModel):
     process with ``resources_per_trial``; with ``workers_per_trial: k > 1`` (hybrid) each trial is
     itself data-parallel over k Ray Train workers of ``resources_per_worker``.
     ``data``: trials run one after another, each data-parallel over ``workers`` workers.
+    ``auto``: the search holds ``workers`` workers and gives each trial as many as finish the search soonest: a
+    trial starts on its share of the free ones and is grown (checkpoint, restart on more workers) when workers fall
+    idle (:mod:`distmis.search.worker_pool`).
     ``compare``: the search runs in both modes for every worker count in ``workers`` (1 included)
     and the speedup table is recorded.
     """
 
-    mode: Literal["experiment", "data", "compare"] = "experiment"
+    mode: Literal["experiment", "data", "auto", "compare"] = "experiment"
     resources_per_trial: ResourcesSpec = ResourcesSpec()
     workers: int | list[int] = 1
     workers_per_trial: int = Field(1, ge=1)
@@ -768,12 +771,14 @@ class ParallelismSpec(StrictModel):
         counts = self.workers if isinstance(self.workers, list) else [self.workers]
         if not counts or any(n < 1 for n in counts):
             raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if self.mode == "data" and isinstance(self.workers, list):
-            raise ValueError(f"mode 'data' takes one worker count, got {self.workers}; use mode 'compare' for a list")
+        if self.mode in ("data", "auto") and isinstance(self.workers, list):
+            raise ValueError(f"mode {self.mode!r} takes one worker count, got {self.workers}; use mode 'compare' for "
+                             "a list")
         if self.mode == "compare":
             self.__dict__["workers"] = sorted(set(counts) | {1})  # 1 worker is the baseline
         if self.mode == "experiment" and counts != [1]:
-            raise ValueError("mode 'experiment' sizes trials with workers_per_trial; 'workers' is for modes data and compare")
+            raise ValueError("mode 'experiment' sizes trials with workers_per_trial; 'workers' is for modes data, auto "
+                             "and compare")
         if self.mode != "experiment" and self.workers_per_trial != 1:
             raise ValueError(f"workers_per_trial is for mode 'experiment' (hybrid), not {self.mode!r}")
         return self

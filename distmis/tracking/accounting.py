@@ -10,6 +10,7 @@ workers times Tune's ``time_total_s``, the time it ran) is logged by the trial c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -28,6 +29,12 @@ class TrialSpan:
     workers: int
     start: float
     end: float
+    grown_seconds: float = 0.0  # worker-seconds beyond ``workers`` for its span: the epochs an auto search grew it for
+
+    @property
+    def held(self) -> float:
+        """The workers' seconds the trial held: its workers over its span, and what it held more once grown."""
+        return self.workers * max(0.0, self.end - self.start) + self.grown_seconds
 
 
 def trial_spans(client: MlflowClient, parent_run_id: str) -> list[TrialSpan]:
@@ -41,8 +48,10 @@ def trial_spans(client: MlflowClient, parent_run_id: str) -> list[TrialSpan]:
     for run in runs:
         if run.data.tags.get(ROLE_TAG) != "trial" or not run.info.end_time or not run.info.start_time:
             continue
-        spans.append(TrialSpan(run.info.run_name or run.info.run_id, run_workers(run), run.info.start_time / 1000,
-                               run.info.end_time / 1000))
+        workers, metrics = run_workers(run), run.data.metrics
+        grown = max(0.0, metrics.get("worker_seconds", 0.0) - workers * metrics.get("elapsed_seconds", math.inf))
+        spans.append(TrialSpan(run.info.run_name or run.info.run_id, workers, run.info.start_time / 1000,
+                               run.info.end_time / 1000, grown))
     return sorted(spans, key=lambda span: (span.start, span.name))
 
 
@@ -73,6 +82,6 @@ def search_accounting(spans: Sequence[TrialSpan], capacity: int) -> dict[str, fl
     if not spans:
         return {}
     span = max(s.end for s in spans) - min(s.start for s in spans)
-    held = sum(s.workers * max(0.0, s.end - s.start) for s in spans)
+    held = sum(s.held for s in spans)
     idle = 1.0 - held / (capacity * span) if span > 0 and capacity > 0 else 0.0
     return {"span_seconds": span, "worker_hours": held / 3600, "idle_fraction": max(0.0, idle)}

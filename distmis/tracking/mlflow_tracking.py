@@ -396,6 +396,8 @@ class MLflowTrialCallback(tune.Callback):
         self.attempts_before: dict[str, int] = {}  # attempts recorded before a resume
         self.adopted: set[str] = set()  # trials whose runs a resumed search took over
         self.trial_workers: dict[str, int] = {}  # trial id -> the workers it holds (its layout's world size)
+        # trial id -> worker-seconds beyond trial_workers x its time, from the epochs an auto search's pool grew it for
+        self.grown_worker_seconds: dict[str, float] = {}
         self.num_parameters_logged: set[str] = set()
         self.reopened: set[str] = set()
         # cross-validation (spec.cv_folds): the folds every configuration trains, and the configurations' runs
@@ -712,7 +714,8 @@ class MLflowTrialCallback(tune.Callback):
         if "time_total_s" in last:
             summary["elapsed_seconds"] = float(last["time_total_s"])
             # the workers' time it held: what it cost the cluster (accounting: distmis.tracking.accounting)
-            summary["worker_seconds"] = self.trial_workers.get(trial.trial_id, 1) * float(last["time_total_s"])
+            summary["worker_seconds"] = (self.trial_workers.get(trial.trial_id, 1) * float(last["time_total_s"])
+                                         + self.grown_worker_seconds.get(trial.trial_id, 0.0))
         if trial.trial_id in self.best:
             value, epoch = self.best[trial.trial_id]
             summary[f"best_{self.search.metric}"] = value
@@ -755,6 +758,10 @@ class MLflowTrialCallback(tune.Callback):
         if result.get(NODES_KEY):
             nodes = str(result[NODES_KEY])
             self._write(trial, "nodes", lambda run_id: self.client.set_tag(run_id, NODES_TAG, nodes))
+        if result.get("workers") and result.get("time_this_iter_s") is not None:  # parallelism.mode 'auto'
+            more = int(result["workers"]) - self.trial_workers.get(trial_id, 1)
+            self.grown_worker_seconds[trial_id] = (self.grown_worker_seconds.get(trial_id, 0.0)
+                                                   + more * float(result["time_this_iter_s"]))
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
         # A restarted trial's first report replays the epochs it trained before: log those the run lacks.
         replayed = json.loads(result[HISTORY_KEY]) if result.get(HISTORY_KEY) else []

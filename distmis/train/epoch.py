@@ -38,11 +38,13 @@ def checked_epoch(epoch: int, train: Callable[[], float], validate: Callable[[],
     train_loss = train()
     if not math.isfinite(train_loss):
         raise NonFiniteLossError(f"training loss became {train_loss} at epoch {epoch}")
+    validation_start = time.perf_counter()
     scores = validate()
     if not math.isfinite(scores.loss):
         raise NonFiniteLossError(f"validation loss became {scores.loss} at epoch {epoch}")
-    return EpochMetrics(epoch, train_loss, scores.loss, scores.dice, time.perf_counter() - start, learning_rate,
-                        class_dice=dict(scores.class_dice) or None)
+    end = time.perf_counter()
+    return EpochMetrics(epoch, train_loss, scores.loss, scores.dice, end - start, learning_rate,
+                        class_dice=dict(scores.class_dice) or None, validation_seconds=end - validation_start)
 
 
 def curriculum_metrics(training: TrainingSpec, epoch: int, volume: Sequence[int]) -> dict[str, int]:

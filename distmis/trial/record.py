@@ -98,6 +98,12 @@ class EpochMetrics:
     tile_h: int | None = None
     tile_w: int | None = None
     tile_d: int | None = None
+    # The validation's share of epoch_seconds (what a data-parallel trial does not divide among its workers)
+    validation_seconds: float | None = None
+    # parallelism.mode 'auto': the workers the trial held for the epoch and the worker pool's prediction of its time
+    # (distmis.search.worker_pool), set by the trial beside its workers' report
+    workers: int | None = None
+    predicted_epoch_seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields that hold a value, flat: ``class_dice`` as ``val_dice_<key>`` after ``val_dice``."""

@@ -10,7 +10,7 @@ import yaml
 
 from distmis.cli.main import main
 from distmis.search.compare import cell_spec
-from distmis.search.plan import fit_problems, plan_search, trial_layouts, trials_at_once
+from distmis.search.plan import fit_problems, plan_search, search_fit_problems, trial_layouts, trials_at_once
 from distmis.spec import validate_spec
 from distmis.spec.load import SpecError
 from tests.conftest import small_spec_tree
@@ -31,6 +31,19 @@ def test_plans_read_the_layouts(tmp_path: Path):
     assert (data.distributed, data.max_concurrent_trials, data.trial_resources["cpu"]) == (True, 1, 0)
     hybrid = plan_search(spec_with(tmp_path, workers_per_trial=2, max_concurrent_trials=8), cluster_slots=7)
     assert hybrid.max_concurrent_trials == 3 and "hybrid" in hybrid.label  # 7 slots // 2 workers
+    auto = plan_search(spec_with(tmp_path, mode="auto", workers=3))
+    [start] = auto.layouts  # every trial a worker group, of one replica until its pool grows it
+    assert (auto.mode, auto.pool_workers, auto.max_concurrent_trials, auto.trial_resources["cpu"]) == ("auto", 3, 3, 0)
+    assert (start.dp, start.distributed, start.effective_lr) == (1, True, pytest.approx(1e-3))
+    assert plan_search(spec_with(tmp_path, mode="auto", workers=3, max_concurrent_trials=2)).max_concurrent_trials == 2
+    assert trials_at_once(auto, TWO_CPUS) == 3
+
+
+def test_an_auto_search_s_pool_must_fit_the_cluster_at_once(tmp_path: Path):
+    spec = spec_with(tmp_path, mode="auto", workers=3)
+    [problem] = search_fit_problems(spec, TWO_CPUS)
+    assert "needs 3 worker(s) at once, but the cluster holds 2" in problem
+    assert not search_fit_problems(spec_with(tmp_path, mode="auto", workers=2), TWO_CPUS)
 
 
 def test_the_trials_at_once_are_the_plans_limit_or_what_the_nodes_hold(tmp_path: Path):

@@ -453,3 +453,25 @@ def test_a_pipeline_is_not_compared(spec_tree):
     tree["parallelism"].update(mode="compare", workers=[2])
     [(path, message)] = problems_of(tree)
     assert path == "parallelism.pipeline.stages" and "mode 'compare' runs trials of one worker" in message
+
+
+# --------------------------------------------------------------------------- parallelism.mode: auto
+def test_auto_mode_takes_one_pool_of_workers(spec_tree):
+    spec_tree["parallelism"] = {"mode": "auto", "workers": 4, "resources_per_worker": {"cpu": 1}}
+    assert validate_spec(spec_tree).parallelism.worker_counts == [4]
+    spec_tree["parallelism"]["workers"] = [2, 4]
+    [(path, message)] = problems_of(spec_tree)
+    assert path == "parallelism" and "mode 'auto' takes one worker count, got [2, 4]" in message
+
+
+def test_auto_mode_refuses_a_trial_split_over_ranks_by_name(spec_tree):
+    tree = pipeline_tree(spec_tree)
+    tree["parallelism"].update(mode="auto", workers=2)
+    [(path, message)] = problems_of(tree)
+    assert path == "parallelism.pipeline.stages" and "mode 'auto' sizes each trial by data-parallel replicas" in message
+    assert "stages 2" in message and "use mode 'experiment' or 'data'" in message
+    tree = vit_tree(spec_tree, degree=1)
+    tree["parallelism"].update(mode="auto", workers=2)
+    tree["search"]["space"] = {"parallelism.sequence_parallel.degree": {"grid": [1, 2]}}
+    [(path, message)] = problems_of(tree)
+    assert path == "parallelism.sequence_parallel.degree" and "searched over [1, 2]" in message

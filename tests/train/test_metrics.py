@@ -84,6 +84,7 @@ def test_the_driver_logs_every_number_an_epoch_reports():
     reported = set(EpochMetrics(1, 0.5, 0.4, 0.3, 1.0, 1e-3, step_seconds=0.1, peak_memory_mb=2.0, fom=3.0,
                                 predicted_step_memory_mb=2.1, predicted_peak_memory_mb=2.5,
                                 predicted_flops_per_step=1e9, curriculum_stage=1, tile_h=8, tile_w=8,
-                                tile_d=8).as_dict()) - {"epoch"}
+                                tile_d=8, validation_seconds=0.2, workers=2,
+                                predicted_epoch_seconds=0.9).as_dict()) - {"epoch"}
     assert reported == set(EPOCH_METRICS)
     assert {f.name for f in fields(EpochMetrics)} == {*EPOCH_METRICS, "epoch", "class_dice"}

@@ -1,0 +1,139 @@
+"""The worker pool of an ``auto`` search: each trial's share at its start, and growth onto idle workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from distmis.search.worker_pool import WorkerPool
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_trials_share_the_free_workers_and_wait_in_order():
+    clock = Clock()
+    pool = WorkerPool(2, trials=3, clock=clock)
+    assert pool.request("a", 4).workers == 1  # 3 trials for 2 workers: one each
+    assert pool.request("b", 4).workers == 1
+    assert pool.request("c", 4).workers == 0 and pool.waiting == ["c"]  # none free: c waits
+    assert pool.request("c", 4).workers == 0  # asking again keeps its place
+    pool.release("a")
+    grant = pool.request("c", 4)
+    assert grant.workers == 1 and pool.waiting == [] and pool.free == 0
+    pool.release("a")  # idempotent
+    assert pool.held == 2
+
+
+def test_a_lone_trial_takes_every_free_worker_up_to_its_training_cases():
+    assert WorkerPool(4, trials=1).request("a", 3).workers == 4  # the last trial: data-parallel
+    assert WorkerPool(4, trials=1).request("a", 3, max_workers=3).workers == 3  # a replica needs a case of its own
+    assert WorkerPool(4, trials=2).request("a", 3).workers == 2  # two trials for four workers: two each
+
+
+def test_the_first_come_is_served_first():
+    pool = WorkerPool(1, trials=3)
+    assert pool.request("a", 2).workers == 1
+    assert pool.request("b", 2).workers == 0 and pool.request("c", 2).workers == 0
+    pool.release("a")
+    assert pool.request("c", 2).workers == 0  # b asked first
+    assert pool.request("b", 2).workers == 1
+
+
+def test_an_idle_worker_grows_the_trial_predicted_to_end_last_when_that_pays_for_its_restart():
+    clock = Clock()
+    pool = WorkerPool(2, trials=2, clock=clock)
+    pool.request("short", 3)
+    pool.request("long", 20)
+    clock.now = 14.0  # each started in 2 s, its first epoch 12 s (2 s of warm-up), the next ones 10 s (8 training)
+    assert pool.report("short", 1, 12.0, 2.0).workers == 1  # another trial runs: nothing idle
+    assert pool.report("long", 1, 12.0, 2.0).workers == 1
+    clock.now = 24.0
+    pool.report("short", 2, 10.0, 2.0)
+    pool.report("long", 2, 10.0, 2.0)
+    assert pool.restart_seconds == pytest.approx(4.0)  # 24 s to the second epoch's end, less two of 10 s
+    clock.now = 34.0
+    pool.report("short", 3, 10.0, 2.0)
+    pool.release("short")  # it ended: one worker idle
+    grant = pool.report("long", 3, 10.0, 2.0)
+    # 17 epochs left: 170 s on 1 worker, 17 x (8 / 2 + 2) + 4 = 106 s on 2
+    assert grant.workers == 2 and grant.predicted_epoch_seconds == pytest.approx(6.0)
+    assert pool.free == 0
+    clock.now = 44.0
+    assert pool.report("long", 4, 10.0, 2.0).workers == 2  # the restart's first epoch, with its warm-up
+    clock.now = 51.0
+    grant = pool.report("long", 5, 7.0, 2.0)  # a whole epoch on 2: training 5 s, against 4 predicted
+    assert pool.efficiency == pytest.approx(5 * 2 / 8)
+    assert pool.restarts[-1] == pytest.approx(51.0 - 34.0 - 2 * 7.0)
+    assert grant.workers == 2 and grant.predicted_epoch_seconds == pytest.approx(7.0)
+
+
+def test_a_trial_grows_only_after_a_whole_epoch_on_its_workers():
+    clock = Clock()
+    pool = WorkerPool(2, trials=2, clock=clock)
+    pool.request("a", 1)
+    pool.request("b", 50)
+    clock.now = 30.0
+    pool.report("a", 1, 25.0, 1.0)
+    pool.release("a")
+    assert pool.report("b", 1, 25.0, 1.0).workers == 1  # its first epoch (a traced graph?): not a measure to act on
+    clock.now = 35.0
+    assert pool.report("b", 2, 5.0, 1.0).workers == 2
+
+
+def test_no_growth_that_a_restart_would_not_pay_for():
+    clock = Clock()
+    pool = WorkerPool(2, trials=2, clock=clock)
+    pool.request("a", 2)
+    pool.request("b", 3)
+    clock.now = 40.0  # a start of 20 s
+    pool.report("a", 1, 10.0, 2.0)
+    pool.report("b", 1, 10.0, 2.0)
+    clock.now = 50.0
+    pool.report("a", 2, 10.0, 2.0)
+    pool.release("a")
+    # 1 epoch left: 10 s on 1 worker, 6 s + a 30 s restart on 2
+    assert pool.report("b", 2, 10.0, 2.0).workers == 1
+
+
+def test_no_growth_while_trials_wait_or_are_still_to_come():
+    clock = Clock()
+    pool = WorkerPool(3, trials=4, clock=clock)
+    for name in "abc":
+        assert pool.request(name, 10).workers == 1
+    clock.now = 10.0
+    pool.report("b", 1, 5.0)
+    pool.release("a")
+    assert pool.report("b", 2, 5.0).workers == 1  # trial d has not asked yet: the idle worker is its
+    assert pool.request("d", 10).workers == 1
+    pool.release("d")
+    clock.now = 20.0
+    assert pool.report("b", 3, 5.0).workers == 2  # every trial began: b, last to end, grows
+
+
+def test_a_restarted_trial_gives_back_what_it_held_and_asks_again():
+    pool = WorkerPool(2, trials=1)
+    assert pool.request("a", 5).workers == 2
+    assert pool.request("a", 5).workers == 2  # Tune's retry of it: the same trial, its workers free again first
+    assert pool.held == 2
+    resumed = WorkerPool(2, trials=3, begun={"x", "y"})  # a resumed search: x and y began in the earlier run
+    assert resumed.to_come == 1 and resumed.request("z", 5).workers == 2
+
+
+def test_a_report_without_workers_is_refused():
+    with pytest.raises(ValueError, match="without holding workers"):
+        WorkerPool(1, trials=1).report("a", 1, 1.0)
+    with pytest.raises(ValueError, match="at least one worker"):
+        WorkerPool(0, trials=1)
+
+
+def test_a_late_release_of_a_restarted_trial_is_undone_by_its_next_report():
+    pool = WorkerPool(2, trials=1)
+    assert pool.request("a", 5).workers == 2
+    pool.release("a")  # the driver's release of its killed run, arriving after the restarted run got its workers
+    assert pool.free == 2
+    assert pool.report("a", 1, 1.0, workers=2).workers == 2 and pool.held == 2

@@ -1,0 +1,114 @@
+"""An ``auto`` search's trial grown from one worker to two, for real (TensorFlow's and torch's worker groups): it goes
+on from its checkpoint's weights and optimizer state, and trains after the growth as a two-worker trial restarted
+from the same checkpoint does."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from distmis.search.prepare import prepare_data
+from distmis.spec import validate_spec
+from distmis.spec.layout import resolve_trial
+from distmis.trial.auto_trial import group_prefix, resized_epochs
+from distmis.trial.record import RESUME_DIR, STATE_FILE, TrainingState
+from distmis.trial.worker_group import GROUP_NAME_PREFIX, WorkerGroup, release_groups
+from tests.conftest import small_spec_tree
+
+
+def trainer_state(worker: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """A group worker's trainer's weights and optimizer state, as arrays (run inside the worker)."""
+    trainer = worker.trainer
+    if worker.framework == "tensorflow":
+        return ([np.asarray(w) for w in trainer.model.get_weights()],
+                [np.asarray(v.numpy()) for v in trainer.optimizer.variables])
+    weights = [v.detach().cpu().numpy() for v in trainer.model.state_dict().values()]
+    optimizer = []
+    for _, state in sorted(trainer.optimizer.state_dict()["state"].items()):
+        optimizer += [np.asarray(v.cpu()) for _, v in sorted(state.items())]
+    return weights, optimizer
+
+
+def loaded_state(worker: Any, files: dict[str, bytes]) -> tuple[int, int, tuple[list[np.ndarray], list[np.ndarray]]]:
+    """Load a checkpoint into the worker's trainer as a restarted trial does; its rank, the epoch and the state."""
+    from distmis.train.checkpoint import resume_from
+    from distmis.trial.worker_group import write_files
+
+    with tempfile.TemporaryDirectory() as tmp:
+        best = Path(tmp) / "best"
+        best.mkdir()
+        state = resume_from(worker.trainer, write_files(files, Path(tmp) / "checkpoint"), best, rank=worker.rank)
+    return worker.rank, state.epoch, trainer_state(worker)
+
+
+def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_a_trial_grown_from_one_worker_to_two_goes_on_exactly(ray_local, tmp_path: Path, framework: str):
+    import ray
+
+    model = {"name": "unet3d", "framework": framework, "params": {"base_filters": 4, "levels": 3, "norm": "group",
+                                                                  "norm_groups": 2}}
+    tree = small_spec_tree(tmp_path / "data", model=model, parallelism={"mode": "auto", "workers": 2,
+                                                                        "resources_per_worker": {"cpu": 1}})
+    tree["dataset"]["synthetic"]["cases"] = 8  # 4 training cases: two replicas of 2
+    tree["training"].update(batch_size=2, epochs=4)
+    spec = validate_spec(tree)
+    tfrecords = str(prepare_data(spec, tmp_path / "out", progress=False).tfrecord_dir)
+    trial, base = resolve_trial(spec, {"training.optimizer.lr": 1.0e-3})
+    assert (base.dp, base.distributed) == (1, True)
+    name = f"{GROUP_NAME_PREFIX}{group_prefix('test-resize', framework)}"
+
+    # The trial: one worker for two epochs, then two from the second epoch's checkpoint.
+    grown = list(resized_epochs(trial, base, tfrecords, 1, [], lambda m: 2 if m["epoch"] == 2 else m["workers"],
+                                name=name))
+    assert [(m["epoch"], m["workers"]) for m, _ in grown] == [(1, 1), (2, 1), (3, 2), (4, 2)]
+    assert [m["learning_rate"] for m, _ in grown] == pytest.approx([1e-3, 1e-3, 2e-3, 2e-3])  # lr_scaling: linear
+    files = grown[1][1]
+    assert TrainingState.from_json(files[f"{RESUME_DIR}/{STATE_FILE}"].decode()).epoch == 2
+    assert release_groups(group_prefix("test-resize", framework)) == []  # every group it started is gone
+
+    # A two-worker trial restarted from the same checkpoint: its ranks hold the checkpoint's weights and optimizer
+    # state once loaded, and it trains epochs 3 and 4 as the grown trial did.
+    two = dataclasses_replace(base, 2)
+    group = WorkerGroup(two, f"{name}-restart", framework)
+    try:
+        ray.get([w.start_trial.remote(trial, two, tfrecords, [files], time.time()) for w in group.workers])
+        loaded = sorted(ray.get([w.__ray_call__.remote(loaded_state, files) for w in group.workers]))
+        assert [(rank, epoch) for rank, epoch, _ in loaded] == [(0, 2), (1, 2)]
+        (weights0, optimizer0), (weights1, optimizer1) = (state for _, _, state in loaded)
+        assert optimizer0 and same(weights0, weights1) and same(optimizer0, optimizer1)
+        if framework == "torch":  # the checkpoint's own arrays
+            import torch
+
+            saved = torch.load(_written(files, f"{RESUME_DIR}/trainer.pt", tmp_path), weights_only=True)
+            assert same(weights0, [v.numpy() for v in saved["model"].values()])
+        else:
+            saved = np.load(_written(files, f"{RESUME_DIR}/optimizer.npz", tmp_path))
+            assert same(optimizer0, [saved[f"arr_{i}"] for i in range(len(saved.files))])
+        ray.get([w.finish_trial.remote() for w in group.workers])
+        restarted = list(group.epochs(trial, two, tfrecords, [files], time.time()))
+    finally:
+        group.shutdown()
+    assert [m["epoch"] for m, _ in restarted] == [3, 4]
+    for key in ("train_loss", "val_loss", "val_dice"):
+        assert [m[key] for m, _ in grown[2:]] == pytest.approx([m[key] for m, _ in restarted], rel=1e-4), key
+
+
+def dataclasses_replace(layout: Any, dp: int) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(layout, dp=dp)
+
+
+def _written(files: dict[str, bytes], name: str, folder: Path) -> Path:
+    path = folder / name.replace("/", "_")
+    path.write_bytes(files[name])
+    return path
