@@ -319,8 +319,8 @@ def _plan_makespan(args: argparse.Namespace, spec: Any) -> int:
     print(format_makespan(plan))
     if args.gantt:
         gantt = Path(args.gantt)
-        figure = gantt_figure([plan.schedules[0], min(plan.schedules[1:-1], key=lambda s: s.makespan,
-                                                      default=plan.schedules[0]), plan.auto],
+        figure = gantt_figure([plan.fixed[0], min(plan.fixed[1:], key=lambda s: s.makespan, default=plan.fixed[0]),
+                               plan.auto],
                               title=f"{spec.name} on {args.workers} worker(s), predicted")
         gantt.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(gantt, dpi=120)

@@ -24,6 +24,7 @@ data-parallel at every degree up to W, and auto.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,15 +57,19 @@ class Hardware:
 
 @dataclass(frozen=True)
 class MakespanPlan:
-    """The search's trials' costs and their schedules: experiment, data at each degree, then auto (last)."""
+    """The search's trials' costs and their schedules: the fixed modes' (experiment, then data at each degree), the
+    best moldable plan (:func:`~distmis.perf.makespan.pack`'s auto: each trial's degree chosen ahead and kept), and
+    what ``parallelism.mode: auto`` does (its pool's rule, simulated: :func:`~distmis.search.worker_pool.simulate`)."""
 
     cluster: Cluster
     costs: tuple[TrialCost, ...]
-    schedules: tuple[Schedule, ...]
+    fixed: tuple[Schedule, ...]
+    moldable: Schedule
+    auto: Schedule
 
     @property
-    def auto(self) -> Schedule:
-        return self.schedules[-1]
+    def schedules(self) -> tuple[Schedule, ...]:
+        return (*self.fixed, self.moldable, self.auto)
 
 
 def split_sizes(spec: Spec) -> tuple[int, int]:
@@ -149,12 +154,16 @@ def search_costs(spec: Spec, hardware: Hardware, *, device: Literal["cpu", "cuda
 
 def plan_makespan(spec: Spec, cluster: Cluster, hardware: Hardware, *, device: Literal["cpu", "cuda"] = "cuda",
                   threads: int = 1) -> MakespanPlan:
-    """The search's schedules on ``cluster``: experiment, data at each degree up to its workers, and auto."""
+    """The search's schedules on ``cluster``: experiment, data at each degree up to its workers, the best moldable
+    plan, and mode auto's."""
+    from distmis.search.worker_pool import simulate
+
     costs = search_costs(spec, hardware, device=device, threads=threads)
-    schedules = [pack(costs, cluster, "experiment")]
-    schedules += [pack(costs, cluster, "data", degree=d) for d in range(2, cluster.workers + 1)]
-    schedules.append(pack(costs, cluster, "auto"))
-    return MakespanPlan(cluster, tuple(costs), tuple(schedules))
+    fixed = [pack(costs, cluster, "experiment")]
+    fixed += [pack(costs, cluster, "data", degree=d) for d in range(2, cluster.workers + 1)]
+    moldable = dataclasses.replace(pack(costs, cluster, "auto"), mode="moldable plan")
+    return MakespanPlan(cluster, tuple(costs), tuple(fixed), moldable, dataclasses.replace(simulate(costs, cluster),
+                                                                                           mode="auto"))
 
 
 def _duration(seconds: float) -> str:
@@ -169,13 +178,15 @@ def format_makespan(plan: MakespanPlan) -> str:
     lines = [f"{len(plan.costs)} trial(s) on {cluster.workers} worker(s){nodes}: predicted makespan by mode",
              "| mode | makespan | speedup | idle |", "|---|---|---|---|"]
     serial = sum(cost.seconds(1, cluster) for cost in plan.costs)
-    best = min(s.makespan for s in plan.schedules[:-1])
+    best = min(s.makespan for s in plan.fixed)
     for schedule in plan.schedules:
-        mark = " (best fixed)" if schedule.makespan == best and schedule is not plan.auto else ""
+        mark = " (best fixed)" if schedule.makespan == best and schedule in plan.fixed else ""
         lines.append(f"| {schedule.mode}{mark} | {_duration(schedule.makespan)} | "
                      f"{serial / schedule.makespan if schedule.makespan else 0:.2f} | {schedule.idle_fraction:.0%} |")
     lines.append("")
-    lines.append("auto's schedule (trial: workers, start - end):")
+    lines.append("(moldable plan: each trial's workers chosen ahead and kept; auto: parallelism.mode auto, which "
+                 "starts each trial on its share of the free workers and grows running ones onto idle workers)")
+    lines.append("auto's schedule (trial: workers, start - end; a grown trial has a line per stretch):")
     for p in sorted(plan.auto.placements, key=lambda p: (p.start, p.workers)):
         lines.append(f"  {p.trial}: {p.degree} worker(s) {list(p.workers)}, {_duration(p.start)} - {_duration(p.end)}")
     return "\n".join(lines)

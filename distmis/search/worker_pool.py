@@ -32,9 +32,10 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["Grant", "TrialProgress", "WorkerPool", "pool_name", "start_pool", "stop_pool", "find_pool",
+from distmis.perf.makespan import Cluster, Placement, Schedule, TrialCost
+__all__ = ["Grant", "TrialProgress", "WorkerPool", "simulate", "pool_name", "start_pool", "stop_pool", "find_pool",
            "pool_callback"]
 
 POOL_NAME_PREFIX = "distmis-pool-"
@@ -277,3 +278,69 @@ def pool_callback(experiment: str) -> Any:
             release_trial(experiment, trial.trial_id)  # failed, to be retried: it asks for workers again
 
     return ReleaseEndedTrials()
+
+
+# --------------------------------------------------------------------------- the rule's makespan, before a search
+def simulate(costs: Sequence[TrialCost], cluster: Cluster) -> Schedule:
+    """The schedule ``mode: auto`` gives ``costs`` on ``cluster``'s workers: the pool's own rule (:class:`WorkerPool`)
+    on a simulated clock, every trial asking in turn (as Tune starts them), each epoch of a trial at ``k`` workers
+    :meth:`~distmis.perf.makespan.TrialCost.epoch_seconds` long, its start (and each restart after a growth) its
+    ``startup_seconds`` (plus ``cold_start_seconds`` the first time a worker is used). A trial's ``epochs`` are
+    rounded up. Each stretch a trial runs on one set of workers is a placement of its own (a grown trial has two or
+    more), on the lowest worker rows free when it begins."""
+    import heapq
+
+    now = 0.0
+    pool = WorkerPool(cluster.workers, len(costs), clock=lambda: now)
+    waiting = list(range(len(costs)))
+    events: list[tuple[float, int, int]] = []  # (time, trial, epoch ending then)
+    workers = [0] * len(costs)
+    began = [0.0] * len(costs)
+    free_at = [0.0] * cluster.workers
+    used: set[int] = set()
+    rows: list[tuple[int, ...]] = [()] * len(costs)
+    placements: list[Placement] = []
+
+    def start(index: int, degree: int, epoch: int) -> None:
+        """Trial ``index`` (re)starts on ``degree`` workers now, its next epoch ``epoch + 1``."""
+        taken = tuple(sorted(range(cluster.workers), key=lambda w: (free_at[w] > now + 1e-9, w))[:degree])
+        cold = costs[index].cold_start_seconds if any(w not in used for w in taken) else 0.0
+        used.update(taken)
+        for w in taken:
+            free_at[w] = math.inf
+        workers[index], began[index], rows[index] = degree, now, taken
+        end = now + costs[index].startup_seconds + cold + costs[index].epoch_seconds(degree, cluster)
+        heapq.heappush(events, (end, index, epoch + 1))
+
+    def stop(index: int) -> None:
+        placements.append(Placement(costs[index].name, workers[index], began[index], now, rows[index]))
+        for w in rows[index]:
+            free_at[w] = now
+
+    def admit() -> None:
+        while waiting:
+            index = waiting[0]
+            cost = costs[index]
+            grant = pool.request(cost.name, max(1, math.ceil(cost.epochs)), cost.max_degree)
+            if not grant.workers:
+                return
+            waiting.pop(0)
+            start(index, grant.workers, 0)
+
+    admit()
+    while events:
+        now, index, epoch = heapq.heappop(events)
+        cost = costs[index]
+        seconds = cost.epoch_seconds(workers[index], cluster)
+        if epoch >= max(1, math.ceil(cost.epochs)):
+            stop(index)
+            pool.release(cost.name)
+            admit()
+            continue
+        grant = pool.report(cost.name, epoch, seconds, cost.validate_seconds, workers=workers[index])
+        if grant.workers > workers[index]:
+            stop(index)
+            start(index, grant.workers, epoch)
+        else:
+            heapq.heappush(events, (now + seconds, index, epoch + 1))
+    return Schedule("auto (the pool)", cluster.workers, tuple(placements))

@@ -70,13 +70,15 @@ def test_distmis_plan_workers_prints_each_mode_and_draws_the_schedules(tmp_path:
     out = capsys.readouterr().out
     rows = [line.split(" | ")[0].lstrip("| ") for line in out.splitlines() if line.startswith("| ")
             and not line.startswith("| mode") and "---" not in line]
-    assert rows == ["experiment (best fixed)", "data x2", "data x3", "data x4", "auto"] or \
-        [r.replace(" (best fixed)", "") for r in rows] == ["experiment", "data x2", "data x3", "data x4", "auto"]
+    assert [r.replace(" (best fixed)", "") for r in rows] == ["experiment", "data x2", "data x3", "data x4",
+                                                              "moldable plan", "auto"]
+    assert sum("(best fixed)" in r for r in rows) == 1
     assert "6 trial(s) on 4 worker(s), 2 per node" in out and "auto's schedule" in out
     assert gantt.read_bytes().startswith(b"\x89PNG")
     plan = plan_makespan(validate_spec(tree(tmp_path)), Cluster(workers=4, per_node=2), Hardware(device_flops=1e9),
                          device="cpu")
-    assert plan.auto.makespan <= min(s.makespan for s in plan.schedules[:-1]) + 1e-9
+    assert plan.moldable.makespan <= min(s.makespan for s in plan.fixed) + 1e-9
+    assert plan.auto.mode == "auto" and {p.trial for p in plan.auto.placements} == {c.name for c in plan.costs}
     assert main(["plan", str(path), "--workers", "2", "--per-node", "3", "--device", "cpu"]) == 2
     assert "per_node must be between 1 and workers (2), got 3" in capsys.readouterr().err
 

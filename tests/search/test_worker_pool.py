@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from distmis.search.worker_pool import WorkerPool
+from distmis.perf.makespan import Cluster, TrialCost, pack
+from distmis.search.worker_pool import WorkerPool, simulate
 
 
 class Clock:
@@ -137,3 +138,33 @@ def test_a_late_release_of_a_restarted_trial_is_undone_by_its_next_report():
     pool.release("a")  # the driver's release of its killed run, arriving after the restarted run got its workers
     assert pool.free == 2
     assert pool.report("a", 1, 1.0, workers=2).workers == 2 and pool.held == 2
+
+
+# --------------------------------------------------------------------------- the rule on a simulated clock
+def cost(name: str, epochs: float, train: float = 0.35, validate: float = 0.05, startup: float = 4.0) -> TrialCost:
+    return TrialCost(name, epochs=epochs, train_seconds=train, steps=2, validate_seconds=validate,
+                     startup_seconds=startup)
+
+
+def test_the_simulated_pool_grows_the_long_trial_a_short_one_leaves_alone():
+    costs = [cost("short", 1), cost("long", 60)]
+    cluster = Cluster(workers=2)
+    schedule = simulate(costs, cluster)
+    long = sorted((p for p in schedule.placements if p.trial == "long"), key=lambda p: p.start)
+    assert [p.degree for p in long] == [1, 2] and long[0].end == long[1].start  # grown, after a whole epoch
+    assert long[1].workers == (0, 1)
+    experiment = pack(costs, cluster, "experiment")
+    assert schedule.makespan < experiment.makespan
+    # its makespan by hand: the short trial ends at 4.4 s; the long one's 2nd epoch ends at 4.8 s, then it restarts
+    # (4 s) and trains its 58 epochs left on two workers: 0.35 / 2 + 0.05 each
+    assert schedule.makespan == pytest.approx(4.8 + 4.0 + 58 * (0.35 / 2 + 0.05))
+
+
+def test_the_simulated_pool_runs_a_lone_trial_on_every_worker_and_equal_trials_side_by_side():
+    cluster = Cluster(workers=2)
+    [alone] = simulate([cost("a", 10)], cluster).placements
+    assert alone.degree == 2 and alone.end == pytest.approx(pack([cost("a", 10)], cluster, "data", degree=2).makespan)
+    four = [cost(f"t{i}", 10) for i in range(4)]
+    schedule = simulate(four, cluster)
+    assert {p.degree for p in schedule.placements} == {1}  # never an idle worker to grow onto
+    assert schedule.makespan == pytest.approx(pack(four, cluster, "experiment").makespan)
