@@ -77,6 +77,16 @@ def _counts(text: str) -> list[int]:
     return values
 
 
+def _modes(text: str) -> list[str]:
+    allowed = ("experiment", "data", "auto")
+    modes = [v.strip() for v in text.split(",") if v.strip()]
+    wrong = [m for m in modes if m not in allowed]
+    if not modes or wrong or len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"expected modes among {','.join(allowed)}, each once, like "
+                                         f"experiment,data,auto; got {text!r}")
+    return modes
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -140,6 +150,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         overrides["parallelism.workers"] = args.workers
     if args.repeats is not None:
         overrides["parallelism.repeats"] = args.repeats
+    if args.modes:
+        overrides["parallelism.modes"] = args.modes
     spec = load_planned(args.spec, overrides)
     output = Path(args.output) if args.output else default_output_dir(spec)
     outcome = run_compare(spec, output, address=args.address, progress=not args.quiet, verbose=args.verbose,
@@ -598,11 +610,14 @@ def build_parser() -> argparse.ArgumentParser:
     search_args(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("compare", help="run a search experiment- and data-parallel per worker count: the speedup table")
+    p = sub.add_parser("compare", help="run a search experiment- and data-parallel (and auto, with --modes) per worker "
+                                       "count: the speedup table")
     spec_args(p)
     p.add_argument("--workers", type=_counts, help="worker counts, e.g. 1,2,4 (default: the spec's parallelism.workers; 1 is always included)")
     p.add_argument("--repeats", type=_positive_int, help="run every (mode, workers) cell this many times, interleaved, "
                    "for the mean and std of each time and speedup (default: the spec's parallelism.repeats, 1)")
+    p.add_argument("--modes", type=_modes, help="the modes each worker count runs in, e.g. experiment,data,auto "
+                   "(default: the spec's parallelism.modes, experiment,data)")
     search_args(p)
     p.set_defaults(func=cmd_compare)
 

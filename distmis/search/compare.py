@@ -47,14 +47,15 @@ from distmis.spec.load import SpecError, spec_to_dict, validate_spec
 from distmis.spec.schema import ParallelismSpec, Spec
 from distmis.tracking.figures import speedup_figure
 from distmis.tracking.mlflow_tracking import SearchRun
-from distmis.tracking.results import MODES, REPEAT_TAG, RESUMED_CELL, speedup_table
+from distmis.tracking.results import MODES, PREDICTED_MAKESPAN, REPEAT_TAG, RESUMED_CELL, speedup_table
 
 logger = logging.getLogger(__name__)
 
 
 def cell_spec(spec: Spec, mode: str, workers: int) -> Spec:
     """The search one cell of the table runs, on ``workers`` worker slots of ``resources_per_worker``:
-    ``experiment``: ``workers`` one-worker trials at once; ``data``: one trial at a time over ``workers`` workers.
+    ``experiment``: ``workers`` one-worker trials at once; ``data``: one trial at a time over ``workers`` workers;
+    ``auto``: mode auto's pool of ``workers`` workers (:mod:`distmis.search.worker_pool`).
 
     The cell's spec is validated as a whole, as any spec is (:func:`~distmis.spec.load.validate_spec`: its
     cross-field checks included), so a cell that its own search would refuse is refused before it runs."""
@@ -66,16 +67,22 @@ def cell_spec(spec: Spec, mode: str, workers: int) -> Spec:
                                max_concurrent_trials=workers, **common)
     elif mode == "data":
         cell = ParallelismSpec(mode="data", workers=workers, **common)
+    elif mode == "auto":
+        cell = ParallelismSpec(mode="auto", workers=workers, **common)
     else:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     tree = {**spec_to_dict(spec), "parallelism": cell.model_dump(mode="json")}
     return validate_spec(tree, source=f"{spec.name} (the comparison's cell {mode} x{workers})")
 
 
-def cell_sequence(counts: Sequence[int], repeats: int = 1) -> list[tuple[str, int, int]]:
-    """The order the cells run in, as ``(mode, workers, repeat)``: for each worker count (ascending) both modes,
-    the first of them alternating from one count to the next; that whole sequence once per repeat (1-based)."""
-    once = [(mode, n) for index, n in enumerate(sorted(counts)) for mode in (MODES if index % 2 == 0 else MODES[::-1])]
+def cell_sequence(counts: Sequence[int], repeats: int = 1,
+                  modes: Sequence[str] = ("experiment", "data")) -> list[tuple[str, int, int]]:
+    """The order the cells run in, as ``(mode, workers, repeat)``: for each worker count (ascending) every mode of
+    ``modes``, the order turning by one from one count to the next (so none always runs first); that whole sequence
+    once per repeat (1-based)."""
+    ordered = [mode for mode in MODES if mode in modes]
+    once = [(mode, n) for index, n in enumerate(sorted(counts))
+            for mode in ordered[index % len(ordered):] + ordered[:index % len(ordered)]]
     return [(mode, n, repeat) for repeat in range(1, repeats + 1) for mode, n in once]
 
 
@@ -154,13 +161,14 @@ def _compare(spec: Spec, output_dir: Path, counts: list[int], *, made_folder: bo
         try:
             with recorded(state, output_dir):
                 done = {cell_key(c) for c in state.cells}  # before the comparison was interrupted
-                for mode, n, repeat in cell_sequence(counts, repeats):
+                for mode, n, repeat in cell_sequence(counts, repeats, spec.parallelism.modes):
                     if (mode, n, repeat) in done:
                         continue
                     state.cells.append(_run_cell(spec, data, mode, n, repeat, compare_run, output_dir, progress,
                                                  verbose, trainable, state))
                     state.current = None
                     state.save(output_dir)
+                _predict_cells(spec, state.cells, compare_run)
                 table = speedup_table(state.cells)
                 _log_table(compare_run, table, spec)
                 failed_cells = [cell_label(*cell_key(c), repeats) for c in state.cells
@@ -216,12 +224,46 @@ def _run_cell(spec: Spec, data: Any, mode: str, workers: int, repeat: int, compa
         cell[best_key] = float(best.max() if spec.search.mode == "max" else best.min())
     status = "FINISHED" if outcome.failed == 0 else "TRIALS_FAILED"
     return cell | {
+        "run_id": run.run_id,
         # a resumed cell's time covers only the part after the resume: not a figure to compare
         "elapsed_s": math.nan if resume else round(outcome.search_seconds, 2),
         "trials": len(outcome.results),
         "failed_trials": outcome.failed,
         "status": RESUMED_CELL if resume and status == "FINISHED" else status,
     }
+
+
+def _predict_cells(spec: Spec, cells: list[dict[str, Any]], compare_run: SearchRun) -> None:
+    """Each cell's makespan as the model predicts it (``predicted_s``), calibrated on the comparison's first
+    1-worker experiment-parallel cell (:func:`~distmis.search.makespan_plan.calibrate_run`: a worker's rate and a
+    trial's start-up as it measured them); nothing when that cell did not run or cannot be calibrated on (a warning
+    says why). The 1-worker cell's own prediction is a check of the calibration, the others are predictions."""
+    from mlflow.tracking import MlflowClient
+
+    from distmis.search.data_shape import trial_device
+    from distmis.search.makespan_plan import calibrate_run, predicted_makespan
+
+    base = next((c for c in cells if (c["mode"], int(c["workers"])) == ("experiment", 1) and c.get("run_id")
+                 and c["status"] == "FINISHED"), None)
+    if base is None:
+        return
+    try:
+        earlier = cell_spec(spec, "experiment", 1)
+        device, threads = trial_device(earlier)
+        calibration = calibrate_run(MlflowClient(compare_run.tracking_uri), base["run_id"], earlier, "experiment x1",
+                                    device=device, threads=threads)
+        hardware = calibration.hardware()
+        predictions: dict[tuple[str, int], float] = {}
+        for cell in cells:
+            key = (cell["mode"], int(cell["workers"]))
+            if key not in predictions:
+                predictions[key] = predicted_makespan(cell_spec(spec, *key), key[0], key[1], hardware, device=device,
+                                                      threads=threads)
+            cell["predicted_s"] = round(predictions[key], 2)
+            if cell.get("run_id"):  # on the cell's run too: distmis results rebuilds the table from the runs
+                compare_run.client.log_metric(cell["run_id"], PREDICTED_MAKESPAN, cell["predicted_s"])
+    except Exception as exc:  # noqa: BLE001 - steps that cannot be traced, a store that does not answer: the table
+        logger.warning("the comparison's makespans cannot be predicted: %s", exc)  # has its measured figures still
 
 
 def _log_table(run: SearchRun, table: pd.DataFrame, spec: Spec) -> None:

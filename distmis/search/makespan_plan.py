@@ -28,13 +28,13 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from distmis.perf.makespan import Cluster, Schedule, TrialCost, asha_epochs, pack
 from distmis.spec.schema import Spec
 
 __all__ = ["Hardware", "MakespanPlan", "Calibration", "split_sizes", "validation_windows", "search_costs",
-           "plan_makespan", "format_makespan", "calibrate", "check_calibration"]
+           "plan_makespan", "format_makespan", "calibrate", "calibrate_run", "check_calibration", "predicted_makespan"]
 
 
 @dataclass(frozen=True)
@@ -211,22 +211,14 @@ class Calibration:
 
 
 def calibrate(output: str | Path, *, device: Literal["cpu", "cuda"] = "cuda", threads: int = 1) -> Calibration:
-    """Calibrate the model on the search whose output folder is ``output`` (``distmis run --output``).
-
-    Its trials that began before any had ended started their workers cold (a new process, its imports, traced
-    graphs); the later ones found them warm. From the warm trials (or all, when none was): a worker's rate is the
-    median over them of the model's FLOPs of an epoch at the trial's degree (training over the degree, and
-    validation) over the trial's median measured ``epoch_seconds``, and a trial's start-up the median of their runs'
-    time outside their epochs (the data, the checkpoints, the records). The cold start is how much longer the cold
-    trials' runs took (medians). The fixed cost of a step and the all-reduce are in the rate. ValueError naming the
-    folder when it holds no search whose trials ran."""
-    import statistics
-
+    """Calibrate the model on the search whose output folder is ``output`` (``distmis run --output``):
+    :func:`calibrate_run` of its search run. ValueError naming the folder when it holds no search whose trials
+    ran."""
     from mlflow.tracking import MlflowClient
 
     from distmis.search.state import SearchState
     from distmis.spec import validate_spec
-    from distmis.tracking.mlflow_tracking import ROLE_TAG, SEARCH_RUN_TAG, default_tracking_uri, run_workers
+    from distmis.tracking.mlflow_tracking import default_tracking_uri
     from distmis.tracking.uri import is_redacted
 
     folder = Path(output)
@@ -237,12 +229,32 @@ def calibrate(output: str | Path, *, device: Literal["cpu", "cuda"] = "cuda", th
     uri = state.tracking_store or default_tracking_uri(folder)
     if is_redacted(uri):
         raise ValueError(f"--calibrate {str(folder)!r}: its store {uri} needs a password distmis does not keep")
-    client = MlflowClient(uri)
-    parent = client.get_run(state.run_id)
-    runs = [run for run in client.search_runs([parent.info.experiment_id], max_results=10_000,
-                                              filter_string=f"tags.`{SEARCH_RUN_TAG}` = '{state.run_id}'")
-            if run.data.tags.get(ROLE_TAG) == "trial"]
     earlier = validate_spec(state.spec, source=str(folder / "search_state.json"))
+    try:
+        return calibrate_run(MlflowClient(uri), state.run_id, earlier, str(folder), device=device, threads=threads)
+    except ValueError as exc:
+        raise ValueError(f"--calibrate {str(folder)!r}: {exc}") from None
+
+
+def calibrate_run(client: Any, run_id: str, earlier: Spec, source: str, *, device: Literal["cpu", "cuda"] = "cuda",
+                  threads: int = 1) -> Calibration:
+    """Calibrate the model on the search run ``run_id`` (of the spec ``earlier``) in ``client``'s store.
+
+    Its trials that began before any had ended started their workers cold (a new process, its imports, traced
+    graphs); the later ones found them warm. From the warm trials (or all, when none was): a worker's rate is the
+    median over them of the model's FLOPs of an epoch at the trial's degree (training over the degree, and
+    validation) over the trial's median measured ``epoch_seconds``, and a trial's start-up the median of their runs'
+    time outside their epochs (the data, the checkpoints, the records). The cold start is how much longer the cold
+    trials' runs took (medians). The fixed cost of a step and the all-reduce are in the rate. ValueError when no
+    trial of it logged an epoch."""
+    import statistics
+
+    from distmis.tracking.mlflow_tracking import ROLE_TAG, SEARCH_RUN_TAG, run_workers
+
+    parent = client.get_run(run_id)
+    runs = [run for run in client.search_runs([parent.info.experiment_id], max_results=10_000,
+                                              filter_string=f"tags.`{SEARCH_RUN_TAG}` = '{run_id}'")
+            if run.data.tags.get(ROLE_TAG) == "trial"]
     costs = search_costs(earlier, Hardware(device_flops=1.0), device=device, threads=threads)  # seconds = FLOPs
     measured = []  # (run, epoch seconds, degree) of each trial that logged an epoch
     for run in runs:
@@ -250,7 +262,7 @@ def calibrate(output: str | Path, *, device: Literal["cpu", "cuda"] = "cuda", th
         if epochs:
             measured.append((run, epochs, run_workers(run)))
     if not measured:
-        raise ValueError(f"--calibrate {str(folder)!r}: no trial of that search logged an epoch's time")
+        raise ValueError("no trial of that search logged an epoch's time")
     metrics = parent.data.metrics
     span, hours, idle = (metrics.get(k) for k in ("span_seconds", "worker_hours", "idle_fraction"))
     capacity = round(hours * 3600 / ((1 - idle) * span)) if span and hours and idle is not None and idle < 1 else 0
@@ -275,7 +287,7 @@ def calibrate(output: str | Path, *, device: Literal["cpu", "cuda"] = "cuda", th
     startup = statistics.median(outside(warm)) if outside(warm) else 0.0
     extra = (statistics.median(whole(cold)) - statistics.median(whole(warm))
              if warm is not cold and whole(cold) and whole(warm) else 0.0)
-    return Calibration(str(folder), len(measured), statistics.median(rates), startup, max(0.0, extra), degree,
+    return Calibration(source, len(measured), statistics.median(rates), startup, max(0.0, extra), degree,
                        max(capacity, 1), span)
 
 
@@ -296,3 +308,16 @@ def check_calibration(output: str | Path, calibration: Calibration, *, device: L
     mode: Literal["experiment", "data"] = "experiment" if calibration.degree == 1 else "data"
     schedule = pack(costs, cluster, mode, degree=calibration.degree)
     return schedule.makespan, calibration.span_seconds
+
+
+def predicted_makespan(spec: Spec, mode: Literal["experiment", "data", "auto"], workers: int, hardware: Hardware, *,
+                       device: Literal["cpu", "cuda"] = "cuda", threads: int = 1) -> float:
+    """The model's makespan of ``spec``'s search on ``workers`` workers (one node) in ``mode``: experiment (a trial a
+    worker), data (every trial on all of them) or auto (its pool's rule, simulated)."""
+    from distmis.search.worker_pool import simulate
+
+    costs = search_costs(spec, hardware, device=device, threads=threads)
+    cluster = Cluster(workers=workers)
+    if mode == "auto":
+        return simulate(costs, cluster).makespan
+    return pack(costs, cluster, mode, degree=workers if mode == "data" else 1).makespan

@@ -760,6 +760,9 @@ class ParallelismSpec(StrictModel):
                                                    "its last epoch's checkpoint before it counts as failed")
     repeats: int = Field(1, ge=1, le=100, description="compare: run every (mode, workers) cell this many times, in "
                                                     "an interleaved order, for a mean and std of each figure")
+    modes: list[Literal["experiment", "data", "auto"]] = Field(
+        ["experiment", "data"], description="compare: the modes each worker count runs in (auto: mode 'auto' on "
+                                            "that many workers)")
 
     @field_validator("memory_per_worker", mode="before")
     @classmethod
@@ -781,6 +784,8 @@ class ParallelismSpec(StrictModel):
                              "and compare")
         if self.mode != "experiment" and self.workers_per_trial != 1:
             raise ValueError(f"workers_per_trial is for mode 'experiment' (hybrid), not {self.mode!r}")
+        if not self.modes or len(set(self.modes)) != len(self.modes):
+            raise ValueError(f"modes must name each mode to compare once, got {self.modes}")
         return self
 
     @property

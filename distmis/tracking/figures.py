@@ -90,14 +90,16 @@ def learning_curves_figure(client: MlflowClient, parent: Run, metric: str = "val
 
 
 def speedup_figure(table: "pd.DataFrame", *, title: str = ""):
-    """Elapsed time and speedup against workers for both modes, with the ideal (linear) speedup; a repeated
+    """Elapsed time and speedup against workers for each mode compared, with the ideal (linear) speedup; a repeated
     comparison's means with error bars of ± one standard deviation where more than one repeat finished."""
     from distmis.tracking.results import MODES
 
     plt = _pyplot()
     fig, (ax_time, ax_speed) = plt.subplots(1, 2, figsize=(10, 4))
-    for mode, marker in zip(MODES, ("o", "s")):
+    for mode, marker in zip(MODES, ("o", "s", "^")):
         rows = table[table["mode"] == mode]
+        if rows.empty:
+            continue
         for ax, column in ((ax_time, "elapsed_s"), (ax_speed, "speedup")):
             (line,) = ax.plot(rows["workers"], rows[column], marker=marker, label=f"{mode}-parallel")
             if f"{column}_std" in rows:

@@ -20,7 +20,8 @@ from distmis.tracking.mlflow_tracking import (
 )
 
 Format = Literal["table", "csv", "json", "markdown"]
-MODES = ("experiment", "data")  # the two sides of a comparison
+MODES = ("experiment", "data", "auto")  # the modes a comparison may run, in its table's order
+PREDICTED_MAKESPAN = "predicted_makespan_s"  # a comparison cell's run: the model's makespan of it (predicted_s)
 RESUMED_CELL = "RESUMED"  # a comparison cell finished after a resume: its results hold, its time is not measured
 
 
@@ -251,6 +252,8 @@ def speedup_table(cells: Sequence[dict[str, Any]]) -> pd.DataFrame:
                                "speedup": speedups.mean(), "speedup_std": speedups.std()}
         row["efficiency"], row["efficiency_std"] = row["speedup"] / workers, row["speedup_std"] / workers
         row.update({c: group[c].mean() for c in best})
+        if "predicted_s" in group:  # the model's makespan of the cell (distmis.search.compare)
+            row["predicted_s"] = group["predicted_s"].mean()
         row["trials"], row["failed_trials"] = int(group["trials"].sum()), int(group["failed_trials"].sum())
         row["status"] = _repeats_status(list(group["repeat"]), list(group["status"]))
         if "error" in group:
@@ -263,7 +266,8 @@ def speedup_table(cells: Sequence[dict[str, Any]]) -> pd.DataFrame:
         columns = ["mode", "workers", "repeats", *statistics]
     else:
         columns = ["mode", "workers", *TIME_STATISTICS]
-    columns += [*best, "trials", "failed_trials", "status", *(["error"] if "error" in table else [])]
+    columns += [*(["predicted_s"] if "predicted_s" in table else []), *best, "trials", "failed_trials", "status",
+                *(["error"] if "error" in table else [])]
     return table[columns]
 
 
@@ -317,5 +321,6 @@ def comparison_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
             "trials": int(m.get("trials", 0)),
             "failed_trials": failed,
             "status": RESUMED_CELL if resumed and failed == 0 else status,
+            **({"predicted_s": m[PREDICTED_MAKESPAN]} if PREDICTED_MAKESPAN in m else {}),
         })
     return speedup_table(cells)

@@ -135,11 +135,28 @@ def test_too_many_repeats_are_refused_naming_the_field(tmp_path: Path, capsys):
     assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()  # nothing started
 
 
+def test_unknown_or_repeated_modes_are_refused_before_anything_starts(tmp_path: Path, capsys):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(compare_tree(tmp_path / "data")))
+    for modes in ("experiment,hybrid", "auto,auto"):
+        with pytest.raises(SystemExit):
+            main(["compare", str(spec), "--modes", modes, "--output", str(tmp_path / "out"), "--quiet"])
+        assert "expected modes among experiment,data,auto" in capsys.readouterr().err
+    tree = compare_tree(tmp_path / "data")
+    tree["parallelism"]["modes"] = ["data", "data"]
+    with pytest.raises(SpecError, match=r"modes must name each mode to compare once, got \['data', 'data'\]"):
+        validate_spec(tree)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()
+
+
 def test_the_cells_run_interleaved_repeat_after_repeat():
     assert cell_sequence([1, 2, 4]) == [("experiment", 1, 1), ("data", 1, 1), ("data", 2, 1), ("experiment", 2, 1),
                                         ("experiment", 4, 1), ("data", 4, 1)]
     sequence = cell_sequence([1, 2], repeats=3)
     assert sequence == [(m, n, r) for r in (1, 2, 3) for m, n, _ in cell_sequence([1, 2])]
+    # three modes: each count runs them all, the first turning by one from one count to the next
+    assert [m for m, n, _ in cell_sequence([1, 2, 4], modes=["auto", "experiment", "data"])] == [
+        "experiment", "data", "auto", "data", "auto", "experiment", "auto", "experiment", "data"]
 
 
 def test_a_resumed_repeated_comparison_skips_the_cells_done_and_resumes_the_one_under_way(tmp_path: Path,
@@ -205,42 +222,57 @@ def test_compare_command_records_the_table(ray_local, tmp_path: Path, capsys):
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump(tree))
     out = tmp_path / "out"
-    code = main(["compare", str(spec), "--workers", "2", "--output", str(out), "--quiet"])
+    code = main(["compare", str(spec), "--workers", "2", "--modes", "experiment,data,auto", "--output", str(out),
+                 "--quiet"])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    assert "speedup" in printed and "efficiency" in printed
+    assert "speedup" in printed and "efficiency" in printed and "predicted_s" in printed
 
     client = MlflowClient(f"sqlite:///{(out / 'mlflow.db').resolve()}")
     [parent] = client.search_runs(client.get_experiment_by_name("tiny").experiment_id,
                                   filter_string="tags.`distmis.role` = 'compare'")
     assert {"speedup.csv", "speedup.md", "speedup.png"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
     table = pd.read_csv(client.download_artifacts(parent.info.run_id, "speedup.csv", str(tmp_path)))
-    assert sorted(zip(table["mode"], table["workers"])) == [("data", 1), ("data", 2), ("experiment", 1), ("experiment", 2)]
+    assert sorted(zip(table["mode"], table["workers"])) == [("auto", 1), ("auto", 2), ("data", 1), ("data", 2),
+                                                             ("experiment", 1), ("experiment", 2)]
     assert (table["status"] == "FINISHED").all() and table["elapsed_s"].gt(0).all()
+    # the model's makespan of every cell, calibrated on the 1-worker experiment-parallel one
+    assert table["predicted_s"].gt(0).all()
+    cells = client.search_runs(parent.info.experiment_id, filter_string=f"tags.`mlflow.parentRunId` = "
+                                                                        f"'{parent.info.run_id}'")
+    [auto] = [run for run in cells if run.info.run_name == "auto x2"]
+    assert auto.data.tags["distmis.layout"].startswith("auto: 2 worker(s)")
     assert table["best_val_dice"].between(0, 1).all()
-    assert table.loc[table["workers"] == 1, "speedup"].tolist() == [1.0, 1.0]
+    assert table.loc[table["workers"] == 1, "speedup"].tolist() == [1.0, 1.0, 1.0]
     assert table.loc[table["workers"] == 2, "speedup"].gt(0).all()
     # Each cell is a search run under the comparison, with its trial under it.
     cells = trial_runs(client, parent)
-    assert len(cells) == 4
+    assert len(cells) == 6
     runs = sorted(cells, key=lambda run: run.info.start_time)
+    modes = ["experiment", "data", "auto"]
     assert [(run.data.tags["distmis.compare.mode"], int(run.data.tags["distmis.compare.workers"]),
-             int(run.data.tags["distmis.compare.repeat"])) for run in runs] == cell_sequence([1, 2])
-    assert [run.info.run_name for run in runs] == ["experiment x1", "data x1", "data x2", "experiment x2"]
+             int(run.data.tags["distmis.compare.repeat"])) for run in runs] == cell_sequence([1, 2], modes=modes)
+    assert [run.info.run_name for run in runs] == ["experiment x1", "data x1", "auto x1", "data x2", "auto x2",
+                                                   "experiment x2"]
     for cell in cells:
         assert len(trial_runs(client, cell)) == 1
         workers = int(cell.data.tags["distmis.compare.workers"])
-        expected = workers if cell.data.tags["distmis.compare.mode"] == "data" else 1
-        assert {t.data.params["trial.workers"] for t in trial_runs(client, cell)} == {str(expected)}
+        mode = cell.data.tags["distmis.compare.mode"]
+        [trial] = trial_runs(client, cell)
+        if mode == "auto":  # one trial: it takes every worker of the pool
+            assert trial.data.params["trial.workers"] == "1"
+            assert {m.value for m in client.get_metric_history(trial.info.run_id, "workers")} == {float(workers)}
+        else:
+            assert trial.data.params["trial.workers"] == str(workers if mode == "data" else 1)
 
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
     assert main(["results", "--tracking-uri", uri, "--experiment", "tiny", "--format", "csv"]) == 0
     again = capsys.readouterr().out
-    assert again.splitlines()[0].startswith("mode,workers,elapsed_s,speedup,efficiency,best_val_dice")
+    assert again.splitlines()[0].startswith("mode,workers,elapsed_s,speedup,efficiency,predicted_s,best_val_dice")
     assert main(["results", str(out)]) == 0  # the comparison rebuilt from its runs: as the command printed it
     rebuilt = capsys.readouterr().out
-    rows = re.compile(r"^\s*(experiment|data)\s+\d+\s+\d+\.\d+\s+.*$", re.MULTILINE)
-    assert len(rows.findall(printed)) == 4 and rows.findall(rebuilt) == rows.findall(printed)
+    rows = re.compile(r"^\s*(experiment|data|auto)\s+\d+\s+\d+\.\d+\s+.*$", re.MULTILINE)
+    assert len(rows.findall(printed)) == 6 and rows.findall(rebuilt) == rows.findall(printed)
 
 
 def die_after_first_epoch(worker) -> None:
