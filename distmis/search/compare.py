@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 def cell_spec(spec: Spec, mode: str, workers: int) -> Spec:
     """The search one cell of the table runs, on ``workers`` worker slots of ``resources_per_worker``:
     ``experiment``: ``workers`` one-worker trials at once; ``data``: one trial at a time over ``workers`` workers;
-    ``auto``: mode auto's pool of ``workers`` workers (:mod:`distmis.search.worker_pool`).
+    ``auto``: mode auto's pool of ``workers`` workers (:mod:`distmis.perf.pool`).
 
     The cell's spec is validated as a whole, as any spec is (:func:`~distmis.spec.load.validate_spec`: its
     cross-field checks included), so a cell that its own search would refuse is refused before it runs."""

@@ -59,7 +59,7 @@ class Hardware:
 class MakespanPlan:
     """The search's trials' costs and their schedules: the fixed modes' (experiment, then data at each degree), the
     best moldable plan (:func:`~distmis.perf.makespan.pack`'s auto: each trial's degree chosen ahead and kept), and
-    what ``parallelism.mode: auto`` does (its pool's rule, simulated: :func:`~distmis.search.worker_pool.simulate`)."""
+    what ``parallelism.mode: auto`` does (its pool's rule, simulated: :func:`~distmis.perf.pool.simulate`)."""
 
     cluster: Cluster
     costs: tuple[TrialCost, ...]
@@ -156,7 +156,7 @@ def plan_makespan(spec: Spec, cluster: Cluster, hardware: Hardware, *, device: L
                   threads: int = 1) -> MakespanPlan:
     """The search's schedules on ``cluster``: experiment, data at each degree up to its workers, the best moldable
     plan, and mode auto's."""
-    from distmis.search.worker_pool import simulate
+    from distmis.perf.pool import simulate
 
     costs = search_costs(spec, hardware, device=device, threads=threads)
     fixed = [pack(costs, cluster, "experiment")]
@@ -314,7 +314,7 @@ def predicted_makespan(spec: Spec, mode: Literal["experiment", "data", "auto"], 
                        device: Literal["cpu", "cuda"] = "cuda", threads: int = 1) -> float:
     """The model's makespan of ``spec``'s search on ``workers`` workers (one node) in ``mode``: experiment (a trial a
     worker), data (every trial on all of them) or auto (its pool's rule, simulated)."""
-    from distmis.search.worker_pool import simulate
+    from distmis.perf.pool import simulate
 
     costs = search_costs(spec, hardware, device=device, threads=threads)
     cluster = Cluster(workers=workers)

@@ -8,7 +8,7 @@ package); this module only reads those layouts:
 - hybrid: experiment-parallel trials that are each a worker group (data- and/or sequence-parallel); as many
   at once as the cluster has room for the largest of them.
 - auto: every trial a worker group of as many workers as the search's worker pool gives it, out of
-  ``parallelism.workers`` (:mod:`distmis.search.worker_pool`); at most that many trials at once.
+  ``parallelism.workers`` (:mod:`distmis.perf.pool`); at most that many trials at once.
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ from distmis.search.prepare import PreparedData
 from distmis.search.progress import SearchProgress
 from distmis.search.search_space import num_trials, scheduler, tune_param_space, tune_search
 from distmis.trial.storage import atomic_local_filesystem
-from distmis.trial.trainables import data_parallel_trial, release_groups, runs_on_worker_group, single_process_trial
+from distmis.trial.trainables import (
+    auto_trial, data_parallel_trial, release_groups, runs_on_worker_group, single_process_trial,
+)
 
 from distmis.spec.schema import Spec
 from distmis.tracking.mlflow_tracking import MLflowTrialCallback, SearchRun
@@ -73,8 +75,6 @@ def trial_function(plan: SearchPlan, spec: Spec, data: PreparedData, output_dir:
     from ray import tune
 
     if plan.mode == "auto":
-        from distmis.trial.auto_trial import auto_trial
-
         bound = tune.with_parameters(trainable or auto_trial, spec=spec, tfrecord_dir=str(data.tfrecord_dir),
                                      search=experiment)
     elif plan.distributed:

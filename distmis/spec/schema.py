@@ -737,7 +737,7 @@ class ParallelismSpec(StrictModel):
     ``data``: trials run one after another, each data-parallel over ``workers`` workers.
     ``auto``: the search holds ``workers`` workers and gives each trial as many as finish the search soonest: a
     trial starts on its share of the free ones and is grown (checkpoint, restart on more workers) when workers fall
-    idle (:mod:`distmis.search.worker_pool`).
+    idle (:mod:`distmis.perf.pool`).
     ``compare``: the search runs in both modes for every worker count in ``workers`` (1 included)
     and the speedup table is recorded.
     """

@@ -2,7 +2,7 @@
 restarted on more from its last checkpoint when the pool grows it.
 
 The trial's own process (a Tune actor that reserves no CPU: :data:`~distmis.search.plan.DRIVER_RESOURCES`) asks the
-pool (:mod:`distmis.search.worker_pool`) for its workers, waits until it has them, and runs its epochs on a
+pool (:mod:`distmis.perf.pool`'s rule in the driver's actor) for its workers, waits until it has them, and runs its epochs on a
 :class:`~distmis.trial.worker_group.WorkerGroup` of that many data-parallel replicas (TensorFlow's or torch's), one
 epoch per step, each reported to Tune with its checkpoint as a data-mode trial reports them. After each epoch it tells
 the pool what the epoch measured; when the pool answers with more workers, the trial stops the group after that
@@ -34,13 +34,13 @@ from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.schema import Spec
 
 if TYPE_CHECKING:
-    from distmis.search.worker_pool import Grant
+    from distmis.perf.pool import Grant
     from distmis.train.loop import Metrics
     from distmis.trial.worker_group import Files, WorkerGroup
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["auto_trial", "resized_epochs", "group_prefix", "release_trial"]
+__all__ = ["auto_trial", "resized_epochs", "group_prefix", "find_pool", "release_trial"]
 
 POLL_SECONDS = 0.5  # how often a waiting trial asks the pool again
 
@@ -56,6 +56,15 @@ def training_cases(spec: Spec, tfrecord_dir: str) -> int:
     from distmis.train.epoch import trial_parts
 
     return trial_parts(read_manifest(tfrecord_dir), spec.dataset.split.fold).num_train
+
+
+def find_pool(search: str) -> Any:
+    """The pool actor of the search ``search`` (its Tune experiment's name), which the driver started."""
+    import ray
+
+    from distmis.perf.pool import POOL_NAMESPACE, pool_name
+
+    return ray.get_actor(pool_name(search), namespace=POOL_NAMESPACE)
 
 
 def _wait_for_workers(pool: Any, trial_id: str, epochs: int, max_workers: int) -> Grant:
@@ -111,9 +120,7 @@ def auto_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: str, search:
     import ray
     from ray import tune
 
-    from distmis.search.worker_pool import find_pool
-    from distmis.trial.checkpoints import resume_candidates, trial_folder, trial_working_folder
-    from distmis.trial.trainables import report_epoch
+    from distmis.trial.checkpoints import report_epoch, resume_candidates, trial_folder, trial_working_folder
     from distmis.trial.worker_group import GROUP_NAME_PREFIX, folder_files
 
     from distmis.trial.worker_group import release_groups
@@ -156,7 +163,6 @@ def auto_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: str, search:
 def release_trial(search: str, trial_id: str) -> None:
     """The driver's side of a trial's end (finished, stopped, failed, or its process killed): its worker groups
     removed and its workers back in the pool. Best effort: it never raises."""
-    from distmis.search.worker_pool import find_pool
     from distmis.trial.worker_group import release_groups
 
     try:

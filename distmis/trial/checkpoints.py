@@ -24,10 +24,15 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distmis.trial.record import CHECKPOINT_PREFIX, complete_folders
+
+if TYPE_CHECKING:
+    from distmis.train.loop import Metrics
+    from distmis.trial.worker_group import Files
 
 logger = logging.getLogger(__name__)
 
@@ -144,3 +149,20 @@ def prune_older(checkpoint: Any, keep: int = KEEP) -> None:
                 stream.write(b"emptied by distmis: a newer checkpoint of this trial holds its state\n")
     except OSError:
         logger.warning("could not empty the older checkpoints of %s", checkpoint.path, exc_info=True)
+
+
+def report_epoch(metrics: Metrics, files: Files | None, scratch: str | None) -> None:
+    """Report one epoch of a worker group to Tune, with the checkpoint its ranks wrote (``files``: none, for an
+    epoch without one), written to a temporary folder in ``scratch`` for Tune to persist as ``checkpoint_<epoch>``;
+    the trial's older checkpoints are emptied after it."""
+    from ray import tune
+
+    from distmis.trial.worker_group import write_files
+
+    if files is None:
+        tune.report(metrics)
+        return
+    name_by_epoch(int(metrics["epoch"]))
+    with tempfile.TemporaryDirectory(prefix="distmis-checkpoint-", dir=scratch) as tmp:
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(write_files(files, tmp))))
+    prune_older(tune.get_checkpoint())  # the one just persisted

@@ -101,7 +101,7 @@ class EpochMetrics:
     # The validation's share of epoch_seconds (what a data-parallel trial does not divide among its workers)
     validation_seconds: float | None = None
     # parallelism.mode 'auto': the workers the trial held for the epoch and the worker pool's prediction of its time
-    # (distmis.search.worker_pool), set by the trial beside its workers' report
+    # (distmis.perf.pool), set by the trial beside its workers' report
     workers: int | None = None
     predicted_epoch_seconds: float | None = None
 

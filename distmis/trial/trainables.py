@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, NotRequired, TypedDict
 
+from distmis.trial.auto_trial import auto_trial, release_trial
 from distmis.trial.kept_trainers import KeptTrainers, trainer_key
 from distmis.trial.trainers import build_trainer, trial_frameworks
 from distmis.trial.worker_group import release_groups
@@ -41,14 +42,13 @@ if TYPE_CHECKING:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from distmis.train.protocol import Trainer
-    from distmis.trial.worker_group import Files
 
 logger = logging.getLogger(__name__)
 
 # What the driver imports (the Tune functions, and what it must know of them; release_groups: the worker group's
 # actors of a search, released at its end) and what the tests reach.
 __all__ = ["TrialConfig", "LoopConfig", "single_process_trial", "data_parallel_trial", "data_parallel_worker",
-           "group_trial", "report_epoch", "runs_on_worker_group", "release_groups", "worker_trainer",
+           "group_trial", "auto_trial", "release_trial", "runs_on_worker_group", "release_groups", "worker_trainer",
            "worker_working_folder", "train_and_report", "resolve_trial"]
 
 #: A trial's config as Tune hands it: the trial's values by their dotted paths into the spec.
@@ -264,7 +264,7 @@ def group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, *, search: 
     from ray import tune
 
     from distmis.trial.worker_group import folder_files, group_for
-    from distmis.trial.checkpoints import resume_candidates, trial_folder, trial_working_folder
+    from distmis.trial.checkpoints import report_epoch, resume_candidates, trial_folder, trial_working_folder
 
     submitted_at = time.time()  # the workers' start-up clocks count from here (distmis.train.startup)
     group = group_for(layout, search, trial.model.framework)
@@ -275,21 +275,3 @@ def group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, *, search: 
     scratch = trial_working_folder()  # the workers' scratch files go there too (on their nodes)
     for metrics, files in group.epochs(trial, layout, tfrecord_dir, checkpoints, submitted_at, scratch=scratch):
         report_epoch(metrics, files, scratch)
-
-
-def report_epoch(metrics: Metrics, files: Files | None, scratch: str | None) -> None:
-    """Report one epoch of a worker group to Tune, with the checkpoint its ranks wrote (``files``: none, for an
-    epoch without one), written to a temporary folder in ``scratch`` for Tune to persist as ``checkpoint_<epoch>``;
-    the trial's older checkpoints are emptied after it."""
-    from ray import tune
-
-    from distmis.trial.checkpoints import name_by_epoch, prune_older
-    from distmis.trial.worker_group import write_files
-
-    if files is None:
-        tune.report(metrics)
-        return
-    name_by_epoch(int(metrics["epoch"]))
-    with tempfile.TemporaryDirectory(prefix="distmis-checkpoint-", dir=scratch) as tmp:
-        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(write_files(files, tmp))))
-    prune_older(tune.get_checkpoint())  # the one just persisted

@@ -18,7 +18,7 @@ from distmis.spec import validate_spec
 from distmis.spec.load import FOLD_KEY
 from distmis.tracking.mlflow_tracking import ATTEMPTS_TAG
 from distmis.tracking.results import trial_runs
-from distmis.trial.auto_trial import auto_trial
+from distmis.trial.trainables import auto_trial
 from tests.conftest import small_spec_tree
 
 UNET = {"name": "unet3d", "framework": "torch", "params": {"base_filters": 4, "levels": 3, "norm": "group",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distmis.perf.makespan import Cluster, TrialCost, pack
-from distmis.search.worker_pool import WorkerPool, simulate
+from distmis.perf.pool import WorkerPool, simulate
 
 
 class Clock:
