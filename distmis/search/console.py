@@ -119,8 +119,9 @@ class SearchConsole(tune.Callback):
         figures = "  ".join(f"{key} {float(result[key]):.4f}" for key in keys
                             if isinstance(result.get(key), (int, float)))
         total = self._total_epochs(trial)
+        workers = f"  on {int(result['workers'])} worker(s)" if result.get("workers") else ""  # mode auto
         self._line(trial, f"epoch {epoch:>{len(str(total))}}/{total}  {figures}  "
-                          f"elapsed {clock(float(result.get('time_total_s', 0.0)))}")
+                          f"elapsed {clock(float(result.get('time_total_s', 0.0)))}{workers}")
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._line(trial, f"failed, retried from its last checkpoint: {error_summary(trial_error_text(trial))}")

@@ -30,6 +30,13 @@ class TrialSpan:
     start: float
     end: float
     grown_seconds: float = 0.0  # worker-seconds beyond ``workers`` for its span: the epochs an auto search grew it for
+    grown: tuple[tuple[float, int], ...] = ()  # mode auto: (when, the workers it went on with) at each growth
+
+    def stretches(self) -> list[tuple[float, float, int]]:
+        """``(start, end, workers)`` of each stretch of the span on one set of workers: one, unless it grew."""
+        starts = [(self.start, self.workers), *[(min(max(t, self.start), self.end), k) for t, k in self.grown]]
+        ends = [t for t, _ in starts[1:]] + [max(self.end, self.start)]
+        return [(start, end, workers) for (start, workers), end in zip(starts, ends)]
 
     @property
     def held(self) -> float:
@@ -50,29 +57,40 @@ def trial_spans(client: MlflowClient, parent_run_id: str) -> list[TrialSpan]:
             continue
         workers, metrics = run_workers(run), run.data.metrics
         grown = max(0.0, metrics.get("worker_seconds", 0.0) - workers * metrics.get("elapsed_seconds", math.inf))
+        growths = _growths(client, run.info.run_id) if "workers" in metrics else ()  # mode auto's trials
         spans.append(TrialSpan(run.info.run_name or run.info.run_id, workers, run.info.start_time / 1000,
-                               run.info.end_time / 1000, grown))
+                               run.info.end_time / 1000, grown, growths))
     return sorted(spans, key=lambda span: (span.start, span.name))
 
 
+def _growths(client: MlflowClient, run_id: str) -> tuple[tuple[float, int], ...]:
+    """When a trial of an auto search went on with more workers (s, Unix time: the report of the last epoch before,
+    after which it restarted), and with how many: from its ``workers`` metric, one point an epoch."""
+    points = sorted(client.get_metric_history(run_id, "workers"), key=lambda m: m.step)
+    return tuple((before.timestamp / 1000, int(after.value)) for before, after in zip(points, points[1:])
+                 if after.value != before.value)
+
+
 def measured_schedule(spans: Sequence[TrialSpan], capacity: int) -> Schedule:
-    """The spans as a :class:`~distmis.perf.makespan.Schedule` from the first start: each trial on the lowest
-    ``workers`` worker rows free at its start (rows beyond ``capacity`` where the spans overlap more than it holds,
-    as two trials' runs overlap by the moments their records take)."""
+    """The spans as a :class:`~distmis.perf.makespan.Schedule` from the first start: each trial (each stretch of a
+    trial an auto search grew) on the lowest ``workers`` worker rows free at its start (rows beyond ``capacity``
+    where the spans overlap more than it holds, as two trials' runs overlap by the moments their records take)."""
     if not spans:
         return Schedule("measured", max(1, capacity))
     origin = min(span.start for span in spans)
     free: list[float] = [0.0] * max(1, capacity)
     placements = []
-    for span in sorted(spans, key=lambda s: (s.start, s.name)):
-        start, end = span.start - origin, max(span.end, span.start) - origin
-        rows = [w for w in range(len(free)) if free[w] <= start + 1e-6][:span.workers]
-        while len(rows) < span.workers:
+    stretches = sorted(((start, end, workers, span.name) for span in spans for start, end, workers in span.stretches()),
+                       key=lambda s: (s[0], s[3]))
+    for start, end, workers, name in stretches:
+        start, end = start - origin, end - origin
+        rows = [w for w in range(len(free)) if free[w] <= start + 1e-6][:workers]
+        while len(rows) < workers:
             free.append(0.0)
             rows.append(len(free) - 1)
         for w in rows:
             free[w] = end
-        placements.append(Placement(span.name, span.workers, start, end, tuple(rows)))
+        placements.append(Placement(name, workers, start, end, tuple(rows)))
     return Schedule("measured", len(free), tuple(placements))
 
 

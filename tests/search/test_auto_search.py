@@ -17,6 +17,7 @@ from distmis.search.run import run_search
 from distmis.spec import validate_spec
 from distmis.spec.load import FOLD_KEY
 from distmis.tracking.mlflow_tracking import ATTEMPTS_TAG
+from distmis.tracking.accounting import trial_spans
 from distmis.tracking.results import trial_runs
 from distmis.trial.trainables import auto_trial
 from tests.conftest import small_spec_tree
@@ -66,6 +67,10 @@ def test_a_trial_is_grown_onto_the_worker_a_finished_trial_left_idle(ray_local, 
     assert metrics["elapsed_seconds"] < metrics["worker_seconds"] < 2 * metrics["elapsed_seconds"]
     assert short.data.metrics["worker_seconds"] == pytest.approx(short.data.metrics["elapsed_seconds"])
     assert 0 <= parent.data.metrics["idle_fraction"] < 1
+    # the search's schedule draws the long trial stretch by stretch: on one worker, then on two
+    spans = {span.name: span for span in trial_spans(client, parent.info.run_id)}
+    [(_, degree)] = spans[long.info.run_name].grown
+    assert degree == 2 and [k for _, _, k in spans[long.info.run_name].stretches()] == [1, 2]
     assert outcome.results["worker_h"].max() == pytest.approx(metrics["worker_seconds"] / 3600, abs=1e-4)
 
 

@@ -93,6 +93,17 @@ def test_one_line_per_epoch_and_the_best_epoch_at_the_end(tmp_path: Path, capsys
                         "(lr=0.001, epoch 2)"
 
 
+def test_an_auto_search_s_epoch_line_says_the_workers_it_ran_on(tmp_path: Path, capsys):
+    spec = validate_spec(small_spec_tree(tmp_path / "data", training={"epochs": 3, "batch_size": 2}))
+    console = Both(*reversed(console_of(spec)))
+    a = Trial("f_00000", {"training.optimizer.lr": 0.001})
+    console.on_trial_start(0, [a], a)
+    for n, workers in enumerate([1, 2], start=1):  # grown after its first epoch: the same attempt, no retry
+        console.on_trial_result(0, [a], a, {**epoch(n, 0.5, attempt="x"), "workers": workers})
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[-3:] for line in lines] == [["on", "1", "worker(s)"], ["on", "2", "worker(s)"]]
+
+
 def test_the_header_names_the_spec_the_trials_the_mode_and_the_store(tmp_path: Path, capsys):
     spec = validate_spec(small_spec_tree(tmp_path / "data"))
     console_of(spec)[0].header(spec, trials=2, layout="experiment-parallel, 2 trial(s) at once",

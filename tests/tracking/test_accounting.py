@@ -28,3 +28,15 @@ def test_spans_that_overlap_more_than_the_capacity_get_rows_of_their_own():
     assert schedule.workers == 2 and {p.trial: p.workers for p in schedule.placements} == {"a": (0,), "b": (1,)}
     assert search_accounting(spans, capacity=1)["idle_fraction"] == 0.0  # never below nothing
     assert search_accounting([], capacity=4) == {}
+
+
+def test_a_trial_an_auto_search_grew_is_drawn_stretch_by_stretch_and_costs_what_it_held():
+    # b ended at 30 s; a went on with both workers from 40 s (its epoch after b's end) to its end
+    spans = [TrialSpan("a", 1, 0.0, 100.0, grown_seconds=60.0, grown=((40.0, 2),)), TrialSpan("b", 1, 0.0, 30.0)]
+    schedule = measured_schedule(spans, capacity=2)
+    stretches = sorted((p.trial, p.degree, p.start, p.end, p.workers) for p in schedule.placements)
+    assert stretches == [("a", 1, 0.0, 40.0, (0,)), ("a", 2, 40.0, 100.0, (0, 1)), ("b", 1, 0.0, 30.0, (1,))]
+    assert schedule.workers == 2
+    figures = search_accounting(spans, capacity=2)
+    assert figures["worker_hours"] == pytest.approx((100 + 60 + 30) / 3600)
+    assert figures["idle_fraction"] == pytest.approx(1 - 190 / 200)
