@@ -2,11 +2,11 @@
 restarted on more from its last checkpoint when the pool grows it.
 
 The trial's own process (a Tune actor that reserves no CPU: :data:`~distmis.search.plan.DRIVER_RESOURCES`) asks the
-pool (:mod:`distmis.perf.pool`'s rule in the driver's actor) for its workers, waits until it has them, and runs its epochs on a
-:class:`~distmis.trial.worker_group.WorkerGroup` of that many data-parallel replicas (TensorFlow's or torch's), one
-epoch per step, each reported to Tune with its checkpoint as a data-mode trial reports them. After each epoch it tells
-the pool what the epoch measured; when the pool answers with more workers, the trial stops the group after that
-epoch, starts one of the new size and hands it that epoch's checkpoint: the weights and optimizer state go on
+pool (:mod:`distmis.perf.pool`'s rule, in the driver's actor) for its workers, waits until it has them, and runs its
+epochs on a :class:`~distmis.trial.worker_group.WorkerGroup` of that many data-parallel replicas (TensorFlow's or
+torch's), one epoch per step, each reported to Tune with its checkpoint as a data-mode trial reports them. After each
+epoch it tells the pool what the epoch measured; when the pool answers with more workers, the trial stops the group
+after that epoch, starts one of the new size and hands it that epoch's checkpoint: the weights and optimizer state go on
 exactly, the learning rate follows the new replicas (``parallelism.lr_scaling``: the trainers set each epoch's rate
 from the layout), and the epochs go on in the same Tune trial, so in the same MLflow run. Each epoch's report says
 the workers it ran on (``workers``) and the pool's prediction of its time (``predicted_epoch_seconds``).

@@ -24,7 +24,6 @@ Every process pins its thread pools to the CPUs its layout gives it.
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, NotRequired, TypedDict
