@@ -171,7 +171,9 @@ class WorkerPool:
         return Grant(progress.workers, self.predicted_epoch(progress, progress.workers))
 
     def release(self, trial: str) -> None:
-        """A trial ended (finished, stopped, failed or killed): its workers are free. Idempotent."""
+        """A trial ended (finished, stopped, failed or killed): its workers are free. Idempotent. A trial that ended
+        before it asked for workers (refused as it started) is no longer to come."""
+        self.begun.add(trial)
         progress = self.progress.get(trial)
         if progress is not None:
             progress.workers, progress.granted_at = 0, None

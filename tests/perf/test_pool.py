@@ -125,6 +125,15 @@ def test_a_restarted_trial_gives_back_what_it_held_and_asks_again():
     assert resumed.to_come == 1 and resumed.request("z", 5).workers == 2
 
 
+def test_a_trial_that_failed_before_it_asked_is_no_longer_to_come():
+    pool = WorkerPool(2, trials=2)
+    assert pool.request("a", 5).workers == 1  # b is still to come
+    pool.release("b")  # refused as it started (its values invalid): it will never ask
+    assert pool.to_come == 0
+    pool.report("a", 1, 1.0)
+    assert pool.report("a", 2, 1.0).workers == 2  # the idle worker is a's
+
+
 def test_a_report_without_workers_is_refused():
     with pytest.raises(ValueError, match="without holding workers"):
         WorkerPool(1, trials=1).report("a", 1, 1.0)
