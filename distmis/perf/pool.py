@@ -67,7 +67,7 @@ class TrialProgress:
     reported_at: float | None = None
     grown_from: int | None = None  # the workers it held before its last growth, until its first epoch after it
     started: bool = False  # its first epoch since the grant has ended
-    measured: bool = False  # a whole epoch (not the first since a grant) has ended: it may grow
+    measured: bool = False  # a whole epoch on the workers it holds (not the first since their grant) ended: it may grow
 
 
 class WorkerPool:
@@ -128,7 +128,8 @@ class WorkerPool:
         demand = len(self.waiting) + self.to_come
         share = max(1, min(progress.max_workers, self.free // demand))
         self.waiting.pop(0)
-        progress.workers, progress.granted_at, progress.grown_from, progress.started = share, self.clock(), None, False
+        progress.workers, progress.granted_at, progress.grown_from = share, self.clock(), None
+        progress.started = progress.measured = False
         return Grant(share, self.predicted_epoch(progress, share))
 
     def report(self, trial: str, epoch: int, epoch_seconds: float, validation_seconds: float | None = None, *,
@@ -165,9 +166,9 @@ class WorkerPool:
         progress.validation_seconds = validation
         progress.done, progress.reported_at = epoch, now
         target = self._grow(trial, now)
-        if target > progress.workers:
+        if target > progress.workers:  # it must run a whole epoch on its new workers before it grows again
             progress.grown_from = progress.workers
-            progress.workers, progress.granted_at, progress.started = target, now, False
+            progress.workers, progress.granted_at, progress.started, progress.measured = target, now, False, False
         return Grant(progress.workers, self.predicted_epoch(progress, progress.workers))
 
     def release(self, trial: str) -> None:

@@ -86,6 +86,23 @@ def test_a_trial_grows_only_after_a_whole_epoch_on_its_workers():
     assert pool.report("b", 2, 5.0, 1.0).workers == 2
 
 
+def test_a_grown_trial_grows_again_only_after_a_whole_epoch_on_its_new_workers():
+    clock = Clock()
+    pool = WorkerPool(3, trials=3, clock=clock)
+    for name in ("a", "b", "long"):
+        pool.request(name, 1 if name != "long" else 100)
+    for epoch, now in ((1, 10.0), (2, 20.0)):
+        clock.now = now
+        pool.report("long", epoch, 10.0)
+    pool.release("a")
+    assert pool.report("long", 3, 10.0).workers == 2  # a's worker: the restart measured 0 s
+    pool.release("b")
+    clock.now = 40.0
+    assert pool.report("long", 4, 30.0).workers == 2  # its first epoch on two (a slow warm-up): no decision on it
+    clock.now = 45.0
+    assert pool.report("long", 5, 5.0).workers == 3
+
+
 def test_no_growth_that_a_restart_would_not_pay_for():
     clock = Clock()
     pool = WorkerPool(2, trials=2, clock=clock)
