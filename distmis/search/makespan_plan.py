@@ -293,8 +293,9 @@ def calibrate_run(client: Any, run_id: str, earlier: Spec, source: str, *, devic
 
 def check_calibration(output: str | Path, calibration: Calibration, *, device: Literal["cpu", "cuda"] = "cuda",
                       threads: int = 1) -> tuple[float, float] | None:
-    """The calibrated model's makespan of the earlier search itself, in its own mode and on its own workers, and
-    the span it measured: (predicted, measured); None when it recorded no span."""
+    """The calibrated model's makespan of the earlier search itself, in its own mode and on its own workers (an auto
+    search: its pool's rule, simulated), and the span it measured: (predicted, measured); None when it recorded no
+    span."""
     from distmis.search.state import SearchState
     from distmis.spec import validate_spec
 
@@ -303,6 +304,10 @@ def check_calibration(output: str | Path, calibration: Calibration, *, device: L
     state = SearchState.load(Path(output))
     assert state is not None
     earlier = validate_spec(state.spec, source=str(Path(output) / "search_state.json"))
+    if earlier.parallelism.mode == "auto":  # its pool's rule on its own workers
+        workers = earlier.parallelism.worker_counts[0]
+        return predicted_makespan(earlier, "auto", workers, calibration.hardware(), device=device,
+                                  threads=threads), calibration.span_seconds
     costs = search_costs(earlier, calibration.hardware(), device=device, threads=threads)
     cluster = Cluster(workers=max(calibration.capacity, calibration.degree))
     mode: Literal["experiment", "data"] = "experiment" if calibration.degree == 1 else "data"

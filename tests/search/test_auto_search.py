@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
+from distmis.search.makespan_plan import calibrate, check_calibration
 from distmis.search.run import run_search
 from distmis.spec import validate_spec
 from distmis.spec.load import FOLD_KEY
@@ -72,6 +73,10 @@ def test_a_trial_is_grown_onto_the_worker_a_finished_trial_left_idle(ray_local, 
     [(_, degree)] = spans[long.info.run_name].grown
     assert degree == 2 and [k for _, _, k in spans[long.info.run_name].stretches()] == [1, 2]
     assert outcome.results["worker_h"].max() == pytest.approx(metrics["worker_seconds"] / 3600, abs=1e-4)
+    # distmis plan --calibrate on it: the search itself predicted by its pool's rule on its two workers
+    calibration = calibrate(tmp_path / "out", device="cpu")
+    predicted, measured = check_calibration(tmp_path / "out", calibration, device="cpu")
+    assert predicted > 0 and measured == pytest.approx(parent.data.metrics["span_seconds"])
 
 
 def dying_auto_trial(workdir: str, config: dict[str, Any], **kwargs: Any) -> None:
