@@ -228,9 +228,10 @@ def simulate(costs: Sequence[TrialCost], cluster: Cluster) -> Schedule:
     """The schedule ``mode: auto`` gives ``costs`` on ``cluster``'s workers: the pool's own rule (:class:`WorkerPool`)
     on a simulated clock, every trial asking in turn (as Tune starts them), each epoch of a trial at ``k`` workers
     :meth:`~distmis.perf.makespan.TrialCost.epoch_seconds` long, its start (and each restart after a growth) its
-    ``startup_seconds`` (plus ``cold_start_seconds`` the first time a worker is used). A trial's ``epochs`` are
-    rounded up. Each stretch a trial runs on one set of workers is a placement of its own (a grown trial has two or
-    more), on the lowest worker rows free when it begins."""
+    ``startup_seconds`` plus its ``cold_start_seconds`` every time: each start is a worker group of new processes
+    (their imports, a traced graph), as mode auto starts them. A trial's ``epochs`` are rounded up. Each stretch a
+    trial runs on one set of workers is a placement of its own (a grown trial has two or more), on the lowest worker
+    rows free when it begins."""
     import heapq
 
     now = 0.0
@@ -240,15 +241,13 @@ def simulate(costs: Sequence[TrialCost], cluster: Cluster) -> Schedule:
     workers = [0] * len(costs)
     began = [0.0] * len(costs)
     free_at = [0.0] * cluster.workers
-    used: set[int] = set()
     rows: list[tuple[int, ...]] = [()] * len(costs)
     placements: list[Placement] = []
 
     def start(index: int, degree: int, epoch: int) -> None:
         """Trial ``index`` (re)starts on ``degree`` workers now, its next epoch ``epoch + 1``."""
         taken = tuple(sorted(range(cluster.workers), key=lambda w: (free_at[w] > now + 1e-9, w))[:degree])
-        cold = costs[index].cold_start_seconds if any(w not in used for w in taken) else 0.0
-        used.update(taken)
+        cold = costs[index].cold_start_seconds  # a new group each time, however warm its workers' nodes are
         for w in taken:
             free_at[w] = math.inf
         workers[index], began[index], rows[index] = degree, now, taken

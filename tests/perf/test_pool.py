@@ -194,3 +194,13 @@ def test_the_simulated_pool_runs_a_lone_trial_on_every_worker_and_equal_trials_s
     schedule = simulate(four, cluster)
     assert {p.degree for p in schedule.placements} == {1}  # never an idle worker to grow onto
     assert schedule.makespan == pytest.approx(pack(four, cluster, "experiment").makespan)
+
+
+def test_every_start_of_the_simulated_pool_is_a_cold_one():
+    """Mode auto starts a worker group of new processes for every trial (and every growth): each pays the cold start
+    that experiment mode's warm actors pay once."""
+    costs = [TrialCost(f"t{i}", epochs=2, train_seconds=1.0, steps=1, startup_seconds=1.0, cold_start_seconds=5.0)
+             for i in range(2)]
+    schedule = simulate(costs, Cluster(workers=1))
+    assert schedule.makespan == pytest.approx(2 * (1.0 + 5.0 + 2 * 1.0))
+    assert pack(costs, Cluster(workers=1), "experiment").makespan == pytest.approx(5.0 + 2 * (1.0 + 2 * 1.0))
