@@ -8,6 +8,8 @@ then either
 - trains in its own process (:func:`single_process_trial`, experiment-parallel), or
 - in a data-mode search, runs on the search's worker group, kept between its trials
   (:func:`group_trial`, :mod:`distmis.trial.worker_group`), or
+- in an auto search, runs on a worker group of the size the search's pool gives it, grown onto idle workers
+  (:func:`~distmis.trial.auto_trial.auto_trial`), or
 - in a hybrid search, drives a Ray Train run of ``layout.world_size`` workers (:func:`data_parallel_trial`): a
   ``DataParallelTrainer`` with ``TF_CONFIG`` (``MultiWorkerMirroredStrategy``) or Ray Train's ``TorchTrainer`` (DDP,
   data x sequence parallel groups for vit-seg, or data x pipeline groups for a pipelined U-Net), each worker running
