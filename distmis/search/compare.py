@@ -233,35 +233,38 @@ def _run_cell(spec: Spec, data: Any, mode: str, workers: int, repeat: int, compa
     }
 
 
-def _predict_cells(spec: Spec, cells: list[dict[str, Any]], compare_run: SearchRun) -> None:
-    """Each cell's makespan as the model predicts it (``predicted_s``), calibrated on the comparison's first
-    1-worker experiment-parallel cell (:func:`~distmis.search.makespan_plan.calibrate_run`: a worker's rate and a
-    trial's start-up as it measured them); nothing when that cell did not run or cannot be calibrated on (a warning
-    says why). The 1-worker cell's own prediction is a check of the calibration, the others are predictions."""
-    from mlflow.tracking import MlflowClient
-
+def cell_predictions(spec: Spec, cells: Sequence[dict[str, Any]], client: Any) -> dict[tuple[str, int], float]:
+    """The makespan the model predicts for each (mode, workers) of ``cells``, calibrated on the comparison's first
+    finished 1-worker experiment-parallel cell (:func:`~distmis.search.makespan_plan.calibrate_run`: a worker's rate,
+    a trial's start-up and cold start as it measured them; ``client``: the store it ran in); ``{}`` when no such cell
+    ran. The 1-worker cell's own prediction is a check of the calibration, the others are predictions."""
     from distmis.search.data_shape import trial_device
     from distmis.search.makespan_plan import calibrate_run, predicted_makespan
 
     base = next((c for c in cells if (c["mode"], int(c["workers"])) == ("experiment", 1) and c.get("run_id")
                  and c["status"] == "FINISHED"), None)
     if base is None:
-        return
+        return {}
+    earlier = cell_spec(spec, "experiment", 1)
+    device, threads = trial_device(earlier)
+    hardware = calibrate_run(client, base["run_id"], earlier, "experiment x1", device=device,
+                             threads=threads).hardware()
+    keys = dict.fromkeys((c["mode"], int(c["workers"])) for c in cells)
+    return {(mode, n): predicted_makespan(cell_spec(spec, mode, n), mode, n, hardware, device=device, threads=threads)
+            for mode, n in keys}
+
+
+def _predict_cells(spec: Spec, cells: list[dict[str, Any]], compare_run: SearchRun) -> None:
+    """Each cell's :func:`cell_predictions` as its ``predicted_s``, and on its run (``distmis results`` rebuilds the
+    table from the runs); nothing, with a warning, when it cannot be predicted."""
     try:
-        earlier = cell_spec(spec, "experiment", 1)
-        device, threads = trial_device(earlier)
-        calibration = calibrate_run(MlflowClient(compare_run.tracking_uri), base["run_id"], earlier, "experiment x1",
-                                    device=device, threads=threads)
-        hardware = calibration.hardware()
-        predictions: dict[tuple[str, int], float] = {}
+        predictions = cell_predictions(spec, cells, compare_run.client)
         for cell in cells:
             key = (cell["mode"], int(cell["workers"]))
-            if key not in predictions:
-                predictions[key] = predicted_makespan(cell_spec(spec, *key), key[0], key[1], hardware, device=device,
-                                                      threads=threads)
-            cell["predicted_s"] = round(predictions[key], 2)
-            if cell.get("run_id"):  # on the cell's run too: distmis results rebuilds the table from the runs
-                compare_run.client.log_metric(cell["run_id"], PREDICTED_MAKESPAN, cell["predicted_s"])
+            if key in predictions:
+                cell["predicted_s"] = round(predictions[key], 2)
+                if cell.get("run_id"):
+                    compare_run.client.log_metric(cell["run_id"], PREDICTED_MAKESPAN, cell["predicted_s"])
     except Exception as exc:  # noqa: BLE001 - steps that cannot be traced, a store that does not answer: the table
         logger.warning("the comparison's makespans cannot be predicted: %s", exc)  # has its measured figures still
 

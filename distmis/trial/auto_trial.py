@@ -120,8 +120,8 @@ def auto_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: str, search:
     import ray
     from ray import tune
 
-    from distmis.trial.checkpoints import report_epoch, resume_candidates, trial_folder, trial_working_folder
-    from distmis.trial.worker_group import GROUP_NAME_PREFIX, folder_files
+    from distmis.trial.checkpoints import report_epoch, resume_files, trial_working_folder
+    from distmis.trial.worker_group import GROUP_NAME_PREFIX
 
     from distmis.trial.worker_group import release_groups
 
@@ -132,10 +132,7 @@ def auto_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: str, search:
     release_groups(group_prefix(search, trial_id))  # what an earlier run of this trial (killed) left holding workers
     try:
         grant = _wait_for_workers(pool, trial_id, trial.training.epochs, training_cases(trial, tfrecord_dir))
-        checkpoints: list[Files] = []
-        for checkpoint in resume_candidates(tune.get_checkpoint(), trial_folder()):
-            with checkpoint.as_directory() as folder:
-                checkpoints.append(folder_files(folder))
+        checkpoints = resume_files()
         scratch = trial_working_folder()
 
         def decide(metrics: Metrics) -> int:

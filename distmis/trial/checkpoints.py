@@ -151,6 +151,20 @@ def prune_older(checkpoint: Any, keep: int = KEEP) -> None:
         logger.warning("could not empty the older checkpoints of %s", checkpoint.path, exc_info=True)
 
 
+def resume_files() -> list[Files]:
+    """This restarted Tune trial's checkpoints (:func:`resume_candidates`, newest first), each as its files, for a
+    worker group whose ranks may be on other nodes (none for a trial that starts afresh)."""
+    from ray import tune
+
+    from distmis.trial.worker_group import folder_files
+
+    files = []
+    for checkpoint in resume_candidates(tune.get_checkpoint(), trial_folder()):
+        with checkpoint.as_directory() as folder:
+            files.append(folder_files(folder))
+    return files
+
+
 def report_epoch(metrics: Metrics, files: Files | None, scratch: str | None) -> None:
     """Report one epoch of a worker group to Tune, with the checkpoint its ranks wrote (``files``: none, for an
     epoch without one), written to a temporary folder in ``scratch`` for Tune to persist as ``checkpoint_<epoch>``;

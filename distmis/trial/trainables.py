@@ -262,17 +262,12 @@ def group_trial(trial: Spec, layout: TrialLayout, tfrecord_dir: str, *, search: 
     by the first trial, kept by this reused Tune process for the next ones. Each epoch is reported to Tune with the
     checkpoint its ranks wrote; a restarted trial hands its checkpoints to the workers and goes on after the last
     epoch they hold."""
-    from ray import tune
-
-    from distmis.trial.worker_group import folder_files, group_for
-    from distmis.trial.checkpoints import report_epoch, resume_candidates, trial_folder, trial_working_folder
+    from distmis.trial.worker_group import group_for
+    from distmis.trial.checkpoints import report_epoch, resume_files, trial_working_folder
 
     submitted_at = time.time()  # the workers' start-up clocks count from here (distmis.train.startup)
     group = group_for(layout, search, trial.model.framework)
-    checkpoints = []
-    for checkpoint in resume_candidates(tune.get_checkpoint(), trial_folder()):
-        with checkpoint.as_directory() as folder:
-            checkpoints.append(folder_files(folder))
+    checkpoints = resume_files()
     scratch = trial_working_folder()  # the workers' scratch files go there too (on their nodes)
     for metrics, files in group.epochs(trial, layout, tfrecord_dir, checkpoints, submitted_at, scratch=scratch):
         report_epoch(metrics, files, scratch)

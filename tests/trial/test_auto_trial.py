@@ -4,6 +4,7 @@ from the same checkpoint does."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -77,7 +78,7 @@ def test_a_trial_grown_from_one_worker_to_two_goes_on_exactly(ray_local, tmp_pat
 
     # A two-worker trial restarted from the same checkpoint: its ranks hold the checkpoint's weights and optimizer
     # state once loaded, and it trains epochs 3 and 4 as the grown trial did.
-    two = dataclasses_replace(base, 2)
+    two = dataclasses.replace(base, dp=2)
     group = WorkerGroup(two, f"{name}-restart", framework)
     try:
         ray.get([w.start_trial.remote(trial, two, tfrecords, [files], time.time()) for w in group.workers])
@@ -100,12 +101,6 @@ def test_a_trial_grown_from_one_worker_to_two_goes_on_exactly(ray_local, tmp_pat
     assert [m["epoch"] for m, _ in restarted] == [3, 4]
     for key in ("train_loss", "val_loss", "val_dice"):
         assert [m[key] for m, _ in grown[2:]] == pytest.approx([m[key] for m, _ in restarted], rel=1e-4), key
-
-
-def dataclasses_replace(layout: Any, dp: int) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(layout, dp=dp)
 
 
 def _written(files: dict[str, bytes], name: str, folder: Path) -> Path:
