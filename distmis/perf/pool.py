@@ -10,7 +10,11 @@ An ``auto`` search holds ``parallelism.workers`` workers (each ``resources_per_w
 * **after each epoch** (:meth:`WorkerPool.report`): once no trial waits or is to come, workers that fall idle (a
   grid's tail, a trial ASHA stopped, one that failed) go to the running trials, one at a time to the trial predicted
   to end last, while that brings its end earlier by more than a restart costs; a trial given more workers
-  checkpoints and restarts on them from that checkpoint. A trial never shrinks.
+  checkpoints and restarts on them from that checkpoint. A trial never shrinks;
+* **between trials** (:meth:`WorkerPool.keep`, :meth:`WorkerPool.ended`): a trial that ended leaves its group to its
+  process, which Tune gives the next trial; that trial goes on with the group (warm) when its share is the group's
+  size. A kept group's workers are taken back (the group removed) when another trial needs them, and once no trial
+  waits or is to come.
 
 The prediction is :mod:`distmis.perf.makespan`'s model of an epoch, on what the search measures: an epoch at
 ``k`` workers is its training (the trial's one-worker training time over ``k``, times the data-parallel efficiency)
@@ -45,11 +49,15 @@ POOL_NAMESPACE = "distmis"  # a Tune trial's process does not share the driver's
 
 @dataclass(frozen=True)
 class Grant:
-    """The pool's answer to a trial: the workers it is to run on from now on (0: wait) and the predicted seconds
-    of its next epoch on them (None: nothing measured yet)."""
+    """The pool's answer to a trial: the workers it is to run on from now on (0: wait), the predicted seconds of its
+    next epoch on them (None: nothing measured yet), and the worker group that runs it: ``group``, the name of a new
+    one for the trial to start (at its start, and when it grows), or of the group its process kept from its last
+    trial, which it goes on with when ``reuse`` (warm: no new processes, imports or traced graphs)."""
 
     workers: int
     predicted_epoch_seconds: float | None = None
+    group: str = ""
+    reuse: bool = False
 
 
 @dataclass
@@ -68,24 +76,37 @@ class TrialProgress:
     grown_from: int | None = None  # the workers it held before its last growth, until its first epoch after it
     started: bool = False  # its first epoch since the grant has ended
     measured: bool = False  # a whole epoch on the workers it holds (not the first since their grant) ended: it may grow
+    cold: bool = True  # its workers are a new group (a warm, kept one measures no restart)
+    groups: list[str] = field(default_factory=list)  # the groups named for it that it has not handed back, newest last
 
 
 class WorkerPool:
     """``workers`` workers shared by a search's ``trials`` trials (``begun``: the ids of those that began in an
-    earlier run of a resumed search, which ask again only if they are restarted)."""
+    earlier run of a resumed search, which ask again only if they are restarted).
+
+    The pool names every worker group (``group_prefix`` and the trial that starts it) and knows which trial runs on
+    which, and which groups trial processes keep between their trials (:meth:`keep`). A group it takes back (a kept
+    one whose workers another trial needs, or one whose trial ended without handing it back: killed, failed) is
+    given to ``remove_groups``, which removes it (the driver's actor: its placement group; the caller's clock and
+    nothing else here)."""
 
     def __init__(self, workers: int, trials: int, *, begun: Iterable[str] = (),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, group_prefix: str = "",
+                 remove_groups: Callable[[Sequence[str]], None] = lambda names: None) -> None:
         if workers < 1:
             raise ValueError(f"a worker pool needs at least one worker, got {workers}")
         self.workers = workers
         self.trials = trials
         self.begun = set(begun)
         self.clock = clock
+        self.group_prefix = group_prefix
+        self.remove_groups = remove_groups
         self.progress: dict[str, TrialProgress] = {}
         self.waiting: list[str] = []  # trials asking for their first workers, in the order they asked
-        self.restarts: list[float] = []  # measured seconds from a grant to the first epoch's start
+        self.kept: dict[str, int] = {}  # groups kept by trial processes between two trials: their workers, oldest first
+        self.restarts: list[float] = []  # measured seconds from a cold grant to the first epoch's start
         self.efficiencies: list[float] = []  # measured (k x training at k) / training at 1, for k > 1
+        self._named = 0
 
     # ------------------------------------------------------------------ state
     @property
@@ -94,7 +115,8 @@ class WorkerPool:
 
     @property
     def free(self) -> int:
-        return self.workers - self.held
+        """Workers neither a trial's nor kept in a group."""
+        return self.workers - self.held - sum(self.kept.values())
 
     @property
     def to_come(self) -> int:
@@ -111,33 +133,47 @@ class WorkerPool:
         return statistics.median(self.restarts) if self.restarts else 0.0
 
     # ------------------------------------------------------------------ the calls of a trial
-    def request(self, trial: str, epochs: int, max_workers: int | None = None) -> Grant:
+    def request(self, trial: str, epochs: int, max_workers: int | None = None, *, kept: str = "") -> Grant:
         """A trial (new, or restarted by Tune or a resumed search) asks for its workers: its share, or 0 (ask
         again) while no worker is free or trials that asked earlier wait. ``max_workers``: the most it can use (a
-        replica needs a training case of its own)."""
+        replica needs a training case of its own). ``kept``: the group its process kept from its last trial, which
+        it goes on with when that group is still kept and of the trial's share (``Grant.reuse``); otherwise the
+        grant names a new group, and the workers of kept groups are taken back as the share needs them."""
         progress = self.progress.get(trial)
         if progress is None:
             cap = max(1, min(self.workers, max_workers or self.workers))
             progress = self.progress[trial] = TrialProgress(epochs, cap)
         elif trial not in self.waiting:  # restarted (a retry, a resumed search): its earlier run's workers are free
+            self._take_back(progress)
             progress.workers, progress.granted_at, progress.grown_from, progress.started = 0, None, None, False
         if trial not in self.waiting:
             self.waiting.append(trial)
-        if self.waiting[0] != trial or self.free < 1:
+        own = self.kept.get(kept, 0)
+        if self.waiting[0] != trial or self.free + sum(self.kept.values()) < 1:
             return Grant(0)
         demand = len(self.waiting) + self.to_come
-        share = max(1, min(progress.max_workers, self.free // demand))
+        share = max(1, min(progress.max_workers, (self.free + sum(self.kept.values())) // demand))
         self.waiting.pop(0)
+        if own == share:  # its process's warm group, of the right size
+            del self.kept[kept]
+            group, reuse = kept, True
+        else:
+            if own:
+                self._remove([kept])
+            self._reclaim(share - self.free)
+            group, reuse = self._name(trial), False
         progress.workers, progress.granted_at, progress.grown_from = share, self.clock(), None
         progress.started = progress.measured = False
-        return Grant(share, self.predicted_epoch(progress, share))
+        progress.cold, progress.groups = not reuse, [*progress.groups, group]
+        self._reclaim_unneeded()
+        return Grant(share, self.predicted_epoch(progress, share), group, reuse)
 
     def report(self, trial: str, epoch: int, epoch_seconds: float, validation_seconds: float | None = None, *,
                workers: int | None = None) -> Grant:
         """A trial ended ``epoch`` (measured: ``epoch_seconds``, of which ``validation_seconds`` validating) on
         the workers it holds (``workers``: what it runs on, which the pool takes as the truth: a release of its
-        earlier run that came late is undone): the workers it is to go on with (more when it grows) and the next
-        epoch's prediction."""
+        earlier run that came late is undone): the workers it is to go on with (more when it grows, on the new
+        group the grant names) and the next epoch's prediction."""
         progress = self.progress.get(trial)
         if progress is not None and workers and progress.workers != workers:
             progress.workers = workers
@@ -155,7 +191,8 @@ class WorkerPool:
             progress.train_seconds.setdefault(progress.workers, train)
         else:  # a whole epoch on its workers
             if progress.granted_at is not None:  # the second since the grant: the restart is what the two left
-                self.restarts.append(max(0.0, now - progress.granted_at - 2 * epoch_seconds))
+                if progress.cold:  # a growth restarts on a new group: a warm start says nothing of its cost
+                    self.restarts.append(max(0.0, now - progress.granted_at - 2 * epoch_seconds))
                 progress.granted_at = None
             if progress.grown_from is not None and progress.grown_from in progress.train_seconds and train > 0:
                 one = progress.train_seconds[progress.grown_from] * progress.grown_from
@@ -166,21 +203,81 @@ class WorkerPool:
         progress.validation_seconds = validation
         progress.done, progress.reported_at = epoch, now
         target = self._grow(trial, now)
+        group = progress.groups[-1] if progress.groups else ""
         if target > progress.workers:  # it must run a whole epoch on its new workers before it grows again
+            self._reclaim(target - progress.workers - self.free)
+            group = self._name(trial)
+            progress.groups.append(group)
             progress.grown_from = progress.workers
             progress.workers, progress.granted_at, progress.started, progress.measured = target, now, False, False
-        return Grant(progress.workers, self.predicted_epoch(progress, progress.workers))
+            progress.cold = True
+        return Grant(progress.workers, self.predicted_epoch(progress, progress.workers), group)
+
+    def keep(self, trial: str, group: str) -> bool:
+        """A trial ended and its process holds its group ``group`` idle for its next trial: whether the pool keeps it
+        (while trials wait or are to come, and the group is still the trial's, or kept already by :meth:`ended`);
+        when not, the process shuts the group down. Either way the trial's workers leave it, as :meth:`release`."""
+        progress = self.progress.get(trial)
+        if progress is not None and progress.workers and progress.groups[-1:] == [group]:
+            self.kept[group] = progress.workers
+            progress.groups = []  # the groups before its growths it shut down itself
+        self.release(trial)
+        return group in self.kept
+
+    def ended(self, trial: str) -> None:
+        """Tune ended the trial (finished, or stopped by its scheduler) and its process lives on, for the next trial
+        Tune gives it: the trial's group is kept for that trial (the process says so too: :meth:`keep`), and its
+        workers leave it, as :meth:`release`."""
+        progress = self.progress.get(trial)
+        if progress is not None and progress.workers and progress.groups:
+            self.kept[progress.groups[-1]] = progress.workers
+            progress.groups = []
+        self.release(trial)
 
     def release(self, trial: str) -> None:
-        """A trial ended (finished, stopped, failed or killed): its workers are free. Idempotent. A trial that ended
-        before it asked for workers (refused as it started) is no longer to come."""
+        """A trial ended (failed, killed, or ended by its own process): its workers are free, and the groups it did
+        not hand back (:meth:`keep`, :meth:`ended`) are removed. Idempotent. A trial that ended before it asked for workers (refused as it
+        started) is no longer to come."""
         self.begun.add(trial)
         progress = self.progress.get(trial)
         if progress is not None:
+            self._take_back(progress)
             progress.workers, progress.granted_at = 0, None
         if trial in self.waiting:
             self.waiting.remove(trial)
+        self._reclaim_unneeded()
 
+    # ------------------------------------------------------------------ the groups
+    def _name(self, trial: str) -> str:
+        self._named += 1
+        return f"{self.group_prefix}{trial}-{self._named}"
+
+    def _remove(self, names: Sequence[str]) -> None:
+        for name in names:
+            self.kept.pop(name, None)
+        if names:
+            self.remove_groups(list(names))
+
+    def _take_back(self, progress: TrialProgress) -> None:
+        """The groups of a trial that ended, or restarted, without handing them back: removed."""
+        groups, progress.groups = progress.groups, []
+        self._remove(groups)
+
+    def _reclaim(self, needed: int) -> None:
+        """Take back the oldest kept groups until ``needed`` more workers are free."""
+        names = []
+        for name, size in self.kept.items():
+            if needed <= 0:
+                break
+            names.append(name)
+            needed -= size
+        self._remove(names)
+
+    def _reclaim_unneeded(self) -> None:
+        """Kept groups serve a trial yet to start: once none waits or is to come, their workers go back, free for
+        the running trials to grow onto."""
+        if self.kept and not self.waiting and not self.to_come:
+            self._remove(list(self.kept))
     # ------------------------------------------------------------------ the model
     def predicted_epoch(self, progress: TrialProgress, workers: int) -> float | None:
         """An epoch of the trial on ``workers`` workers (s); None before it measured one."""
@@ -228,10 +325,11 @@ def simulate(costs: Sequence[TrialCost], cluster: Cluster) -> Schedule:
     """The schedule ``mode: auto`` gives ``costs`` on ``cluster``'s workers: the pool's own rule (:class:`WorkerPool`)
     on a simulated clock, every trial asking in turn (as Tune starts them), each epoch of a trial at ``k`` workers
     :meth:`~distmis.perf.makespan.TrialCost.epoch_seconds` long, its start (and each restart after a growth) its
-    ``startup_seconds`` plus its ``cold_start_seconds`` every time: each start is a worker group of new processes
-    (their imports, a traced graph), as mode auto starts them. A trial's ``epochs`` are rounded up. Each stretch a
-    trial runs on one set of workers is a placement of its own (a grown trial has two or more), on the lowest worker
-    rows free when it begins."""
+    ``startup_seconds``, plus its ``cold_start_seconds`` on a new worker group (new processes: their imports, a traced
+    graph). A trial that ended offers its group to the next trial to start, as its reused Tune process does: a grant
+    that reuses it is warm, on the same worker rows. A trial's ``epochs`` are rounded up. Each stretch a trial runs on
+    one set of workers is a placement of its own (a grown trial has two or more), on the lowest worker rows free (and
+    not kept) when it begins."""
     import heapq
 
     now = 0.0
@@ -242,16 +340,24 @@ def simulate(costs: Sequence[TrialCost], cluster: Cluster) -> Schedule:
     began = [0.0] * len(costs)
     free_at = [0.0] * cluster.workers
     rows: list[tuple[int, ...]] = [()] * len(costs)
+    groups = [""] * len(costs)
     placements: list[Placement] = []
+    idle: list[str] = []  # the groups of ended trials' processes, kept for the next trials, in the order they ended
+    kept_rows: dict[str, tuple[int, ...]] = {}
 
-    def start(index: int, degree: int, epoch: int) -> None:
-        """Trial ``index`` (re)starts on ``degree`` workers now, its next epoch ``epoch + 1``."""
-        taken = tuple(sorted(range(cluster.workers), key=lambda w: (free_at[w] > now + 1e-9, w))[:degree])
-        cold = costs[index].cold_start_seconds  # a new group each time, however warm its workers' nodes are
+    def start(index: int, grant: Grant, epoch: int) -> None:
+        """Trial ``index`` (re)starts on the grant's workers now, its next epoch ``epoch + 1``."""
+        kept = {w for name, taken in kept_rows.items() if name in pool.kept for w in taken}
+        if grant.reuse:
+            taken = kept_rows.pop(grant.group)
+        else:
+            taken = tuple(sorted(range(cluster.workers),
+                                 key=lambda w: (free_at[w] > now + 1e-9, w in kept, w))[:grant.workers])
+        cold = 0.0 if grant.reuse else costs[index].cold_start_seconds
         for w in taken:
             free_at[w] = math.inf
-        workers[index], began[index], rows[index] = degree, now, taken
-        end = now + costs[index].startup_seconds + cold + costs[index].epoch_seconds(degree, cluster)
+        workers[index], began[index], rows[index], groups[index] = grant.workers, now, taken, grant.group
+        end = now + costs[index].startup_seconds + cold + costs[index].epoch_seconds(grant.workers, cluster)
         heapq.heappush(events, (end, index, epoch + 1))
 
     def stop(index: int) -> None:
@@ -263,11 +369,14 @@ def simulate(costs: Sequence[TrialCost], cluster: Cluster) -> Schedule:
         while waiting:
             index = waiting[0]
             cost = costs[index]
-            grant = pool.request(cost.name, max(1, math.ceil(cost.epochs)), cost.max_degree)
+            kept = idle.pop(0) if idle else ""
+            grant = pool.request(cost.name, max(1, math.ceil(cost.epochs)), cost.max_degree, kept=kept)
             if not grant.workers:
+                if kept:
+                    idle.insert(0, kept)
                 return
             waiting.pop(0)
-            start(index, grant.workers, 0)
+            start(index, grant, 0)
 
     admit()
     while events:
@@ -276,13 +385,15 @@ def simulate(costs: Sequence[TrialCost], cluster: Cluster) -> Schedule:
         seconds = cost.epoch_seconds(workers[index], cluster)
         if epoch >= max(1, math.ceil(cost.epochs)):
             stop(index)
-            pool.release(cost.name)
+            if pool.keep(cost.name, groups[index]):
+                idle.append(groups[index])
+                kept_rows[groups[index]] = rows[index]
             admit()
             continue
         grant = pool.report(cost.name, epoch, seconds, cost.validate_seconds, workers=workers[index])
         if grant.workers > workers[index]:
             stop(index)
-            start(index, grant.workers, epoch)
+            start(index, grant, epoch)
         else:
             heapq.heappush(events, (now + seconds, index, epoch + 1))
     return Schedule("auto (the pool)", cluster.workers, tuple(placements))

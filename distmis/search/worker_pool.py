@@ -1,5 +1,7 @@
 """The worker pool of a ``parallelism.mode: auto`` search as a Ray actor: started, found and ended by the driver,
-which also gives back the workers of a trial Tune ended (finished, stopped, failed, or its process killed).
+which also gives back the workers of a trial Tune ended (finished, stopped, failed, or its process killed). The pool
+names the search's worker groups (so that the driver's end of the search removes them all) and removes the placement
+groups it takes back (:func:`~distmis.trial.worker_group.remove_named_groups`).
 
 The rule it runs (each trial's share, growth onto idle workers) is :class:`distmis.perf.pool.WorkerPool`; the trials
 reach the actor by its name (:func:`distmis.trial.auto_trial.find_pool`).
@@ -25,8 +27,11 @@ def start_pool(experiment: str, workers: int, trials: int, *, begun: Iterable[st
         ray.kill(ray.get_actor(name, namespace=POOL_NAMESPACE))
     except ValueError:
         pass
+    from distmis.trial.worker_group import GROUP_NAME_PREFIX, remove_named_groups
+
     actor = ray.remote(num_cpus=0)(WorkerPool).options(name=name, namespace=POOL_NAMESPACE, max_concurrency=1)
-    pool = actor.remote(workers, trials, begun=sorted(begun))
+    pool = actor.remote(workers, trials, begun=sorted(begun), group_prefix=f"{GROUP_NAME_PREFIX}{experiment}-",
+                        remove_groups=remove_named_groups)
     ray.get(pool.__ray_ready__.remote())  # named and running before any trial looks for it
     return pool
 
@@ -42,16 +47,18 @@ def stop_pool(experiment: str) -> None:
 
 
 def pool_callback(experiment: str) -> Any:
-    """A Tune callback (driver side) that gives a trial's workers back to the pool, and removes its worker groups,
-    whenever Tune ends it: finished, stopped by the scheduler, failed, or its process killed (which runs no clean-up
-    of its own): :func:`distmis.trial.auto_trial.release_trial`."""
+    """A Tune callback (driver side) that tells the pool of every trial Tune ends: finished or stopped by the
+    scheduler (its process lives on, and may keep its group for its next trial:
+    :func:`~distmis.trial.auto_trial.ended_trial`), or failed, its process killed perhaps, which runs no clean-up of
+    its own (its workers back and its groups removed before Tune retries it:
+    :func:`~distmis.trial.auto_trial.release_trial`)."""
     from ray import tune
 
-    from distmis.trial.trainables import release_trial
+    from distmis.trial.trainables import ended_trial, release_trial
 
     class ReleaseEndedTrials(tune.Callback):
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            release_trial(experiment, trial.trial_id)
+            ended_trial(experiment, trial.trial_id)
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             release_trial(experiment, trial.trial_id)

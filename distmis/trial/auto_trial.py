@@ -17,8 +17,14 @@ data-parallel workers are a group of their own (as Ray Train's are), the decisio
 measured (the pool), and a pause gives up the trial's process. The mechanism is the same, a checkpoint and a
 restart on more workers; it happens inside the trial.
 
-Whatever way the trial ends, its group is shut down and its workers go back to the pool (the driver does both too,
-for a trial whose process was killed: :func:`release_trial`).
+The pool names every group. When a trial ends (its last epoch, or stopped by Tune's scheduler between two), its
+process keeps its group idle, and offers it to the pool (``keep``): the next trial Tune gives the process (Tune reuses
+it: ``reuse_actors``) goes on with that group when the pool grants it as many workers (``Grant.reuse``), warm as a
+data-mode search's kept group is (no new processes; a TensorFlow trainer of the same graphs restarted, not traced
+again). The pool takes a kept group back (removes it) when another trial needs its workers, and once no trial waits or
+is to come, so that the running trials can grow onto them. A trial that fails shuts its group down; the driver tells the
+pool of every trial's end (:func:`ended_trial`, :func:`release_trial`), which removes the groups of a trial whose
+process was killed.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["auto_trial", "resized_epochs", "group_prefix", "find_pool", "release_trial"]
+__all__ = ["auto_trial", "resized_epochs", "GroupSlot", "group_prefix", "find_pool", "ended_trial", "release_trial"]
 
 POLL_SECONDS = 0.5  # how often a waiting trial asks the pool again
 
@@ -67,103 +73,172 @@ def find_pool(search: str) -> Any:
     return ray.get_actor(pool_name(search), namespace=POOL_NAMESPACE)
 
 
-def _wait_for_workers(pool: Any, trial_id: str, epochs: int, max_workers: int) -> Grant:
+def _wait_for_workers(pool: Any, trial_id: str, epochs: int, max_workers: int, kept: str) -> Grant:
     import ray
 
     while True:
-        grant = ray.get(pool.request.remote(trial_id, epochs, max_workers))
+        grant = ray.get(pool.request.remote(trial_id, epochs, max_workers, kept=kept))
         if grant.workers:
             return grant
         time.sleep(POLL_SECONDS)
 
 
-def resized_epochs(trial: Spec, base: TrialLayout, tfrecord_dir: str, workers: int, checkpoints: Sequence[Files],
-                   decide: Callable[[Metrics], int], *, name: str, scratch: str | None = None,
-                   ) -> Iterator[tuple[Metrics, Files | None]]:
-    """The trial's epochs on a worker group of ``workers`` data-parallel replicas (``base`` with ``dp`` replaced), each
-    yielded with its checkpoint (``checkpoints``: what a restarted trial goes on from). After each epoch has been
-    handed on, ``decide(metrics)`` says how many workers to go on with: more than the group has, and the group is
-    stopped after that epoch and a group of that many (named ``name`` and a suffix) goes on from its checkpoint.
-    Each epoch's metrics say the workers it ran on (``workers``)."""
-    from distmis.trial.worker_group import WorkerGroup
+@dataclasses.dataclass
+class GroupSlot:
+    """The worker group a trial process holds: its running trial's, then, idle, the next trial's when the pool says
+    so (``Grant.reuse``: warm, its workers' imports and TensorFlow's traced graphs kept, as a data-mode search keeps
+    its group between trials)."""
 
     group: WorkerGroup | None = None
+
+    def offered(self, base: TrialLayout, framework: str) -> str:
+        """The name of the kept group to offer the pool for a trial of ``base`` in ``framework`` ("" when none, or
+        one that cannot serve it: it goes)."""
+        if self.group is not None and not (
+                self.group.workers and self.group.fits(dataclasses.replace(base, dp=self.group.layout.world_size),
+                                                       framework)):  # type: ignore[arg-type]
+            self.drop()
+        return self.group.name if self.group is not None else ""
+
+    def take(self, grant: Grant, base: TrialLayout, framework: str) -> WorkerGroup:
+        """The group ``grant`` names: the kept one when it says ``reuse``, else a new one of its workers (the kept
+        one shut down first: its workers are the pool's again)."""
+        from distmis.trial.worker_group import WorkerGroup
+
+        if grant.reuse and self.group is not None and self.group.name == grant.group:
+            return self.group
+        if grant.reuse:
+            raise RuntimeError(f"the pool gave back group {grant.group}, which this process does not hold")
+        self.drop()
+        self.group = WorkerGroup(dataclasses.replace(base, dp=grant.workers), grant.group,
+                                 framework)  # type: ignore[arg-type]
+        return self.group
+
+    def drop(self) -> None:
+        if self.group is not None:
+            self.group.shutdown()
+            self.group = None
+
+
+#: This Tune process's group, kept from one trial to the next (Tune reuses the process: ``reuse_actors``).
+_SLOT = GroupSlot()
+
+
+def resized_epochs(trial: Spec, base: TrialLayout, tfrecord_dir: str, grant: Grant, checkpoints: Sequence[Files],
+                   decide: Callable[[Metrics], Grant], *, slot: GroupSlot, scratch: str | None = None,
+                   ) -> Iterator[tuple[Metrics, Files | None]]:
+    """The trial's epochs on the worker group ``grant`` names, of ``grant.workers`` data-parallel replicas (``base``
+    with ``dp`` replaced), each yielded with its checkpoint (``checkpoints``: what a restarted trial goes on from).
+    After each epoch has been handed on, ``decide(metrics)`` says how many workers to go on with: more than the group
+    has, and the group is stopped after that epoch and the new one the grant names goes on from its checkpoint. Each
+    epoch's metrics say the workers it ran on (``workers``).
+
+    ``slot`` holds the group: after the last epoch, or when the trial is stopped between two (the generator closed),
+    the group stays in it, its workers idle, for the process's next trial; an error removes it."""
+    framework = trial.model.framework
+    group = slot.take(grant, base, framework)
     try:
         while True:
-            layout = dataclasses.replace(base, dp=workers)
-            group = WorkerGroup(layout, f"{name}-{uuid.uuid4().hex[:8]}", trial.model.framework)
+            layout = dataclasses.replace(base, dp=group.layout.world_size)
             epochs = group.epochs(trial, layout, tfrecord_dir, checkpoints, time.time(), scratch=scratch)
             grown: Files | None = None
-            for metrics, files in epochs:
-                metrics = {**metrics, "workers": layout.world_size}
-                yield metrics, files
-                wanted = decide(metrics)
-                if wanted > layout.world_size and files is not None:
-                    logger.info("growing from %d to %d worker(s) after epoch %s", layout.world_size, wanted,
-                                metrics["epoch"])
-                    grown, workers = files, wanted
-                    break
-            epochs.close()  # after a growth: the group's workers leave the trial between two epochs
-            group.shutdown()
-            group = None
+            try:
+                for metrics, files in epochs:
+                    metrics = {**metrics, "workers": layout.world_size}
+                    yield metrics, files
+                    grant = decide(metrics)
+                    if grant.workers > layout.world_size and files is not None:
+                        logger.info("growing from %d to %d worker(s) after epoch %s", layout.world_size,
+                                    grant.workers, metrics["epoch"])
+                        grown = files
+                        break
+            finally:
+                epochs.close()  # its workers leave the trial between two epochs, idle
             if grown is None:
                 return
+            group = slot.take(grant, base, framework)
             checkpoints = [grown]
-    finally:
-        if group is not None:
-            group.shutdown()
+    except GeneratorExit:  # stopped between two epochs: the group stays, idle
+        raise
+    except BaseException:
+        slot.drop()
+        raise
 
 
 def auto_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: str, search: str) -> None:
     """The Tune trainable of an ``auto`` search's trial (see the module docstring). ``search``: the Tune experiment's
-    name, which names the pool and the trial's worker groups."""
+    name, which names the pool (and, through it, the trial's worker groups)."""
     import ray
     from ray import tune
 
     from distmis.trial.checkpoints import report_epoch, resume_files, trial_working_folder
-    from distmis.trial.worker_group import GROUP_NAME_PREFIX
-
-    from distmis.trial.worker_group import release_groups
 
     trial, base = resolve_trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
     attempt = uuid.uuid4().hex[:12]  # one run of the trial however often it grows: a growth is not a retry
     pool = find_pool(search)
-    release_groups(group_prefix(search, trial_id))  # what an earlier run of this trial (killed) left holding workers
+    kept = False
     try:
-        grant = _wait_for_workers(pool, trial_id, trial.training.epochs, training_cases(trial, tfrecord_dir))
+        grant = _wait_for_workers(pool, trial_id, trial.training.epochs, training_cases(trial, tfrecord_dir),
+                                  _SLOT.offered(base, trial.model.framework))
         checkpoints = resume_files()
         scratch = trial_working_folder()
 
-        def decide(metrics: Metrics) -> int:
+        def decide(metrics: Metrics) -> Grant:
             nonlocal grant
             grant = ray.get(pool.report.remote(trial_id, int(metrics["epoch"]), float(metrics["epoch_seconds"]),
                                                metrics.get("validation_seconds"), workers=int(metrics["workers"])))
-            return grant.workers
+            return grant
 
-        name = f"{GROUP_NAME_PREFIX}{group_prefix(search, trial_id)}"
-        # closing: a trial Tune stops (SystemExit in its report) shuts its group down at once
-        with contextlib.closing(resized_epochs(trial, base, tfrecord_dir, grant.workers, checkpoints, decide,
-                                               name=name, scratch=scratch)) as epochs:
-            for metrics, files in epochs:
-                metrics = {**metrics, "attempt": attempt}
-                if grant.predicted_epoch_seconds is not None:  # the prediction made before the epoch ran
-                    metrics["predicted_epoch_seconds"] = grant.predicted_epoch_seconds
-                report_epoch(metrics, files, scratch)
-    finally:
         try:
-            ray.get(pool.release.remote(trial_id), timeout=30)
-        except Exception:  # noqa: BLE001 - the driver releases it too when the trial ends
-            logger.debug("could not release trial %s's workers", trial_id, exc_info=True)
+            # closing: a trial Tune stops (SystemExit in its report) leaves its group idle at once
+            with contextlib.closing(resized_epochs(trial, base, tfrecord_dir, grant, checkpoints, decide,
+                                                   slot=_SLOT, scratch=scratch)) as epochs:
+                for metrics, files in epochs:
+                    metrics = {**metrics, "attempt": attempt}
+                    if grant.predicted_epoch_seconds is not None:  # the prediction made before the epoch ran
+                        metrics["predicted_epoch_seconds"] = grant.predicted_epoch_seconds
+                    report_epoch(metrics, files, scratch)
+        except SystemExit:  # stopped by Tune between two epochs: its group may serve the next trial all the same
+            kept = _keep(pool, trial_id)
+            raise
+        kept = _keep(pool, trial_id)
+    finally:
+        if not kept:
+            _SLOT.drop()
+            try:
+                ray.get(pool.release.remote(trial_id), timeout=30)
+            except Exception:  # noqa: BLE001 - the driver releases it too when the trial ends
+                logger.debug("could not release trial %s's workers", trial_id, exc_info=True)
+
+
+def _keep(pool: Any, trial_id: str) -> bool:
+    """Offer the pool this process's group, idle after ``trial_id``: whether it keeps it for the next trial."""
+    import ray
+
+    if _SLOT.group is None or not _SLOT.group.workers:
+        return False
+    return bool(ray.get(pool.keep.remote(trial_id, _SLOT.group.name), timeout=30))
+
+
+def ended_trial(search: str, trial_id: str) -> None:
+    """The driver's side of a trial Tune ended (finished, or stopped by its scheduler) whose process lives on: its
+    workers back in the pool, its group kept for the process's next trial while one may come
+    (:meth:`~distmis.perf.pool.WorkerPool.ended`). Waits for the pool, so that a trial Tune starts next finds it
+    done. Best effort: it never raises."""
+    _tell_pool(search, "ended", trial_id)
 
 
 def release_trial(search: str, trial_id: str) -> None:
-    """The driver's side of a trial's end (finished, stopped, failed, or its process killed): its worker groups
-    removed and its workers back in the pool. Best effort: it never raises."""
-    from distmis.trial.worker_group import release_groups
+    """The driver's side of a trial that failed (its process killed, perhaps): its workers back in the pool and its
+    worker groups removed, before Tune retries it (waits for the pool). Best effort: it never raises."""
+    _tell_pool(search, "release", trial_id)
+
+
+def _tell_pool(search: str, method: str, trial_id: str) -> None:
+    import ray
 
     try:
-        release_groups(group_prefix(search, trial_id))
-        find_pool(search).release.remote(trial_id)
+        ray.get(getattr(find_pool(search), method).remote(trial_id), timeout=30)
     except Exception:  # noqa: BLE001 - the search has ended, or the pool with it
-        logger.debug("could not release trial %s", trial_id, exc_info=True)
+        logger.debug("could not tell the pool that trial %s ended", trial_id, exc_info=True)

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, NotRequired, TypedDict
 
-from distmis.trial.auto_trial import auto_trial, release_trial
+from distmis.trial.auto_trial import auto_trial, ended_trial, release_trial
 from distmis.trial.kept_trainers import KeptTrainers, trainer_key
 from distmis.trial.trainers import build_trainer, trial_frameworks
 from distmis.trial.worker_group import release_groups
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 # What the driver imports (the Tune functions, and what it must know of them; release_groups: the worker group's
 # actors of a search, released at its end) and what the tests reach.
 __all__ = ["TrialConfig", "LoopConfig", "single_process_trial", "data_parallel_trial", "data_parallel_worker",
-           "group_trial", "auto_trial", "release_trial", "runs_on_worker_group", "release_groups", "worker_trainer",
+           "group_trial", "auto_trial", "ended_trial", "release_trial", "runs_on_worker_group", "release_groups", "worker_trainer",
            "worker_working_folder", "train_and_report", "resolve_trial"]
 
 #: A trial's config as Tune hands it: the trial's values by their dotted paths into the spec.

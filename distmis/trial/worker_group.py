@@ -34,7 +34,7 @@ import logging
 import tempfile
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, Sequence
 
 from distmis.trial.kept_trainers import KeptTrainers, trainer_key
 from distmis.spec.layout import TrialLayout
@@ -107,6 +107,7 @@ class GroupWorker:
         self.trainer: Trainer | None = None  # the current trial's
         self._epochs: Iterator[tuple[Metrics, Path | None]] | None = None
         self._resume_dir: tempfile.TemporaryDirectory[str] | None = None
+        self.trials_started = 0  # the trials this rank has served (a kept group's serve the next: warm)
 
     def address(self) -> str:
         from distmis.parallel.tensorflow_cluster import worker_address
@@ -165,7 +166,9 @@ class GroupWorker:
             for index, files in enumerate(checkpoints):
                 folder = write_files(files, Path(self._resume_dir.name) / str(index))
                 resume.append(Checkpoint.from_directory(str(folder)))
-        startup = {**clock.seconds(), "startup_graphs_reused": float(reused)}
+        startup = {**clock.seconds(), "startup_process_reused": float(self.trials_started > 0),
+                   "startup_graphs_reused": float(reused)}
+        self.trials_started += 1
         self._epochs = epoch_reports(trainer, spec, checkpoints=resume, rank=self.rank, primary=self.rank == 0,
                                      startup=startup, scratch=scratch)
 
@@ -273,7 +276,11 @@ class WorkerGroup:
                     return
                 yield with_every_rank_records([metrics for metrics, _ in results]), merged_files(results)
         except GeneratorExit:  # the trial stopped early (Tune's scheduler, an interruption): the workers idle
-            _all([worker.finish_trial.remote() for worker in self.workers])
+            try:
+                _all([worker.finish_trial.remote() for worker in self.workers])
+            except Exception:  # noqa: BLE001 - its workers were taken back as it stopped (an auto search's pool)
+                logger.debug("group %s: its workers are gone", self.name, exc_info=True)
+                self.shutdown()
             raise
         except BaseException:
             self.shutdown()
@@ -334,13 +341,24 @@ def group_for(layout: TrialLayout, search: str, framework: Framework = "tensorfl
 def release_groups(search: str) -> list[str]:
     """Remove the placement groups of ``search``'s worker groups still alive (their workers die with them);
     their names. Called by a trial before it starts a group and by the driver after the search."""
+    return _remove_groups(lambda name: name.startswith(f"{GROUP_NAME_PREFIX}{search}-"))
+
+
+def remove_named_groups(names: Sequence[str]) -> list[str]:
+    """Remove the worker groups named ``names`` that are still alive (their placement groups; their workers die with
+    them); the names removed. What an auto search's pool takes back (:class:`~distmis.perf.pool.WorkerPool`)."""
+    wanted = set(names)
+    return _remove_groups(lambda name: name in wanted)
+
+
+def _remove_groups(chosen: Callable[[str], bool]) -> list[str]:
     from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
     from ray._raylet import PlacementGroupID
 
     removed = []
     for group_id, info in placement_group_table().items():
         name = info.get("name") or ""
-        if name.startswith(f"{GROUP_NAME_PREFIX}{search}-") and info.get("state") != "REMOVED":
+        if chosen(name) and info.get("state") != "REMOVED":
             remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(group_id)))
             removed.append(name)
     return removed

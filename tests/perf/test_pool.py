@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from distmis.perf.makespan import Cluster, TrialCost, pack
@@ -196,11 +198,110 @@ def test_the_simulated_pool_runs_a_lone_trial_on_every_worker_and_equal_trials_s
     assert schedule.makespan == pytest.approx(pack(four, cluster, "experiment").makespan)
 
 
-def test_every_start_of_the_simulated_pool_is_a_cold_one():
-    """Mode auto starts a worker group of new processes for every trial (and every growth): each pays the cold start
-    that experiment mode's warm actors pay once."""
+def test_the_simulated_pool_starts_cold_on_a_new_group_and_warm_on_a_kept_one():
+    """A trial that ends leaves its group to the next trial of its process, warm (as experiment mode's reused Tune
+    actors are); a growth starts a new group, cold."""
     costs = [TrialCost(f"t{i}", epochs=2, train_seconds=1.0, steps=1, startup_seconds=1.0, cold_start_seconds=5.0)
              for i in range(2)]
     schedule = simulate(costs, Cluster(workers=1))
-    assert schedule.makespan == pytest.approx(2 * (1.0 + 5.0 + 2 * 1.0))
-    assert pack(costs, Cluster(workers=1), "experiment").makespan == pytest.approx(5.0 + 2 * (1.0 + 2 * 1.0))
+    assert schedule.makespan == pytest.approx(5.0 + 2 * (1.0 + 2 * 1.0))  # one cold start, the second trial warm
+    assert schedule.makespan == pytest.approx(pack(costs, Cluster(workers=1), "experiment").makespan)
+    grown = [cost("short", 1, startup=1.0), cost("long", 60, startup=1.0)]
+    grown = [dataclasses.replace(c, cold_start_seconds=3.0) for c in grown]
+    long = sorted((p for p in simulate(grown, Cluster(workers=2)).placements if p.trial == "long"),
+                  key=lambda p: p.start)
+    assert [p.degree for p in long] == [1, 2]
+    # its start and its growth both cold: 1 + 3 s each, the two epochs before the growth, 58 after it
+    assert long[1].end == pytest.approx(2 * (1.0 + 3.0) + 2 * 0.4 + 58 * (0.35 / 2 + 0.05))
+
+
+# --------------------------------------------------------------------------- groups kept between a process's trials
+def test_a_process_keeps_its_group_for_its_next_trial_while_trials_are_to_come():
+    removed: list[str] = []
+    pool = WorkerPool(2, trials=4, group_prefix="s-", remove_groups=removed.extend)
+    a, b = pool.request("a", 2), pool.request("b", 2)
+    assert (a.workers, a.reuse, b.workers) == (1, False, 1) and a.group != b.group and a.group.startswith("s-a-")
+    assert pool.keep("a", a.group) and pool.kept == {a.group: 1}
+    assert (pool.free, pool.held) == (0, 1)  # a's worker is in its kept group, not free for a new one
+    c = pool.request("c", 2, kept=a.group)
+    assert (c.workers, c.group, c.reuse) == (1, a.group, True) and pool.kept == {}  # warm: the same group
+    assert pool.keep("b", b.group)
+    d = pool.request("d", 2, kept=b.group)
+    assert (d.group, d.reuse) == (b.group, True)
+    assert not pool.keep("c", a.group)  # none waits or is to come: its process shuts the group down
+    assert pool.free == 1 and pool.kept == {} and removed == [a.group]
+
+
+def test_a_kept_group_is_taken_back_when_another_trial_needs_its_workers():
+    removed: list[str] = []
+    pool = WorkerPool(2, trials=4, remove_groups=removed.extend)
+    a, b = pool.request("a", 2), pool.request("b", 2)
+    assert pool.keep("a", a.group) and pool.keep("b", b.group)
+    c = pool.request("c", 2)  # in a new process: a new group, on the oldest kept group's worker
+    assert (c.workers, c.reuse) == (1, False) and c.group not in (a.group, b.group)
+    assert removed == [a.group] and pool.kept == {b.group: 1}
+    d = pool.request("d", 2, kept=a.group)  # a's process, its group gone: a new one, and b's taken back (none to come)
+    assert (d.workers, d.reuse) == (1, False) and removed == [a.group, b.group] and pool.kept == {}
+
+
+def test_kept_groups_go_back_once_no_trial_is_to_come_so_that_the_running_ones_grow():
+    removed: list[str] = []
+    clock = Clock()
+    pool = WorkerPool(3, trials=3, clock=clock, remove_groups=removed.extend)
+    a, b, c = pool.request("a", 1), pool.request("b", 1), pool.request("c", 50)
+    assert (a.workers, b.workers, c.workers) == (1, 1, 1)
+    assert not pool.keep("a", a.group)  # all three trials began: nobody to keep it for
+    assert pool.free == 1
+    clock.now = 1.0
+    pool.report("c", 1, 1.0)
+    clock.now = 2.0
+    grant = pool.report("c", 2, 1.0)
+    assert grant.workers == 2 and grant.group not in (c.group, a.group)  # a growth: a new group, cold
+    assert pool.progress["c"].cold and pool.progress["c"].groups == [c.group, grant.group]
+
+
+def test_a_trial_that_ends_without_handing_its_group_back_has_it_removed():
+    removed: list[str] = []
+    pool = WorkerPool(2, trials=3, remove_groups=removed.extend)
+    a, b = pool.request("a", 2), pool.request("b", 2)
+    pool.release("a")  # its process killed (the driver's release): its group goes
+    assert removed == [a.group]
+    assert pool.keep("b", b.group)
+    pool.release("b")  # the driver's release after the trial kept its group: the kept group stays
+    assert removed == [a.group] and pool.kept == {b.group: 1}
+    again = pool.request("a", 2)  # a retried: asks again, a new group on the free worker (b's kept for c, to come)
+    assert again.group not in (a.group, b.group) and removed == [a.group] and pool.kept == {b.group: 1}
+    pool.release("a")
+    assert removed[-1] == again.group
+    assert not pool.keep("a", again.group)  # the driver released it first: the group is not its any more
+
+
+def test_a_trial_tune_stopped_leaves_its_group_kept_for_its_process():
+    removed: list[str] = []
+    pool = WorkerPool(2, trials=3, remove_groups=removed.extend)
+    a, b = pool.request("a", 9), pool.request("b", 9)
+    pool.ended("a")  # ASHA stopped it: the driver hears first, the process after
+    assert pool.kept == {a.group: 1} and pool.held == 1 and removed == []
+    assert pool.keep("a", a.group)  # its process, stopped, holds the group idle: still kept
+    c = pool.request("c", 9, kept=a.group)
+    assert c.reuse and pool.kept == {}
+    pool.ended("b")  # none waits or is to come: its group goes back, for c to grow onto
+    assert removed == [b.group] and pool.free == 1
+    assert not pool.keep("b", b.group)
+
+
+def test_a_restarted_trial_has_its_earlier_runs_groups_removed_and_a_warm_start_measures_no_restart():
+    removed: list[str] = []
+    clock = Clock()
+    pool = WorkerPool(1, trials=3, clock=clock, remove_groups=removed.extend)
+    first = pool.request("a", 3)
+    again = pool.request("a", 3)  # Tune restarted it before the driver's release reached the pool
+    assert removed == [first.group] and again.group != first.group
+    assert pool.keep("a", again.group)
+    b = pool.request("b", 2, kept=again.group)
+    assert b.reuse
+    clock.now = 5.0
+    pool.report("b", 1, 1.0)
+    clock.now = 6.0
+    pool.report("b", 2, 1.0)
+    assert pool.restarts == []  # a warm group: what its start took is no restart's cost

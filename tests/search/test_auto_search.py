@@ -21,6 +21,7 @@ from distmis.tracking.mlflow_tracking import ATTEMPTS_TAG
 from distmis.tracking.accounting import trial_spans
 from distmis.tracking.results import trial_runs
 from distmis.trial.trainables import auto_trial
+from distmis.trial.worker_group import GROUP_NAME_PREFIX
 from tests.conftest import small_spec_tree
 
 UNET = {"name": "unet3d", "framework": "torch", "params": {"base_filters": 4, "levels": 3, "norm": "group",
@@ -123,3 +124,12 @@ def test_folds_asha_and_a_killed_trial_s_retry_under_the_pool(ray_local, tmp_pat
         assert {value for _, value in history(client, run.info.run_id, "workers")} <= {1.0, 2.0}
     [killed] = [run for run in folds if run.data.tags[ATTEMPTS_TAG] == "2"]
     assert len(history(client, killed.info.run_id, "epoch_seconds")) >= 2
+    # Four trials for two workers: the two first start cold, and a trial Tune gives a process whose trial ended (or
+    # ASHA stopped) goes on with that process's kept group, warm (its workers served a trial before)
+    warm = {run.info.run_name: run.data.metrics["startup_process_reused"] for run in folds}
+    assert sorted(warm.values())[:2] == [0.0, 0.0] and 1.0 in warm.values(), warm
+    from ray.util.placement_group import placement_group_table
+
+    live = [info["name"] for info in placement_group_table().values()
+            if (info.get("name") or "").startswith(GROUP_NAME_PREFIX) and info.get("state") != "REMOVED"]
+    assert live == []  # every group, the kept ones too, went with the search

@@ -1,6 +1,6 @@
 """An ``auto`` search's trial grown from one worker to two, for real (TensorFlow's and torch's worker groups): it goes
 on from its checkpoint's weights and optimizer state, and trains after the growth as a two-worker trial restarted
-from the same checkpoint does."""
+from the same checkpoint does; its process keeps the grown group, warm, for its next trial."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import pytest
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_trial
-from distmis.trial.auto_trial import group_prefix, resized_epochs
+from distmis.perf.pool import Grant
+from distmis.trial.auto_trial import GroupSlot, group_prefix, resized_epochs
 from distmis.trial.record import RESUME_DIR, STATE_FILE, TrainingState
-from distmis.trial.worker_group import GROUP_NAME_PREFIX, WorkerGroup, release_groups
+from distmis.trial.worker_group import GROUP_NAME_PREFIX
 from tests.conftest import small_spec_tree
 
 
@@ -66,21 +67,28 @@ def test_a_trial_grown_from_one_worker_to_two_goes_on_exactly(ray_local, tmp_pat
     trial, base = resolve_trial(spec, {"training.optimizer.lr": 1.0e-3})
     assert (base.dp, base.distributed) == (1, True)
     name = f"{GROUP_NAME_PREFIX}{group_prefix('test-resize', framework)}"
+    slot = GroupSlot()
 
-    # The trial: one worker for two epochs, then two from the second epoch's checkpoint.
-    grown = list(resized_epochs(trial, base, tfrecords, 1, [], lambda m: 2 if m["epoch"] == 2 else m["workers"],
-                                name=name))
-    assert [(m["epoch"], m["workers"]) for m, _ in grown] == [(1, 1), (2, 1), (3, 2), (4, 2)]
-    assert [m["learning_rate"] for m, _ in grown] == pytest.approx([1e-3, 1e-3, 2e-3, 2e-3])  # lr_scaling: linear
-    files = grown[1][1]
-    assert TrainingState.from_json(files[f"{RESUME_DIR}/{STATE_FILE}"].decode()).epoch == 2
-    assert release_groups(group_prefix("test-resize", framework)) == []  # every group it started is gone
+    # The trial: one worker for two epochs, then two from the second epoch's checkpoint, on the groups the grants name.
+    def decide(metrics: dict) -> Grant:
+        return Grant(2, group=f"{name}-2") if metrics["epoch"] == 2 else Grant(metrics["workers"])
 
-    # A two-worker trial restarted from the same checkpoint: its ranks hold the checkpoint's weights and optimizer
-    # state once loaded, and it trains epochs 3 and 4 as the grown trial did.
-    two = dataclasses.replace(base, dp=2)
-    group = WorkerGroup(two, f"{name}-restart", framework)
     try:
+        grown = list(resized_epochs(trial, base, tfrecords, Grant(1, group=f"{name}-1"), [], decide, slot=slot))
+        assert [(m["epoch"], m["workers"]) for m, _ in grown] == [(1, 1), (2, 1), (3, 2), (4, 2)]
+        assert [m["learning_rate"] for m, _ in grown] == pytest.approx([1e-3, 1e-3, 2e-3, 2e-3])  # lr_scaling: linear
+        files = grown[1][1]
+        assert TrainingState.from_json(files[f"{RESUME_DIR}/{STATE_FILE}"].decode()).epoch == 2
+        # the one-worker group is gone; the grown one stays in the slot, idle, for the process's next trial
+        group = slot.group
+        assert group is not None and group.name == f"{name}-2" and len(group.workers) == 2
+        assert [info["name"] for info in _live_groups(name)] == [f"{name}-2"]
+
+        # A two-worker trial restarted from the same checkpoint, on the kept group (warm): its ranks hold the
+        # checkpoint's weights and optimizer state once loaded, and it trains epochs 3 and 4 as the grown trial did.
+        two = dataclasses.replace(base, dp=2)
+        assert slot.offered(base, framework) == f"{name}-2"
+        assert slot.take(Grant(2, group=f"{name}-2", reuse=True), base, framework) is group
         ray.get([w.start_trial.remote(trial, two, tfrecords, [files], time.time()) for w in group.workers])
         loaded = sorted(ray.get([w.__ray_call__.remote(loaded_state, files) for w in group.workers]))
         assert [(rank, epoch) for rank, epoch, _ in loaded] == [(0, 2), (1, 2)]
@@ -97,7 +105,8 @@ def test_a_trial_grown_from_one_worker_to_two_goes_on_exactly(ray_local, tmp_pat
         ray.get([w.finish_trial.remote() for w in group.workers])
         restarted = list(group.epochs(trial, two, tfrecords, [files], time.time()))
     finally:
-        group.shutdown()
+        slot.drop()
+    assert _live_groups(name) == []
     assert [m["epoch"] for m, _ in restarted] == [3, 4]
     for key in ("train_loss", "val_loss", "val_dice"):
         assert [m[key] for m, _ in grown[2:]] == pytest.approx([m[key] for m, _ in restarted], rel=1e-4), key
@@ -107,3 +116,12 @@ def _written(files: dict[str, bytes], name: str, folder: Path) -> Path:
     path = folder / name.replace("/", "_")
     path.write_bytes(files[name])
     return path
+
+
+def _live_groups(prefix: str) -> list[dict]:
+    """The placement groups named ``prefix``... that are not removed."""
+    from ray.util.placement_group import placement_group_table
+
+    return sorted((info for info in placement_group_table().values()
+                   if (info.get("name") or "").startswith(prefix) and info.get("state") != "REMOVED"),
+                  key=lambda info: info["name"])
