@@ -244,9 +244,11 @@ def calibrate_run(client: Any, run_id: str, earlier: Spec, source: str, *, devic
     graphs); the later ones found them warm. From the warm trials (or all, when none was): a worker's rate is the
     median over them of the model's FLOPs of an epoch at the trial's degree (training over the degree, and
     validation) over the trial's median measured ``epoch_seconds``, and a trial's start-up the median of their runs'
-    time outside their epochs (the data, the checkpoints, the records). The cold start is how much longer the cold
-    trials' runs took (medians). The fixed cost of a step and the all-reduce are in the rate. ValueError when no
-    trial of it logged an epoch."""
+    time beyond their epochs at that median (the data, the checkpoints, the records, the first epoch's warm-up). The
+    cold start is how much more the cold trials' runs took beyond theirs (medians): set against each run's own
+    epochs, so that a search whose warm trials ASHA stopped early does not count their missing epochs as the cold
+    trials' start. The fixed cost of a step and the all-reduce are in the rate. ValueError when no trial of it logged
+    an epoch."""
     import statistics
 
     from distmis.tracking.mlflow_tracking import ROLE_TAG, SEARCH_RUN_TAG, run_workers
@@ -276,17 +278,15 @@ def calibrate_run(client: Any, run_id: str, earlier: Spec, source: str, *, devic
     rates = [statistics.mean(c.train_seconds / d + c.validate_seconds for c in costs) / statistics.median(epochs)
              for _, epochs, d in warm]
 
-    def outside(group: list) -> list[float]:  # a run's time outside its epochs, and its whole time
-        return [max(0.0, (run.info.end_time - run.info.start_time) / 1000 - sum(epochs))
+    def overhead(group: list) -> list[float]:
+        """Each run's time beyond its epochs at their steady (median) time: its start-up and its first epoch's
+        warm-up. Set against each run's own epochs, so that trials ASHA stopped early weigh as the others."""
+        return [max(0.0, (run.info.end_time - run.info.start_time) / 1000 - len(epochs) * statistics.median(epochs))
                 for run, epochs, _ in group if run.info.end_time and run.info.start_time]
 
-    def whole(group: list) -> list[float]:
-        return [(run.info.end_time - run.info.start_time) / 1000 for run, _, _ in group
-                if run.info.end_time and run.info.start_time]
-
-    startup = statistics.median(outside(warm)) if outside(warm) else 0.0
-    extra = (statistics.median(whole(cold)) - statistics.median(whole(warm))
-             if warm is not cold and whole(cold) and whole(warm) else 0.0)
+    startup = statistics.median(overhead(warm)) if overhead(warm) else 0.0
+    extra = (statistics.median(overhead(cold)) - startup if warm is not cold and overhead(cold) and overhead(warm)
+             else 0.0)
     return Calibration(source, len(measured), statistics.median(rates), startup, max(0.0, extra), degree,
                        max(capacity, 1), span)
 
