@@ -26,8 +26,11 @@ other trial.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import itertools
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -124,25 +127,61 @@ class TrialCost:
         return self.startup_seconds + self.epochs * self.epoch_seconds(degree, cluster)
 
 
+ASHA_SAMPLES = 1001  # orders of merit :func:`asha_epochs` draws (odd: its median is one of them)
+
+
 def asha_epochs(trials: int, max_epochs: int, grace_period: int, reduction_factor: float) -> list[float]:
-    """The epochs each of ``trials`` trains under ASHA, longest first, as synchronous successive halving stops
-    them: all reach the first rung (``grace_period`` epochs), ``1 / reduction_factor`` of them each next rung
-    (``grace_period * reduction_factor ** r``), and those left at the last rung train to ``max_epochs``. Which
-    trials go furthest is not known in advance; the model takes the shares."""
-    if trials < 1:
-        return []
+    """The epochs each of ``trials`` trains under ASHA, longest first, as Ray Tune's asynchronous successive halving
+    is expected to stop them. Its rungs are at ``grace_period * reduction_factor ** k`` epochs below ``max_epochs``; a
+    trial reaching one goes on when its result is at least the ``1 - 1 / reduction_factor`` quantile of the results
+    the rung recorded before it (Tune's rule: the first to arrive always goes on, and a trial that arrives after
+    weaker ones goes on where synchronous halving would stop it). Which trials are better is not known in advance:
+    the trials arrive one after another (as on one worker) with merits in a random order, drawn
+    :data:`ASHA_SAMPLES` times with a fixed seed; each place, longest first, takes the median of its epochs over the
+    draws."""
     if reduction_factor <= 1:
         raise ValueError(f"reduction_factor must be above 1, got {reduction_factor}")
-    rungs, rung = [], float(min(grace_period, max_epochs))
+    return list(_expected_asha_epochs(trials, max_epochs, grace_period, float(reduction_factor)))
+
+
+@functools.lru_cache(maxsize=64)
+def _expected_asha_epochs(trials: int, max_epochs: int, grace_period: int, reduction_factor: float,
+                          ) -> tuple[float, ...]:
+    if trials < 1:
+        return ()
+    rungs, rung = [], float(max(1, grace_period))
     while rung < max_epochs:
         rungs.append(rung)
         rung *= reduction_factor
-    rungs.append(float(max_epochs))
+    draws = random.Random(0)
+    runs = [_asha_run([draws.random() for _ in range(trials)], rungs, float(max_epochs), 1 - 1 / reduction_factor)
+            for _ in range(ASHA_SAMPLES)]
+    return tuple(sorted(run[index] for run in runs)[ASHA_SAMPLES // 2] for index in range(trials))
+
+
+def _asha_run(merits: Sequence[float], rungs: Sequence[float], max_epochs: float, quantile: float) -> list[float]:
+    """The epochs of trials of ``merits`` (higher is better) arriving in that order, under Tune's ASHA rule at
+    ``rungs``, longest first."""
+    recorded: list[list[float]] = [[] for _ in rungs]  # each rung's results so far, sorted
     epochs = []
-    for index in range(trials):  # the index-th best trial reaches rung r while index < trials / factor ** r
-        reached = [r for r, value in enumerate(rungs) if index < max(1, math.floor(trials / reduction_factor ** r))]
-        epochs.append(rungs[max(reached)])
-    return epochs
+    for merit in merits:
+        reached = max_epochs
+        for milestone, results in zip(rungs, recorded):
+            stop = bool(results) and merit < _quantile(results, quantile)
+            bisect.insort(results, merit)
+            if stop:
+                reached = milestone
+                break
+        epochs.append(reached)
+    return sorted(epochs, reverse=True)
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """numpy's default (linear) percentile ``100 q`` of the sorted ``ordered``."""
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,42 @@ def test_a_trial_first_on_a_worker_pays_its_cold_start_and_the_next_does_not():
 
 
 def test_asha_stops_the_trials_at_its_rungs():
-    assert asha_epochs(8, max_epochs=8, grace_period=1, reduction_factor=2) == [8, 4, 2, 2, 1, 1, 1, 1]
-    assert asha_epochs(4, max_epochs=6, grace_period=2, reduction_factor=2) == [6, 4, 2, 2]
+    # Tune's asynchronous rule: more go on than synchronous halving's half (8, 4, 2, 2, 1, 1, 1, 1)
+    assert asha_epochs(8, max_epochs=8, grace_period=1, reduction_factor=2) == [8, 8, 8, 4, 2, 1, 1, 1]
+    assert asha_epochs(4, max_epochs=6, grace_period=2, reduction_factor=2) == [6, 6, 4, 2]
     assert asha_epochs(3, max_epochs=10, grace_period=20, reduction_factor=3) == [10, 10, 10]  # grace over max
     assert sum(asha_epochs(32, 100, 10, 3)) < 32 * 100
+    with pytest.raises(ValueError, match="reduction_factor"):
+        asha_epochs(4, 6, 1, 1)
+
+
+@pytest.mark.parametrize("trials,max_epochs,grace,factor", [(8, 6, 1, 2), (12, 27, 1, 3), (6, 20, 2, 2)])
+def test_the_expected_stops_follow_ray_tunes_own_asha_rule(trials, max_epochs, grace, factor):
+    """The model's rule against Ray Tune's ASHA bracket itself, fed the same trials one after another (as one worker
+    runs them), epoch by epoch, with the same merits: the same epochs for every trial."""
+    import random
+
+    from ray.tune.schedulers import TrialScheduler
+    from ray.tune.schedulers.async_hyperband import _Bracket
+
+    from distmis.perf.makespan import _asha_run
+
+    rungs, rung = [], float(grace)
+    while rung < max_epochs:
+        rungs.append(rung)
+        rung *= factor
+    draws = random.Random(1)
+    for _ in range(20):
+        merits = [draws.random() for _ in range(trials)]
+        bracket = _Bracket(min_t=grace, max_t=max_epochs, reduction_factor=factor, s=0)
+        tune_epochs = []
+        for index, merit in enumerate(merits):
+            trial = type("Trial", (), {"trial_id": f"t{index}"})()
+            epoch = 1
+            while epoch < max_epochs and bracket.on_result(trial, epoch, merit) == TrialScheduler.CONTINUE:
+                epoch += 1
+            tune_epochs.append(float(epoch))
+        assert _asha_run(merits, rungs, float(max_epochs), 1 - 1 / factor) == sorted(tune_epochs, reverse=True)
 
 
 def test_the_fixed_modes_place_every_trial_on_its_degree_without_overlap():

@@ -58,7 +58,7 @@ def test_each_trial_costs_its_traced_step_at_the_workers_rate(tmp_path: Path):
     asha = tree(tmp_path)
     asha["search"].update({"scheduler": "asha", "asha": {"grace_period": 1, "reduction_factor": 2}})
     epochs = [cost.epochs for cost in search_costs(validate_spec(asha), hardware, device="cpu")]
-    assert epochs == asha_epochs(6, 4, 1, 2) == [4, 2, 2, 1, 1, 1]
+    assert epochs == asha_epochs(6, 4, 1, 2) == [4, 4, 4, 1, 1, 1]
 
 
 def test_distmis_plan_workers_prints_each_mode_and_draws_the_schedules(tmp_path: Path, capsys):
