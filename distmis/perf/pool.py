@@ -236,8 +236,8 @@ class WorkerPool:
 
     def release(self, trial: str) -> None:
         """A trial ended (failed, killed, or ended by its own process): its workers are free, and the groups it did
-        not hand back (:meth:`keep`, :meth:`ended`) are removed. Idempotent. A trial that ended before it asked for workers (refused as it
-        started) is no longer to come."""
+        not hand back (:meth:`keep`, :meth:`ended`) are removed. Idempotent. A trial that ended before it asked for
+        workers (refused as it started) is no longer to come."""
         self.begun.add(trial)
         progress = self.progress.get(trial)
         if progress is not None:

@@ -27,7 +27,7 @@ def start_pool(experiment: str, workers: int, trials: int, *, begun: Iterable[st
         ray.kill(ray.get_actor(name, namespace=POOL_NAMESPACE))
     except ValueError:
         pass
-    from distmis.trial.worker_group import GROUP_NAME_PREFIX, remove_named_groups
+    from distmis.trial.trainables import GROUP_NAME_PREFIX, remove_named_groups
 
     actor = ray.remote(num_cpus=0)(WorkerPool).options(name=name, namespace=POOL_NAMESPACE, max_concurrency=1)
     pool = actor.remote(workers, trials, begun=sorted(begun), group_prefix=f"{GROUP_NAME_PREFIX}{experiment}-",

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, NotRequired, TypedDict
 from distmis.trial.auto_trial import auto_trial, ended_trial, release_trial
 from distmis.trial.kept_trainers import KeptTrainers, trainer_key
 from distmis.trial.trainers import build_trainer, trial_frameworks
-from distmis.trial.worker_group import release_groups
+from distmis.trial.worker_group import GROUP_NAME_PREFIX, release_groups, remove_named_groups
 from distmis.train.loop import Metrics, StoredCheckpoint, quiet_worker, train_and_report
 from distmis.train.startup import StartupClock
 from distmis.spec.layout import TrialLayout, resolve_trial
@@ -47,10 +47,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # What the driver imports (the Tune functions, and what it must know of them; release_groups: the worker group's
-# actors of a search, released at its end) and what the tests reach.
+# actors of a search, released at its end; GROUP_NAME_PREFIX and remove_named_groups: an auto search's pool names
+# its groups and removes those it takes back) and what the tests reach.
 __all__ = ["TrialConfig", "LoopConfig", "single_process_trial", "data_parallel_trial", "data_parallel_worker",
-           "group_trial", "auto_trial", "ended_trial", "release_trial", "runs_on_worker_group", "release_groups", "worker_trainer",
-           "worker_working_folder", "train_and_report", "resolve_trial"]
+           "group_trial", "auto_trial", "ended_trial", "release_trial", "runs_on_worker_group", "release_groups",
+           "GROUP_NAME_PREFIX", "remove_named_groups", "worker_trainer", "worker_working_folder", "train_and_report",
+           "resolve_trial"]
 
 #: A trial's config as Tune hands it: the trial's values by their dotted paths into the spec.
 TrialConfig = Mapping[str, object]
