@@ -4,7 +4,8 @@ restarted on more from its last checkpoint when the pool grows it.
 The trial's own process (a Tune actor that reserves no CPU: :data:`~distmis.search.plan.DRIVER_RESOURCES`) asks the
 pool (:mod:`distmis.perf.pool`'s rule, in the driver's actor) for its workers, waits until it has them, and runs its
 epochs on a :class:`~distmis.trial.worker_group.WorkerGroup` of that many data-parallel replicas (TensorFlow's or
-torch's), one epoch per step, each reported to Tune with its checkpoint as a data-mode trial reports them. After each
+torch's; one CPU worker is a :class:`~distmis.trial.local_group.LocalGroup`, this process itself, as an
+experiment-mode trial trains in its own), one epoch per step, each reported to Tune with its checkpoint as a data-mode trial reports them. After each
 epoch it tells the pool what the epoch measured; when the pool answers with more workers, the trial stops the group
 after that epoch, starts one of the new size and hands it that epoch's checkpoint: the weights and optimizer state go on
 exactly, the learning rate follows the new replicas (``parallelism.lr_scaling``: the trainers set each epoch's rate
@@ -42,11 +43,12 @@ from distmis.spec.schema import Spec
 if TYPE_CHECKING:
     from distmis.perf.pool import Grant
     from distmis.train.loop import Metrics
+    from distmis.trial.local_group import LocalGroup
     from distmis.trial.worker_group import Files, WorkerGroup
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["auto_trial", "resized_epochs", "GroupSlot", "group_prefix", "find_pool", "ended_trial", "release_trial"]
+__all__ = ["auto_trial", "resized_epochs", "GroupSlot", "new_group", "group_prefix", "find_pool", "ended_trial", "release_trial"]
 
 POLL_SECONDS = 0.5  # how often a waiting trial asks the pool again
 
@@ -89,7 +91,7 @@ class GroupSlot:
     so (``Grant.reuse``: warm, its workers' imports and TensorFlow's traced graphs kept, as a data-mode search keeps
     its group between trials)."""
 
-    group: WorkerGroup | None = None
+    group: WorkerGroup | LocalGroup | None = None
 
     def offered(self, base: TrialLayout, framework: str) -> str:
         """The name of the kept group to offer the pool for a trial of ``base`` in ``framework`` ("" when none, or
@@ -100,24 +102,35 @@ class GroupSlot:
             self.drop()
         return self.group.name if self.group is not None else ""
 
-    def take(self, grant: Grant, base: TrialLayout, framework: str) -> WorkerGroup:
+    def take(self, grant: Grant, base: TrialLayout, framework: str) -> WorkerGroup | LocalGroup:
         """The group ``grant`` names: the kept one when it says ``reuse``, else a new one of its workers (the kept
         one shut down first: its workers are the pool's again)."""
-        from distmis.trial.worker_group import WorkerGroup
-
         if grant.reuse and self.group is not None and self.group.name == grant.group:
             return self.group
         if grant.reuse:
             raise RuntimeError(f"the pool gave back group {grant.group}, which this process does not hold")
         self.drop()
-        self.group = WorkerGroup(dataclasses.replace(base, dp=grant.workers), grant.group,
-                                 framework)  # type: ignore[arg-type]
+        self.group = new_group(dataclasses.replace(base, dp=grant.workers), grant.group, framework)
         return self.group
 
     def drop(self) -> None:
         if self.group is not None:
             self.group.shutdown()
             self.group = None
+
+
+def new_group(layout: TrialLayout, name: str, framework: str) -> WorkerGroup | LocalGroup:
+    """A group of ``layout`` named ``name``: of one CPU worker, in this process (:mod:`distmis.trial.local_group`:
+    no second process, warm as an experiment-mode trial), unless this node has none free; else a worker group."""
+    from distmis.trial.local_group import LocalGroup, serves_locally
+    from distmis.trial.worker_group import WorkerGroup
+
+    if serves_locally(layout):
+        try:
+            return LocalGroup(layout, name, framework)  # type: ignore[arg-type]
+        except TimeoutError as exc:
+            logger.info("trial group %s in a process of its own: %s", name, exc)
+    return WorkerGroup(layout, name, framework)  # type: ignore[arg-type]
 
 
 #: This Tune process's group, kept from one trial to the next (Tune reuses the process: ``reuse_actors``).

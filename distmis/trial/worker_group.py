@@ -99,6 +99,7 @@ class GroupWorker:
         quiet_worker()
         self.rank = rank
         self.framework = framework
+        self.cpus = cpus
         pin_threads(cpus, tensorflow=framework == "tensorflow", torch=framework == "torch")
         self.strategy: tf.distribute.Strategy | None = None  # TensorFlow: this rank's strategy, once joined
         self.device = "cpu"  # torch: this rank's device, once joined

@@ -52,6 +52,43 @@ def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
+class TrialProcess:
+    """A Tune trial's process (a Ray actor, as in a search): its group slot, and the trial's epochs run in it."""
+
+    def __init__(self) -> None:
+        self.slot = GroupSlot()
+
+    def grow(self, trial: Any, base: Any, tfrecords: str, name: str) -> tuple[list, list[str]]:
+        """One worker for two epochs, then two from the second epoch's checkpoint, on the groups the grants name;
+        the epochs, and after each the kind of group it ran on and the worker groups reserved."""
+        kinds = []
+
+        def decide(metrics: dict) -> Grant:
+            kinds.append((type(self.slot.group).__name__, [info["name"] for info in _live_groups(name)]))
+            return Grant(2, group=f"{name}-2") if metrics["epoch"] == 2 else Grant(metrics["workers"])
+
+        return list(resized_epochs(trial, base, tfrecords, Grant(1, group=f"{name}-1"), [], decide,
+                                   slot=self.slot)), kinds
+
+    def held(self) -> tuple[str, int]:
+        return self.slot.group.name, len(self.slot.group.workers)
+
+    def offered(self, base: Any, framework: str) -> str:
+        return self.slot.offered(base, framework)
+
+    def take(self, grant: Grant, base: Any, framework: str, held: str) -> list:
+        """The group ``grant`` names, which must be the one held: its workers."""
+        group = self.slot.take(grant, base, framework)
+        assert group.name == held
+        return group.workers
+
+    def restarted(self, trial: Any, layout: Any, tfrecords: str, files: dict[str, bytes]) -> list:
+        return list(self.slot.group.epochs(trial, layout, tfrecords, [files], time.time()))
+
+    def drop(self) -> None:
+        self.slot.drop()
+
+
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 def test_a_trial_grown_from_one_worker_to_two_goes_on_exactly(ray_local, tmp_path: Path, framework: str):
     import ray
@@ -67,30 +104,28 @@ def test_a_trial_grown_from_one_worker_to_two_goes_on_exactly(ray_local, tmp_pat
     trial, base = resolve_trial(spec, {"training.optimizer.lr": 1.0e-3})
     assert (base.dp, base.distributed) == (1, True)
     name = f"{GROUP_NAME_PREFIX}{group_prefix('test-resize', framework)}"
-    slot = GroupSlot()
-
-    # The trial: one worker for two epochs, then two from the second epoch's checkpoint, on the groups the grants name.
-    def decide(metrics: dict) -> Grant:
-        return Grant(2, group=f"{name}-2") if metrics["epoch"] == 2 else Grant(metrics["workers"])
+    process = ray.remote(num_cpus=0)(TrialProcess).remote()
 
     try:
-        grown = list(resized_epochs(trial, base, tfrecords, Grant(1, group=f"{name}-1"), [], decide, slot=slot))
+        grown, kinds = ray.get(process.grow.remote(trial, base, tfrecords, name))
         assert [(m["epoch"], m["workers"]) for m, _ in grown] == [(1, 1), (2, 1), (3, 2), (4, 2)]
+        # one worker: the trial's own process (its worker reserved); two: a worker group of two processes
+        assert kinds == [("LocalGroup", [f"{name}-1"])] * 2 + [("WorkerGroup", [f"{name}-2"])] * 2
         assert [m["learning_rate"] for m, _ in grown] == pytest.approx([1e-3, 1e-3, 2e-3, 2e-3])  # lr_scaling: linear
         files = grown[1][1]
         assert TrainingState.from_json(files[f"{RESUME_DIR}/{STATE_FILE}"].decode()).epoch == 2
         # the one-worker group is gone; the grown one stays in the slot, idle, for the process's next trial
-        group = slot.group
-        assert group is not None and group.name == f"{name}-2" and len(group.workers) == 2
+        assert ray.get(process.held.remote()) == (f"{name}-2", 2)
         assert [info["name"] for info in _live_groups(name)] == [f"{name}-2"]
 
         # A two-worker trial restarted from the same checkpoint, on the kept group (warm): its ranks hold the
         # checkpoint's weights and optimizer state once loaded, and it trains epochs 3 and 4 as the grown trial did.
         two = dataclasses.replace(base, dp=2)
-        assert slot.offered(base, framework) == f"{name}-2"
-        assert slot.take(Grant(2, group=f"{name}-2", reuse=True), base, framework) is group
-        ray.get([w.start_trial.remote(trial, two, tfrecords, [files], time.time()) for w in group.workers])
-        loaded = sorted(ray.get([w.__ray_call__.remote(loaded_state, files) for w in group.workers]))
+        assert ray.get(process.offered.remote(base, framework)) == f"{name}-2"
+        workers = ray.get(process.take.remote(Grant(2, group=f"{name}-2", reuse=True), base, framework,
+                                              f"{name}-2"))
+        ray.get([w.start_trial.remote(trial, two, tfrecords, [files], time.time()) for w in workers])
+        loaded = sorted(ray.get([w.__ray_call__.remote(loaded_state, files) for w in workers]))
         assert [(rank, epoch) for rank, epoch, _ in loaded] == [(0, 2), (1, 2)]
         (weights0, optimizer0), (weights1, optimizer1) = (state for _, _, state in loaded)
         assert optimizer0 and same(weights0, weights1) and same(optimizer0, optimizer1)
@@ -102,10 +137,11 @@ def test_a_trial_grown_from_one_worker_to_two_goes_on_exactly(ray_local, tmp_pat
         else:
             saved = np.load(_written(files, f"{RESUME_DIR}/optimizer.npz", tmp_path))
             assert same(optimizer0, [saved[f"arr_{i}"] for i in range(len(saved.files))])
-        ray.get([w.finish_trial.remote() for w in group.workers])
-        restarted = list(group.epochs(trial, two, tfrecords, [files], time.time()))
+        ray.get([w.finish_trial.remote() for w in workers])
+        restarted = ray.get(process.restarted.remote(trial, two, tfrecords, files))
     finally:
-        slot.drop()
+        ray.get(process.drop.remote())
+        ray.kill(process)
     assert _live_groups(name) == []
     assert [m["epoch"] for m, _ in restarted] == [3, 4]
     for key in ("train_loss", "val_loss", "val_dice"):
