@@ -21,9 +21,9 @@ The prediction is :mod:`distmis.perf.makespan`'s model of an epoch, on what the 
 plus its validation (which every worker of a data-parallel trial runs whole). The one-worker training time and the
 validation are the trial's own measured epochs (``epoch_seconds`` less ``validation_seconds``); the efficiency
 (1 until measured: the all-reduce and the fixed costs of a step that more workers do not divide) is learned from the
-trials the pool grew, their epochs before and after; the restart is the median of the trials' measured starts (from
+trials the pool grew, their epochs before and after; the restart is the median of the trials' measured starts on new processes (from
 the grant of their workers to their second epoch's end, less two whole epochs: the first holds the warm-up, a traced
-graph or the first batches). A trial grows only once it has run a whole epoch on its workers. Each report's
+graph or the first batches; a one-worker trial in its warm Tune process starts none, and a growth always does). A trial grows only once it has run a whole epoch on its workers. Each report's
 prediction for the next epoch is logged with it (``predicted_epoch_seconds``), beside what it measured.
 
 :class:`WorkerPool` is the rule, pure and clocked by the caller's clock (the tests drive it, and :func:`simulate` runs
@@ -169,11 +169,13 @@ class WorkerPool:
         return Grant(share, self.predicted_epoch(progress, share), group, reuse)
 
     def report(self, trial: str, epoch: int, epoch_seconds: float, validation_seconds: float | None = None, *,
-               workers: int | None = None) -> Grant:
+               workers: int | None = None, new_processes: bool | None = None) -> Grant:
         """A trial ended ``epoch`` (measured: ``epoch_seconds``, of which ``validation_seconds`` validating) on
         the workers it holds (``workers``: what it runs on, which the pool takes as the truth: a release of its
         earlier run that came late is undone): the workers it is to go on with (more when it grows, on the new
-        group the grant names) and the next epoch's prediction."""
+        group the grant names) and the next epoch's prediction. ``new_processes``, with the first epoch since a
+        grant: whether its group started in new processes (False: a new one-worker group in the trial's warm
+        process, whose start says nothing of a growth's, which always starts new processes)."""
         progress = self.progress.get(trial)
         if progress is not None and workers and progress.workers != workers:
             progress.workers = workers
@@ -188,6 +190,7 @@ class WorkerPool:
             # the first epoch since its workers were granted holds their warm-up (a traced graph, the first
             # batches): a measure only until a whole epoch comes
             progress.started = True
+            progress.cold = progress.cold and new_processes is not False
             progress.train_seconds.setdefault(progress.workers, train)
         else:  # a whole epoch on its workers
             if progress.granted_at is not None:  # the second since the grant: the restart is what the two left

@@ -199,8 +199,10 @@ def auto_trial(config: dict[str, Any], *, spec: Spec, tfrecord_dir: str, search:
 
         def decide(metrics: Metrics) -> Grant:
             nonlocal grant
+            reused = metrics.get("startup_process_reused")  # the first epoch on a group: was its process warm
             grant = ray.get(pool.report.remote(trial_id, int(metrics["epoch"]), float(metrics["epoch_seconds"]),
-                                               metrics.get("validation_seconds"), workers=int(metrics["workers"])))
+                                               metrics.get("validation_seconds"), workers=int(metrics["workers"]),
+                                               new_processes=None if reused is None else not reused))
             return grant
 
         try:

@@ -105,6 +105,20 @@ def test_a_grown_trial_grows_again_only_after_a_whole_epoch_on_its_new_workers()
     assert pool.report("long", 5, 5.0).workers == 3
 
 
+def test_a_start_in_a_warm_process_measures_no_restart():
+    clock = Clock()
+    pool = WorkerPool(2, trials=2, clock=clock)
+    pool.request("new", 3)
+    pool.request("warm", 3)
+    clock.now = 14.0
+    pool.report("new", 1, 12.0, 2.0, new_processes=True)  # its group's processes started with it
+    pool.report("warm", 1, 12.0, 2.0, new_processes=False)  # a one-worker group in its warm trial process
+    clock.now = 24.0
+    pool.report("new", 2, 10.0, 2.0)
+    pool.report("warm", 2, 10.0, 2.0)
+    assert pool.restarts == [pytest.approx(4.0)]  # a growth's restart starts new processes: only "new" says its cost
+
+
 def test_no_growth_that_a_restart_would_not_pay_for():
     clock = Clock()
     pool = WorkerPool(2, trials=2, clock=clock)
