@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from distmis.spec.layout import TrialLayout
 from distmis.spec.schema import Spec
-from distmis.trial.worker_group import Files, Framework, GroupWorker
+from distmis.trial.worker_group import Files, Framework, GroupWorker, WorkerGroup
 
 if TYPE_CHECKING:
     from distmis.parallel.mesh import TrialMesh
@@ -90,10 +90,7 @@ class LocalGroup:
             raise TimeoutError(f"no {layout.describe()} free on this node within {wait:g} s")
         self.workers: list[GroupWorker] = [_process_worker(framework, layout.cpu)]
 
-    def fits(self, layout: TrialLayout, framework: Framework) -> bool:
-        """Whether the group serves a trial of ``layout`` in ``framework`` (as a worker group's ``fits``)."""
-        return (framework, layout.world_size, layout.worker_resources, layout.cpu) == (
-            self.framework, self.layout.world_size, self.layout.worker_resources, self.layout.cpu)
+    fits = WorkerGroup.fits  # the same ranks and resources, from the same attributes
 
     def epochs(self, spec: Spec, layout: TrialLayout, tfrecord_dir: str, checkpoints: Sequence[Files],
                submitted_at: float, scratch: str | None = None) -> Iterator[tuple[Metrics, Files | None]]:
