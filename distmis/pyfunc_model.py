@@ -20,7 +20,9 @@ reorients) and returns its label map ``(H, W, D)`` in the data set's label value
 (:func:`normalize_channels`: z-score over the non-zero voxels, or CT clipping and z-scoring with the training
 foreground's statistics), cropped to its non-zero region, reoriented, resampled to the training spacing, centre
 cropped / padded and resized as the recipe says (:func:`prepare_image`), probabilities by sliding windows of the
-network's input (:func:`sliding_window`, MONAI's), every geometric step undone (:func:`restore_probabilities`),
+network's input (:func:`sliding_window`, MONAI's; each window test-time mirrored on the recipe's ``inference``
+``mirror`` axes, or the ``mirror`` parameter's, as nnU-Net does: :func:`mirrored`), every geometric step undone
+(:func:`restore_probabilities`),
 then thresholded (sigmoid regions) or argmaxed (softmax classes) and painted in the data set's values
 (:func:`probabilities_to_labels`, following the recipe's target scheme).
 
@@ -50,7 +52,8 @@ __all__ = [
     "reoriented_spacing", "resampled_shape", "ANISOTROPY_THRESHOLD", "separate_axis", "resample", "nonzero_box",
     "preprocess_geometry", "prepare_volume", "prepare_image",
     "restore_probabilities", "network_artifact", "recipe_folds", "check_folds", "mean_probabilities",
-    "keras_float16", "keras_float32", "keras_runnable_here",
+    "keras_float16", "keras_float32", "keras_runnable_here", "MIRROR_AXES", "check_mirror", "mirrored",
+    "recipe_mirror",
 ]
 
 #: The model folder's artifacts (``artifacts/`` of the MLflow model): the recipe JSON and the network (a fold
@@ -83,6 +86,8 @@ EDEMA_VALUE: dict[str, int] = {"msd": 1, "brats": 2, "brats2023": 2}
 CORE_ONLY_VALUE: dict[str, int] = {"msd": 2, "brats": 1, "brats2023": 1}
 LABEL_MODES = ("whole-tumour", "regions")
 MODES = ("gaussian", "constant")
+#: The axes test-time mirroring can flip: the spatial axes 0, 1, 2 of a volume ``(H, W, D)`` on the preprocessed grid.
+MIRROR_AXES = (0, 1, 2)
 
 
 # --------------------------------------------------------------------------- geometry and intensity
@@ -576,9 +581,94 @@ def _window(window: int | Sequence[int]) -> tuple[int, int, int]:
     return triple  # type: ignore[return-value]
 
 
+def check_mirror(mirror: Any, what: str = "mirror") -> tuple[int, ...]:
+    """``mirror`` as the sorted axes test-time mirroring flips: distinct spatial axes of the volume, each 0, 1 or 2
+    (:data:`MIRROR_AXES`), in a list, tuple or numpy array (one int: that axis alone); ``()`` (empty): no mirroring.
+    ValueError naming ``what`` and the value otherwise."""
+    allowed = "a list of distinct spatial axes 0, 1, 2 (e.g. [0, 1, 2]; [] for none)"
+    if isinstance(mirror, np.ndarray) and mirror.ndim <= 1:
+        values: Any = mirror.tolist() if mirror.ndim else [mirror.item()]
+    elif isinstance(mirror, (int, np.integer)) and not isinstance(mirror, bool):
+        values = [mirror]
+    elif isinstance(mirror, (list, tuple)):
+        values = list(mirror)
+    else:
+        raise ValueError(f"{what} must be {allowed}, got {mirror!r}")
+    if any(isinstance(a, bool) or not isinstance(a, (int, np.integer)) or int(a) not in MIRROR_AXES for a in values):
+        raise ValueError(f"{what} must be {allowed}, got {mirror!r}")
+    axes = [int(a) for a in values]
+    repeated = sorted({a for a in axes if axes.count(a) > 1})
+    if repeated:
+        raise ValueError(f"{what} {axes} names axis(es) {repeated} more than once; it must be {allowed}")
+    return tuple(sorted(axes))
+
+
+def recipe_mirror(recipe: dict[str, Any]) -> tuple[int, ...]:
+    """The axes a recipe's model mirrors at test time (its ``inference`` ``mirror``); ``()`` for a recipe written
+    before test-time mirroring was recorded (no mirroring)."""
+    return check_mirror((recipe.get("inference") or {}).get("mirror") or (), "the recipe's inference mirror")
+
+
+def mirrored(predictor: Callable[[Any], Any], mirror: Sequence[int], *, channels_last: bool = False
+             ) -> Callable[[Any], Any]:
+    """``predictor`` with nnU-Net's test-time mirroring: a batch of windows is predicted ``2**k`` times, once for
+    every subset ``S`` of the ``k`` axes of ``mirror`` (the empty subset, the windows as they are, included), as
+    ``flip(predictor(flip(windows, S)), S)``, and the mean of those ``2**k`` predictions (in float32) is returned.
+    ``predictor``'s output is averaged as it gives it: probabilities (after the activation) where it returns
+    probabilities, as the predictors of :func:`network_probabilities` and the trainers do. The subsets are visited in
+    a fixed order (subset ``m`` holds the ``i``-th axis where bit ``i`` of ``m`` is set, ``m = 0 .. 2**k - 1``), so
+    ranks that call a collective-running predictor run the same passes in the same order. Empty ``mirror``:
+    ``predictor`` itself.
+
+    The axes of ``mirror`` are the SPATIAL axes ``0, 1, 2`` of the volume ``(H, W, D)`` on the preprocessed grid (the
+    network's input grid: reoriented, resampled, cropped and resized as the recipe says), whatever the windows'
+    memory layout: for channels-first torch windows ``(n, C, H, W, D)`` (``channels_last=False``: inside
+    :func:`sliding_window`) axis ``a`` is tensor dimension ``a + 2``; for channels-last numpy windows
+    ``(n, H, W, D, C)`` (``channels_last=True``: :func:`predict_channels_last` predicting a whole volume) dimension
+    ``a + 1``. The output is flipped back along the same dimensions, so it must be laid out like the input (the
+    predictions ``(n, K, H, W, D)``, or ``(n, H, W, D, K)``).
+    """
+    axes = check_mirror(mirror)
+    if not axes:
+        return predictor
+    first = 1 if channels_last else 2
+    # subset m holds the i-th axis where bit i of m is set: m = 0 is the empty subset, the windows as they are
+    subsets = [tuple(a + first for i, a in enumerate(axes) if m >> i & 1) for m in range(2 ** len(axes))]
+
+    def predict(windows: Any) -> Any:
+        numpy = isinstance(windows, np.ndarray)
+        if numpy:
+            def flip(array: Any, dims: tuple[int, ...]) -> Any:
+                return np.ascontiguousarray(np.flip(array, dims)) if dims else array
+        else:
+            import torch
+
+            def flip(array: Any, dims: tuple[int, ...]) -> Any:
+                return torch.flip(array, dims) if dims else array
+        total = None
+        for dims in subsets:
+            out = predictor(flip(windows, dims))
+            if numpy:
+                out = np.asarray(out)
+            elif not isinstance(out, torch.Tensor):
+                raise ValueError(f"predictor must return a torch tensor of windows, got {type(out).__name__}")
+            if out.ndim != windows.ndim:
+                raise ValueError(f"predictor must map windows {tuple(windows.shape)} to windows laid out alike, "
+                                 f"got shape {tuple(out.shape)}")
+            out = flip(out, dims)
+            if total is None:  # a copy of our own to add to: the output may be a view of the input
+                total = np.array(out, dtype=np.float32) if numpy else out.to(torch.float32, copy=True)
+            else:
+                total += out
+        total /= len(subsets)
+        return total
+
+    return predict
+
+
 def sliding_window(predictor: Callable[[Any], Any], volume: Any, window: int | Sequence[int], *,
                    overlap: float = 0.5, mode: str = "gaussian", sigma_scale: float = 0.125,
-                   batch_size: int = 1) -> Any:
+                   batch_size: int = 1, mirror: Sequence[int] = ()) -> Any:
     """Float32 predictions ``(B, K, *spatial)`` of a ``(B, C, *spatial)`` torch volume from ``window``-sized windows.
 
     ``predictor`` maps windows ``(n, C, *window)`` to ``(n, K, *window)`` (logits or probabilities; they are averaged
@@ -586,6 +676,10 @@ def sliding_window(predictor: Callable[[Any], Any], volume: Any, window: int | S
     volumes of the batch may share a call). A volume smaller than the window along an axis is zero-padded on both
     sides (MONAI's centred padding) and the prediction cropped back to its shape. When ``window`` equals the volume's
     shape the result is ``predictor(volume)`` (one window; the weights cancel).
+
+    ``mirror``: the spatial axes (0, 1, 2 of ``*spatial``, i.e. dimensions 2, 3, 4 of the volume) each window is
+    test-time mirrored on (:func:`mirrored`: the mean of ``2**len(mirror)`` flipped predictions per window, before
+    the windows are blended); ``()``: none.
 
     Windows are visited in a fixed order that depends only on the shapes and the arguments (volume by volume,
     row-major over window positions, last axis fastest), so the ranks of a sequence-parallel group calling this with
@@ -604,6 +698,7 @@ def sliding_window(predictor: Callable[[Any], Any], volume: Any, window: int | S
         raise ValueError(f"sigma_scale must be a positive number, got {sigma_scale!r}")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    mirror = check_mirror(mirror)
 
     def checked(windows: torch.Tensor) -> torch.Tensor:
         out = predictor(windows)
@@ -622,25 +717,30 @@ def sliding_window(predictor: Callable[[Any], Any], volume: Any, window: int | S
     # MONAI accumulates in the input's dtype and returns the input's type (a MetaTensor for a MetaTensor)
     inputs = volume.as_subclass(torch.Tensor).to(torch.float32)
     with torch.no_grad():
-        out = sliding_window_inference(inputs, roi_size=window, sw_batch_size=batch_size, predictor=checked,
-                                       overlap=overlap, mode=mode, sigma_scale=sigma_scale)
+        out = sliding_window_inference(inputs, roi_size=window, sw_batch_size=batch_size,
+                                       predictor=mirrored(checked, mirror), overlap=overlap, mode=mode,
+                                       sigma_scale=sigma_scale)
     return out.as_subclass(torch.Tensor).to(torch.float32)
 
 
 def predict_channels_last(predict: Callable[[np.ndarray], np.ndarray], image: np.ndarray,
-                          window: int | Sequence[int] | None, *, inference: Any, batch_size: int) -> np.ndarray:
+                          window: int | Sequence[int] | None, *, inference: Any, batch_size: int,
+                          mirror: Sequence[int] = ()) -> np.ndarray:
     """Float32 probabilities ``(H, W, D, K)`` of ONE channels-last volume ``image`` ``(H, W, D, C)``.
 
     ``predict`` maps a numpy batch of channels-last windows ``(n, h, w, d, C)`` to ``(n, h, w, d, K)``;
     ``batch_size`` windows go through it at once, and ``inference`` (anything with ``overlap``, ``mode`` and
     ``sigma_scale``: a spec's ``InferenceSpec``, a recipe's inference settings) sets those of :func:`sliding_window`.
-    ``window=None`` means the whole volume is the network input: one ``predict`` call.
+    ``window=None`` means the whole volume is the network input: one ``predict`` call (``2**len(mirror)`` with
+    mirroring). ``mirror``: the axes (0, 1, 2 of ``(H, W, D)``) each window, or the whole volume, is test-time
+    mirrored on (:func:`mirrored`); ``()``: none.
     """
     image = np.asarray(image)
     if image.ndim != 4:
         raise ValueError(f"image must be one channels-last volume (H, W, D, C), got shape {image.shape}")
     if window is None:
-        return np.asarray(predict(image[None])[0], dtype=np.float32)
+        whole = mirrored(predict, mirror, channels_last=True)
+        return np.asarray(whole(image[None])[0], dtype=np.float32)
     import torch
 
     def predictor(windows: torch.Tensor) -> torch.Tensor:
@@ -651,7 +751,7 @@ def predict_channels_last(predict: Callable[[np.ndarray], np.ndarray], image: np
 
     volume = torch.from_numpy(np.ascontiguousarray(np.moveaxis(image, -1, 0)[None], dtype=np.float32))
     prob = sliding_window(predictor, volume, window, overlap=inference.overlap, mode=inference.mode,
-                          sigma_scale=inference.sigma_scale, batch_size=batch_size)
+                          sigma_scale=inference.sigma_scale, batch_size=batch_size, mirror=mirror)
     return np.ascontiguousarray(prob[0].numpy().transpose(1, 2, 3, 0))
 
 
@@ -659,24 +759,29 @@ def predict_channels_last(predict: Callable[[np.ndarray], np.ndarray], image: np
 
 
 def _settings(recipe: dict[str, Any]) -> types.SimpleNamespace:
-    defaults = {"overlap": 0.5, "mode": "gaussian", "sigma_scale": 0.125, "batch_size": 1}
+    defaults = {"overlap": 0.5, "mode": "gaussian", "sigma_scale": 0.125, "batch_size": 1, "mirror": []}
     return types.SimpleNamespace(**{**defaults, **(recipe.get("inference") or {})})
 
 
-def network_probabilities(network: Any, image: np.ndarray, recipe: dict[str, Any], device: str = "cpu") -> np.ndarray:
+def network_probabilities(network: Any, image: np.ndarray, recipe: dict[str, Any], device: str = "cpu",
+                          mirror: Sequence[int] | None = None) -> np.ndarray:
     """Float32 probabilities ``(h, w, d, K)`` of one preprocessed channels-last volume ``(h, w, d, C)``, predicted by
     windows of ``recipe["window"]`` with its ``inference`` settings. ``network``: a Keras model (channels-last) when
     ``recipe["framework"]`` is ``tensorflow``, else a torch module (channels-first, on ``device``); its ``logits``
-    (``recipe["output"]``) go through the target scheme's activation (sigmoid, or softmax over the channels)."""
+    (``recipe["output"]``) go through the target scheme's activation (sigmoid, or softmax over the channels).
+    ``mirror``: the axes (0, 1, 2 of ``(h, w, d)``) every window is test-time mirrored on, the mean of its flipped
+    windows' probabilities (:func:`mirrored`); None: the recipe's (:func:`recipe_mirror`), ``()``: none."""
     channels = len(recipe["modalities"])
     if image.ndim != 4 or image.shape[-1] != channels:
         raise ValueError(f"image must be (h, w, d, {channels}), got shape {image.shape}")
     settings, window = _settings(recipe), tuple(int(v) for v in recipe["window"])
+    mirror = recipe_mirror(recipe) if mirror is None else check_mirror(mirror)
     if recipe["framework"] == "tensorflow":
         def predict(batch: np.ndarray) -> np.ndarray:
             return np.asarray(network(batch, training=False))
 
-        return predict_channels_last(predict, image, window, inference=settings, batch_size=settings.batch_size)
+        return predict_channels_last(predict, image, window, inference=settings, batch_size=settings.batch_size,
+                                     mirror=mirror)
     import torch
 
     logits = recipe["output"] == "logits"
@@ -691,7 +796,7 @@ def network_probabilities(network: Any, image: np.ndarray, recipe: dict[str, Any
     volume = torch.from_numpy(np.ascontiguousarray(np.moveaxis(image, -1, 0)[None], dtype=np.float32))
     with torch.no_grad():
         prob = sliding_window(predictor, volume.to(device), window, overlap=settings.overlap, mode=settings.mode,
-                              sigma_scale=settings.sigma_scale, batch_size=settings.batch_size)
+                              sigma_scale=settings.sigma_scale, batch_size=settings.batch_size, mirror=mirror)
     return np.ascontiguousarray(prob[0].cpu().numpy().transpose(1, 2, 3, 0))
 
 
@@ -849,14 +954,17 @@ def check_params(params: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[
     """The prediction's parameters: ``spacing`` (the case's voxel spacing in mm along the array's axes, three positive
     numbers; needed when the recipe resamples to a target spacing), ``orientation`` (where the array's axes point,
     e.g. ``"LPS"``: nibabel's ``aff2axcodes`` of the scan's affine; needed when the recipe reorients), ``layout``
-    (brain-tumour label modes only: whose label values to write; default the recipe's) and ``folds`` (a fold
-    ensemble only: the folds whose probabilities are averaged, :func:`check_folds`; default all). ValueError for
-    anything else."""
+    (brain-tumour label modes only: whose label values to write; default the recipe's), ``folds`` (a fold
+    ensemble only: the folds whose probabilities are averaged, :func:`check_folds`; default all) and ``mirror``
+    (the spatial axes 0, 1, 2 of the preprocessed volume every sliding window is test-time mirrored on,
+    :func:`check_mirror`: a list of distinct axes, ``[]`` for none; default, or None, the recipe's,
+    :func:`recipe_mirror`). ValueError for anything else."""
     params = dict(params or {})
-    unknown = sorted(set(params) - {"spacing", "layout", "orientation", "folds"})
+    unknown = sorted(set(params) - {"spacing", "layout", "orientation", "folds", "mirror"})
     if unknown:
         raise ValueError(f"unknown parameter(s) {unknown}; the model takes 'spacing' (3 numbers, mm), 'orientation' "
-                         "(axis codes such as 'LPS'), 'layout' and 'folds' (a fold ensemble's fold numbers)")
+                         "(axis codes such as 'LPS'), 'layout', 'folds' (a fold ensemble's fold numbers) and "
+                         "'mirror' (the axes to mirror at test time, e.g. [0, 1, 2])")
     spacing = params.get("spacing")
     if spacing is not None and np.size(spacing) == 0:  # MLflow's default for a spacing not given: []
         spacing = None
@@ -878,22 +986,25 @@ def check_params(params: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[
                              f"layout; this model writes its data set's own label values")
         if layout not in EDEMA_VALUE:
             raise ValueError(f"layout must be one of {list(EDEMA_VALUE)}, got {layout!r}")
+    mirror = params.get("mirror")
+    mirror = recipe_mirror(recipe) if mirror is None else check_mirror(mirror, "the mirror parameter")
     return {"spacing": spacing, "layout": str(layout), "orientation": orientation,
-            "folds": check_folds(params.get("folds"), recipe)}
+            "folds": check_folds(params.get("folds"), recipe), "mirror": mirror}
 
 
 def mean_probabilities(networks: Sequence[Any], image: np.ndarray, recipe: dict[str, Any],
-                       device: str = "cpu") -> np.ndarray:
+                       device: str = "cpu", mirror: Sequence[int] | None = None) -> np.ndarray:
     """The mean of ``networks``' float32 probabilities (:func:`network_probabilities`) of one preprocessed volume
-    ``(h, w, d, C)``: a fold ensemble's prediction, before it is thresholded or argmaxed. One network: its own."""
+    ``(h, w, d, C)``: a fold ensemble's prediction, before it is thresholded or argmaxed. One network: its own.
+    ``mirror``: the axes every network's windows are mirrored on (None: the recipe's)."""
     if not networks:
         raise ValueError("no network to predict with")
-    first = network_probabilities(networks[0], image, recipe, device)
+    first = network_probabilities(networks[0], image, recipe, device, mirror)
     if len(networks) == 1:
         return first
     total = np.array(first, dtype=np.float32)  # a copy of our own to add to (the first may be a framework's buffer)
     for network in networks[1:]:
-        total += network_probabilities(network, image, recipe, device)
+        total += network_probabilities(network, image, recipe, device, mirror)
     total /= np.float32(len(networks))
     return total
 
@@ -932,25 +1043,28 @@ class SegmentationModel:
             devices.add(device)
         self.device = devices.pop()
 
-    def probabilities(self, image: np.ndarray, folds: Sequence[int] | None = None) -> np.ndarray:
+    def probabilities(self, image: np.ndarray, folds: Sequence[int] | None = None,
+                      mirror: Sequence[int] | None = None) -> np.ndarray:
         """Float32 probabilities ``(h, w, d, K)`` of one preprocessed volume ``(h, w, d, C)``: a fold ensemble's
-        the mean of its ``folds``' (default all; :func:`check_folds`)."""
+        the mean of its ``folds``' (default all; :func:`check_folds`); each window mirrored on the axes ``mirror``
+        (default the recipe's; :func:`mirrored`)."""
         chosen = check_folds(folds, self.recipe)
         networks = self.networks if chosen is None else [self.networks[self.folds.index(f)] for f in chosen]
-        return mean_probabilities(networks, image, self.recipe, self.device)
+        return mean_probabilities(networks, image, self.recipe, self.device, mirror)
 
     def predict(self, context, model_input, params=None):  # no type hints: MLflow would read a signature from them
         """The uint8 label map ``(H, W, D)`` of ONE case's raw image ``model_input`` ``(H, W, D, C)``.
 
         ``params``: ``spacing`` (the case's voxel spacing, 3 numbers in mm; needed where the recipe resamples),
         ``orientation`` (its axis codes; needed where the recipe reorients), ``layout`` (``msd``, ``brats`` or
-        ``brats2023``: whose label values to return; default the training data's) and ``folds`` (a fold ensemble:
-        the folds whose probabilities are averaged; default all)."""
+        ``brats2023``: whose label values to return; default the training data's), ``folds`` (a fold ensemble:
+        the folds whose probabilities are averaged; default all) and ``mirror`` (the axes 0, 1, 2 of the
+        preprocessed volume each sliding window is mirrored on; default the recipe's, ``[]``: none)."""
         image = check_image(model_input, self.recipe["modalities"])
         settings = check_params(params, self.recipe)
-        folds = settings["folds"]
-        return segment(image, self.recipe, lambda volume: self.probabilities(volume, folds), settings["layout"],
-                       settings["spacing"], settings["orientation"])
+        folds, mirror = settings["folds"], settings["mirror"]
+        return segment(image, self.recipe, lambda volume: self.probabilities(volume, folds, mirror),
+                       settings["layout"], settings["spacing"], settings["orientation"])
 
 
 def pyfunc_class() -> type:

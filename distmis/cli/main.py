@@ -187,7 +187,7 @@ def print_search(spec: Any, outcome: Any, output: Path) -> int:
     print(f"\nSearch {spec.name!r}: {rows}, {outcome.failed} failed, {outcome.elapsed_seconds:.1f} s")
     print(format_results(outcome.results, "table"))
     best = outcome.best
-    metric = spec.search.metric
+    metric = spec.search.selected_metric
     if best is not None and folds:
         std = best.get(f"cv_{metric}_std", float("nan"))
         spread = f" ± {std:.4f}" if std == std else ""
@@ -441,6 +441,19 @@ def _fold_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def _mirror_axes(text: str) -> tuple[int, ...]:
+    """``--mirror``'s value: a comma list of distinct spatial axes 0, 1, 2, e.g. ``0,1``."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected axes like 0,1 (of 0, 1, 2), got {text!r}") from None
+    if any(v not in (0, 1, 2) for v in values):
+        raise argparse.ArgumentTypeError(f"expected axes like 0,1 (of 0, 1, 2), got {text!r}")
+    if len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"an axis is named more than once in {text!r}")
+    return tuple(sorted(values))
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     from distmis.data.scans import discover_scans
     from distmis.predict.model import SegmentationModel
@@ -464,9 +477,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         folds = model.check_folds(args.folds)
     except ValueError as exc:
         raise BadInput(f"--folds: {exc}") from None
+    try:
+        mirror = model.check_mirror(args.mirror)
+    except ValueError as exc:
+        raise BadInput(f"--mirror: {exc}") from None
     check_scans(scans, labels=args.labels, progress=not args.quiet, recipe=model.recipe)
     results = predict_scans(model, scans, args.output, score=args.labels, progress=not args.quiet,
-                            overwrite=args.overwrite, checked=True, folds=folds)
+                            overwrite=args.overwrite, checked=True, folds=folds, mirror=mirror)
     seconds = time.perf_counter() - start
     scored = [r for r in results if r.scores is not None]
     if scored:
@@ -479,8 +496,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.labels and len(scored) < len(results):
         print(f"{len(results) - len(scored)} case(s) have no label file: not scored")
     ensemble = f", folds {', '.join(map(str, folds or model.folds))}" if model.folds else ""
+    axes = model.mirror if mirror is None else mirror
+    mirrored = f", mirrored on axes {', '.join(map(str, axes))}" if axes else ""
     print(f"segmented {len(results)} case(s) in {seconds:.1f} s ({model.recipe.model}, {model.recipe.framework}"
-          f"{ensemble}, on {model.device}) -> {args.output}")
+          f"{ensemble}{mirrored}, on {model.device}) -> {args.output}")
     return EXIT_OK
 
 
@@ -694,6 +713,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=_fold_list, metavar="0,2",
                    help="a fold ensemble only: the folds whose probabilities are averaged (default all of the "
                         "model's folds)")
+    mirroring = p.add_mutually_exclusive_group()
+    mirroring.add_argument("--mirror", type=_mirror_axes, nargs="?", const=(0, 1, 2), default=None, metavar="AXES",
+                           help="test-time mirroring: each sliding window also predicted flipped on every subset of "
+                                "these axes (0, 1, 2 of the preprocessed volume; alone: all three, nnU-Net's) and "
+                                "the probabilities averaged, 2^k times the work (default the model's own "
+                                "training.inference.mirror)")
+    mirroring.add_argument("--no-mirror", dest="mirror", action="store_const", const=(),
+                           help="no test-time mirroring, whatever the model's default")
     p.set_defaults(func=cmd_predict)
 
     from distmis.cli.init_command import add_init_command

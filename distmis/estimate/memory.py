@@ -17,6 +17,10 @@ The trace (:func:`~distmis.estimate.step_trace.trace_step`) gives the tensors; t
 :attr:`StepMemory.step` is what a trial measures as ``peak_memory_mb`` (:class:`~distmis.train.metering.StepMeter`:
 the step's peak above the weights and the batch, Adam's state counted); :attr:`StepMemory.peak` adds the weights
 and the batch, what a worker's memory must hold besides the process's own.
+
+The trace steps Adam whatever ``training.optimizer`` names: ``adamw`` keeps the same two moments per parameter,
+``sgd`` one (its momentum; none without momentum), so for ``sgd`` the prediction is an upper bound, by one fp32 copy
+of the parameters.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ class StepTrace:
     device: str
     parameters: int  # trainable values
     parameter_bytes: int  # the fp32 weights (and buffers)
-    optimizer_bytes: int  # Adam's state: two fp32 moments per parameter and its step counters
+    optimizer_bytes: int  # Adam's state: two fp32 moments per parameter and its step counters (Adam whatever the
+    # spec's optimizer: adamw keeps as much, sgd one moment, so this is an upper bound for it)
     batch_bytes: int  # the image and target batch the step reads (fp32)
     gradient_bytes: int  # the parameters' gradients, which outlive the step
     saved_bytes: int  # what the step holds at its forward's end: the activations autograd keeps for the backward

@@ -4,7 +4,9 @@ The network is built by its registry entry's builder and copied into ``FakeTenso
 batch and everything the step makes are fake tensors: shapes, dtypes and storages of the right size, no memory and no
 arithmetic. Two steps run as the torch trainer runs them (:mod:`distmis.train.torch_trainer`, on its loss): the
 optimizer's gradients set to None, the forward (under ``torch.autocast`` in bf16 or fp16), the loss in fp32 on the
-output, the backward and Adam's step. The first makes Adam's moments; the second is measured by
+output, the backward and Adam's step (Adam whatever ``training.optimizer`` names: its two moments per parameter are
+an upper bound for ``sgd``, whose momentum is one, and the same state as ``adamw``'s). The first makes Adam's
+moments; the second is measured by
 :class:`~distmis.estimate.live_bytes.LiveBytes` (every storage it makes, and each kernel's workspace) and
 ``torch.utils.flop_counter.FlopCounterMode`` (the FLOPs of its matrix products and convolutions). Nothing of the
 network is described by hand: a network added to the registry is traced as it is.

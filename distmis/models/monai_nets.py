@@ -2,6 +2,12 @@
 for distmis's input (3D, the data's channels, the target's output channels, UNETR's ``img_size`` the network input)
 with a spec's ``model.params`` as its other arguments. Every one outputs logits (no activation inside).
 
+One exception: DynUNet under ``training.deep_supervision`` is :class:`DeepSupervisedDynUNet`, MONAI's DynUNet with
+its deep supervision heads whose training forward returns the heads' outputs at their own resolution (a list, the
+full resolution's first) rather than MONAI's stack of them interpolated up to the full resolution, so that the loss
+downsamples the targets, as nnU-Net does (:mod:`distmis.train.deep_supervision`). Its weights and eval forward are
+DynUNet's.
+
 The registry names these builders (:data:`distmis.models.registry.MODELS`); the params classes are in
 :mod:`distmis.models.params`.
 """
@@ -10,15 +16,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from monai.networks.nets import DynUNet
 from torch import nn
 
 from distmis.models.dynunet_plan import plan_dynunet
 from distmis.models.params import (BasicUNetParams, DynUNetParams, NetworkParams, SegResNetParams, SwinUNETRParams,
                                    UNETRParams)
-from distmis.models.registry import NetworkInput
+from distmis.models.registry import NetworkInput, supervision_heads
 
 __all__ = ["build_segresnet", "build_unetr", "build_swinunetr", "build_dynunet", "build_basicunet",
-           "dynunet_arguments"]
+           "dynunet_arguments", "DeepSupervisedDynUNet"]
 
 
 def _params(params: NetworkParams) -> dict[str, Any]:
@@ -64,10 +72,25 @@ def build_swinunetr(params: SwinUNETRParams, network_input: NetworkInput) -> nn.
 
 def build_dynunet(params: DynUNetParams, network_input: NetworkInput) -> nn.Module:
     """DynUNet, its kernels and strides planned from the network input when the params leave them out
-    (:mod:`distmis.models.dynunet_plan`)."""
-    from monai.networks.nets import DynUNet
+    (:mod:`distmis.models.dynunet_plan`); with ``network_input.deep_supervision`` and four levels or more, its
+    heads at every decoder level but the lowest (:func:`~distmis.models.registry.supervision_heads`), built as
+    :class:`DeepSupervisedDynUNet`."""
+    arguments = {**_io(network_input), **dynunet_arguments(params, network_input)}
+    heads = supervision_heads(len(arguments["strides"])) if network_input.deep_supervision else 0
+    if not heads:
+        return DynUNet(**arguments)
+    return DeepSupervisedDynUNet(**{**arguments, "deep_supervision": True, "deep_supr_num": heads})
 
-    return DynUNet(**_io(network_input), **dynunet_arguments(params, network_input))
+
+class DeepSupervisedDynUNet(DynUNet):
+    """DynUNet whose training forward returns ``[output, head_1, ..., head_k]``, each head's logits at its decoder
+    level's resolution (MONAI's ``heads``, which its own forward interpolates up to the output's and stacks)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+        if not (self.training and self.deep_supervision):
+            return super().forward(x)
+        out = self.output_block(self.skip_layers(x))  # fills self.heads, as DynUNet.forward does
+        return [out, *self.heads]
 
 
 def build_basicunet(params: BasicUNetParams, network_input: NetworkInput) -> nn.Module:

@@ -262,10 +262,10 @@ class DynUNetParams(NetworkParams):
     1); ``upsample_kernel_size`` defaults to ``strides[1:]``. ``filters`` default nnU-Net's ``32 * 2**i`` capped at
     320; with planned strides, a ``filters`` list also caps the depth at ``len(filters)`` levels.
 
-    ``deep_supervision`` must stay false: in training mode it makes the forward return the output of several
-    decoder levels stacked along a new second axis, where distmis's trainer takes one logits tensor per batch (its
-    loss on the batch's labels). Left out: ``deep_supr_num`` (deep supervision's), ``spatial_dims``,
-    ``in_channels``, ``out_channels`` (distmis's).
+    ``deep_supervision`` must stay false here: deep supervision is ``training.deep_supervision``, which builds MONAI's
+    heads at every decoder level but the lowest and trains on them as nnU-Net does
+    (:mod:`distmis.train.deep_supervision`). Left out: ``deep_supr_num`` (deep supervision's, planned with it),
+    ``spatial_dims``, ``in_channels``, ``out_channels`` (distmis's).
     """
 
     kernel_size: tuple[Level, ...] | None = None
@@ -292,9 +292,9 @@ class DynUNetParams(NetworkParams):
     @model_validator(mode="after")
     def _consistent(self) -> DynUNetParams:
         if self.deep_supervision:
-            raise ValueError("deep_supervision must be false: in training mode DynUNet then returns the outputs of "
-                             "several decoder levels stacked along a new second axis, and distmis's trainer takes one "
-                             "logits tensor per batch")
+            raise ValueError("model.params.deep_supervision must be false: set training.deep_supervision: true "
+                             "instead, which builds DynUNet's heads at every decoder level but the lowest and weighs "
+                             "their losses as nnU-Net does")
         if (self.kernel_size is None) != (self.strides is None):
             raise ValueError("kernel_size and strides are given together (one entry per level), or both left out "
                              "to be planned from the network input")

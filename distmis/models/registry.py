@@ -14,6 +14,7 @@ An entry says everything the rest of distmis needs to know about a network, so t
 - its input-size rules (``input_multiple``, ``input_rule``; ``fixed_input`` for a network built for one input
   size, whose curriculum may not change the tile; ``input_check``, what else an input must be for it to train,
   such as a deepest feature map of more than one voxel under instance normalization) and so its inference window;
+- ``deep_supervision``: the frameworks whose network has deep supervision heads (``training.deep_supervision``);
 - ``draft_params``: the ``model.params`` ``distmis init`` writes for a data set of a given median volume (voxels),
   where the params class's defaults do not suit it (the U-Net's depth, nnU-Net's rule);
 - ``perf_shape``: where the performance model describes it, its arithmetic shape
@@ -38,7 +39,7 @@ from distmis.perf.model import ViTShape
 from distmis.perf.partition import ModelAttention
 
 __all__ = ["Framework", "Parallelism", "Output", "PARALLELISM_NAMES", "NetworkInput", "ModelEntry", "MODELS",
-           "model_entry", "model_names"]
+           "model_entry", "model_names", "supervision_heads"]
 
 Framework = Literal["tensorflow", "torch"]
 Parallelism = Literal["dp", "sp", "pp"]
@@ -67,6 +68,18 @@ class NetworkInput:
     # training.precision: the Keras U-Net builds its layers in its dtype policy; torch networks are built in fp32
     # (autocast runs them in lower precision from outside)
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # training.deep_supervision: in training mode the network returns its decoder's outputs too
+    # (:mod:`distmis.train.deep_supervision`); only for an entry whose ``deep_supervision`` names the framework
+    deep_supervision: bool = False
+
+
+def supervision_heads(levels: int) -> int:
+    """How many deep supervision heads a U-Net of ``levels`` resolution levels has besides its full-resolution
+    output (``training.deep_supervision``): one per decoder level but the lowest, which nnU-Net weighs 0
+    (:mod:`distmis.train.deep_supervision`), so ``levels - 3``, none below four levels."""
+    if levels < 2:
+        raise ValueError(f"a U-Net has at least 2 levels, got {levels}")
+    return max(levels - 3, 0)
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,9 @@ class ModelEntry:
     tile_preference: Callable[[Any, tuple[int, int, int]], bool] | None = None
     # the data set's median volume (voxels) -> the model.params `distmis init` writes (defaults: {})
     draft_params: Callable[[tuple[int, int, int]], dict[str, Any]] = lambda volume: {}
+    # the frameworks whose network has deep supervision heads (training.deep_supervision): in training mode it
+    # returns a list of outputs, the full resolution's first, then the decoder's lower levels' (highest first)
+    deep_supervision: frozenset[str] = frozenset()
     summary: str = ""
 
     def __post_init__(self) -> None:
@@ -166,7 +182,7 @@ MODELS: dict[str, ModelEntry] = {
             name="unet3d", params=UNet3DParams, frameworks=("tensorflow", "torch"), output="probabilities",
             input_multiple=lambda p: 2 ** (p.levels - 1),
             input_rule=lambda p: f"2**(levels-1) for levels={p.levels}",
-            parallelisms=frozenset({"dp", "pp"}), draft_params=_unet_draft,
+            parallelisms=frozenset({"dp", "pp"}), draft_params=_unet_draft, deep_supervision=frozenset({"torch"}),
             summary="the DistMIS paper's 3D U-Net (TensorFlow and torch)",
         ),
         ModelEntry(
@@ -206,6 +222,7 @@ MODELS: dict[str, ModelEntry] = {
             name="dynunet", params=DynUNetParams, frameworks=("torch",), output="logits",
             input_multiple=_dynunet_multiple, input_rule=_dynunet_rule, input_check=_dynunet_check,
             tile_preference=_dynunet_prefers, constructor="monai.networks.nets:DynUNet",
+            deep_supervision=frozenset({"torch"}),
             summary="MONAI's DynUNet: nnU-Net's U-Net, its kernels and strides planned from the tile and spacing",
         ),
         ModelEntry(

@@ -15,6 +15,11 @@ Keras defaults are kept where PyTorch's differ: kernels start from a truncated n
 ``batch_norm_momentum`` keeps Keras' meaning (weight of the old running statistic; PyTorch's
 ``momentum`` is the weight of the new one, so it gets ``1 - batch_norm_momentum``).
 
+With ``deep_supervision`` it has a 1x1x1 head per decoder level but the lowest and the full resolution's
+(:func:`~distmis.models.registry.supervision_heads`), and in training mode returns a list: the full-resolution
+probabilities, then each head's at its level's resolution, highest first (:mod:`distmis.train.deep_supervision`);
+in eval mode only the first.
+
 The model holds no distribution logic: data parallelism (DDP, Ray Train) wraps it from outside.
 """
 
@@ -26,7 +31,7 @@ import torch
 from torch import nn
 
 from distmis.models.params import UNet3DParams
-from distmis.models.registry import NetworkInput
+from distmis.models.registry import NetworkInput, supervision_heads
 
 Norm = Literal["batch", "group"]
 NORMS: tuple[str, ...] = ("batch", "group")
@@ -165,6 +170,7 @@ class UNet3D(nn.Module):
         norm_groups: int = 4,
         batch_norm_momentum: float = 0.9,
         activation: Activation = "sigmoid",
+        deep_supervision: bool = False,
     ) -> None:
         super().__init__()
         _check_arguments(
@@ -188,6 +194,13 @@ class UNet3D(nn.Module):
             UpBlock(filters[s + 1], filters[s], **block) for s in range(levels - 2, -1, -1)
         )
         self.head = conv3x3(filters[0], num_classes)
+        # deep supervision: a 1x1x1 convolution to the classes at decoder levels 1 .. supervision_heads(levels)
+        # (nnU-Net's segmentation layers), highest resolution first
+        heads = supervision_heads(levels) if deep_supervision else 0
+        self.supervision = nn.ModuleList(nn.Conv3d(filters[level], num_classes, kernel_size=1)
+                                         for level in range(1, heads + 1))
+        for head in self.supervision:
+            init_like_keras(head)
 
     @property
     def pooling_factor(self) -> int:
@@ -205,9 +218,16 @@ class UNet3D(nn.Module):
             skips.append(x)
             x = self.pool(x)
         x = self.bottleneck(x)
+        decoded = []  # each decoder level's features, lowest resolution first
         for up, skip in zip(self.up, reversed(skips)):
             x = up(x, skip)
-        return activate(self.head(x), self.activation)
+            decoded.append(x)
+        out = activate(self.head(x), self.activation)
+        if not (self.training and len(self.supervision)):
+            return out
+        # deep supervision: the full resolution's output, then level 1's, 2's, ... at their own resolution
+        levels = decoded[-2::-1]  # level 1 first
+        return [out, *(activate(head(features), self.activation) for head, features in zip(self.supervision, levels))]
 
 
 def count_trainable_parameters(model: nn.Module) -> int:
@@ -219,4 +239,4 @@ def build_unet3d(params: UNet3DParams, network: NetworkInput) -> UNet3D:
     """The registry's builder (:mod:`distmis.models.registry`): ``model.params`` by name, the target scheme's
     activation inside."""
     return UNet3D(in_channels=network.in_channels, num_classes=network.out_channels, activation=network.activation,
-                  **params.model_dump())
+                  deep_supervision=network.deep_supervision, **params.model_dump())

@@ -13,7 +13,9 @@
 on a GPU when torch sees one; a Keras model trained in float16 is rebuilt in float32 where there is no GPU
 (:func:`distmis.pyfunc_model.keras_runnable_here`: TensorFlow has no float16 max pooling on a CPU), whatever code its
 folder holds. A fold ensemble (the recipe's ``folds``: one network per cross-validation fold, in a
-python_function folder) predicts the mean of its folds' probabilities, or of the ``folds`` asked for.
+python_function folder) predicts the mean of its folds' probabilities, or of the ``folds`` asked for. Each window is
+test-time mirrored on the recipe's ``inference.mirror`` axes, or on the ``mirror`` asked for
+(:func:`distmis.pyfunc_model.mirrored`).
 """
 
 from __future__ import annotations
@@ -95,6 +97,32 @@ class SegmentationModel:
         """The model's networks: one, or a fold ensemble's, one per fold of :attr:`folds`."""
         return list(self.network) if self.recipe.folds else [self.network]
 
+    @property
+    def mirror(self) -> tuple[int, ...]:
+        """The axes the model mirrors each window on by default (its recipe's ``inference.mirror``; ``()``: none)."""
+        return self.recipe.inference.mirror
+
+    def mirrors(self) -> bool:
+        """Whether the model's own code can mirror on axes other than its recipe's: always, but for a
+        python_function folder saved before test-time mirroring, whose signature declares no ``mirror`` parameter
+        (MLflow would drop it) and whose code knows none."""
+        if self.pyfunc is None:
+            return True
+        schema = self.pyfunc.metadata.get_params_schema()
+        return schema is not None and "mirror" in {param.name for param in schema.params}
+
+    def check_mirror(self, mirror: Sequence[int] | None) -> tuple[int, ...] | None:
+        """``mirror`` as the axes every window is mirrored on (None: the recipe's, :attr:`mirror`); ValueError naming
+        the value for one that is not distinct axes 0, 1, 2 (:func:`distmis.pyfunc_model.check_mirror`), and for
+        axes other than the recipe's asked of a model folder whose code cannot mirror (:meth:`mirrors`)."""
+        if mirror is None:
+            return None
+        axes = pyfunc_model.check_mirror(mirror, "mirror")
+        if axes != self.mirror and not self.mirrors():
+            raise ValueError(f"mirror {list(axes)}: this model folder was saved before test-time mirroring; its code "
+                             "cannot mirror: it predicts without mirroring only")
+        return axes
+
     def check_folds(self, folds: Sequence[int] | None) -> tuple[int, ...] | None:
         """``folds`` as the folds a prediction averages (None: all); ValueError naming the model's folds when one is
         not among them, or saying the model is not a fold ensemble (:func:`distmis.pyfunc_model.check_folds`)."""
@@ -142,17 +170,21 @@ class SegmentationModel:
         logging.getLogger("absl").setLevel(logging.ERROR)
         return cls(recipe, pyfunc_model.keras_runnable_here(mlflow.tensorflow.load_model(str(folder))))
 
-    def probabilities(self, image: np.ndarray, folds: Sequence[int] | None = None) -> np.ndarray:
+    def probabilities(self, image: np.ndarray, folds: Sequence[int] | None = None,
+                      mirror: Sequence[int] | None = None) -> np.ndarray:
         """Float32 probabilities ``(h, w, d, K)`` of one preprocessed channels-last volume ``(h, w, d, C)``,
-        predicted by windows of ``recipe.window`` (``recipe.inference``: overlap, weights, batch); a fold ensemble's:
-        the mean of its ``folds``' probabilities (default all)."""
-        chosen = self.check_folds(folds)
+        predicted by windows of ``recipe.window`` (``recipe.inference``: overlap, weights, batch), each mirrored on
+        the axes ``mirror`` (default the recipe's; :meth:`check_mirror`); a fold ensemble's: the mean of its
+        ``folds``' probabilities (default all)."""
+        chosen, axes = self.check_folds(folds), self.check_mirror(mirror)
         if self.pyfunc is not None:
             inner = self.pyfunc.unwrap_python_model()
-            # a folder saved before fold ensembles: its code's probabilities takes the image only
+            if self.mirrors():
+                return inner.probabilities(image, chosen, axes)
+            # a folder saved before test-time mirroring (or fold ensembles: its probabilities takes the image only)
             return inner.probabilities(image, chosen) if self.folds else inner.probabilities(image)
         networks = self.networks if chosen is None else [self.networks[self.folds.index(f)] for f in chosen]
-        return pyfunc_model.mean_probabilities(networks, image, self.recipe.to_dict(), self.device)
+        return pyfunc_model.mean_probabilities(networks, image, self.recipe.to_dict(), self.device, axes)
 
     def _written_layout(self, layout: Layout | str | None) -> str:
         """Whose label values to write: a brain-tumour model (the BraTS regions or whole tumour of a BraTS layout or
@@ -165,19 +197,23 @@ class SegmentationModel:
 
     def segment(self, image: np.ndarray, layout: Layout | str | None = None,
                 spacing: Sequence[float] | None = None, orientation: str | None = None,
-                folds: Sequence[int] | None = None) -> np.ndarray:
+                folds: Sequence[int] | None = None, mirror: Sequence[int] | None = None) -> np.ndarray:
         """The label map ``(H, W, D)`` of a raw image ``(H, W, D, C)`` in the data set's label values (brain-tumour
         label modes: ``layout``'s, default the training data's); ``spacing``: the scan's voxel spacing (mm) and
         ``orientation`` its axis codes (e.g. ``"LPS"``), handed to the model, which needs them when it resamples or
-        reorients; ``folds``: a fold ensemble's folds to average (default all)."""
+        reorients; ``folds``: a fold ensemble's folds to average (default all); ``mirror``: the axes each window is
+        mirrored on (default the recipe's, ``()``: none; :meth:`check_mirror`)."""
         layout = self._written_layout(layout)
-        chosen = self.check_folds(folds)
+        chosen, axes = self.check_folds(folds), self.check_mirror(mirror)
         if self.pyfunc is None:
-            return pyfunc_model.segment(image, self.recipe.to_dict(), lambda volume: self.probabilities(volume, chosen),
+            return pyfunc_model.segment(image, self.recipe.to_dict(),
+                                        lambda volume: self.probabilities(volume, chosen, axes),
                                         layout, spacing, orientation)
         params: dict[str, Any] = {"layout": layout}
         if chosen is not None:
             params["folds"] = list(chosen)
+        if axes is not None and self.mirrors():
+            params["mirror"] = list(axes)
         if spacing is not None:
             params["spacing"] = [float(s) for s in spacing]
         if orientation is not None:

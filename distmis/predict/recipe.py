@@ -25,8 +25,8 @@ __all__ = ["RECIPE_FILE", "ModelRecipe", "RecipeError"]
 
 #: File name of the recipe, in the model's folder (``extra_files/``) and on its trial run.
 RECIPE_FILE = "preprocessing.json"
-RECIPE_VERSION = 4  # 2: channels of any data set, per-channel normalisation, orientation, spacing, target scheme;
-#                    3: ``folds`` (a fold ensemble's networks); 4: ``crop_to_nonzero``
+RECIPE_VERSION = 5  # 2: channels of any data set, per-channel normalisation, orientation, spacing, target scheme;
+#                    3: ``folds`` (a fold ensemble's networks); 4: ``crop_to_nonzero``; 5: ``inference.mirror``
 
 
 class RecipeError(ValueError):
@@ -47,12 +47,24 @@ def _check_folds(folds: Any) -> None:
 @dataclass(frozen=True)
 class InferenceSettings:
     """Sliding-window inference: windows of the network input overlapping by ``overlap``, blended with
-    ``mode`` weights (see :class:`distmis.spec.schema.InferenceSpec`), ``batch_size`` windows a pass."""
+    ``mode`` weights (see :class:`distmis.spec.schema.InferenceSpec`), ``batch_size`` windows a pass; each window
+    test-time mirrored on the spatial axes ``mirror`` of the preprocessed volume (sorted, distinct, each 0, 1 or 2;
+    :func:`distmis.pyfunc_model.mirrored`: the mean of its ``2**len(mirror)`` flipped predictions). ``()``: no
+    mirroring (every recipe written before version 5)."""
 
     overlap: float = 0.5
     mode: Literal["gaussian", "constant"] = "gaussian"
     sigma_scale: float = 0.125
     batch_size: int = 1
+    mirror: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        from distmis.pyfunc_model import check_mirror
+
+        try:
+            object.__setattr__(self, "mirror", check_mirror(self.mirror, "inference mirror"))
+        except ValueError as exc:
+            raise RecipeError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -81,7 +93,7 @@ class ModelRecipe:
         resize: shape the cropped scan is resampled to (None: none).
         window: the network's input (training tile, or the whole training volume); larger volumes are
             predicted by sliding windows of it, smaller ones zero-padded to it.
-        inference: the sliding-window settings.
+        inference: the sliding-window settings, test-time mirroring (``mirror``) included.
         output: what the network returns: ``probabilities`` (its activation inside) or ``logits``.
         threshold: probability at or above which a voxel belongs to a sigmoid channel's region.
         spec_name: the search the model comes from.
@@ -199,7 +211,8 @@ class ModelRecipe:
             output=spec.model.entry.output,  # what the network returns (its registry entry says)
             inference=InferenceSettings(overlap=training.inference.overlap, mode=training.inference.mode,
                                         sigma_scale=training.inference.sigma_scale,
-                                        batch_size=training.inference_batch_size),
+                                        batch_size=training.inference_batch_size,
+                                        mirror=tuple(training.inference.mirror)),
             spec_name=spec.name,
             folds=tuple(int(f) if isinstance(f, numbers.Integral) and not isinstance(f, bool) else f for f in folds),
         )
@@ -209,6 +222,7 @@ class ModelRecipe:
         out = asdict(self)
         for key in ("window", "crop", "resize", "modalities", "spacing", "normalization", "folds"):
             out[key] = list(out[key]) if out[key] is not None else None
+        out["inference"]["mirror"] = list(out["inference"]["mirror"])
         return out
 
     @classmethod

@@ -71,8 +71,10 @@ def model_signature(recipe: ModelRecipe) -> Any:
     """The model's signature: ONE case's raw image ``(H, W, D, C)`` (float32) in, its label map ``(H, W, D)``
     (uint8) out; parameters ``spacing`` (the case's voxel spacing in mm; needed when the model resamples),
     ``orientation`` (the case's axis codes, e.g. ``LPS``; needed when the model reorients), ``layout`` (for the
-    brain-tumour label modes: whose label values; default the training data's) and ``folds`` (a fold ensemble: the
-    fold numbers whose probabilities are averaged, a list of integers; default ``[]``, all).
+    brain-tumour label modes: whose label values; default the training data's), ``folds`` (a fold ensemble: the
+    fold numbers whose probabilities are averaged, a list of integers; default ``[]``, all) and ``mirror`` (the
+    spatial axes 0, 1, 2 each sliding window is test-time mirrored on, a list of integers; default the recipe's
+    ``inference.mirror``, ``[]``: none).
 
     ``folds`` is declared for a single network too: MLflow drops a parameter its signature does not declare (with a
     warning), so a single network's model would otherwise ignore ``folds``; declared, it refuses them (not a fold
@@ -86,7 +88,8 @@ def model_signature(recipe: ModelRecipe) -> Any:
                           params=ParamSchema([ParamSpec("spacing", "double", [], (-1,)),
                                               ParamSpec("orientation", "string", ""),
                                               ParamSpec("layout", "string", recipe.layout),
-                                              ParamSpec("folds", "long", [], (-1,))]))
+                                              ParamSpec("folds", "long", [], (-1,)),
+                                              ParamSpec("mirror", "long", list(recipe.inference.mirror), (-1,))]))
 
 
 def input_example(recipe: ModelRecipe) -> np.ndarray | tuple[np.ndarray, dict[str, Any]]:

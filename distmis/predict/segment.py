@@ -104,11 +104,12 @@ def check_outputs(scans: Sequence[Any], output_dir: str | Path, *, overwrite: bo
 
 def segment(model: SegmentationModel, image: np.ndarray, layout: str,
             spacing: Sequence[float] | None = None, orientation: str | None = None,
-            folds: Sequence[int] | None = None) -> np.ndarray:
+            folds: Sequence[int] | None = None, mirror: Sequence[int] | None = None) -> np.ndarray:
     """The label map ``(H, W, D)`` of a scan's image ``(H, W, D, C)``, in the data set's label values (brain-tumour
     label modes: ``layout``'s); ``spacing``: the scan's voxel spacing (mm), ``orientation``: its axis codes;
-    ``folds``: a fold ensemble's folds to average (default all)."""
-    return model.segment(image, layout, spacing, orientation, folds=folds)
+    ``folds``: a fold ensemble's folds to average (default all); ``mirror``: the axes each sliding window is
+    test-time mirrored on (default the model's recipe's; ``()``: none)."""
+    return model.segment(image, layout, spacing, orientation, folds=folds, mirror=mirror)
 
 
 def scan_spacing(reference: Any) -> tuple[float, float, float]:
@@ -191,15 +192,17 @@ def check_scans(scans: Sequence[Any], *, labels: bool = False, progress: bool = 
 
 def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: str | Path, *, score: bool = False,
                   progress: bool = True, overwrite: bool = False, checked: bool = False,
-                  folds: Sequence[int] | None = None) -> list[CaseResult]:
+                  folds: Sequence[int] | None = None, mirror: Sequence[int] | None = None) -> list[CaseResult]:
     """Segment every scan into ``output_dir/<case>_seg.nii.gz``; with ``score``, also score the cases that have a
     label file. ``folds``, checked before anything else (:meth:`SegmentationModel.check_folds`): the folds of a fold
-    ensemble to average (default all). The outputs (:func:`check_outputs`) and every scan's headers and voxel data
-    (:func:`check_scans`) are checked before the first segmentation is written; ``checked``: the caller already ran
-    :func:`check_scans` on these scans (with ``labels=score``), so their data is not read twice."""
+    ensemble to average (default all); ``mirror``, checked as well (:meth:`SegmentationModel.check_mirror`): the
+    axes each sliding window is test-time mirrored on (default the model's recipe's; ``()``: none). The outputs
+    (:func:`check_outputs`) and every scan's headers and voxel data (:func:`check_scans`) are checked before the
+    first segmentation is written; ``checked``: the caller already ran :func:`check_scans` on these scans (with
+    ``labels=score``), so their data is not read twice."""
     from distmis.data.scans import read_scan
 
-    folds = model.check_folds(folds)
+    folds, mirror = model.check_folds(folds), model.check_mirror(mirror)
     output_dir = Path(output_dir)
     outputs = check_outputs(scans, output_dir, overwrite=overwrite)
     if not checked:  # every file before the first case: bad input stops the command before it writes
@@ -209,7 +212,8 @@ def predict_scans(model: SegmentationModel, scans: Sequence[Any], output_dir: st
     for scan, path in zip(case_progress(scans, "predict", enabled=progress), outputs):
         start = time.perf_counter()
         image, reference = read_scan(scan, model.recipe.modalities)
-        labels = segment(model, image, scan.layout, scan_spacing(reference), scan_orientation(reference), folds)
+        labels = segment(model, image, scan.layout, scan_spacing(reference), scan_orientation(reference), folds,
+                         mirror)
         write_segmentation(labels, reference, path)
         scores = _scores(labels, scan, reference, model.recipe) if score and scan.label is not None else None
         results.append(CaseResult(scan.case_id, path, time.perf_counter() - start, scores))

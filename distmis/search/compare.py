@@ -208,7 +208,7 @@ def _run_cell(spec: Spec, data: Any, mode: str, workers: int, repeat: int, compa
         state.current = {"mode": mode, "workers": workers, "repeat": repeat, "run_id": run.run_id,
                          "experiment": experiment}
         state.save(output_dir)
-    best_key = f"best_{spec.search.metric}"
+    best_key = f"best_{spec.search.selected_metric}"
     cell: dict[str, Any] = {"mode": mode, "workers": workers, "repeat": repeat, "elapsed_s": math.nan,
                             best_key: math.nan, "trials": 0, "failed_trials": 0, "status": "FAILED"}
     try:
@@ -219,7 +219,7 @@ def _run_cell(spec: Spec, data: Any, mode: str, workers: int, repeat: int, compa
         logger.error("comparison cell %s failed: %s", label, exc)
         logger.debug("comparison cell %s", label, exc_info=True)  # the traceback with --verbose
         return cell | {"error": f"{type(exc).__name__}: {exc}"}
-    best = outcome.results.get(f"cv_{spec.search.metric}" if spec.cv_folds else best_key)  # folds: configurations
+    best = outcome.results.get(f"cv_{spec.search.selected_metric}" if spec.cv_folds else best_key)  # folds: configurations
     if best is not None and best.notna().any():
         cell[best_key] = float(best.max() if spec.search.mode == "max" else best.min())
     status = "FINISHED" if outcome.failed == 0 else "TRIALS_FAILED"

@@ -72,7 +72,7 @@ class SearchConsole(tune.Callback):
     every epoch it trained, before a restart or a resume too) and the search's figures are read from it."""
 
     def __init__(self, spec: Spec, progress: SearchProgress) -> None:
-        self.metric, self.mode = spec.search.metric, spec.search.mode
+        self.metric, self.mode = spec.search.selected_metric, spec.search.mode
         self.epochs = spec.training.epochs
         self.progress = progress
         self.shown: dict[str, int] = {}  # trial id -> last epoch printed

@@ -4,7 +4,6 @@ and checked as ``distmis run`` will read it (:func:`checked_spec`)."""
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Mapping
 
@@ -38,7 +37,7 @@ def _prediction(draft: Draft) -> list[str]:
     """The predicted steps as comment lines: the table of every trial's step, and the least training time."""
     lines = [f"Predicted per trial ({draft.fit.device} rules; {mib(draft.fit.usable)} MiB usable per worker):"]
     lines += format_steps(draft.fit)
-    steps_per_epoch = math.ceil(draft.train_cases / draft.spec.training.batch_size)
+    steps_per_epoch = draft.spec.training.epoch_steps(draft.train_cases, draft.spec.training.batch_size)
     flops = [s.memory.trace.flops for s in draft.fit.steps if s.memory is not None]
     if flops:
         most = max(flops) * steps_per_epoch * draft.spec.training.epochs

@@ -8,13 +8,19 @@ test case whole (by sliding windows of its tile, as ``training.inference`` says)
 channel (:mod:`distmis.train.evaluation`: each foreground channel of the data's target scheme, named by its key: WT,
 TC, ET for the brain-tumour modes, the data set's classes for ``classes``) at the voxel spacing of the preprocessed
 volume, from the NIfTI headers and the preprocessing the data was converted with.
+
+A trial with test-time mirroring (``training.inference.mirror``, which its published model applies) is scored as its
+model predicts, every window mirrored, and again without mirroring: the scores of both are recorded
+(``test_dice_<name>`` and ``test_dice_<name>_nomirror``, ...), with the seconds a case's prediction took each way.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Protocol, Sequence
 
@@ -82,20 +88,29 @@ class Candidate:
         return cls(model.trial_id, model.best_value, {None: model})
 
 
+#: What the metrics of a test split predicted without test-time mirroring end with (``test_dice_WT_nomirror``).
+NOMIRROR_SUFFIX = "_nomirror"
+
+
 @dataclass(frozen=True)
 class TestEvaluation:
     """One trial's scores on the test split: a row per case (``case``, ``dice_<name>``, ``hd95_<name>``, a name per
-    scored channel: a region or a class)."""
+    scored channel: a region or a class), predicted as its model predicts; ``seconds``: the mean seconds a case's
+    prediction took (NaN: not timed). With test-time mirroring, ``mirror`` its axes and ``unmirrored`` the same
+    cases predicted without it (each window once)."""
 
     trial_id: str
     cases: pd.DataFrame
+    seconds: float = math.nan
+    mirror: tuple[int, ...] = ()
+    unmirrored: TestEvaluation | None = None
 
     @property
     def regions(self) -> list[str]:
         return [c.removeprefix("dice_") for c in self.cases.columns if c.startswith("dice_")]
 
     @property
-    def means(self) -> dict[str, float]:
+    def scores(self) -> dict[str, float]:
         """``test_dice_<name>`` and ``test_hd95_<name>`` over the cases; with several scored channels (regions or
         classes) also their mean (``test_dice_mean``, ``test_hd95_mean``), as BraTS reports."""
         out = {f"test_{column}": float(self.cases[column].mean()) for column in self.cases.columns if column != "case"}
@@ -104,13 +119,36 @@ class TestEvaluation:
                 out[f"test_{metric}_mean"] = float(np.mean([out[f"test_{metric}_{r}"] for r in self.regions]))
         return out
 
+    @property
+    def means(self) -> dict[str, float]:
+        """The test metrics logged: :attr:`scores`; with test-time mirroring also those of the unmirrored
+        prediction (``test_dice_<name>_nomirror``, ..., ``test_dice_mean_nomirror``) and the mean seconds a case's
+        prediction took, mirrored and not (``test_seconds_per_case``, ``test_seconds_per_case_nomirror``)."""
+        out = self.scores
+        if self.unmirrored is not None:
+            out.update({f"{key}{NOMIRROR_SUFFIX}": value for key, value in self.unmirrored.scores.items()})
+            out["test_seconds_per_case"] = float(self.seconds)
+            out[f"test_seconds_per_case{NOMIRROR_SUFFIX}"] = float(self.unmirrored.seconds)
+        return out
+
     def summary(self) -> str:
-        regions = self.regions
-        parts = [f"dice {r} {self.means[f'test_dice_{r}']:.4f}, HD95 {r} {self.means[f'test_hd95_{r}']:.2f} mm"
+        """One line: the case count and each scored channel's mean dice and HD95 (and their mean); with test-time
+        mirroring, the unmirrored prediction's as well, and the seconds a case took each way."""
+        parts = self._score_parts()
+        if self.unmirrored is None:
+            return f"{len(self.cases)} case(s): " + "; ".join(parts)
+        axes = ", ".join(map(str, self.mirror))
+        return (f"{len(self.cases)} case(s), mirrored on axes {axes} ({self.seconds:.2f} s a case): "
+                + "; ".join(parts) + f" | without mirroring ({self.unmirrored.seconds:.2f} s a case): "
+                + "; ".join(self.unmirrored._score_parts()))
+
+    def _score_parts(self) -> list[str]:
+        regions, scores = self.regions, self.scores
+        parts = [f"dice {r} {scores[f'test_dice_{r}']:.4f}, HD95 {r} {scores[f'test_hd95_{r}']:.2f} mm"
                  for r in regions]
         if len(regions) > 1:
-            parts.append(f"mean dice {self.means['test_dice_mean']:.4f}, mean HD95 {self.means['test_hd95_mean']:.2f} mm")
-        return f"{len(self.cases)} case(s): " + "; ".join(parts)
+            parts.append(f"mean dice {scores['test_dice_mean']:.4f}, mean HD95 {scores['test_hd95_mean']:.2f} mm")
+        return parts
 
 
 def best_models(grid: Iterable[TrialResult], last_checkpoint: dict[str, str], configs: dict[str, TrialConfig],
@@ -215,19 +253,47 @@ def _axcodes(case: CaseFiles) -> str:
 
 def evaluate_on_test(trainer: Trainer, spec: Spec, data: PreparedData, trial_id: str,
                      spacings: dict[str, tuple[float, float, float]]) -> TestEvaluation | None:
-    """Score ``trainer``'s model on every test case; None when the test split is empty."""
+    """Score ``trainer``'s model on every test case, mirrored as the trial's ``spec`` says
+    (``training.inference.mirror``, and then unmirrored too: :func:`evaluate_ensemble_on_test`); None when the test
+    split is empty."""
     if not data.split.get("test"):
         return None
-    return evaluate_ensemble_on_test({None: trainer}, data, trial_id, spacings)[1]
+    return evaluate_ensemble_on_test({None: trainer}, data, trial_id, spacings,
+                                     mirror=spec.training.inference.mirror)[1]
 
 
 def evaluate_ensemble_on_test(trainers: Mapping[int | None, Trainer], data: PreparedData, name: str,
-                              spacings: dict[str, tuple[float, float, float]]
+                              spacings: dict[str, tuple[float, float, float]], *,
+                              mirror: Sequence[int] | None = None
                               ) -> tuple[dict[int | None, TestEvaluation], TestEvaluation]:
     """Score each of ``trainers`` (fold -> its trial's trainer) and their ensemble on every test case: the
     ensemble's probabilities are the mean of theirs, thresholded (sigmoid) or argmaxed (softmax) after averaging,
     as the fold ensemble's MLflow model predicts. Returns each one's scores (named after ``name`` and the fold) and
-    the ensemble's (named ``name``); with one trainer they are the same scores."""
+    the ensemble's (named ``name``); with one trainer they are the same scores.
+
+    ``mirror``: the axes each window is test-time mirrored on, as the published model predicts (None: the trials'
+    own ``training.inference.mirror``, the first trainer's spec's: the folds of one configuration share it). When it
+    names any, the cases are scored a second time without mirroring, kept as each evaluation's ``unmirrored``; each
+    way's prediction is timed (:attr:`TestEvaluation.seconds`; an ensemble's: its folds' added up)."""
+    from distmis.pyfunc_model import check_mirror
+
+    if mirror is None:
+        mirror = next(iter(trainers.values())).spec.training.inference.mirror
+    axes = check_mirror(mirror, "training.inference.mirror")
+    each, ensemble = _score_test_split(trainers, data, name, spacings, axes or None)
+    if not axes:
+        return each, ensemble
+    each_plain, ensemble_plain = _score_test_split(trainers, data, name, spacings, ())
+    return ({fold: replace(found, mirror=axes, unmirrored=each_plain[fold]) for fold, found in each.items()},
+            replace(ensemble, mirror=axes, unmirrored=ensemble_plain))
+
+
+def _score_test_split(trainers: Mapping[int | None, Trainer], data: PreparedData, name: str,
+                      spacings: dict[str, tuple[float, float, float]], mirror: tuple[int, ...] | None
+                      ) -> tuple[dict[int | None, TestEvaluation], TestEvaluation]:
+    """:func:`evaluate_ensemble_on_test` of one way of predicting: every window mirrored on ``mirror`` (``()``:
+    none, asked for; None: a trial without mirroring, whose trainers are asked as validation asks them,
+    ``predict_volume(image)``)."""
     from distmis.data.tfrecord import iter_cases
     from distmis.train.epoch import trainer_targets
     from distmis.train.evaluation import case_metrics, score_names
@@ -239,18 +305,32 @@ def evaluate_ensemble_on_test(trainers: Mapping[int | None, Trainer], data: Prep
     def row(case_id: str, prob: np.ndarray, truth: np.ndarray) -> dict[str, object]:
         return {"case": case_id, **case_metrics(foreground_masks(prob, targets), truth, spacings[case_id], names)}
 
+    def predict(trainer: Trainer, image: np.ndarray) -> tuple[np.ndarray, float]:
+        start = time.perf_counter()
+        prob = trainer.predict_volume(image) if mirror is None else trainer.predict_volume(image, mirror=mirror)
+        return prob, time.perf_counter() - start
+
     rows: dict[int | None, list[dict[str, object]]] = {fold: [] for fold in trainers}
+    seconds: dict[int | None, list[float]] = {fold: [] for fold in trainers}
     ensemble: list[dict[str, object]] = []
     for case_id, image, label in iter_cases(data.tfrecord_dir, "test"):
         truth = np.asarray(label)[..., scored] > 0.5
-        probs = {fold: trainer.predict_volume(image) for fold, trainer in trainers.items()}
+        probs = {}
+        for fold, trainer in trainers.items():
+            probs[fold], took = predict(trainer, image)
+            seconds[fold].append(took)
         for fold, prob in probs.items():
             rows[fold].append(row(case_id, prob, truth))
         ensemble.append(row(case_id, np.mean(list(probs.values()), axis=0), truth) if len(probs) > 1
                         else rows[next(iter(probs))][-1])
-    each = {fold: TestEvaluation(name if fold is None else f"{name} fold {fold}", pd.DataFrame(found))
-            for fold, found in rows.items()}
-    return each, TestEvaluation(name, pd.DataFrame(ensemble))
+
+    def mean(values: Sequence[float]) -> float:
+        return float(np.mean(values)) if len(values) else math.nan
+
+    each = {fold: TestEvaluation(name if fold is None else f"{name} fold {fold}", pd.DataFrame(found),
+                                 mean(seconds[fold])) for fold, found in rows.items()}
+    total = [sum(case) for case in zip(*seconds.values())]  # the ensemble predicts with every fold
+    return each, TestEvaluation(name, pd.DataFrame(ensemble), mean(total))
 
 
 def publish_model(trainers: Sequence[Trainer], model: BestModel | Candidate, spec: Spec, data: PreparedData, *,
@@ -295,7 +375,7 @@ def _register(model_uri: str, model: BestModel | Candidate, spec: Spec, local: P
     """A new version of the search's registered model, tagged with the test metrics (or the search metric)."""
     from distmis.predict.registry import register_model
 
-    metric, mode = spec.search.metric, spec.search.mode
+    metric, mode = spec.search.selected_metric, spec.search.mode
     tags: dict[str, str] = {"distmis.search_run": search_run_id, "distmis.trial": model.trial_id,
                             f"best_{metric}": f"{model.best_value:.6g}"}
     score: tuple[str, float, str] = (f"best_{metric}", model.best_value, mode)

@@ -62,7 +62,7 @@ def end_search(spec: Spec, data: PreparedData, search_run: SearchRun, grid: Any,
         search_run.log_text(format_results(inference, "csv"), "inference.csv")
         search_run.log_text(format_results(inference, "markdown"), "inference.md")
     search_run.log_metrics({"trials": len(results), "failed_trials": failed, "search_seconds": search_seconds})
-    ranked_by = f"{'cv' if spec.cv_folds else 'best'}_{spec.search.metric}"  # the table's order
+    ranked_by = f"{'cv' if spec.cv_folds else 'best'}_{spec.search.selected_metric}"  # the table's order
     best_column = results.get(ranked_by)
     if best_column is not None and best_column.notna().any():
         search_run.log_metrics({ranked_by: float(best_column.iloc[0])})

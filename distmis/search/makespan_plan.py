@@ -5,7 +5,7 @@ Each trial's cost (:class:`~distmis.perf.makespan.TrialCost`) comes from its tra
 worker's rate (``device_flops``, the rate a worker reaches on these steps: a GPU's or CPU's peak times the share a
 convolution reaches of it):
 
-* an epoch's training: ``ceil(train cases / batch)`` steps of the step's FLOPs;
+* an epoch's training: ``ceil(train cases / batch)`` steps (or ``training.steps_per_epoch``) of the step's FLOPs;
 * its validation: every validation case by sliding windows of the tile (overlap ``training.inference.overlap``),
   each window the forward FLOPs of one sample, run whole by every worker of a data-parallel trial;
 * the gradients all-reduced each step: 4 bytes a trained parameter;
@@ -139,7 +139,7 @@ def search_costs(spec: Spec, hardware: Hardware, *, device: Literal["cpu", "cuda
     for index in range(trials):
         step = steps[index % len(steps)]
         trace = step.memory.trace  # type: ignore[union-attr]
-        batches = max(1, math.ceil(train / step.batch))
+        batches = spec.training.epoch_steps(train, step.batch)
         tile = step.tile or volume
         windows = validation_windows(volume, tile, spec.training.inference.overlap) if volume and tile else 1
         forward = trace.forward_flops / max(1, step.batch)

@@ -65,7 +65,7 @@ def open_search_run(spec: Spec, output_dir: Path, data: PreparedData, *, run_nam
     """Create the MLflow run of a search (or comparison) with the spec, split and manifest attached."""
     uri, artifacts = tracking_location(spec, output_dir)
     run = SearchRun(uri, spec.experiment_name, run_name=run_name or spec.name, searched=list(spec.search.space),
-                    metric=spec.search.metric, mode=spec.search.mode, artifact_location=artifacts,
+                    metric=spec.search.selected_metric, mode=spec.search.mode, artifact_location=artifacts,
                     role=role, parent_run_id=parent_run_id, tags=tags)
     with ended_unless_recorded(run):
         resolved = spec_to_dict(spec)

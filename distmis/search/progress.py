@@ -121,7 +121,7 @@ class SearchProgress(tune.Callback):
     def __init__(self, spec: Spec, *, total: int, at_once: int,
                  record: Callable[[dict[str, float], int], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.metric, self.mode = spec.search.metric, spec.search.mode
+        self.metric, self.mode = spec.search.selected_metric, spec.search.mode
         self.epochs = spec.training.epochs
         self.total, self.at_once = int(total), max(1, int(at_once))
         self.record, self.clock = record, clock

@@ -88,7 +88,7 @@ def _optuna(spec: Spec, *, with_space: bool) -> Searcher:
     if not with_space:  # the Tuner gives it the param_space
         return OptunaSearch(sampler=sampler)
     search = spec.search
-    return OptunaSearch(space=param_space(search), metric=search.metric, mode=search.mode, sampler=sampler)
+    return OptunaSearch(space=param_space(search), metric=search.selected_metric, mode=search.mode, sampler=sampler)
 
 
 #: A registered search algorithm's Tune searcher, by name (:data:`distmis.spec.searchers.ALGORITHMS`):
@@ -116,7 +116,7 @@ def search_algorithm(spec: Spec) -> Searcher | None:
 
     inner = (make(spec, with_space=True) if make is not None
              else Configurations(param_space(search), search.num_samples, spec.training.seed))
-    return FoldSearcher(inner, folds, search.metric, search.mode, limit=num_configurations(search))
+    return FoldSearcher(inner, folds, search.selected_metric, search.mode, limit=num_configurations(search))
 
 
 def tune_search(spec: Spec, max_concurrent: int | None) -> dict[str, Any]:

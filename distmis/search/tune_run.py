@@ -152,7 +152,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
             function,
             param_space=tune_param_space(spec),
             tune_config=tune.TuneConfig(
-                metric=spec.search.metric,
+                metric=spec.search.selected_metric,
                 mode=spec.search.mode,
                 # search_alg, num_samples, max_concurrent_trials: with folds, the fold searcher says when it is done
                 **tune_search(spec, plan.max_concurrent_trials),

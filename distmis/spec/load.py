@@ -502,6 +502,30 @@ def check_model_combinations(spec: Spec) -> list[tuple[str, str]]:
     return problems[:5]
 
 
+OPTIMIZER_NAME_PATH = "training.optimizer.name"
+
+
+def check_optimizer_combinations(spec: Spec) -> list[tuple[str, str]]:
+    """With ``training.optimizer.name`` searched beside other ``training.optimizer`` fields, every combination of
+    their values must make a valid optimizer: ``amsgrad: {grid: [true, false]}`` beside ``name: {grid: [adam, sgd]}``
+    would give an SGD trial ``amsgrad``, which SGD does not take (each value alone is checked by
+    :func:`check_search_space`, the base spec's fields with it)."""
+    space = spec.search.space
+    paths = [path for path in space if path.startswith("training.optimizer.")]
+    if OPTIMIZER_NAME_PATH not in paths or len(paths) < 2:
+        return []
+    problems: list[tuple[str, str]] = []
+    for config in searched_combinations({path: values_to_check(space[path]) for path in paths}):
+        try:
+            apply_config(spec, config)
+        except SpecError as exc:
+            problems += [("search.space", f"the trial with {_named(config)}: {path}: {message}; search "
+                                          "training.optimizer as a whole to give each optimizer its own fields "
+                                          "({grid: [{name: adam, amsgrad: true}, {name: sgd}]})")
+                         for path, message in exc.problems]
+    return problems[:5]
+
+
 def searched_combinations(searched: Mapping[str, list[Any]]) -> Iterator[dict[str, Any]]:
     """Every combination of the searched paths' values as a trial config, the first
     :data:`MAX_CHECKED_COMBINATIONS` of them."""
@@ -858,13 +882,34 @@ def check_precision(spec: Spec) -> list[tuple[str, str]]:
                                    "(parallelism.resources_per_trial / resources_per_worker gpu)")]
 
 
+def check_deep_supervision(spec: Spec) -> list[tuple[str, str]]:
+    """``training.deep_supervision`` needs a network whose registry entry has deep supervision heads in the trial's
+    framework, and no pipeline stages (a stage would hold a decoder level's head apart from the loss)."""
+    if not spec.training.deep_supervision:
+        return []
+    entry, framework = spec.model.entry, spec.model.framework
+    if framework not in entry.deep_supervision:
+        having = ", ".join(f"{name} ({' and '.join(sorted(other.deep_supervision))})"
+                           for name, other in MODELS.items() if other.deep_supervision)
+        return [("training.deep_supervision", f"model {entry.name!r} has no deep supervision heads in {framework}; "
+                                              f"the networks that have them: {having}. Set it to false, or use one "
+                                              "of those")]
+    stages = spec.parallelism.pipeline.stages
+    if stages > 1:
+        return [("training.deep_supervision", f"a pipeline of {stages} stages (parallelism.pipeline.stages) computes "
+                                              "the loss on the last stage's output only, and the decoder's lower "
+                                              "levels lie on other stages: use deep supervision without pipeline "
+                                              "stages, or set it to false")]
+    return []
+
+
 def trial_problems(spec: Spec) -> list[tuple[str, str]]:
     """The rules every trial's spec must meet (checked for the spec and for every searched value)."""
     curriculum = check_curriculum(spec)
     refused = any(path == "training.curriculum" for path, _ in curriculum)  # its stages are not checked one by one
     shape = [] if refused else check_input_shape(spec)
     return (shape + curriculum + sequence_parallel_problems(spec) + check_pipeline(spec) + check_loss(spec)
-            + check_precision(spec))
+            + check_precision(spec) + check_deep_supervision(spec))
 
 
 def check_folds(spec: Spec) -> list[tuple[str, str]]:
@@ -906,4 +951,4 @@ def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
     problems = trial_problems(spec) + check_search_space(spec) + check_folds(spec) + check_auto_mode(spec)
     return (problems or check_auto_degree_combinations(spec) or check_pipeline_combinations(spec)
-            or check_model_combinations(spec))
+            or check_model_combinations(spec) or check_optimizer_combinations(spec))

@@ -13,8 +13,9 @@ import posixpath
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError,
-                      ValidationInfo, field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny,
+                      SerializerFunctionWrapHandler, ValidationError, ValidationInfo, field_validator, model_serializer,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 from distmis.models.params import NetworkParams
@@ -277,13 +278,90 @@ class ModelSpec(StrictModel):
 
 
 # --------------------------------------------------------------------------- training
+#: ``training.optimizer.name``: the optimizers a trial may train with. Each is built for both frameworks by its
+#: entry in :mod:`distmis.train.optimizers` (the spec imports no trainer code; a test keeps the two lists equal).
+OptimizerName = Literal["adam", "adamw", "sgd"]
+
+#: The fields of :class:`OptimizerSpec` each optimizer takes besides ``name`` and ``lr``.
+OPTIMIZER_FIELDS: dict[str, tuple[str, ...]] = {
+    "adam": ("beta1", "beta2", "amsgrad", "epsilon", "weight_decay"),
+    "adamw": ("beta1", "beta2", "amsgrad", "epsilon", "weight_decay"),
+    "sgd": ("momentum", "nesterov", "weight_decay"),
+}
+
+#: ``weight_decay`` when the spec gives none: none for Adam and SGD, torch's ``AdamW`` default for AdamW.
+DEFAULT_WEIGHT_DECAY: dict[str, float] = {"adam": 0.0, "adamw": 0.01, "sgd": 0.0}
+
+
 class OptimizerSpec(StrictModel):
-    name: Literal["adam"] = "adam"
+    """The optimizer of a trial, the same in both frameworks (built by :mod:`distmis.train.optimizers`).
+
+    - ``adam``: Adam (``beta1``, ``beta2``, ``epsilon``, ``amsgrad``); ``weight_decay`` is an L2 term added to the
+      gradient (torch's ``Adam(weight_decay=)``), 0 by default.
+    - ``adamw``: the same Adam with decoupled weight decay, ``w -= lr * weight_decay * w`` at each step beside the
+      update (Loshchilov and Hutter; torch's ``AdamW``, Keras's ``AdamW``), 0.01 by default as torch's.
+    - ``sgd``: SGD with ``momentum`` (0.99) and Nesterov's momentum (``nesterov``: on by default where momentum > 0),
+      nnU-Net v2's optimizer; ``weight_decay`` is L2 added to the gradient, so it goes through the momentum
+      (torch's ``SGD(weight_decay=)``), 0 by default (nnU-Net: 3e-5, with lr 1e-2).
+
+    A field that does not apply to ``name`` (``momentum`` with ``adam``, ``amsgrad`` with ``sgd``) is refused when it
+    is given a value other than its default (a resolved spec's dump and a trial's rebuilt section hold every field
+    at its default). ``nesterov`` and ``weight_decay`` are None unless given: :attr:`effective_nesterov` and
+    :attr:`effective_weight_decay` are what the optimizer uses. A dump (``model_dump``) holds the fields of the
+    chosen optimizer only, those two resolved.
+    """
+
+    name: OptimizerName = "adam"
     lr: float = Field(1e-4, gt=0, le=10)
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.999, ge=0, lt=1)
-    amsgrad: bool = False
-    epsilon: float = Field(1e-7, gt=0)
+    beta1: float = Field(0.9, ge=0, lt=1, description="adam, adamw")
+    beta2: float = Field(0.999, ge=0, lt=1, description="adam, adamw")
+    amsgrad: bool = Field(False, description="adam, adamw")
+    epsilon: float = Field(1e-7, gt=0, description="adam, adamw")
+    momentum: float = Field(0.99, ge=0, lt=1, description="sgd (nnU-Net v2: 0.99)")
+    nesterov: bool | None = Field(None, description="sgd: Nesterov's momentum (default: on where momentum > 0)")
+    weight_decay: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                       description="all: L2 on the gradient (adam, sgd; default 0) or decoupled "
+                                                   "(adamw; default 0.01)")
+
+    @field_validator("beta1", "beta2", "amsgrad", "epsilon", "momentum", "nesterov")
+    @classmethod
+    def _applies_to_the_optimizer(cls, value: Any, info: ValidationInfo) -> Any:
+        name = info.data.get("name")
+        field = info.field_name
+        if name not in OPTIMIZER_FIELDS or field in OPTIMIZER_FIELDS[name]:  # an unknown name has its own error
+            return value
+        if value == cls.model_fields[field].default:  # a whole section (a dump, a trial's rebuild) holds defaults
+            return value
+        takers = ", ".join(other for other, fields in OPTIMIZER_FIELDS.items() if field in fields)
+        raise ValueError(f"{field} does not apply to optimizer {name!r}, which takes lr, "
+                         f"{', '.join(OPTIMIZER_FIELDS[name])} ({field} goes with {takers})")
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self) -> OptimizerSpec:
+        if self.name == "sgd" and self.nesterov and self.momentum == 0:
+            raise ValueError("nesterov: true needs momentum > 0 (Nesterov's momentum without momentum is plain SGD, "
+                             "and torch refuses it): give momentum > 0, or nesterov: false")
+        return self
+
+    @property
+    def effective_nesterov(self) -> bool:
+        """Whether SGD uses Nesterov's momentum: ``nesterov``, or, not given, whenever ``momentum`` > 0."""
+        return self.momentum > 0 if self.nesterov is None else self.nesterov
+
+    @property
+    def effective_weight_decay(self) -> float:
+        """``weight_decay``, or the optimizer's default (:data:`DEFAULT_WEIGHT_DECAY`)."""
+        return DEFAULT_WEIGHT_DECAY[self.name] if self.weight_decay is None else self.weight_decay
+
+    @model_serializer(mode="wrap")
+    def _only_the_optimizers_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The chosen optimizer's fields only, ``nesterov`` and ``weight_decay`` resolved: what a run's resolved spec
+        and its tracked parameters show is what the trial trains with (and rebuilds to the same spec)."""
+        data = handler(self)
+        resolved = {"nesterov": self.effective_nesterov, "weight_decay": self.effective_weight_decay}
+        taken = OPTIMIZER_FIELDS[self.name]
+        return {key: resolved.get(key, value) for key, value in data.items()
+                if key in ("name", "lr") or key in taken}
 
 
 class LossSpec(StrictModel):
@@ -313,6 +391,26 @@ class InferenceSpec(StrictModel):
     compare: bool = Field(False, description="after training, time and score the best epoch's model on the "
                                              "validation cases by whole-volume and by sliding-window inference "
                                              "(LAMP's question; U-Nets)")
+    mirror: list[int] = Field(default_factory=list, description=(
+        "test-time mirroring (nnU-Net's: [0, 1, 2]): the spatial axes 0, 1, 2 of the preprocessed volume each "
+        "sliding window is flipped on; a window's prediction is the mean of its 2^k flipped predictions' "
+        "probabilities, flipped back. Applied to the test split and by the published model (recorded in its recipe), "
+        "not to validation during training, which it would cost 2^k times as much (8x for all three axes). "
+        "[]: off"))
+
+    @field_validator("mirror", mode="before")
+    @classmethod
+    def _mirror_axes(cls, value: Any) -> Any:
+        # the rule of distmis.pyfunc_model.check_mirror, which the model applies (the spec does not import it)
+        allowed = "a list of distinct spatial axes 0, 1, 2 (e.g. [0, 1, 2]; [] for none)"
+        axes = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(axes, (list, tuple)) or any(isinstance(a, bool) or a not in (0, 1, 2) or
+                                                      not isinstance(a, int) for a in axes):
+            raise ValueError(f"mirror must be {allowed}")  # the loader adds the value given
+        repeated = sorted({a for a in axes if list(axes).count(a) > 1})
+        if repeated:
+            raise ValueError(f"mirror {list(axes)} names axis(es) {repeated} more than once; it must be {allowed}")
+        return sorted(axes)
 
 
 #: ``training.precision``: fp32, or mixed precision with fp32 master weights computing in bfloat16 or float16.
@@ -414,11 +512,20 @@ class CurriculumStageSpec(StrictModel):
         return self
 
 
+#: ``training.recipe``: the registered recipes (:data:`distmis.spec.recipes.RECIPES`; a test keeps them equal).
+RecipeName = Literal["nnunet"]
+
+
 class TrainingSpec(StrictModel):
     epochs: int = Field(10, ge=1, le=100_000)
     batch_size: int = Field(2, ge=1)
     tile: Shape3 | None = None
     tile_sampling: float = Field(0.0, ge=0, le=1, description="fraction of training tiles centred on foreground")
+    steps_per_epoch: int | None = Field(
+        None, ge=1, le=1_000_000, description="the training steps (batches per data-parallel replica) of an epoch; "
+                                              "the cases are drawn in seeded passes over the training split, one "
+                                              "pass continuing where the last epoch stopped. null: one pass over the "
+                                              "training cases (nnU-Net: 250)")
     optimizer: OptimizerSpec = OptimizerSpec()
     lr_schedule: LRScheduleSpec = LRScheduleSpec()
     augment: AugmentSpec = AugmentSpec()
@@ -435,6 +542,15 @@ class TrainingSpec(StrictModel):
                            "tiles, at the cost of a slower first step per shape and an algorithm choice that can "
                            "differ between runs, so results are not bit-for-bit repeatable. No effect on CPUs or "
                            "in TensorFlow")
+    recipe: RecipeName | None = Field(
+        None, description="a published method's training defaults, filled in where the spec leaves a field unset "
+                          "(distmis.spec.recipes): 'nnunet', nnU-Net v2's")
+    deep_supervision: bool = Field(
+        False, description="train on the decoder's lower-resolution outputs too, with nnU-Net's weights (halving "
+                           "per level, the lowest left out, normalized) on targets downsampled by nearest neighbour; "
+                           "validation, inference and the registered model use the full-resolution output only. "
+                           "For the networks whose registry entry has deep supervision heads (unet3d and dynunet in "
+                           "torch)")
     curriculum: list[CurriculumStageSpec] | None = Field(
         None, description="stages of training on growing inputs (LAMP): each {tile, epochs, batch_size, "
                           "tile_sampling}; the epochs add up to training.epochs, and the last stage's input is the "
@@ -500,6 +616,13 @@ class TrainingSpec(StrictModel):
                              "before the spec is validated (distmis.search.input_plan.planned_tree, for a program)")
         return value
 
+    def epoch_steps(self, train_cases: int, batch_size: int, replicas: int = 1) -> int:
+        """The steps of an epoch for each of ``replicas`` data-parallel replicas over ``train_cases`` cases in batches
+        of ``batch_size``: ``steps_per_epoch``, or one pass, ``ceil(train_cases / (batch_size * replicas))``."""
+        if self.steps_per_epoch is not None:
+            return self.steps_per_epoch
+        return max(1, math.ceil(train_cases / (batch_size * replicas)))
+
     @property
     def inference_batch_size(self) -> int:
         """Windows per forward pass of sliding-window inference."""
@@ -561,6 +684,11 @@ class AshaSpec(StrictModel):
     reduction_factor: float = Field(2.0, gt=1)
 
 
+#: ``search.selection``: the best epoch by the metric's value, or by its exponential moving average
+#: (:mod:`distmis.train.selection`).
+SelectionRule = Literal["epoch", "moving-average"]
+
+
 class SearchSpec(StrictModel):
     algorithm: str = Field("grid", description="a registered search algorithm: " + ", ".join(ALGORITHMS))
     num_samples: int = Field(1, ge=1)
@@ -579,6 +707,12 @@ class SearchSpec(StrictModel):
     folds: Literal["all"] | list[int] = Field("all", description="with dataset.split.folds: the folds each "
                                                                    "configuration trains (one trial per fold), all "
                                                                    "by default")
+    selection: SelectionRule = Field(
+        "epoch", description="how a trial's best epoch is chosen, the checkpoint kept and the trials ranked: "
+                             "'epoch', the epoch with the best value of the metric; 'moving-average', the epoch "
+                             "with the best exponential moving average of it (nnU-Net's, ema_<metric>)")
+    smoothing: float = Field(0.9, ge=0, lt=1, description="selection moving-average: ema = smoothing x ema + "
+                                                          "(1 - smoothing) x the epoch's value (nnU-Net: 0.9)")
 
     @field_validator("algorithm")
     @classmethod
@@ -630,6 +764,21 @@ class SearchSpec(StrictModel):
             return value
         raise ValueError(f"metric must be 'val_dice', 'val_loss', 'train_loss' or 'val_dice_<key>' (one class's or "
                          f"region's dice, e.g. 'val_dice_spleen'), got {value!r}")
+
+    @model_validator(mode="after")
+    def _smoothing_averages(self) -> SearchSpec:
+        # (a dumped spec holds the default: only another value is refused)
+        if self.smoothing != type(self).model_fields["smoothing"].default and self.selection != "moving-average":
+            raise ValueError(f"smoothing ({self.smoothing:g}) weighs the moving average of selection "
+                             f"'moving-average'; selection is {self.selection!r}: set it to 'moving-average' or leave "
+                             "smoothing out")
+        return self
+
+    @property
+    def selected_metric(self) -> str:
+        """What picks a trial's best epoch and ranks the trials: ``metric``, or ``ema_<metric>`` (its exponential
+        moving average, which the trials report beside it) with ``selection: moving-average``."""
+        return f"ema_{self.metric}" if self.selection == "moving-average" else self.metric
 
     @model_validator(mode="after")
     def _default_mode(self) -> SearchSpec:
@@ -858,6 +1007,18 @@ class Spec(StrictModel):
     # dataset.crop or resize): never in the YAML, set on a copy by distmis.spec.load.with_volume for the checks
     # against the data.
     _volume: tuple[tuple[int, int, int], str] | None = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe_first(cls, data: Any) -> Any:
+        """``training.recipe``: its values where the spec leaves them unset (:func:`distmis.spec.recipes.fill_recipe`)."""
+        if isinstance(data, dict):
+            from distmis.spec.recipes import fill_recipe
+
+            model = ModelSpec.model_fields
+            return fill_recipe(data, {"model.name": model["name"].default,
+                                      "model.framework": model["framework"].default})
+        return data
 
     @field_validator("name")
     @classmethod

@@ -449,7 +449,8 @@ class MLflowTrialCallback(tune.Callback):
             self.trial_workers[trial_id] = run_workers(run)
             epochs = self.client.get_metric_history(run_id, "epoch_seconds")  # logged with every epoch
             self.epochs[trial_id] = max((m.step for m in epochs), default=0)
-            history = [m for m in self.client.get_metric_history(run_id, self.search.metric) if math.isfinite(m.value)]
+            history = [m for m in self.client.get_metric_history(run_id, self.spec.search.selected_metric)
+                       if math.isfinite(m.value)]
             if history:
                 pick = max if self.search.mode == "max" else min
                 best = pick(history, key=lambda m: m.value)
@@ -605,7 +606,7 @@ class MLflowTrialCallback(tune.Callback):
         or more) and ``fold<i>_<metric>``, status FINISHED; or FAILED, naming the folds that did not finish.
         ``final``: the search is over, so a configuration with folds that never ran fails too. Returns the
         configurations whose every fold finished, by id."""
-        metric = self.search.metric
+        metric = self.spec.search.selected_metric
         by_configuration: dict[str, dict[int, str]] = {}
         for trial_id, (configuration, fold) in self.trial_folds.items():
             by_configuration.setdefault(configuration, {})[fold] = trial_id
@@ -718,7 +719,7 @@ class MLflowTrialCallback(tune.Callback):
                                          + self.grown_worker_seconds.get(trial.trial_id, 0.0))
         if trial.trial_id in self.best:
             value, epoch = self.best[trial.trial_id]
-            summary[f"best_{self.search.metric}"] = value
+            summary[f"best_{self.spec.search.selected_metric}"] = value
             summary["best_epoch"] = float(epoch)
         summary["epochs_completed"] = float(self.epochs.get(trial.trial_id, 0))
         now = int(time.time() * 1000)
@@ -782,6 +783,7 @@ class MLflowTrialCallback(tune.Callback):
             return  # a restarted trial repeats epochs its run already holds (its checkpoint was older)
         now = int(time.time() * 1000)
         keys = [*EPOCH_METRICS,
+                *([self.spec.search.selected_metric] if self.spec.search.selection != "epoch" else []),  # ema_<metric>
                 *(k for k in result if k.startswith(CLASS_DICE_PREFIX)),  # per scored channel: val_dice_<key>
                 *INFERENCE_METRICS,  # the inference comparison: the last report only
                 *(k for k in result if k.startswith(STARTUP_PREFIX))]  # start-up: first report only
@@ -792,7 +794,7 @@ class MLflowTrialCallback(tune.Callback):
         ]
         self._write(trial, f"epoch {epoch}", lambda run_id: self.client.log_batch(run_id, metrics=metrics))
         self.epochs[trial_id] = epoch
-        value = result.get(self.search.metric)
+        value = result.get(self.spec.search.selected_metric)
         if value is not None and math.isfinite(float(value)):
             best = self.best.get(trial_id)
             if best is None or (value > best[0] if self.search.mode == "max" else value < best[0]):

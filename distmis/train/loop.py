@@ -114,7 +114,10 @@ def epoch_reports(trainer: Trainer, spec: Spec, *, checkpoints: Sequence[StoredC
     from distmis.train.checkpoint import write_checkpoint
     from distmis.trial.record import DEVICE_KEY, HISTORY_KEY, NODES_KEY, SYSTEM_KEY, TrainingState, samples_to_json
 
-    metric, mode = spec.search.metric, spec.search.mode
+    from distmis.train.selection import selection_metrics
+
+    # search.selection: the best epoch by the metric, or by its moving average (reported beside it)
+    metric, mode = spec.search.selected_metric, spec.search.mode
     attempt = uuid.uuid4().hex[:12]
     sampler = _system_sampler(trainer, spec, rank)
     with trial_scratch(scratch, rank) as folder, sampler or nullcontext():
@@ -128,6 +131,7 @@ def epoch_reports(trainer: Trainer, spec: Spec, *, checkpoints: Sequence[StoredC
             yield {**state.history[-1], "num_parameters": trainer.num_parameters, "attempt": attempt, **first}, None
         for epoch in range(state.epoch + 1, spec.training.epochs + 1):
             epoch_metrics = trainer.run_epoch(epoch).as_dict()
+            epoch_metrics.update(selection_metrics([*state.history, epoch_metrics], spec.search))
             metrics: Metrics = {**epoch_metrics, "num_parameters": trainer.num_parameters, "attempt": attempt,
                                 **first}
             first = {}

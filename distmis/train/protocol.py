@@ -15,7 +15,9 @@ what class it is. Its contract:
 - **predict**: :meth:`~Trainer.predict_volume` gives the probabilities of one ``(H, W, D, C)`` volume, whole or by
   sliding windows of the trial's tile (``training.inference``); :meth:`~Trainer.predict_with_window` the same
   by windows of a given size (None: one pass), which inference timing compares
-  (:mod:`distmis.train.inference_timing`).
+  (:mod:`distmis.train.inference_timing`). Both take ``mirror``, the axes each window is test-time mirrored on
+  (:func:`distmis.pyfunc_model.mirrored`; default none, as validation predicts: the test split uses
+  ``training.inference.mirror``).
 - **save / load**: :meth:`~Trainer.save` writes the weights (the files named by ``weight_files``) to a folder and
   :meth:`~Trainer.load` reads them back; :meth:`~Trainer.weights_from` holds them for a block only.
   :meth:`~Trainer.save_state` / :meth:`~Trainer.load_state` write and read what a restarted trial goes on from
@@ -59,9 +61,9 @@ class Trainer(Protocol):
 
     def validate(self) -> ValidationScores: ...
 
-    def predict_volume(self, image: np.ndarray) -> np.ndarray: ...
+    def predict_volume(self, image: np.ndarray, *, mirror: Sequence[int] = ()) -> np.ndarray: ...
 
-    def predict_with_window(self, image: np.ndarray, window: Window) -> np.ndarray: ...
+    def predict_with_window(self, image: np.ndarray, window: Window, *, mirror: Sequence[int] = ()) -> np.ndarray: ...
 
     def case_dice(self, prob: np.ndarray, label: np.ndarray) -> np.ndarray: ...
 

@@ -10,8 +10,11 @@ the validation dice is the one a user would compute on the preprocessed cases.
 Mixed precision (``training.precision``): ``bf16`` and ``fp16`` build the U-Net with the Keras dtype policy
 ``mixed_bfloat16`` or ``mixed_float16`` given to each layer (never Keras's global policy: the next trial built in
 the process is not changed), float32 variables and a float32 head, so the probabilities and the loss are float32;
-fp16 wraps Adam in a ``LossScaleOptimizer`` whose scaled loss the step differentiates (it unscales the gradients,
-skips a step that overflowed and keeps its scale among the optimizer's variables, so checkpoints hold it).
+fp16 wraps the optimizer in a ``LossScaleOptimizer`` whose scaled loss the step differentiates (it unscales the
+gradients, skips a step that overflowed and keeps its scale among the optimizer's variables, so checkpoints hold it).
+
+The optimizer is ``training.optimizer``'s (:mod:`distmis.train.optimizers`). Keras's ``weight_decay`` is decoupled,
+so the coupled L2 of ``adam`` and ``sgd`` is added to the gradients by the step itself, before ``apply_gradients``.
 TensorFlow's CPU kernels have no float16 max pooling: fp16 needs a GPU (refused otherwise, here and by the spec's
 checks). The precision is part of :func:`graph_key`.
 """
@@ -22,10 +25,9 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -40,6 +42,7 @@ from distmis.train.epoch import (
     trial_parts,
 )
 from distmis.train.inference import predict_channels_last
+from distmis.train.optimizers import keras_optimizer, optimizer_entry, with_l2
 from distmis.train.schedules import LearningRateSchedule
 from distmis.train.tf_metering import AllocatorMeter, allocator_device
 
@@ -155,8 +158,9 @@ class UNetTrainer:
         seed_everything(training.seed)
         with self.strategy.scope(), variables_without_broadcast(self.strategy):
             self.model, self.optimizer = self._build(keras, manifest)
-            # Adam's slots made here, eagerly: made inside the first traced step, they cost a second trace of it
-            # and graph-mode initializers (9.8 s of tracing against 3.1 s for the U-Net of benchmarks/speedup.yaml)
+            # The optimizer's slots (Adam's moments, SGD's momentum) made here, eagerly: made inside the first traced
+            # step, they cost a second trace of it and graph-mode initializers (9.8 s of tracing against 3.1 s for
+            # the U-Net of benchmarks/speedup.yaml)
             self.optimizer.build(self.model.trainable_variables)
         # The first worker's initial weights to all, in one collective (the optimizer's state starts at zero)
         broadcast_from_first_replica(self.strategy, self.model.weights)
@@ -184,6 +188,8 @@ class UNetTrainer:
         model, optimizer, loss_fn, strategy = self.model, self.optimizer, self.loss_fn, self.strategy
         replicas = self.replicas
         loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)  # fp16
+        # adam's and sgd's weight decay: L2 added to each gradient (Keras's own weight_decay is decoupled)
+        l2 = optimizer_entry(training.optimizer.name).gradient_l2(training.optimizer)
 
         def train_step(x, y):
             def replica_step(x, y):
@@ -193,6 +199,8 @@ class UNetTrainer:
                     if loss_scaling:  # apply_gradients unscales them (and skips a step that overflowed)
                         scaled = optimizer.scale_loss(scaled)
                 grads = tape.gradient(scaled, model.trainable_variables)
+                if l2:  # wd * w in all, each replica's share, loss-scaled as the gradients still are (fp16)
+                    grads = with_l2(grads, model.trainable_variables, l2, optimizer=optimizer, replicas=replicas)
                 optimizer.apply_gradients(zip(grads, model.trainable_variables))
                 return loss
 
@@ -247,12 +255,8 @@ class UNetTrainer:
             self._trace_train_step()
 
     def _build(self, keras: Any, manifest: DataManifest) -> tuple[Any, Any]:
-        opt = self.spec.training.optimizer
         model = self._build_model(manifest)
-        optimizer = keras.optimizers.Adam(
-            learning_rate=self.layout.effective_lr, beta_1=opt.beta1, beta_2=opt.beta2, epsilon=opt.epsilon,
-            amsgrad=opt.amsgrad,
-        )
+        optimizer = keras_optimizer(self.spec.training.optimizer, self.layout.effective_lr)
         if self.spec.training.precision == "fp16":  # float16's narrow range: a dynamically scaled loss
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         return model, optimizer
@@ -324,13 +328,14 @@ class UNetTrainer:
         # popped, so that the thread holds the iterator's last reference (absent on the first call, from __init__)
         _release_in_background(self.__dict__.pop("_train_iterator", None))
         self._train_iterator = None
+        # training.steps_per_epoch, or one pass over the cases (the largest shard's, with several workers)
+        self.steps_per_epoch = training.epoch_steps(self._num_train, stage.batch_size, self.replicas)
         if self.replicas == 1:
-            self.steps_per_epoch = max(1, math.ceil(self._num_train / stage.batch_size))
-            return make_dataset(self.tfrecord_dir, self.parts.train, batch_size=stage.batch_size, shuffle=True,
-                                seed=seed, tile=stage.tile, tile_sampling=stage.tile_sampling,
-                                augment=training.augment)
-        largest_shard = math.ceil(self._num_train / self.replicas)
-        self.steps_per_epoch = max(1, math.ceil(largest_shard / stage.batch_size))
+            dataset = make_dataset(self.tfrecord_dir, self.parts.train, batch_size=stage.batch_size, shuffle=True,
+                                   seed=seed, tile=stage.tile, tile_sampling=stage.tile_sampling,
+                                   augment=training.augment)
+            # a fixed number of steps: the passes repeat without end, and each epoch goes on where the last stopped
+            return dataset if training.steps_per_epoch is None else dataset.repeat()
 
         def worker_dataset(pipelines: int, index: int) -> Any:
             return make_dataset(
@@ -347,7 +352,7 @@ class UNetTrainer:
 
     # ------------------------------------------------------------------ training
     def train_epoch(self, epoch: int | None = None) -> float:
-        """One pass over the training split; the mean batch loss. The learning rate is ``training.lr_schedule``'s
+        """One pass over the training split (or ``training.steps_per_epoch`` batches); the mean batch loss. The learning rate is ``training.lr_schedule``'s
         for epoch ``epoch`` (counted from 1; by default the one after those this trainer has trained).
 
         Several replicas take the same number of steps an epoch from an iterator made once (a new distributed
@@ -370,7 +375,8 @@ class UNetTrainer:
             if self._train_iterator is None:
                 self._train_iterator = iter(self.train_data)
             return float(self._train_steps(self._train_iterator, tf.constant(rates, tf.float32)))
-        if self.replicas > 1:  # this worker's own pipeline, repeated: the same number of steps on every worker
+        if self.replicas > 1 or self.spec.training.steps_per_epoch is not None:
+            # this worker's own pipeline, repeated: the same number of steps on every worker (or the fixed number)
             if self._train_iterator is None:
                 self._train_iterator = iter(self.train_data)
             batches: Any = (next(self._train_iterator) for _ in range(steps))
@@ -386,16 +392,21 @@ class UNetTrainer:
         return float(np.mean(losses))
 
     # ------------------------------------------------------------------ validation
-    def predict_volume(self, image: np.ndarray) -> np.ndarray:
+    def predict_volume(self, image: np.ndarray, *, mirror: Sequence[int] = ()) -> np.ndarray:
         """Probabilities for one (H, W, D, C) volume: whole, or by sliding windows of the (last curriculum
-        stage's) tile (``training.inference``: overlap, constant or Gaussian weights)."""
-        return self.predict_with_window(image, self.window)
+        stage's) tile (``training.inference``: overlap, constant or Gaussian weights); each window test-time
+        mirrored on the axes ``mirror`` of the volume (default none: validation; the test split:
+        ``training.inference.mirror``)."""
+        return self.predict_with_window(image, self.window, mirror=mirror)
 
-    def predict_with_window(self, image: np.ndarray, window: tuple[int, int, int] | None) -> np.ndarray:
-        """:meth:`predict_volume` by sliding windows of ``window`` (None: the whole volume in one pass)."""
+    def predict_with_window(self, image: np.ndarray, window: tuple[int, int, int] | None, *,
+                            mirror: Sequence[int] = ()) -> np.ndarray:
+        """:meth:`predict_volume` by sliding windows of ``window`` (None: the whole volume in one pass), each
+        mirrored on the axes ``mirror`` (:func:`distmis.pyfunc_model.mirrored`)."""
         training = self.spec.training
         return predict_channels_last(lambda batch: self._predict(batch).numpy(), image, window,
-                                     inference=training.inference, batch_size=training.inference_batch_size)
+                                     inference=training.inference, batch_size=training.inference_batch_size,
+                                     mirror=mirror)
 
     @contextlib.contextmanager
     def weights_from(self, directory: str | Path) -> Iterator[None]:
@@ -505,7 +516,8 @@ class UNetTrainer:
 
     # ------------------------------------------------------------------ resuming (see distmis.train.checkpoint)
     def save_state(self, directory: str | Path, *, rank: int = 0, primary: bool = True) -> None:
-        """The weights and the optimizer's variables (Adam's moments and step count), from the ``primary`` rank."""
+        """The weights and the optimizer's variables (its step count, Adam's moments or SGD's momentum), from the
+        ``primary`` rank."""
         if not primary:
             return
         directory = Path(directory)

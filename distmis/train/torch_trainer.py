@@ -25,7 +25,7 @@ the same numbers. Every epoch reports its steps' ``step_seconds`` and ``peak_mem
 performance-model shape (``perf_shape``), ``fom``, the seed's figure of merit ``b L s^2 d / step_seconds``.
 
 ``training.precision`` (:mod:`distmis.train.precision`): bf16 and fp16 train the fp32 network under autocast (fp32
-master weights, gradients and Adam state; the loss in fp32; fp16's loss scaler, whose state the checkpoint keeps),
+master weights, gradients and optimizer state; the loss in fp32; fp16's loss scaler, whose state the checkpoint keeps),
 and validate and predict under the same autocast with fp32 probabilities.
 """
 
@@ -34,10 +34,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -59,8 +58,10 @@ from distmis.spec.schema import Spec
 from distmis.train.epoch import (
     EpochMetrics, ValidationScores, checked_epoch, curriculum_metrics, trainer_targets, trial_parts,
 )
+from distmis.train.deep_supervision import DeepSupervisionLoss
 from distmis.train.inference import predict_channels_last, sliding_window
 from distmis.train.metering import StepMeter
+from distmis.train.optimizers import torch_optimizer
 from distmis.train.parallelism import InputShape, Parallelism, parallelism_for
 from distmis.train.precision import TorchPrecision
 from distmis.train.protocol import Window
@@ -118,21 +119,24 @@ class TorchTrainer:
             # what every training input and the inference window divide by (DynUNet plans its strides from it):
             # the tile, the whole volume without one, a curriculum's stages' greatest common divisor
             tile=network_tile(spec, self.volume_shape),  # type: ignore[arg-type]
-            activation=self.activation, spacing=tuple(float(v) for v in spacing) if spacing else None)
+            activation=self.activation, spacing=tuple(float(v) for v in spacing) if spacing else None,
+            deep_supervision=training.deep_supervision)
         # A network built for one input size predicts by windows of it; any other by the last stage's tile.
         self.window = (self.network_input.tile if self.entry.fixed_input
                        else self._check_tile(inference_window(training), self.volume_shape))
 
         loss = training.loss
         self.loss_fn = make_loss(loss.name, loss.smooth, activation=self.activation)  # on probabilities
-        # training.precision: the forward under autocast (bf16, fp16), the weights, gradients and Adam's state fp32,
+        # training.precision: the forward under autocast (bf16, fp16), the weights, gradients and optimizer state fp32,
         # the loss in fp32, fp16's loss scaled (distmis.train.precision); ValueError where the device cannot
         self.precision = TorchPrecision(training.precision, self.device)
         # A network that gives logits trains on them (BCE with logits for sigmoid targets, MONAI's DiceCELoss for
         # softmax ones); validation scores the probabilities either way.
-        self.train_loss_fn = self.precision.fp32_loss(
+        # training.deep_supervision: the network trains on a list of outputs, each scored on the target at its own
+        # resolution and weighed as nnU-Net does (distmis.train.deep_supervision); one output: the loss itself
+        self.train_loss_fn = DeepSupervisionLoss(self.precision.fp32_loss(
             make_loss(loss.name, loss.smooth, from_logits=True, activation=self.activation)
-            if self.entry.output == "logits" else self.loss_fn)
+            if self.entry.output == "logits" else self.loss_fn))
         self.parallelism: Parallelism = parallelism_for(self.entry, spec, mesh, self.device, self.train_loss_fn,
                                                         precision=self.precision)
 
@@ -142,11 +146,8 @@ class TorchTrainer:
         self.train_model = self.parallelism.apply(self.model, self._input_shape())
         self.num_parameters = count_trainable_parameters(self.model)
         self._predictions: dict[tuple, dict[str, float]] = {}  # predicted_step's, by stage input
-        opt = training.optimizer
-        self.optimizer = torch.optim.Adam(
-            self.train_model.parameters(), lr=self.layout.effective_lr, betas=(opt.beta1, opt.beta2), eps=opt.epsilon,
-            amsgrad=opt.amsgrad,
-        )
+        # training.optimizer's (distmis.train.optimizers) over the parameters this rank trains (a pipeline stage's own)
+        self.optimizer = torch_optimizer(self.train_model.parameters(), training.optimizer, self.layout.effective_lr)
         # training.lr_schedule at the layout's (data-parallel scaled) rate: set at each epoch's start or step
         self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
 
@@ -204,14 +205,30 @@ class TorchTrainer:
     # ------------------------------------------------------------------ data order
     @property
     def steps_per_epoch(self) -> int:
-        """Batches every rank trains on per epoch (the same on all ranks)."""
-        n = len(self.train_cases)
-        return max(1, math.ceil(n / (self.stage.batch_size * self.world_size)))
+        """Batches every rank trains on per epoch (the same on all ranks): ``training.steps_per_epoch``, or one pass
+        over the training cases."""
+        return self.spec.training.epoch_steps(len(self.train_cases), self.stage.batch_size, self.world_size)
 
     def epoch_order(self, epoch: int) -> list[int]:
-        """The permutation of training-case indices for ``epoch``: seeded, identical on every rank."""
-        generator = torch.Generator().manual_seed(self.spec.training.seed + epoch)
-        return torch.randperm(len(self.train_cases), generator=generator).tolist()
+        """The training-case indices of ``epoch``, in order: seeded, identical on every rank. One pass: a permutation
+        of the cases. With ``training.steps_per_epoch``: the epoch's stretch of an endless stream of seeded
+        permutations (pass ``p`` seeded by ``p``), ``steps x batch x replicas`` cases from ``epoch`` times that on,
+        so every case comes once per pass whatever the epochs' lengths."""
+        training = self.spec.training
+        n = len(self.train_cases)
+        if training.steps_per_epoch is None:
+            generator = torch.Generator().manual_seed(training.seed + epoch)
+            return torch.randperm(n, generator=generator).tolist()
+        length = training.steps_per_epoch * self.stage.batch_size * self.world_size
+        position = epoch * length
+        order: list[int] = []
+        while len(order) < length:
+            passed, offset = divmod(position, n)
+            generator = torch.Generator().manual_seed(training.seed * 1_000_003 + passed)
+            taken = torch.randperm(n, generator=generator).tolist()[offset:offset + length - len(order)]
+            order += taken
+            position += len(taken)
+        return order
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """This rank's batches of training-case indices for ``epoch`` (see :func:`shard_batches`)."""
@@ -369,19 +386,21 @@ class TorchTrainer:
         prob = self._probabilities(x.to(self.device))
         return prob.cpu().numpy().transpose(0, 2, 3, 4, 1)
 
-    def predict_volume(self, image: np.ndarray) -> np.ndarray:
+    def predict_volume(self, image: np.ndarray, *, mirror: Sequence[int] = ()) -> np.ndarray:
         """Probabilities (h, w, d, C) for one (h, w, d, 4) volume: whole, or by sliding windows of the (last
         curriculum stage's) tile, or of the network's input for a network built for one input size
-        (``training.inference``: overlap, constant or Gaussian weights)."""
-        return self.predict_with_window(image, self.window)
+        (``training.inference``: overlap, constant or Gaussian weights); each window test-time mirrored on the
+        axes ``mirror`` of the volume (default none: validation; the test split: ``training.inference.mirror``)."""
+        return self.predict_with_window(image, self.window, mirror=mirror)
 
     @torch.no_grad()
-    def predict_with_window(self, image: np.ndarray, window: Window) -> np.ndarray:
+    def predict_with_window(self, image: np.ndarray, window: Window, *, mirror: Sequence[int] = ()) -> np.ndarray:
         """:meth:`predict_volume` by sliding windows of ``window`` (None: the whole volume in one pass).
 
         A network built for one input size runs its windows on the device, the volume there too (every rank of an
         SP group runs the same windows and gets the whole result); any other gets each batch of channels-last
-        windows moved there (:func:`~distmis.train.inference.predict_channels_last`)."""
+        windows moved there (:func:`~distmis.train.inference.predict_channels_last`). ``mirror``: the axes (0, 1,
+        2 of ``(h, w, d)``) each window is mirrored on (:func:`distmis.pyfunc_model.mirrored`)."""
         self.model.eval()
         training = self.spec.training
         inference = training.inference
@@ -389,10 +408,10 @@ class TorchTrainer:
             x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(image, -1, 0), dtype=np.float32))[None]
             prob = sliding_window(self._probabilities, x.to(self.device), window, overlap=inference.overlap,
                                   mode=inference.mode, sigma_scale=inference.sigma_scale,
-                                  batch_size=training.inference_batch_size)
+                                  batch_size=training.inference_batch_size, mirror=mirror)
             return prob[0].permute(1, 2, 3, 0).cpu().numpy()
         return predict_channels_last(self._predict, image, window, inference=inference,
-                                     batch_size=training.inference_batch_size)
+                                     batch_size=training.inference_batch_size, mirror=mirror)
 
     @contextlib.contextmanager
     def weights_from(self, directory: str | Path) -> Iterator[None]:

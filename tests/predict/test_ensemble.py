@@ -297,7 +297,7 @@ def test_a_python_function_folder_saved_before_fold_ensembles_still_loads_and_pr
     stored = {k: v for k, v in stored.items() if k != "folds"} | {"version": 2}
     (folder / "artifacts" / "preprocessing.json").write_text(json.dumps(stored))
     mlmodel = yaml.safe_load((folder / "MLmodel").read_text())
-    params = [p for p in json.loads(mlmodel["signature"]["params"]) if p["name"] != "folds"]
+    params = [p for p in json.loads(mlmodel["signature"]["params"]) if p["name"] not in ("folds", "mirror")]
     mlmodel["signature"]["params"] = json.dumps(params)
     (folder / "MLmodel").write_text(yaml.safe_dump(mlmodel))
 

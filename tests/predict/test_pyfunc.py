@@ -120,7 +120,8 @@ def test_wrong_parameters_are_refused(params, message):
     assert pyfunc_model.check_params({"spacing": [1, 2, 3]}, {"layout": "msd"}) == {"spacing": (1.0, 2.0, 3.0),
                                                                                       "layout": "msd",
                                                                                       "orientation": None,
-                                                                                      "folds": None}
+                                                                                      "folds": None,
+                                                                                      "mirror": ()}
     assert pyfunc_model.check_params({"spacing": []}, {"layout": "brats"})["spacing"] is None
 
 

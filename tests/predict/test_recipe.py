@@ -68,3 +68,25 @@ def test_a_missing_or_broken_recipe_names_the_file(tmp_path: Path):
     (tmp_path / "preprocessing.json").write_text("{")
     with pytest.raises(RecipeError, match="is not valid JSON"):
         ModelRecipe.read(tmp_path / "preprocessing.json")
+
+
+def test_the_recipe_records_the_trials_test_time_mirroring(tmp_path: Path):
+    """``training.inference.mirror`` travels into the recipe (sorted) and its JSON; a spec with a bad one is refused
+    naming the field and what is allowed; a recipe with a bad one is not ours."""
+    from distmis.spec import SpecError
+
+    tree = small_spec_tree(tmp_path)
+    tree["training"]["inference"] = {"mirror": [2, 0]}
+    recipe = ModelRecipe.from_spec(validate_spec(tree), manifest(1, labels="whole-tumour"))
+    assert recipe.inference.mirror == (0, 2) and recipe.version == 5
+    stored = recipe.to_dict()
+    assert stored["inference"]["mirror"] == [0, 2]
+    assert ModelRecipe.read(recipe.write(tmp_path / "preprocessing.json")) == recipe
+    assert ModelRecipe.from_spec(validate_spec(small_spec_tree(tmp_path)),
+                                 manifest(1, labels="whole-tumour")).inference.mirror == ()  # default: off
+    for bad in ([3], [0, 0], "all"):
+        tree["training"]["inference"] = {"mirror": bad}
+        with pytest.raises(SpecError, match=r"training\.inference\.mirror: .*distinct spatial axes 0, 1, 2"):
+            validate_spec(tree)
+        with pytest.raises(RecipeError, match=r"inference mirror .*distinct spatial axes 0, 1, 2"):
+            ModelRecipe.from_dict(stored | {"inference": stored["inference"] | {"mirror": bad}})

@@ -263,3 +263,28 @@ def test_the_run_of_a_trial_tune_lost_is_set_aside_and_its_replacement_has_the_o
     assert len(client.search_runs([run.experiment_id], filter_string="tags.`distmis.role` = 'trial'")) == 4
     c001 = client.get_run(second.configuration_runs["c001"])
     assert c001.info.status == "FINISHED" and c001.data.metrics["cv_val_dice"] == pytest.approx(0.2)
+
+
+def test_with_a_moving_average_selection_the_run_ranks_by_it_and_a_resume_reads_it_back(tmp_path: Path):
+    """``search.selection: moving-average``: the trials report ``ema_val_dice`` beside ``val_dice``; the run logs it
+    and its best value and epoch are by it (as the loop keeps the weights), also for a resumed search's driver."""
+    tree = small_spec_tree(tmp_path / "data")
+    tree["search"]["selection"] = "moving-average"
+    spec = validate_spec(tree)
+    run = SearchRun(f"sqlite:///{tmp_path / 'mlflow.db'}", "tiny", run_name="tiny", searched=[],
+                    metric=spec.search.selected_metric, mode="max")
+    callback = run.trial_callback(spec)
+    t = trial("t_00000")
+    callback.on_trial_start(0, [], t)
+    for epoch, (dice, ema) in enumerate([(0.8, 0.8), (0.9, 0.81), (0.1, 0.739)], start=1):
+        callback.on_trial_result(0, [], t, {**result(epoch), "val_dice": dice, "ema_val_dice": ema})
+    callback.on_trial_complete(0, [], t)
+    assert callback.close()
+    run_id = callback.run_ids["t_00000"]
+    finished = run.client.get_run(run_id)
+    assert steps(run.client, run_id, "ema_val_dice") == [1, 2, 3]
+    assert finished.data.metrics["best_ema_val_dice"] == 0.81 and finished.data.metrics["best_epoch"] == 2
+    assert "best_val_dice" not in finished.data.metrics
+    again = run.trial_callback(spec)
+    again.adopt_existing_runs()
+    assert again.best == {"t_00000": (0.81, 2)}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -185,3 +187,93 @@ def test_bad_arguments(kwargs, match):
 def test_bad_channels_last_image():
     with pytest.raises(ValueError, match="image"):
         predict_channels_last(predict_last, np.zeros((8, 8, 8)), 4, inference=InferenceSpec(), batch_size=1)
+
+
+# ---------------------------------------------------------------- test-time mirroring
+def subsets(axes: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Every subset of ``axes``, the empty one included: 2 ** len(axes) of them."""
+    return [s for k in range(len(axes) + 1) for s in itertools.combinations(axes, k)]
+
+
+def mirrored_by_hand(axes: tuple[int, ...], first: int):
+    """A channels-first predictor computing, with numpy flips, the mean over every subset S of ``axes`` of
+    ``flip(predict(flip(w, S)), S)``: ``predict_first`` on torch windows (``first`` 2: axis a is dimension a + 2),
+    ``predict_last`` on numpy channels-last windows (``first`` 1)."""
+    def predict(w):
+        array = w.numpy() if isinstance(w, torch.Tensor) else w
+        outs = []
+        for subset in subsets(axes):
+            dims = tuple(a + first for a in subset)
+            flipped = np.ascontiguousarray(np.flip(array, dims))
+            out = predict_first(torch.from_numpy(flipped)).numpy() if first == 2 else predict_last(flipped)
+            outs.append(np.flip(out, dims))
+        mean = np.mean(outs, axis=0).astype(np.float32)
+        return torch.from_numpy(mean) if isinstance(w, torch.Tensor) else mean
+    return predict
+
+
+@pytest.mark.parametrize("axes", [(0,), (0, 2), (0, 1, 2)])
+def test_mirroring_is_the_mean_of_every_flipped_windows_prediction(axes):
+    """Each window's prediction is the mean of its 2^k flipped predictions, flipped back, before the windows are
+    blended: MONAI's sliding windows of the hand-made mean predictor, over a volume of many windows."""
+    volume = torch.rand(1, 3, 16, 12, 20, generator=torch.Generator().manual_seed(5))
+    seen: list[int] = []
+
+    def counted(w: torch.Tensor) -> torch.Tensor:
+        seen.append(w.shape[0])
+        return predict_first(w)
+
+    out = sliding_window(counted, volume, 8, overlap=0.5, mode="gaussian", batch_size=3, mirror=list(axes))
+    windows = sum(seen) // 2 ** len(axes)
+    assert windows > 1 and sum(seen) == windows * 2 ** len(axes)  # every window predicted 2^k times
+    close(out, reference(volume, (8, 8, 8), mirrored_by_hand(axes, 2), batch_size=3))
+    plain = sliding_window(predict_first, volume, 8, overlap=0.5, mode="gaussian", batch_size=3)
+    assert not torch.allclose(out, plain, atol=1e-3)  # the predictor is not symmetric: mirroring changes it
+
+
+def test_mirror_axes_are_the_volumes_spatial_axes():
+    """Axis 0 is H (tensor dimension 2 channels-first, 1 channels-last): a predictor that flipping H leaves alone
+    (a ramp along W only) is unchanged by mirroring on 0, and changed by mirroring on 1."""
+    def w_ramp(w: torch.Tensor) -> torch.Tensor:
+        return w[:, :1] + torch.arange(w.shape[3], dtype=torch.float32)[None, None, None, :, None]
+
+    volume = torch.rand(1, 2, 12, 10, 8, generator=torch.Generator().manual_seed(6))
+    plain = sliding_window(w_ramp, volume, (8, 6, 8), overlap=0.5)
+    close(sliding_window(w_ramp, volume, (8, 6, 8), overlap=0.5, mirror=[0]), plain)
+    close(sliding_window(w_ramp, volume, (8, 6, 8), overlap=0.5, mirror=[2]), plain)
+    assert not torch.allclose(sliding_window(w_ramp, volume, (8, 6, 8), overlap=0.5, mirror=[1]), plain, atol=1e-3)
+
+    image = np.ascontiguousarray(volume[0].permute(1, 2, 3, 0).numpy())  # the same volume channels-last
+
+    def w_ramp_last(w: np.ndarray) -> np.ndarray:
+        return (w[..., :1] + np.arange(w.shape[2], dtype=np.float32)[None, None, :, None, None]).astype(np.float32)
+
+    spec = InferenceSpec()
+    for window in ((8, 6, 8), None):
+        flat = predict_channels_last(w_ramp_last, image, window, inference=spec, batch_size=2)
+        close(predict_channels_last(w_ramp_last, image, window, inference=spec, batch_size=2, mirror=[0, 2]), flat)
+        assert not np.allclose(predict_channels_last(w_ramp_last, image, window, inference=spec, batch_size=2,
+                                                     mirror=[1]), flat, atol=1e-3)
+
+
+@pytest.mark.parametrize("axes", [(0,), (0, 2), (0, 1, 2)])
+@pytest.mark.parametrize("window", [(6, 8, 10), None])
+def test_channels_last_mirroring_is_the_mean_of_the_flipped_predictions(axes, window):
+    """The channels-last numpy side (the Keras networks, the torch trainers' ``_predict``): windows, or the whole
+    volume in one pass, mirrored on the volume's axes."""
+    image = np.random.default_rng(3).random((10, 12, 14, 3), dtype=np.float32)
+    spec = InferenceSpec(overlap=0.25)
+    out = predict_channels_last(predict_last, image, window, inference=spec, batch_size=2, mirror=axes)
+    by_hand = predict_channels_last(mirrored_by_hand(axes, 1), image, window, inference=spec, batch_size=2)
+    np.testing.assert_allclose(out, by_hand, atol=1e-5)
+    plain = predict_channels_last(predict_last, image, window, inference=spec, batch_size=2)
+    assert not np.allclose(out, plain, atol=1e-3)
+
+
+@pytest.mark.parametrize("mirror", [[3], [-1], [0, 0], ["0"], [0.0], [True], "0,1", [[0, 1]]])
+def test_bad_mirror_axes_are_refused(mirror):
+    with pytest.raises(ValueError, match=r"mirror .*distinct spatial axes 0, 1, 2"):
+        sliding_window(lambda w: w, torch.zeros(1, 1, 8, 8, 8), 4, mirror=mirror)
+    with pytest.raises(ValueError, match=r"mirror .*distinct spatial axes 0, 1, 2"):
+        predict_channels_last(predict_last, np.zeros((8, 8, 8, 3), np.float32), None, inference=InferenceSpec(),
+                              batch_size=1, mirror=mirror)

@@ -186,3 +186,14 @@ def test_a_restart_on_the_same_seed_keeps_tensorflows_kernel_cache(prepared, mon
     for a, b in zip(weights, fresh.model.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert order == [y.numpy().sum() for _, y in fresh.train_data]
+
+
+def test_a_fixed_number_of_steps_per_epoch_goes_on_through_the_passes(prepared):
+    """``training.steps_per_epoch``: each epoch takes that many batches from one endless, reshuffled stream."""
+    spec, data = prepared
+    trainer = built(with_changes(spec, steps_per_epoch=3), data.tfrecord_dir)  # 3 cases in batches of 2
+    assert trainer.steps_per_epoch == 3
+    trainer.train_epoch(1)
+    assert int(trainer.optimizer.iterations.numpy()) == 3  # 3 steps: a pass and a half
+    trainer.train_epoch(2)
+    assert int(trainer.optimizer.iterations.numpy()) == 6

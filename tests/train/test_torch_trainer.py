@@ -842,3 +842,30 @@ def test_a_prediction_that_cannot_be_made_never_stops_training(prepared, monkeyp
     metrics = trainer.run_epoch(1)
     assert metrics.predicted_step_memory_mb is None and metrics.peak_memory_mb is not None
     assert "no memory prediction for unet3d" in caplog.text and "an operation fake tensors lack" in caplog.text
+
+
+def test_a_fixed_number_of_steps_per_epoch_walks_through_seeded_passes(tmp_path):
+    """``training.steps_per_epoch``: every rank trains that many batches an epoch, and the epochs' cases, end to
+    end, are one permutation of the training cases after another."""
+    from distmis.search.prepare import prepare_data
+    from distmis.spec import validate_spec
+    from tests.conftest import small_spec_tree
+    from tests.train.torch_trainers import local_trainer, replica_trainer
+
+    tree = small_spec_tree(tmp_path / "data")
+    tree["dataset"]["synthetic"]["cases"] = 8  # 4 training cases
+    tree["model"]["framework"] = "torch"
+    tree["training"].update({"steps_per_epoch": 3, "tile": [8, 8, 8]})
+    spec = validate_spec(tree)
+    tfrecords = prepare_data(spec, tmp_path / "out", progress=False).tfrecord_dir
+    trainer = local_trainer(spec, tfrecords)
+    n = len(trainer.train_cases)
+    assert n == 4 and trainer.steps_per_epoch == 3
+    stream = [i for epoch in range(4) for i in trainer.epoch_order(epoch)]  # 4 epochs x 6 cases = 6 passes
+    assert len(stream) == 24
+    passes = [stream[k:k + n] for k in range(0, len(stream), n)]
+    assert all(sorted(p) == list(range(n)) for p in passes) and len({tuple(p) for p in passes}) > 1
+    assert [len(b) for b in trainer.epoch_batches(1)] == [2, 2, 2]
+    replicas = [replica_trainer(spec, tfrecords, rank=r, world_size=2) for r in (0, 1)]
+    assert [len(r.epoch_batches(1)) for r in replicas] == [3, 3]  # 3 steps on every replica: 12 cases an epoch
+    assert replicas[0].epoch_order(1) == replicas[1].epoch_order(1) and len(replicas[0].epoch_order(1)) == 12
