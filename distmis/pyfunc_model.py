@@ -52,7 +52,8 @@ __all__ = [
     "reoriented_spacing", "resampled_shape", "ANISOTROPY_THRESHOLD", "separate_axis", "resample", "nonzero_box",
     "preprocess_geometry", "prepare_volume", "prepare_image",
     "restore_probabilities", "network_artifact", "recipe_folds", "check_folds", "mean_probabilities",
-    "keras_float16", "keras_float32", "keras_runnable_here", "MIRROR_AXES", "check_mirror", "mirrored",
+    "keras_float16", "keras_float32", "keras_runnable_here", "largest_component", "check_postprocessing",
+    "postprocess_masks", "MIRROR_AXES", "check_mirror", "mirrored",
     "recipe_mirror",
 ]
 
@@ -340,12 +341,66 @@ def channel_masks(prob: np.ndarray, targets: dict[str, Any], threshold: float = 
     return prob >= threshold
 
 
-def probabilities_to_labels(prob: np.ndarray, targets: dict[str, Any], threshold: float = 0.5) -> np.ndarray:
+def largest_component(mask: np.ndarray) -> np.ndarray:
+    """``mask`` (boolean, 3-D) with all but its largest connected component removed (26-connectivity: voxels
+    touching at a face, an edge or a corner are connected; of equal largest ones the first in scan order); an empty
+    mask or one of a single component is returned as a copy."""
+    from scipy import ndimage
+
+    mask = np.asarray(mask, dtype=bool)
+    labelled, count = ndimage.label(mask, structure=np.ones((3, 3, 3), dtype=bool))
+    if count <= 1:
+        return mask.copy()
+    sizes = np.bincount(labelled.ravel())[1:]
+    return labelled == int(np.argmax(sizes)) + 1
+
+
+def check_postprocessing(postprocessing: Any, targets: dict[str, Any]) -> dict[str, Any]:
+    """A recipe's ``postprocessing``: ``{"foreground": bool, "channels": [key, ...]}``, the keys those of scored
+    channels of ``targets``; ``None`` or ``{}``: none. ValueError naming what is wrong."""
+    if not postprocessing:
+        return {"foreground": False, "channels": []}
+    if not isinstance(postprocessing, dict) or set(postprocessing) - {"foreground", "channels"}:
+        raise ValueError(f"postprocessing must be {{'foreground': bool, 'channels': [key, ...]}}, got {postprocessing!r}")
+    keys = [channel["key"] for channel in foreground(targets)]
+    channels = list(postprocessing.get("channels") or [])
+    unknown = [key for key in channels if key not in keys]
+    if unknown:
+        raise ValueError(f"postprocessing names channel(s) {unknown} the target scheme does not score; it scores {keys}")
+    return {"foreground": bool(postprocessing.get("foreground", False)), "channels": channels}
+
+
+def postprocess_masks(masks: np.ndarray, targets: dict[str, Any], postprocessing: dict[str, Any] | None) -> np.ndarray:
+    """:func:`channel_masks`' ``(H, W, D, C)`` masks after nnU-Net's postprocessing as cross-validation chose it
+    (``postprocessing``: :func:`check_postprocessing`): with ``foreground``, all but the largest connected component
+    of the scored channels together (the foreground as a whole) removed from every scored channel; then, for each
+    key of ``channels``, all but that channel's largest component removed from it. A softmax (``classes``) scheme's
+    removed voxels become background, so that every voxel still holds exactly one class."""
+    chosen = check_postprocessing(postprocessing, targets)
+    if not chosen["foreground"] and not chosen["channels"]:
+        return masks
+    out = np.array(masks, dtype=bool, copy=True)
+    scored = [i for i, channel in enumerate(targets["channels"]) if channel in foreground(targets)]
+    if chosen["foreground"]:
+        out[..., scored] &= largest_component(out[..., scored].any(axis=-1))[..., None]
+    keys = [channel["key"] for channel in targets["channels"]]
+    for key in chosen["channels"]:
+        index = keys.index(key)
+        out[..., index] = largest_component(out[..., index])
+    if targets["activation"] == "softmax":
+        out[..., 0] = ~out[..., 1:].any(axis=-1)
+    return out
+
+
+def probabilities_to_labels(prob: np.ndarray, targets: dict[str, Any], threshold: float = 0.5,
+                            postprocessing: dict[str, Any] | None = None) -> np.ndarray:
     """A label map ``(H, W, D)`` in the data set's values from per-channel probabilities ``(H, W, D, C)``. Softmax:
     each voxel takes the ``paint`` value of its most probable channel. Sigmoid: 0, then each channel at or above
     ``threshold`` painted with its value in order, so a later (inner) region wins, as nnU-Net's
-    ``regions_class_order``. uint8 when every value fits, else uint16."""
-    masks = channel_masks(prob, targets, threshold)
+    ``regions_class_order``. ``postprocessing``: the largest-component removals cross-validation chose
+    (:func:`postprocess_masks`), applied to the channels' masks before they are painted. uint8 when every value
+    fits, else uint16."""
+    masks = postprocess_masks(channel_masks(prob, targets, threshold), targets, postprocessing)
     paints = [int(channel["paint"]) for channel in targets["channels"]]
     dtype = np.uint8 if max(paints + [0]) <= 255 else np.uint16
     if targets["activation"] == "softmax":
@@ -802,14 +857,16 @@ def network_probabilities(network: Any, image: np.ndarray, recipe: dict[str, Any
 
 def segment(image: np.ndarray, recipe: dict[str, Any], probabilities: Callable[[np.ndarray], np.ndarray],
             layout: str | None = None, spacing: Sequence[float] | None = None,
-            axcodes: str | None = None) -> np.ndarray:
+            axcodes: str | None = None, postprocess: bool = True) -> np.ndarray:
     """The label map ``(H, W, D)`` of a raw image ``(H, W, D, C)`` in the data set's label values: preprocessed as the
     recipe says (:func:`prepare_image`: normalisation, reorientation, resampling to the target spacing, crop / pad,
     resize), ``probabilities`` (a preprocessed volume -> its ``(h, w, d, K)`` probabilities), every geometric step
     undone on the probabilities (:func:`restore_probabilities`), then thresholded or argmaxed and painted in the
     data set's label values (:func:`probabilities_to_labels`). ``spacing`` (mm) and ``axcodes`` (e.g. ``"LPS"``) describe
     the scan; a recipe that resamples or reorients needs them. ``layout``: for the brain-tumour label modes, whose
-    label values to write (default the training data's)."""
+    label values to write (default the training data's). ``postprocess``: the recipe's ``postprocessing`` (the
+    largest-component removals its cross-validation chose, :func:`postprocess_masks`; none in a recipe without
+    one) applied to the label map's masks on the scan's grid."""
     inputs, geometry = prepare_image(image, recipe, spacing, axcodes)
     prob = restore_probabilities(probabilities(inputs), recipe, geometry)
     targets = recipe_targets(recipe)
@@ -817,7 +874,8 @@ def segment(image: np.ndarray, recipe: dict[str, Any], probabilities: Callable[[
         if not brain_tumour(recipe):
             raise ValueError(f"layout {layout!r}: only a brain-tumour model writes another layout's label values")
         targets = legacy_targets(str(layout), str(targets["mode"]))
-    return probabilities_to_labels(prob, targets, float(recipe.get("threshold", 0.5)))
+    return probabilities_to_labels(prob, targets, float(recipe.get("threshold", 0.5)),
+                                   recipe.get("postprocessing") if postprocess else None)
 
 
 def load_network(path: str, framework: str) -> tuple[Any, str]:

@@ -25,8 +25,9 @@ __all__ = ["RECIPE_FILE", "ModelRecipe", "RecipeError"]
 
 #: File name of the recipe, in the model's folder (``extra_files/``) and on its trial run.
 RECIPE_FILE = "preprocessing.json"
-RECIPE_VERSION = 5  # 2: channels of any data set, per-channel normalisation, orientation, spacing, target scheme;
-#                    3: ``folds`` (a fold ensemble's networks); 4: ``crop_to_nonzero``; 5: ``inference.mirror``
+RECIPE_VERSION = 6  # 2: channels of any data set, per-channel normalisation, orientation, spacing, target scheme;
+#                    3: ``folds`` (a fold ensemble's networks); 4: ``crop_to_nonzero``; 5: ``inference.mirror``;
+#                    6: ``postprocessing``
 
 
 class RecipeError(ValueError):
@@ -100,6 +101,9 @@ class ModelRecipe:
         folds: the cross-validation folds of a fold ensemble, in the order of its networks (one network per fold,
             trained with that fold held out; the model averages their probabilities before thresholding or
             argmax); ``()``: one network (every recipe written before version 3).
+        postprocessing: the largest-connected-component removals a cross-validated search chose on its
+            out-of-fold predictions, ``{"foreground": bool, "channels": [key, ...]}``
+            (:func:`distmis.pyfunc_model.postprocess_masks`); None: none (every recipe before version 6).
     """
 
     framework: Literal["tensorflow", "torch"]
@@ -124,6 +128,7 @@ class ModelRecipe:
     threshold: float = 0.5
     spec_name: str = ""
     folds: tuple[int, ...] = ()
+    postprocessing: dict[str, Any] | None = None
     version: int = RECIPE_VERSION
 
     __hash__ = None  # type: ignore[assignment]  # holds dicts
@@ -145,6 +150,13 @@ class ModelRecipe:
         if config.num_classes != self.num_classes:
             raise RecipeError(f"labels {self.labels!r} means {config.num_classes} channel(s), "
                               f"but num_classes is {self.num_classes}")
+        if self.postprocessing is not None:
+            from distmis.pyfunc_model import check_postprocessing
+
+            try:
+                object.__setattr__(self, "postprocessing", check_postprocessing(self.postprocessing, self.scheme))
+            except ValueError as exc:
+                raise RecipeError(str(exc)) from None
 
     @property
     def preprocess_config(self) -> PreprocessConfig:
@@ -192,9 +204,11 @@ class ModelRecipe:
         return bool(self.folds)
 
     @classmethod
-    def from_spec(cls, spec: Any, manifest: DataManifest, folds: Sequence[int] = ()) -> ModelRecipe:
+    def from_spec(cls, spec: Any, manifest: DataManifest, folds: Sequence[int] = (),
+                  postprocessing: dict[str, Any] | None = None) -> ModelRecipe:
         """The recipe of a model trained by ``spec`` (a trial's, resolved) on the data of ``manifest``; ``folds``:
-        the folds of a fold ensemble, one network each, in the order of its networks (empty: one network)."""
+        the folds of a fold ensemble, one network each, in the order of its networks (empty: one network);
+        ``postprocessing``: what its cross-validation chose (None: none)."""
         from distmis.spec.curriculum import inference_window
 
         training = spec.training
@@ -215,6 +229,7 @@ class ModelRecipe:
                                         mirror=tuple(training.inference.mirror)),
             spec_name=spec.name,
             folds=tuple(int(f) if isinstance(f, numbers.Integral) and not isinstance(f, bool) else f for f in folds),
+            postprocessing=postprocessing,
         )
 
     # ------------------------------------------------------------------ the file

@@ -1,5 +1,5 @@
 """What a search ends with, besides its table: its best models scored on the test split, the best one as an MLflow
-model (logged, registered, and copied into the output folder), and a picture.
+model (logged, registered, and copied into the output folder: :mod:`distmis.search.publish`), and a picture.
 
 Runs in the driver once the trials are done. Each of the ``search.evaluate_top`` best trials (by the best value of
 the search metric) is rebuilt in this process, on one device (its weights do not depend on the layout it trained
@@ -32,7 +32,6 @@ from distmis.search.prepare import PreparedData
 from distmis.search.data_config import preprocess_config
 from distmis.spec.layout import resolve_trial
 from distmis.spec.schema import Spec
-from distmis.predict.registry import PublishedModel
 
 if TYPE_CHECKING:
     from distmis.data.layouts import CaseFiles
@@ -264,7 +263,8 @@ def evaluate_on_test(trainer: Trainer, spec: Spec, data: PreparedData, trial_id:
 
 def evaluate_ensemble_on_test(trainers: Mapping[int | None, Trainer], data: PreparedData, name: str,
                               spacings: dict[str, tuple[float, float, float]], *,
-                              mirror: Sequence[int] | None = None
+                              mirror: Sequence[int] | None = None,
+                              postprocessing: Mapping[str, object] | None = None
                               ) -> tuple[dict[int | None, TestEvaluation], TestEvaluation]:
     """Score each of ``trainers`` (fold -> its trial's trainer) and their ensemble on every test case: the
     ensemble's probabilities are the mean of theirs, thresholded (sigmoid) or argmaxed (softmax) after averaging,
@@ -274,22 +274,26 @@ def evaluate_ensemble_on_test(trainers: Mapping[int | None, Trainer], data: Prep
     ``mirror``: the axes each window is test-time mirrored on, as the published model predicts (None: the trials'
     own ``training.inference.mirror``, the first trainer's spec's: the folds of one configuration share it). When it
     names any, the cases are scored a second time without mirroring, kept as each evaluation's ``unmirrored``; each
-    way's prediction is timed (:attr:`TestEvaluation.seconds`; an ensemble's: its folds' added up)."""
+    way's prediction is timed (:attr:`TestEvaluation.seconds`; an ensemble's: its folds' added up).
+
+    ``postprocessing``: what cross-validation chose for the ensemble (:mod:`distmis.search.postprocessing`), applied
+    to the ensemble's masks as its published model applies it (each fold's own scores are of its network alone)."""
     from distmis.pyfunc_model import check_mirror
 
     if mirror is None:
         mirror = next(iter(trainers.values())).spec.training.inference.mirror
     axes = check_mirror(mirror, "training.inference.mirror")
-    each, ensemble = _score_test_split(trainers, data, name, spacings, axes or None)
+    each, ensemble = _score_test_split(trainers, data, name, spacings, axes or None, postprocessing)
     if not axes:
         return each, ensemble
-    each_plain, ensemble_plain = _score_test_split(trainers, data, name, spacings, ())
+    each_plain, ensemble_plain = _score_test_split(trainers, data, name, spacings, (), postprocessing)
     return ({fold: replace(found, mirror=axes, unmirrored=each_plain[fold]) for fold, found in each.items()},
             replace(ensemble, mirror=axes, unmirrored=ensemble_plain))
 
 
 def _score_test_split(trainers: Mapping[int | None, Trainer], data: PreparedData, name: str,
-                      spacings: dict[str, tuple[float, float, float]], mirror: tuple[int, ...] | None
+                      spacings: dict[str, tuple[float, float, float]], mirror: tuple[int, ...] | None,
+                      postprocessing: Mapping[str, object] | None = None
                       ) -> tuple[dict[int | None, TestEvaluation], TestEvaluation]:
     """:func:`evaluate_ensemble_on_test` of one way of predicting: every window mirrored on ``mirror`` (``()``:
     none, asked for; None: a trial without mirroring, whose trainers are asked as validation asks them,
@@ -297,13 +301,19 @@ def _score_test_split(trainers: Mapping[int | None, Trainer], data: PreparedData
     from distmis.data.tfrecord import iter_cases
     from distmis.train.epoch import trainer_targets
     from distmis.train.evaluation import case_metrics, score_names
+    from distmis.pyfunc_model import channel_masks, postprocess_masks
     from distmis.train.metrics import foreground_indices, foreground_masks
 
     targets = trainer_targets(data.manifest, data.tfrecord_dir)
     names, scored = score_names(targets), foreground_indices(targets)
 
-    def row(case_id: str, prob: np.ndarray, truth: np.ndarray) -> dict[str, object]:
-        return {"case": case_id, **case_metrics(foreground_masks(prob, targets), truth, spacings[case_id], names)}
+    def row(case_id: str, prob: np.ndarray, truth: np.ndarray, *, postprocessed: bool = False) -> dict[str, object]:
+        if postprocessed and postprocessing:
+            masks = postprocess_masks(channel_masks(prob, dict(targets)), dict(targets), dict(postprocessing))
+            found = masks[..., scored]
+        else:
+            found = foreground_masks(prob, targets)
+        return {"case": case_id, **case_metrics(found, truth, spacings[case_id], names)}
 
     def predict(trainer: Trainer, image: np.ndarray) -> tuple[np.ndarray, float]:
         start = time.perf_counter()
@@ -321,8 +331,8 @@ def _score_test_split(trainers: Mapping[int | None, Trainer], data: PreparedData
             seconds[fold].append(took)
         for fold, prob in probs.items():
             rows[fold].append(row(case_id, prob, truth))
-        ensemble.append(row(case_id, np.mean(list(probs.values()), axis=0), truth) if len(probs) > 1
-                        else rows[next(iter(probs))][-1])
+        ensemble.append(row(case_id, np.mean(list(probs.values()), axis=0), truth, postprocessed=True)
+                        if len(probs) > 1 or postprocessing else rows[next(iter(probs))][-1])
 
     def mean(values: Sequence[float]) -> float:
         return float(np.mean(values)) if len(values) else math.nan
@@ -331,63 +341,3 @@ def _score_test_split(trainers: Mapping[int | None, Trainer], data: PreparedData
                                  mean(seconds[fold])) for fold, found in rows.items()}
     total = [sum(case) for case in zip(*seconds.values())]  # the ensemble predicts with every fold
     return each, TestEvaluation(name, pd.DataFrame(ensemble), mean(total))
-
-
-def publish_model(trainers: Sequence[Trainer], model: BestModel | Candidate, spec: Spec, data: PreparedData, *,
-                  tracking_uri: str, trial_run_id: str | None, search_run_id: str, evaluation: TestEvaluation | None,
-                  folder: Path | None, register: bool, folds: Sequence[int] = ()) -> PublishedModel:
-    """Make the trial's loaded model usable: an MLflow model folder at ``folder`` (a copy that needs no tracking
-    store; a python_function model that needs no distmis either), the model logged on the trial's run, and, with ``register``, a new version of the search's registered
-    model with the test metrics as tags (see :mod:`distmis.predict.registry`).
-
-    ``trainers``: one per fold of ``folds`` (in that order), which make ONE model, a fold ensemble that averages
-    their probabilities; or, with ``folds`` empty, exactly one. The recipe is ``trainers[0].spec``'s.
-
-    The local copy is written first, so a tracking store that is away costs the logging and registration (the
-    returned model's ``error`` says why), not the model.
-    """
-    from distmis.predict.recipe import ModelRecipe
-    from distmis.predict.registry import log_model, model_files, save_model
-
-    if not trainers:
-        raise ValueError("publish_model needs a trainer (one per fold of a fold ensemble)")
-    recipe = ModelRecipe.from_spec(trainers[0].spec, data.manifest, folds=folds)
-    networks = [t.model for t in trainers]
-    with model_files(networks, recipe) as files:  # the networks exported once, for the copy and the store
-        local = save_model(networks, recipe, folder, files=files) if folder is not None else None
-        if trial_run_id is None:
-            return PublishedModel(local, None)
-        model_uri = None
-        try:
-            model_uri = log_model(networks, recipe, tracking_uri, trial_run_id, files=files)
-            if not register:
-                return PublishedModel(local, model_uri)
-            return _register(model_uri, model, spec, local, evaluation, tracking_uri, trial_run_id, search_run_id,
-                             folds=recipe.folds)
-        except Exception as exc:  # noqa: BLE001  (the store's errors, whatever its kind)
-            logger.warning("could not log or register the model of trial %s", model.trial_id, exc_info=True)
-            return PublishedModel(local, model_uri, error=f"{type(exc).__name__}: {exc}")
-
-
-def _register(model_uri: str, model: BestModel | Candidate, spec: Spec, local: Path | None,
-              evaluation: TestEvaluation | None, tracking_uri: str, trial_run_id: str, search_run_id: str, *,
-              folds: Sequence[int] = ()) -> PublishedModel:
-    """A new version of the search's registered model, tagged with the test metrics (or the search metric)."""
-    from distmis.predict.registry import register_model
-
-    metric, mode = spec.search.selected_metric, spec.search.mode
-    tags: dict[str, str] = {"distmis.search_run": search_run_id, "distmis.trial": model.trial_id,
-                            f"best_{metric}": f"{model.best_value:.6g}"}
-    score: tuple[str, float, str] = (f"best_{metric}", model.best_value, mode)
-    if evaluation is not None:
-        means = evaluation.means
-        tags.update({key: f"{value:.6g}" for key, value in means.items()})
-        key = "test_dice_mean" if "test_dice_mean" in means else f"test_dice_{evaluation.regions[0]}"
-        score = (key, means[key], "max")
-    description = (f"distmis search {spec.name!r}: trial {model.trial_id} ({metric} {model.best_value:.4f}"
-                   + (f"; test: {evaluation.summary()}" if evaluation is not None else "") + ")"
-                   + (f", fold ensemble of folds {', '.join(map(str, folds))}" if folds else ""))
-    name = spec.registered_model_name
-    version, best = register_model(tracking_uri, model_uri, name, run_id=trial_run_id, tags=tags, score=score,
-                                   description=description)
-    return PublishedModel(local, model_uri, name, version, best)

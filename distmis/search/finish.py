@@ -16,8 +16,9 @@ from typing import Any, Callable
 from distmis.predict.registry import PublishedModel
 from distmis.search.evaluate import (
     BestModel, Candidate, TestEvaluation, best_models, evaluate_ensemble_on_test, fold_candidates, loaded_trainer,
-    publish_model, test_spacings,
+    test_spacings,
 )
+from distmis.search.publish import publish_model
 from distmis.search.outcome import SearchOutcome
 from distmis.search.prepare import PreparedData
 from distmis.spec.schema import Spec
@@ -108,7 +109,7 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
                              ) -> BestModels:
     """What follows the trials: the ``search.evaluate_top`` best candidates scored on the test split (each on its
     own run; the best also on the search's run), the best one's overlay, and the best one's model published
-    (:func:`~distmis.search.evaluate.publish_model`; ``model_folder`` None: logged on its run, not copied nor
+    (:func:`~distmis.search.publish.publish_model`; ``model_folder`` None: logged on its run, not copied nor
     registered). A candidate is a finished trial, or with cross-validation folds a configuration whose every fold
     finished: its fold models predict as one ensemble (the mean of their probabilities), which is scored on the
     configuration's run, each fold on its own, and published. Only trials whose own final status is FINISHED count.
@@ -167,11 +168,13 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
                         raise _NotLoaded(model) from exc
                 if rank == 0:
                     _log_overlay(search_run, next(iter(trainers.values())))
+                chosen = _postprocessing(search_run, trainers, data, candidate, problem) if rank == 0 else None
                 evaluation = None
                 if evaluate:
                     try:
                         spacings = spacings or test_spacings(spec, data)
-                        each, evaluation = evaluate_ensemble_on_test(trainers, data, candidate.name, spacings)
+                        each, evaluation = evaluate_ensemble_on_test(trainers, data, candidate.name, spacings,
+                                                                     postprocessing=chosen)
                         if candidate.folds:  # each fold's own scores on its own run
                             for fold, fold_evaluation in each.items():
                                 _record_test(search_run, callback.run_ids.get(candidate.models[fold].trial_id),
@@ -185,7 +188,7 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
                     best = evaluation
                     ordered = [trainers[fold] for fold in candidate.folds] if candidate.folds else [trainers[None]]
                     published = _publish(ordered, candidate, spec, data, search_run, run_id, evaluation,
-                                         model_folder, problem)
+                                         model_folder, problem, chosen)
         except _NotLoaded as failure:
             model, exc = failure.model, failure.__cause__
             logger.warning("could not load trial %s's best weights", model.trial_id, exc_info=exc)
@@ -239,15 +242,41 @@ def _unrecorded(search_run: SearchRun, run_id: str, metrics: dict[str, float]) -
     return {key: value for key, value in metrics.items() if key not in held}
 
 
+def _postprocessing(search_run: SearchRun, trainers: dict[Any, Any], data: PreparedData, candidate: Candidate,
+                    problem: Callable[[str, str], None]) -> dict[str, Any] | None:
+    """A fold ensemble's postprocessing, chosen on its out-of-fold predictions (:mod:`distmis.search.postprocessing`)
+    and recorded on the search's run (the dice before and after, ``postprocessing.json``); None for one trial's
+    model, or when none helps. A failure is a ``problem`` (exit 1), and the model is published without any."""
+    if not candidate.folds:
+        return None
+    from distmis.search.postprocessing import choose_postprocessing
+
+    try:
+        choice = choose_postprocessing(trainers, data)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("could not choose the postprocessing of %s", candidate.name, exc_info=True)
+        problem(f"{_named(candidate)}: its postprocessing could not be chosen on its out-of-fold predictions: "
+                f"{type(exc).__name__}: {exc}", "distmis.postprocessing_error")
+        return None
+    logger.info("%s", choice.summary())
+    search_run.log_metrics(_unrecorded(search_run, search_run.run_id, choice.metrics()))
+    search_run.log_dict({**choice.postprocessing, "cases": choice.cases, "dice_before": choice.before,
+                         "dice_after": choice.after}, "postprocessing.json")
+    search_run.set_tag("distmis.postprocessing", choice.summary()[:500])
+    return choice.postprocessing if choice.applies else None
+
+
 def _publish(trainers: list[Any], candidate: Candidate, spec: Spec, data: PreparedData, search_run: SearchRun,
              run_id: str | None, evaluation: TestEvaluation | None, folder: Path | None,
-             problem: Callable[[str, str], None]) -> PublishedModel | None:
+             problem: Callable[[str, str], None], postprocessing: dict[str, Any] | None = None
+             ) -> PublishedModel | None:
     """The best candidate's model (one trial's, or a fold ensemble), saved, logged on ``run_id`` (its trial's or
     configuration's run) and registered; a failure is a ``problem`` (exit 1), not a raise."""
     try:
         published = publish_model(trainers, candidate, spec, data, tracking_uri=search_run.tracking_uri,
                                   trial_run_id=run_id, search_run_id=search_run.run_id,
                                   evaluation=evaluation, folder=folder, folds=candidate.folds,
+                                  postprocessing=postprocessing,
                                   register=folder is not None and spec.tracking.register_model)
     except Exception as exc:  # noqa: BLE001
         logger.warning("could not save, log or register the best model", exc_info=True)

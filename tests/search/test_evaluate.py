@@ -54,7 +54,8 @@ def test_a_bf16_trial_is_scored_as_its_published_model_predicts(tmp_path):
 
     from distmis.parallel.mesh import TrialMesh
     from distmis.predict.model import SegmentationModel
-    from distmis.search.evaluate import BestModel, loaded_trainer, publish_model
+    from distmis.search.evaluate import BestModel, loaded_trainer
+    from distmis.search.publish import publish_model
     from distmis.trial.trainers import build_trainer
     from distmis.spec.layout import resolve_trial
 
@@ -135,7 +136,8 @@ def test_a_mirrored_trial_is_scored_as_its_published_model_predicts(tmp_path):
     from distmis.data.tfrecord import iter_cases
     from distmis.parallel.mesh import TrialMesh
     from distmis.predict.model import SegmentationModel
-    from distmis.search.evaluate import BestModel, loaded_trainer, publish_model
+    from distmis.search.evaluate import BestModel, loaded_trainer
+    from distmis.search.publish import publish_model
     from distmis.spec.layout import resolve_trial
     from distmis.trial.trainers import build_trainer
 

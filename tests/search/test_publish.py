@@ -17,7 +17,8 @@ from distmis.models.unet3d_torch import UNet3D
 from distmis.predict.model import SegmentationModel
 from distmis.predict.registry import BEST_ALIAS
 from distmis.predict.resolve import model_folder
-from distmis.search.evaluate import BestModel, Candidate, TestEvaluation, publish_model
+from distmis.search.evaluate import BestModel, Candidate, TestEvaluation
+from distmis.search.publish import publish_model
 from distmis.search.finish import _record_test
 from distmis.spec import validate_spec
 from distmis.tracking.mlflow_tracking import SearchRun, default_tracking_uri
