@@ -60,28 +60,15 @@ def ensemble_probabilities(members: Sequence[np.ndarray]) -> np.ndarray:
     return np.mean(np.stack([np.asarray(member, dtype=np.float32) for member in members]), axis=0)
 
 
-def _dice(pred: np.ndarray, truth: np.ndarray) -> float:
-    """Dice of two boolean masks; 1 when both are empty (the test split's convention)."""
-    total = int(pred.sum()) + int(truth.sum())
-    return 1.0 if total == 0 else 2.0 * int(np.logical_and(pred, truth).sum()) / total
-
-
 def option_dice(probabilities: Mapping[str, np.ndarray], truth: np.ndarray, targets: Mapping[str, Any],
                 choices: Sequence[Option]) -> dict[Option, float]:
     """One case's mean dice over its scored channels for each option of ``choices``: ``probabilities`` each
     configuration's ``(h, w, d, C)``, ``truth`` the scored channels' true masks ``(h, w, d, K)``."""
-    from distmis.pyfunc_model import channel_masks, foreground
+    from distmis.train.metrics import foreground_masks, mask_dice
 
-    targets = dict(targets)
-    scored = [i for i, channel in enumerate(targets["channels"]) if channel in foreground(targets)]
-    if truth.shape[-1] != len(scored):
-        raise ValueError(f"the truth has {truth.shape[-1]} channel(s), the targets score {len(scored)}")
-    out = {}
-    for option in choices:
-        masks = channel_masks(ensemble_probabilities([probabilities[name] for name in option]), targets)
-        out[tuple(option)] = float(np.mean([_dice(masks[..., index], truth[..., k])
-                                            for k, index in enumerate(scored)]))
-    return out
+    return {tuple(option): float(mask_dice(foreground_masks(
+        ensemble_probabilities([probabilities[name] for name in option]), targets), truth).mean())
+        for option in choices}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ enough for every decision above, whatever the size of the data set.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,13 +30,7 @@ import numpy as np
 from distmis.search.prepare import PreparedData
 from distmis.train.protocol import Trainer
 
-__all__ = ["PostprocessingChoice", "choose_postprocessing", "out_of_fold_predictions", "decide"]
-
-
-def _dice(pred: np.ndarray, truth: np.ndarray) -> float:
-    """Dice of two boolean masks; 1 when both are empty (BraTS's convention, as the test scores)."""
-    total = int(pred.sum()) + int(truth.sum())
-    return 1.0 if total == 0 else 2.0 * int(np.logical_and(pred, truth).sum()) / total
+__all__ = ["PostprocessingChoice", "case_scores", "choose_postprocessing", "decide"]
 
 
 @dataclass(frozen=True)
@@ -95,40 +89,30 @@ def case_scores(prob: np.ndarray, truth: np.ndarray, targets: Mapping[str, Any])
     """The four dice per scored channel of one case (see :func:`decide`): ``prob`` its predicted probabilities
     ``(h, w, d, C)``, ``truth`` its scored channels' true masks ``(h, w, d, K)``."""
     from distmis.pyfunc_model import channel_masks, foreground, postprocess_masks
+    from distmis.train.metrics import foreground_indices, mask_dice
 
     targets = dict(targets)
     keys = [channel["key"] for channel in foreground(targets)]
-    scored = [i for i, channel in enumerate(targets["channels"]) if channel in foreground(targets)]
+    scored = foreground_indices(targets)
     masks = channel_masks(prob, targets)
     whole = postprocess_masks(masks, targets, {"foreground": True, "channels": []})
 
     def dice(found: np.ndarray) -> np.ndarray:
-        return np.array([_dice(found[..., index], truth[..., k]) for k, index in enumerate(scored)])
+        return mask_dice(found[..., scored], truth)
 
     def each_own(start: np.ndarray) -> np.ndarray:  # channel k's own removal on top of ``start``, k alone
-        return np.array([_dice(postprocess_masks(start, targets, {"foreground": False, "channels": [key]})[..., index],
-                               truth[..., k]) for k, (key, index) in enumerate(zip(keys, scored))])
+        return np.array([mask_dice(postprocess_masks(start, targets, {"foreground": False, "channels": [key]})
+                                   [..., index:index + 1], truth[..., k:k + 1])[0]
+                         for k, (key, index) in enumerate(zip(keys, scored))])
 
     return {"plain": dice(masks), "foreground": dice(whole), "own": each_own(masks), "foreground_own": each_own(whole)}
-
-
-def out_of_fold_predictions(trainers: Mapping[int, Trainer], data: PreparedData,
-                            mirror: Sequence[int]) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
-    """``(case_id, probabilities, label)`` of every case a fold ensemble's folds were validated on, each predicted by
-    the network of its own fold (``trainers``: fold -> its trainer), every window mirrored on ``mirror``."""
-    from distmis.data.split import fold_parts
-    from distmis.data.tfrecord import iter_cases
-
-    for fold, trainer in trainers.items():
-        _, val = fold_parts(data.manifest.split, fold)
-        for case_id, image, label in iter_cases(data.tfrecord_dir, val):
-            yield case_id, trainer.predict_volume(image, mirror=tuple(mirror)), np.asarray(label)
 
 
 def choose_postprocessing(trainers: Mapping[int, Trainer], data: PreparedData) -> PostprocessingChoice:
     """nnU-Net's postprocessing for a fold ensemble (``trainers``: fold -> its trainer, with its best weights),
     chosen on its out-of-fold predictions (see the module's docstring), mirrored as its trials' spec says."""
     from distmis.pyfunc_model import foreground
+    from distmis.search.configuration_ensemble import out_of_fold_cases
     from distmis.train.epoch import trainer_targets
     from distmis.train.metrics import foreground_indices
 
@@ -136,6 +120,6 @@ def choose_postprocessing(trainers: Mapping[int, Trainer], data: PreparedData) -
     keys = [channel["key"] for channel in foreground(dict(targets))]
     scored = foreground_indices(targets)
     mirror = next(iter(trainers.values())).spec.training.inference.mirror
-    scores = [case_scores(prob, label[..., scored] > 0.5, targets)
-              for _, prob, label in out_of_fold_predictions(trainers, data, mirror)]
+    scores = [case_scores(probabilities["model"], label[..., scored] > 0.5, targets)
+              for _, probabilities, label in out_of_fold_cases({"model": trainers}, data, mirror)]
     return decide(scores, keys)
