@@ -12,7 +12,11 @@ The model folder's artifacts: ``recipe`` (``preprocessing.json``, the dict of
 ``model.keras``). A fold ensemble (the recipe's ``folds``: one network per cross-validation fold) has one network
 artifact per fold instead, ``network_fold<i>`` for fold ``i`` (:func:`network_artifact`; files ``network_fold<i>.pt2``
 or ``model_fold<i>.keras``), and its probabilities are the mean of its folds' (:meth:`SegmentationModel.probabilities`),
-taken before they are thresholded or argmaxed; the ``folds`` parameter picks a subset of the folds.
+taken before they are thresholded or argmaxed; the ``folds`` parameter picks a subset of the folds. A configuration
+ensemble (the recipe's ``configurations``: the configurations a cross-validated search found best together, each with
+its own network, window and inference settings over the shared preprocessing) holds each configuration's networks as
+``network_c<j>`` or ``network_c<j>_fold<i>`` (:func:`network_artifacts`), and its probabilities are the mean of its
+configurations' (:func:`model_probabilities`).
 
 :meth:`SegmentationModel.predict` takes ONE case's raw image ``(H, W, D, C)`` (channels in the recipe's
 ``modalities`` order; ``params``: the case's ``spacing`` and ``orientation`` where the recipe resamples or
@@ -51,7 +55,8 @@ __all__ = [
     "channel_masks", "probabilities_to_labels", "normalize_channels", "check_axcodes", "reorient",
     "reoriented_spacing", "resampled_shape", "ANISOTROPY_THRESHOLD", "separate_axis", "resample", "nonzero_box",
     "preprocess_geometry", "prepare_volume", "prepare_image",
-    "restore_probabilities", "network_artifact", "recipe_folds", "check_folds", "mean_probabilities",
+    "restore_probabilities", "network_artifact", "recipe_folds", "recipe_configurations", "network_artifacts",
+    "model_probabilities", "check_folds", "mean_probabilities",
     "keras_float16", "keras_float32", "keras_runnable_here", "largest_component", "check_postprocessing",
     "postprocess_masks", "MIRROR_AXES", "check_mirror", "mirrored",
     "recipe_mirror",
@@ -62,14 +67,38 @@ __all__ = [
 RECIPE_ARTIFACT, NETWORK_ARTIFACT = "recipe", "network"
 
 
-def network_artifact(fold: int | None = None) -> str:
+def _index(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{what} is an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def network_artifact(fold: int | None = None, configuration: int | None = None) -> str:
     """The artifact name of a model's network: ``network`` for a single network (``fold`` None), ``network_fold<i>``
-    for the network of fold ``i`` of a fold ensemble."""
-    if fold is None:
-        return NETWORK_ARTIFACT
-    if isinstance(fold, bool) or not isinstance(fold, (int, np.integer)) or fold < 0:
-        raise ValueError(f"a fold is an integer >= 0, got {fold!r}")
-    return f"{NETWORK_ARTIFACT}_fold{int(fold)}"
+    for the network of fold ``i`` of a fold ensemble; in a configuration ensemble, configuration ``j``'s network
+    ``network_c<j>`` or ``network_c<j>_fold<i>``."""
+    name = NETWORK_ARTIFACT
+    if configuration is not None:
+        name = f"{name}_c{_index(configuration, 'a configuration')}"
+    return name if fold is None else f"{name}_fold{_index(fold, 'a fold')}"
+
+
+def recipe_configurations(recipe: dict[str, Any]) -> list[dict[str, Any]]:
+    """The recipe of each configuration of a model: a configuration ensemble's (its recipe's ``configurations``,
+    best ranked first), each the shared recipe with that configuration's own fields (``framework``, ``model``,
+    ``window``, ``output``, ``inference``) over it; ``[recipe]`` for a model of one configuration (every recipe
+    before version 7)."""
+    members = recipe.get("configurations") or ()
+    return [{**recipe, **member, "configurations": []} for member in members] or [recipe]
+
+
+def network_artifacts(recipe: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every network artifact of a model, in the order of its networks (configuration by configuration, and within
+    one fold by fold), each with the recipe of its configuration (:func:`recipe_configurations`)."""
+    folds: Sequence[int | None] = recipe_folds(recipe) or (None,)
+    members = recipe_configurations(recipe)
+    indices: Sequence[int | None] = range(len(members)) if recipe.get("configurations") else (None,)
+    return [(network_artifact(fold, index), member) for index, member in zip(indices, members) for fold in folds]
 
 
 def recipe_folds(recipe: dict[str, Any]) -> tuple[int, ...]:
@@ -1067,6 +1096,33 @@ def mean_probabilities(networks: Sequence[Any], image: np.ndarray, recipe: dict[
     return total
 
 
+def model_probabilities(networks: Sequence[Any], image: np.ndarray, recipe: dict[str, Any], device: str = "cpu",
+                        folds: Sequence[int] | None = None, mirror: Sequence[int] | None = None) -> np.ndarray:
+    """A model's float32 probabilities ``(h, w, d, K)`` of one preprocessed volume ``(h, w, d, C)``: ``networks``
+    in the order of :func:`network_artifacts`; each configuration's probabilities the mean of its folds' (those of
+    ``folds``, default all: :func:`check_folds`), and a configuration ensemble's the mean of its configurations'.
+    ``mirror``: the axes every window is mirrored on (None: each configuration's recipe's)."""
+    chosen = check_folds(folds, recipe)
+    held = recipe_folds(recipe)
+    members = recipe_configurations(recipe)
+    per_member = len(held) or 1
+    if len(networks) != per_member * len(members):
+        raise ValueError(f"{len(networks)} network(s) for a model of {len(members)} configuration(s) of "
+                         f"{per_member} network(s) each")
+    total: np.ndarray | None = None
+    for index, member in enumerate(members):
+        own = list(networks[index * per_member:(index + 1) * per_member])
+        if chosen is not None:
+            own = [own[held.index(fold)] for fold in chosen]
+        prob = mean_probabilities(own, image, member, device, mirror)
+        if len(members) == 1:
+            return prob
+        total = np.array(prob, dtype=np.float32) if total is None else total + prob
+    assert total is not None
+    total /= np.float32(len(members))
+    return total
+
+
 class SegmentationModel:
     """The recipe applied with its network, or its fold ensemble's networks: what MLflow's ``predict`` runs (see the
     module docstring).
@@ -1076,7 +1132,7 @@ class SegmentationModel:
     """
 
     recipe: dict[str, Any]
-    networks: list[Any]  # one; a fold ensemble's, one per fold of recipe_folds(recipe), in that order
+    networks: list[Any]  # one; a fold ensemble's or a configuration ensemble's, in network_artifacts(recipe)'s order
     device: str
 
     @property
@@ -1085,30 +1141,29 @@ class SegmentationModel:
         return recipe_folds(self.recipe)
 
     def load_context(self, context: Any) -> None:
-        """Read the recipe and load the network (a fold ensemble: every fold's) from the model's ``artifacts``
-        (``context.artifacts``)."""
+        """Read the recipe and load the network (a fold ensemble: every fold's; a configuration ensemble: every
+        configuration's) from the model's ``artifacts`` (``context.artifacts``)."""
         with open(context.artifacts[RECIPE_ARTIFACT], encoding="utf-8") as handle:
             self.recipe = json.load(handle)
-        names = [network_artifact(fold) for fold in self.folds] or [NETWORK_ARTIFACT]
-        missing = [name for name in names if name not in context.artifacts]
+        wanted = network_artifacts(self.recipe)
+        missing = [name for name, _ in wanted if name not in context.artifacts]
         if missing:
-            raise ValueError(f"the model's artifacts lack {missing}: its recipe names folds {list(self.folds)}, "
-                             f"its artifacts are {sorted(context.artifacts)}")
-        self.networks, devices = [], set()
-        for name in names:
-            network, device = load_network(context.artifacts[name], self.recipe["framework"])
+            raise ValueError(f"the model's artifacts lack {missing}: its recipe names folds {list(self.folds)} and "
+                             f"{len(recipe_configurations(self.recipe))} configuration(s), its artifacts are "
+                             f"{sorted(context.artifacts)}")
+        self.networks, self.device = [], "cpu"
+        for name, member in wanted:
+            network, device = load_network(context.artifacts[name], member["framework"])
             self.networks.append(network)
-            devices.add(device)
-        self.device = devices.pop()
+            self.device = device if member["framework"] == "torch" else self.device
 
     def probabilities(self, image: np.ndarray, folds: Sequence[int] | None = None,
                       mirror: Sequence[int] | None = None) -> np.ndarray:
         """Float32 probabilities ``(h, w, d, K)`` of one preprocessed volume ``(h, w, d, C)``: a fold ensemble's
-        the mean of its ``folds``' (default all; :func:`check_folds`); each window mirrored on the axes ``mirror``
-        (default the recipe's; :func:`mirrored`)."""
-        chosen = check_folds(folds, self.recipe)
-        networks = self.networks if chosen is None else [self.networks[self.folds.index(f)] for f in chosen]
-        return mean_probabilities(networks, image, self.recipe, self.device, mirror)
+        the mean of its ``folds``' (default all; :func:`check_folds`), a configuration ensemble's the mean of its
+        configurations' (:func:`model_probabilities`); each window mirrored on the axes ``mirror`` (default the
+        recipe's; :func:`mirrored`)."""
+        return model_probabilities(self.networks, image, self.recipe, self.device, folds, mirror)
 
     def predict(self, context, model_input, params=None):  # no type hints: MLflow would read a signature from them
         """The uint8 label map ``(H, W, D)`` of ONE case's raw image ``model_input`` ``(H, W, D, C)``.

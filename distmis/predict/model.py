@@ -13,7 +13,8 @@
 on a GPU when torch sees one; a Keras model trained in float16 is rebuilt in float32 where there is no GPU
 (:func:`distmis.pyfunc_model.keras_runnable_here`: TensorFlow has no float16 max pooling on a CPU), whatever code its
 folder holds. A fold ensemble (the recipe's ``folds``: one network per cross-validation fold, in a
-python_function folder) predicts the mean of its folds' probabilities, or of the ``folds`` asked for. Each window is
+python_function folder) predicts the mean of its folds' probabilities, or of the ``folds`` asked for; a configuration
+ensemble (the recipe's ``configurations``) the mean of its configurations'. Each window is
 test-time mirrored on the recipe's ``inference.mirror`` axes, or on the ``mirror`` asked for
 (:func:`distmis.pyfunc_model.mirrored`).
 """
@@ -70,7 +71,7 @@ def _torch_device() -> str:
 @dataclass
 class SegmentationModel:
     """A network and the recipe it was trained with. ``network``: the network; for a fold ensemble (``recipe.folds``)
-    the list of its networks, one per fold in that order. ``device``: where a torch network runs. ``pyfunc``: the
+    the list of its networks, one per fold in that order (a configuration ensemble: each configuration's in turn). ``device``: where a torch network runs. ``pyfunc``: the
     loaded MLflow model (``mlflow.pyfunc.PyFuncModel``) of a python_function model folder; None for a network given
     here or loaded from a folder saved before."""
 
@@ -80,12 +81,15 @@ class SegmentationModel:
     pyfunc: Any = None
 
     def __post_init__(self) -> None:
-        if self.recipe.folds and (not isinstance(self.network, (list, tuple))
-                                  or len(self.network) != len(self.recipe.folds)):
+        count = self.recipe.network_count
+        if count > 1 and (not isinstance(self.network, (list, tuple)) or len(self.network) != count):
             got = f"{len(self.network)} network(s)" if isinstance(self.network, (list, tuple)) else \
                 type(self.network).__name__
-            raise ValueError(f"a fold ensemble of folds {list(self.recipe.folds)} takes a list of "
-                             f"{len(self.recipe.folds)} network(s), one per fold in that order; got {got}")
+            folds = f"folds {list(self.recipe.folds)}" if self.recipe.folds else "one network each"
+            what = (f"a configuration ensemble of {len(self.recipe.members)} configurations ({folds})"
+                    if self.recipe.configurations else f"a fold ensemble of {folds}")
+            raise ValueError(f"{what} takes a list of {count} network(s), configuration by configuration and fold "
+                             f"by fold; got {got}")
 
     @property
     def folds(self) -> tuple[int, ...]:
@@ -94,8 +98,8 @@ class SegmentationModel:
 
     @property
     def networks(self) -> list[Any]:
-        """The model's networks: one, or a fold ensemble's, one per fold of :attr:`folds`."""
-        return list(self.network) if self.recipe.folds else [self.network]
+        """The model's networks: one, or an ensemble's (each configuration's, one per fold of :attr:`folds`)."""
+        return list(self.network) if self.recipe.network_count > 1 else [self.network]
 
     @property
     def mirror(self) -> tuple[int, ...]:
@@ -147,13 +151,15 @@ class SegmentationModel:
         inner = loaded.unwrap_python_model()
         # the folder's own code runs: one saved before fold ensembles holds ``network``, not ``networks``
         networks = getattr(inner, "networks", None) or [inner.network]
-        if recipe.framework == "tensorflow":  # code saved before it rebuilt a float16 Keras model for a CPU itself
-            networks = [pyfunc_model.keras_runnable_here(network) for network in networks]
+        frameworks = [member["framework"] for _, member in pyfunc_model.network_artifacts(recipe.to_dict())]
+        if "tensorflow" in frameworks:  # code saved before it rebuilt a float16 Keras model for a CPU itself
+            networks = [pyfunc_model.keras_runnable_here(network) if framework == "tensorflow" else network
+                        for network, framework in zip(networks, frameworks)]
             if hasattr(inner, "networks"):
                 inner.networks = networks
             else:
                 inner.network = networks[0]
-        return cls(recipe, list(networks) if recipe.folds else networks[0], inner.device, loaded)
+        return cls(recipe, list(networks) if recipe.network_count > 1 else networks[0], inner.device, loaded)
 
     @classmethod
     def _load_flavour(cls, folder: Path) -> SegmentationModel:
@@ -183,8 +189,7 @@ class SegmentationModel:
                 return inner.probabilities(image, chosen, axes)
             # a folder saved before test-time mirroring (or fold ensembles: its probabilities takes the image only)
             return inner.probabilities(image, chosen) if self.folds else inner.probabilities(image)
-        networks = self.networks if chosen is None else [self.networks[self.folds.index(f)] for f in chosen]
-        return pyfunc_model.mean_probabilities(networks, image, self.recipe.to_dict(), self.device, axes)
+        return pyfunc_model.model_probabilities(self.networks, image, self.recipe.to_dict(), self.device, chosen, axes)
 
     def _written_layout(self, layout: Layout | str | None) -> str:
         """Whose label values to write: a brain-tumour model (the BraTS regions or whole tumour of a BraTS layout or

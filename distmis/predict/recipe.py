@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import numbers
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -21,13 +21,15 @@ from distmis.data.layouts import MODALITIES
 from distmis.data.manifest import DataManifest
 from distmis.data.preprocess import PreprocessConfig
 
-__all__ = ["RECIPE_FILE", "ModelRecipe", "RecipeError"]
+__all__ = ["RECIPE_FILE", "MEMBER_FIELDS", "ModelRecipe", "RecipeError"]
 
 #: File name of the recipe, in the model's folder (``extra_files/``) and on its trial run.
 RECIPE_FILE = "preprocessing.json"
-RECIPE_VERSION = 6  # 2: channels of any data set, per-channel normalisation, orientation, spacing, target scheme;
+RECIPE_VERSION = 7  # 2: channels of any data set, per-channel normalisation, orientation, spacing, target scheme;
 #                    3: ``folds`` (a fold ensemble's networks); 4: ``crop_to_nonzero``; 5: ``inference.mirror``;
-#                    6: ``postprocessing``
+#                    6: ``postprocessing``; 7: ``configurations`` (a configuration ensemble's)
+#: What a configuration of a configuration ensemble has of its own (the rest of the recipe its configurations share).
+MEMBER_FIELDS = ("framework", "model", "window", "output", "inference")
 
 
 class RecipeError(ValueError):
@@ -104,6 +106,11 @@ class ModelRecipe:
         postprocessing: the largest-connected-component removals a cross-validated search chose on its
             out-of-fold predictions, ``{"foreground": bool, "channels": [key, ...]}``
             (:func:`distmis.pyfunc_model.postprocess_masks`); None: none (every recipe before version 6).
+        configurations: a configuration ensemble's configurations, best ranked first, each a dict of its ``name``
+            (its configuration in the search) and its own :data:`MEMBER_FIELDS` (``window`` a list, ``inference``
+            a dict), the first's equal to the recipe's own; the model's probabilities are the mean of theirs, each
+            its folds' mean (:func:`distmis.pyfunc_model.model_probabilities`); ``()``: one configuration (every
+            recipe before version 7). Made by :meth:`combined`; :attr:`members` gives each one's recipe.
     """
 
     framework: Literal["tensorflow", "torch"]
@@ -129,6 +136,7 @@ class ModelRecipe:
     spec_name: str = ""
     folds: tuple[int, ...] = ()
     postprocessing: dict[str, Any] | None = None
+    configurations: tuple[dict[str, Any], ...] = ()
     version: int = RECIPE_VERSION
 
     __hash__ = None  # type: ignore[assignment]  # holds dicts
@@ -157,6 +165,78 @@ class ModelRecipe:
                 object.__setattr__(self, "postprocessing", check_postprocessing(self.postprocessing, self.scheme))
             except ValueError as exc:
                 raise RecipeError(str(exc)) from None
+        if self.configurations:
+            self._check_configurations()
+
+    def _check_configurations(self) -> None:
+        """A configuration ensemble's configurations: 2 or more, named once each, each with exactly its name and
+        :data:`MEMBER_FIELDS`, each a valid recipe over the shared fields, the first the recipe's own."""
+        members = self.configurations
+        if not isinstance(members, tuple) or len(members) < 2 or not all(isinstance(m, dict) for m in members):
+            raise RecipeError(f"configurations must list 2 or more configurations (objects) of a configuration "
+                              f"ensemble, or be empty for one configuration; got {members!r}")
+        names = [member.get("name") for member in members]
+        if not all(isinstance(name, str) and name for name in names) or len(set(names)) != len(names):
+            raise RecipeError(f"the configurations of a configuration ensemble need distinct names, got {names}")
+        wanted = {"name", *MEMBER_FIELDS}
+        for member in members:
+            if set(member) != wanted:
+                raise RecipeError(f"configuration {member['name']!r} must hold exactly {sorted(wanted)}, got "
+                                  f"{sorted(member)}")
+        first = self.members[0]
+        if _member_fields(first) != _member_fields(replace(self, configurations=())):
+            raise RecipeError(f"the first configuration ({names[0]!r}) must be the recipe's own (its framework, "
+                              f"model, window, output and inference): {_member_fields(first)} differs from "
+                              f"{_member_fields(replace(self, configurations=()))}")
+
+    @property
+    def members(self) -> list[ModelRecipe]:
+        """Each configuration's own recipe (a configuration ensemble's, best ranked first), or ``[self]``."""
+        if not self.configurations:
+            return [self]
+        found = []
+        for member in self.configurations:
+            fields = {key: member[key] for key in MEMBER_FIELDS}
+            try:
+                fields["window"] = tuple(fields["window"])
+                fields["inference"] = InferenceSettings(**fields["inference"])
+                found.append(replace(self, configurations=(), **fields))
+            except (TypeError, RecipeError) as exc:
+                raise RecipeError(f"configuration {member.get('name')!r}: {exc}") from None
+        return found
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """A configuration ensemble's configurations' names (``()`` for one configuration)."""
+        return tuple(member["name"] for member in self.configurations)
+
+    @property
+    def network_count(self) -> int:
+        """How many networks the model holds: one per fold (or one) of each configuration."""
+        return len(self.members) * (len(self.folds) or 1)
+
+    @classmethod
+    def combined(cls, named: Sequence[tuple[str, ModelRecipe]]) -> ModelRecipe:
+        """The recipe of a configuration ensemble of ``named`` (its configurations' names and recipes, best
+        first), which must share everything but :data:`MEMBER_FIELDS` (one search's preprocessing, targets, folds
+        and postprocessing) and their test-time mirroring (``inference.mirror``); one configuration: its own
+        recipe."""
+        if not named:
+            raise RecipeError("a configuration ensemble needs a configuration")
+        if len(named) == 1:
+            return named[0][1]
+        shared = [_shared_fields(recipe) for _, recipe in named]
+        for (name, _), fields in zip(named[1:], shared[1:]):
+            differ = sorted(key for key in fields if fields[key] != shared[0][key])
+            if differ:
+                raise RecipeError(f"configuration {name!r} differs from {named[0][0]!r} in {differ}: the "
+                                  "configurations of an ensemble share their preprocessing, targets and folds")
+        mirrors = {name: recipe.inference.mirror for name, recipe in named}
+        if len(set(mirrors.values())) > 1:
+            raise RecipeError(f"the configurations of an ensemble mirror on the same axes (the model's mirror "
+                              f"parameter is one for all), got {mirrors}")
+        members = tuple({"name": name, **_member_fields(recipe)} for name, recipe in named)
+        return replace(named[0][1], configurations=members)
 
     @property
     def preprocess_config(self) -> PreprocessConfig:
@@ -238,6 +318,7 @@ class ModelRecipe:
         for key in ("window", "crop", "resize", "modalities", "spacing", "normalization", "folds"):
             out[key] = list(out[key]) if out[key] is not None else None
         out["inference"]["mirror"] = list(out["inference"]["mirror"])
+        out["configurations"] = [dict(member) for member in self.configurations]
         return out
 
     @classmethod
@@ -247,7 +328,8 @@ class ModelRecipe:
         data = dict(data)
         try:
             data["inference"] = InferenceSettings(**data.get("inference", {}))
-            for key in ("window", "crop", "resize", "modalities", "spacing", "normalization", "folds"):
+            for key in ("window", "crop", "resize", "modalities", "spacing", "normalization", "folds",
+                        "configurations"):
                 if data.get(key) is not None:
                     data[key] = tuple(data[key])
             return cls(**data)
@@ -273,3 +355,17 @@ class ModelRecipe:
             return cls.from_dict(data)
         except RecipeError as exc:
             raise RecipeError(f"{str(path)!r}: {exc}") from None
+
+
+def _member_fields(recipe: ModelRecipe) -> dict[str, Any]:
+    """A configuration's own fields (:data:`MEMBER_FIELDS`), as its recipe's JSON holds them."""
+    out = recipe.to_dict()
+    return {key: out[key] for key in MEMBER_FIELDS}
+
+
+def _shared_fields(recipe: ModelRecipe) -> dict[str, Any]:
+    """What the configurations of an ensemble share: the recipe's JSON but its :data:`MEMBER_FIELDS`, its
+    ``configurations``, ``spec_name`` and ``version``."""
+    out = recipe.to_dict()
+    return {key: value for key, value in out.items()
+            if key not in {*MEMBER_FIELDS, "configurations", "spec_name", "version"}}

@@ -7,7 +7,9 @@ normalisation, crop, resize, label mode, window and inference settings) and the 
 framework (torch: a ``torch.export`` program, ``artifacts/network.pt2``; TensorFlow: the Keras model file,
 ``artifacts/model.keras``). A fold ensemble (the recipe's ``folds``: one network per cross-validation fold) holds one
 network per fold instead (artifact ``network_fold<i>``, :func:`distmis.pyfunc_model.network_artifact`; files
-``network_fold<i>.pt2`` or ``model_fold<i>.keras``) and predicts the mean of their probabilities.
+``network_fold<i>.pt2`` or ``model_fold<i>.keras``) and predicts the mean of their probabilities; a configuration
+ensemble (the recipe's ``configurations``) holds each configuration's networks (``network_c<j>``,
+``network_c<j>_fold<i>``) and predicts the mean of its configurations' probabilities.
 ``mlflow.pyfunc.load_model(uri).predict(image)`` takes ONE case's raw image ``(H, W, D, C)`` and returns its label
 map, without distmis installed; ``distmis predict`` runs that same ``predict``. The folder also holds a signature
 (float32 ``(-1, -1, -1, C)`` in, uint8 ``(-1, -1, -1)`` out; params ``spacing``, ``orientation``, ``layout`` and
@@ -128,7 +130,7 @@ def model_requirements(recipe: ModelRecipe) -> list[str]:
     for a Keras model. Given, so that MLflow does not infer them."""
     wanted: list[tuple[str, tuple[str, ...]]] = [("mlflow", ("mlflow", "mlflow-skinny")), ("numpy", ("numpy",)),
                                                  ("scipy", ("scipy",)), ("torch", ("torch",)), ("monai", ("monai",))]
-    if recipe.framework == "tensorflow":
+    if any(member.framework == "tensorflow" for member in recipe.members):
         wanted += [("tensorflow", ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel")),
                    ("keras", ("keras",))]
     pins = []
@@ -139,39 +141,44 @@ def model_requirements(recipe: ModelRecipe) -> list[str]:
 
 
 #: The network's file in the model's artifacts, per framework (a fold ensemble's: ``network_fold<i>.pt2``,
-#: ``model_fold<i>.keras``, :func:`network_file`).
+#: ``model_fold<i>.keras``; a configuration ensemble's ``network_c<j>_fold<i>.pt2``, :func:`network_file`).
 NETWORK_FILES = {"torch": "network.pt2", "tensorflow": "model.keras"}
 
 
-def network_file(framework: str, fold: int | None = None) -> str:
-    """The file name of a network in the model's artifacts: :data:`NETWORK_FILES`'s, or for fold ``fold`` of a fold
-    ensemble its stem with ``_fold<i>`` (``network_fold2.pt2``, ``model_fold2.keras``)."""
-    name = NETWORK_FILES[framework]
-    if fold is None:
-        return name
-    stem, suffix = name.split(".", 1)
-    return f"{stem}_fold{int(fold)}.{suffix}"
+def network_file(framework: str, fold: int | None = None, configuration: int | None = None) -> str:
+    """The file name of a network in the model's artifacts: :data:`NETWORK_FILES`'s, with its artifact's suffixes
+    (:func:`distmis.pyfunc_model.network_artifact`): ``_c<j>`` for configuration ``j`` of a configuration ensemble,
+    ``_fold<i>`` for fold ``i`` of a fold ensemble (``network_fold2.pt2``, ``model_c1_fold2.keras``)."""
+    from distmis.pyfunc_model import NETWORK_ARTIFACT, network_artifact
+
+    stem, suffix = NETWORK_FILES[framework].split(".", 1)
+    return f"{stem}{network_artifact(fold, configuration)[len(NETWORK_ARTIFACT):]}.{suffix}"
 
 
 def check_networks(networks: Sequence[Any], recipe: ModelRecipe) -> list[Any]:
-    """``networks`` as a list, one per fold of ``recipe.folds`` (exactly one when the recipe has no folds);
-    ValueError otherwise."""
+    """``networks`` as a list, one per fold of ``recipe.folds`` (exactly one when the recipe has no folds) of each
+    configuration of ``recipe`` (configuration by configuration); ValueError otherwise."""
     if not isinstance(networks, (list, tuple)):
         raise ValueError(f"networks must be a list of networks (one per fold of recipe.folds, or exactly one), got "
                          f"{type(networks).__name__}: wrap a single network in a list")
-    wanted = len(recipe.folds) or 1
+    wanted = recipe.network_count
     if len(networks) != wanted:
-        what = (f"a fold ensemble of folds {list(recipe.folds)} takes {wanted} network(s), one per fold, in that "
-                "order" if recipe.folds else "a recipe without folds takes exactly one network")
+        what = (f"a fold ensemble of folds {list(recipe.folds)} takes {len(recipe.folds)} network(s), one per fold, "
+                "in that order" if recipe.folds else "a recipe without folds takes exactly one network")
+        if recipe.configurations:
+            what = (f"a configuration ensemble of {len(recipe.members)} configurations takes {wanted} network(s): "
+                    f"configuration by configuration, {what}")
         raise ValueError(f"{len(networks)} network(s) given: {what}")
     return list(networks)
 
 
-def _write_network(network: Any, recipe: ModelRecipe, folder: Path, fold: int | None = None) -> Path:
+def _write_network(network: Any, recipe: ModelRecipe, folder: Path, fold: int | None = None,
+                   configuration: int | None = None) -> Path:
     """The network as a file that needs only its framework: a ``torch.export`` program of the network in eval mode
-    on the CPU, for a batch of any number of windows (``.pt2``), or the Keras model file; ``fold``: the fold of a
-    fold ensemble it is the network of."""
-    path = folder / network_file(recipe.framework, fold)
+    on the CPU, for a batch of any number of windows (``.pt2``), or the Keras model file; ``recipe``: its
+    configuration's; ``fold``: the fold of a fold ensemble it is the network of, ``configuration``: the index of
+    its configuration in a configuration ensemble."""
+    path = folder / network_file(recipe.framework, fold, configuration)
     if recipe.framework == "tensorflow":
         from distmis.models.tf_layers import keras_portable
 
@@ -189,22 +196,30 @@ def _write_network(network: Any, recipe: ModelRecipe, folder: Path, fold: int | 
     return path
 
 
+def _network_slots(recipe: ModelRecipe) -> list[tuple[ModelRecipe, int | None, int | None]]:
+    """Each network's configuration recipe, fold and configuration index, in the order of the model's networks
+    (:func:`distmis.pyfunc_model.network_artifacts`)."""
+    folds: Sequence[int | None] = recipe.folds or (None,)
+    indices: Sequence[int | None] = range(len(recipe.members)) if recipe.configurations else (None,)
+    return [(member, fold, index) for index, member in zip(indices, recipe.members) for fold in folds]
+
+
 @dataclass(frozen=True)
 class ModelFiles:
     """A model's artifacts, written once (:func:`model_files`) for :func:`save_model` and :func:`log_model`."""
 
     recipe: ModelRecipe
     recipe_file: Path
-    network_files: tuple[Path, ...]  # one; a fold ensemble's, one per fold of recipe.folds, in that order
+    network_files: tuple[Path, ...]  # one; an ensemble's, in the order of network_artifacts(recipe)
 
     def artifacts(self) -> dict[str, str]:
-        """The MLflow model's artifacts: the recipe, and the network (``network``) or each fold's
-        (``network_fold<i>``)."""
+        """The MLflow model's artifacts: the recipe, and the network (``network``), or each fold's
+        (``network_fold<i>``) of each configuration's (``network_c<j>...``)."""
         from distmis import pyfunc_model
 
-        folds: Sequence[int | None] = self.recipe.folds or (None,)
+        names = [name for name, _ in pyfunc_model.network_artifacts(self.recipe.to_dict())]
         return {pyfunc_model.RECIPE_ARTIFACT: str(self.recipe_file),
-                **{pyfunc_model.network_artifact(fold): str(path) for fold, path in zip(folds, self.network_files)}}
+                **{name: str(path) for name, path in zip(names, self.network_files)}}
 
     def arguments(self) -> dict[str, Any]:
         """The keyword arguments of ``mlflow.pyfunc.save_model`` / ``log_model`` for this model."""
@@ -221,9 +236,9 @@ def model_files(networks: Sequence[Any], recipe: ModelRecipe) -> Iterator[ModelF
     """The recipe and the networks (one per fold of ``recipe.folds``, in that order; exactly one when it has none:
     :func:`check_networks`) written to a temporary folder (removed afterwards)."""
     networks = check_networks(networks, recipe)
-    folds: Sequence[int | None] = recipe.folds or (None,)
     with tempfile.TemporaryDirectory(prefix="distmis-model-") as tmp:
-        written = tuple(_write_network(network, recipe, Path(tmp), fold) for network, fold in zip(networks, folds))
+        written = tuple(_write_network(network, member, Path(tmp), fold, index)
+                        for network, (member, fold, index) in zip(networks, _network_slots(recipe)))
         yield ModelFiles(recipe, recipe.write(Path(tmp) / RECIPE_FILE), written)
 
 

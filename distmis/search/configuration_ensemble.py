@@ -10,28 +10,27 @@ scored on those predictions against their truth:
 - each ensemble of 2 to :data:`LARGEST` of them, whose probabilities are the mean of its members' (each member
   itself the mean of its folds' networks: the published model's rule, one level up).
 
-The option of the highest mean dice over the cases and the scored channels wins; an ensemble wins only where it
-beats every single configuration (a tie keeps the single one: one configuration's model is cheaper to apply). The
+An ensemble is chosen only where its mean dice over the cases and the scored channels beats every single
+configuration's (a tie keeps the single one: one configuration's model is cheaper to apply); otherwise the model is
+the search's best configuration alone, as its cross-validation ranked it (the ranking, the results table and the
+model agree). The
 configurations share the search's prepared data, so their out-of-fold probabilities are of the same voxels.
 
-Each case is predicted once by each configuration and its probabilities dropped once its dice are counted: what is
-kept is one mean dice per option and case, whatever the size of the data set.
+The predictions are made, and this module's :func:`decide` called, by :func:`distmis.search.model_choice.choose_model`,
+which chooses the postprocessing of the chosen option on the same predictions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
 import numpy as np
 
-from distmis.search.prepare import PreparedData
-from distmis.train.protocol import Trainer
 
-__all__ = ["LARGEST", "EnsembleChoice", "choose_configuration_ensemble", "decide", "ensemble_probabilities",
-           "option_dice", "options", "out_of_fold_cases"]
+__all__ = ["LARGEST", "EnsembleChoice", "decide", "ensemble_probabilities", "option_dice", "options"]
 
 #: The most configurations an ensemble holds (nnU-Net's 2, Auto3DSeg's up to 5; 3 keeps a model affordable).
 LARGEST = 3
@@ -82,17 +81,18 @@ class EnsembleChoice:
 
     @property
     def best_single(self) -> Option:
-        return max((option for option in self.scores if len(option) == 1), key=lambda option: self.scores[option])
+        """The search's best configuration (the first single option: its cross-validation's ranking)."""
+        return next(option for option in self.scores if len(option) == 1)
 
     @property
     def is_ensemble(self) -> bool:
         return len(self.members) > 1
 
     def metrics(self) -> dict[str, float]:
-        """The search run's figures: ``cv_oof_dice_<a>`` for a configuration, ``cv_oof_dice_<a>+<b>`` for an
-        ensemble, and ``cv_oof_dice_chosen``."""
-        out = {f"cv_oof_dice_{'+'.join(option)}": value for option, value in self.scores.items()}
-        out["cv_oof_dice_chosen"] = self.scores[self.members]
+        """The search run's figures: ``cv_oof_dice_of_<a>`` for a configuration, ``cv_oof_dice_of_<a>-<b>`` for
+        an ensemble (MLflow's metric names hold no ``+``), and ``cv_oof_dice_of_chosen``."""
+        out = {f"cv_oof_dice_of_{'-'.join(option)}": value for option, value in self.scores.items()}
+        out["cv_oof_dice_of_chosen"] = self.scores[self.members]
         return out
 
     def table(self) -> list[dict[str, Any]]:
@@ -104,59 +104,25 @@ class EnsembleChoice:
     def summary(self) -> str:
         single = self.best_single
         if not self.is_ensemble:
-            return (f"configuration {single[0]} alone: no ensemble of its top configurations beat its out-of-fold "
-                    f"dice {self.scores[single]:.4f} on {self.cases} case(s)")
+            return (f"configuration {single[0]} alone (out-of-fold dice {self.scores[single]:.4f} on {self.cases} "
+                    f"case(s)): no ensemble of the top configurations beat each of them alone")
         return (f"an ensemble of configurations {', '.join(self.members)}: out-of-fold dice "
                 f"{self.scores[self.members]:.4f} against {self.scores[single]:.4f} for {single[0]} alone, on "
                 f"{self.cases} case(s)")
 
 
 def decide(per_case: Sequence[Mapping[Option, float]], choices: Sequence[Option]) -> EnsembleChoice:
-    """The option of the highest mean dice over the cases (:func:`option_dice` each); an ensemble only where it
-    beats every single configuration, and of two ensembles of equal dice the smaller."""
+    """The ensemble of the highest mean dice over the cases (:func:`option_dice` each) where it beats every single
+    configuration (of two ensembles of equal dice the smaller); else the search's best configuration, the first
+    single option of ``choices`` (:func:`options`: the search's ranking), which its cross-validation ranked first."""
     if not per_case:
         raise ValueError("no out-of-fold case to compare the configurations on")
     scores = {tuple(option): float(np.mean([case[tuple(option)] for case in per_case])) for option in choices}
     singles = [option for option in scores if len(option) == 1]
     if not singles:
         raise ValueError("the options hold no single configuration to compare the ensembles with")
-    best = max(singles, key=lambda option: scores[option])
+    best, bar = singles[0], max(scores[option] for option in singles)
     for option in sorted(scores, key=len):
-        if len(option) > 1 and scores[option] > scores[best]:
-            best = option
+        if len(option) > 1 and scores[option] > bar:
+            best, bar = option, scores[option]
     return EnsembleChoice(best, scores, len(per_case))
-
-
-def out_of_fold_cases(configurations: Mapping[str, Mapping[int, Trainer]], data: PreparedData,
-                      mirror: Sequence[int]) -> Iterator[tuple[str, dict[str, np.ndarray], np.ndarray]]:
-    """``(case_id, {configuration: probabilities}, label)`` of every case a fold was validated on, each
-    configuration's by its network of that fold (``configurations``: name -> fold -> trainer, the same folds for
-    all), every window mirrored on ``mirror``."""
-    from distmis.data.split import fold_parts
-    from distmis.data.tfrecord import iter_cases
-
-    folds = {tuple(sorted(trainers)) for trainers in configurations.values()}
-    if len(folds) != 1:
-        raise ValueError(f"the configurations do not share their folds: {sorted(folds)}")
-    for fold in next(iter(folds)):
-        _, val = fold_parts(data.manifest.split, fold)
-        for case_id, image, label in iter_cases(data.tfrecord_dir, val):
-            yield case_id, {name: trainers[fold].predict_volume(image, mirror=tuple(mirror))
-                            for name, trainers in configurations.items()}, np.asarray(label)
-
-
-def choose_configuration_ensemble(configurations: Mapping[str, Mapping[int, Trainer]],
-                                  data: PreparedData) -> EnsembleChoice:
-    """The best of the top configurations (``configurations``: name -> fold -> trainer with its best weights, best
-    ranked first) alone or ensembled (see the module's docstring), on their out-of-fold predictions."""
-    from distmis.train.epoch import trainer_targets
-    from distmis.train.metrics import foreground_indices
-
-    targets = trainer_targets(data.manifest, data.tfrecord_dir)
-    scored = foreground_indices(targets)
-    choices = options(list(configurations))
-    first = next(iter(next(iter(configurations.values())).values()))
-    per_case = [option_dice(probabilities, label[..., scored] > 0.5, targets, choices)
-                for _, probabilities, label in out_of_fold_cases(configurations, data,
-                                                                  first.spec.training.inference.mirror)]
-    return decide(per_case, choices)

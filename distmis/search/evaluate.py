@@ -22,7 +22,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
@@ -261,11 +261,11 @@ def evaluate_on_test(trainer: Trainer, spec: Spec, data: PreparedData, trial_id:
                                      mirror=spec.training.inference.mirror)[1]
 
 
-def evaluate_ensemble_on_test(trainers: Mapping[int | None, Trainer], data: PreparedData, name: str,
+def evaluate_ensemble_on_test(trainers: Mapping[Hashable, Trainer], data: PreparedData, name: str,
                               spacings: dict[str, tuple[float, float, float]], *,
                               mirror: Sequence[int] | None = None,
                               postprocessing: Mapping[str, object] | None = None
-                              ) -> tuple[dict[int | None, TestEvaluation], TestEvaluation]:
+                              ) -> tuple[dict[Hashable, TestEvaluation], TestEvaluation]:
     """Score each of ``trainers`` (fold -> its trial's trainer) and their ensemble on every test case: the
     ensemble's probabilities are the mean of theirs, thresholded (sigmoid) or argmaxed (softmax) after averaging,
     as the fold ensemble's MLflow model predicts. Returns each one's scores (named after ``name`` and the fold) and
@@ -291,10 +291,10 @@ def evaluate_ensemble_on_test(trainers: Mapping[int | None, Trainer], data: Prep
             replace(ensemble, mirror=axes, unmirrored=ensemble_plain))
 
 
-def _score_test_split(trainers: Mapping[int | None, Trainer], data: PreparedData, name: str,
+def _score_test_split(trainers: Mapping[Hashable, Trainer], data: PreparedData, name: str,
                       spacings: dict[str, tuple[float, float, float]], mirror: tuple[int, ...] | None,
                       postprocessing: Mapping[str, object] | None = None
-                      ) -> tuple[dict[int | None, TestEvaluation], TestEvaluation]:
+                      ) -> tuple[dict[Hashable, TestEvaluation], TestEvaluation]:
     """:func:`evaluate_ensemble_on_test` of one way of predicting: every window mirrored on ``mirror`` (``()``:
     none, asked for; None: a trial without mirroring, whose trainers are asked as validation asks them,
     ``predict_volume(image)``)."""
@@ -320,8 +320,8 @@ def _score_test_split(trainers: Mapping[int | None, Trainer], data: PreparedData
         prob = trainer.predict_volume(image) if mirror is None else trainer.predict_volume(image, mirror=mirror)
         return prob, time.perf_counter() - start
 
-    rows: dict[int | None, list[dict[str, object]]] = {fold: [] for fold in trainers}
-    seconds: dict[int | None, list[float]] = {fold: [] for fold in trainers}
+    rows: dict[Hashable, list[dict[str, object]]] = {fold: [] for fold in trainers}
+    seconds: dict[Hashable, list[float]] = {fold: [] for fold in trainers}
     ensemble: list[dict[str, object]] = []
     for case_id, image, label in iter_cases(data.tfrecord_dir, "test"):
         truth = np.asarray(label)[..., scored] > 0.5

@@ -11,17 +11,21 @@ import logging
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
+
+import pandas as pd
 
 from distmis.predict.registry import PublishedModel
 from distmis.search.evaluate import (
     BestModel, Candidate, TestEvaluation, best_models, evaluate_ensemble_on_test, fold_candidates, loaded_trainer,
     test_spacings,
 )
+from distmis.search.configuration_ensemble import LARGEST
 from distmis.search.publish import publish_model
 from distmis.search.outcome import SearchOutcome
 from distmis.search.prepare import PreparedData
 from distmis.spec.schema import Spec
+from distmis.train.protocol import Trainer
 from distmis.tracking.datasets import TrackedData
 from distmis.tracking.figures import learning_curves_figure
 from distmis.tracking.mlflow_tracking import MLflowTrialCallback, SearchRun
@@ -112,7 +116,11 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
     (:func:`~distmis.search.publish.publish_model`; ``model_folder`` None: logged on its run, not copied nor
     registered). A candidate is a finished trial, or with cross-validation folds a configuration whose every fold
     finished: its fold models predict as one ensemble (the mean of their probabilities), which is scored on the
-    configuration's run, each fold on its own, and published. Only trials whose own final status is FINISHED count.
+    configuration's run, each fold on its own, and published; unless the best configuration's out-of-fold
+    predictions, and its runners-up's (:data:`~distmis.search.configuration_ensemble.LARGEST` in all), choose a
+    configuration ensemble (:func:`_choose_model`), which is then scored on the search's run and published in its
+    place, with the postprocessing chosen on the same predictions. Only trials whose own final status is FINISHED
+    count.
 
     Returns (:class:`BestModels`) the best's scores (None if none), a note for the user, where the model went, and
     the problems: what could not be done (a model that did not load, a test split that could not be scored, a
@@ -129,12 +137,14 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
         notes.append(text)
         search_run.set_tag(tag, text[:500])
 
+    runners_up: list[Candidate] = []  # a cross-validated search's next best configurations, to ensemble
     if spec.cv_folds:
         models = best_models(grid, callback.last_checkpoint, callback.configs, callback.best, spec.search.mode,
                              top=len(finished), finished=finished)
         means = {configuration: result.mean for configuration, result in callback.cv.items()}
-        candidates = fold_candidates(models, callback.trial_folds, means, spec.cv_folds, spec.search.mode,
-                                     top=max(top, 1))
+        ranked = fold_candidates(models, callback.trial_folds, means, spec.cv_folds, spec.search.mode,
+                                 top=max(top, 1, LARGEST))
+        candidates, runners_up = ranked[:max(top, 1)], ranked[1:LARGEST]
         unit = "configuration whose every fold finished"
     else:
         candidates = [Candidate.of(model) for model in best_models(
@@ -166,20 +176,31 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
                         trainers[fold] = stack.enter_context(loaded_trainer(model, spec, data))
                     except Exception as exc:  # noqa: BLE001  (its weights could not be loaded)
                         raise _NotLoaded(model) from exc
+                chosen = _Chosen({candidate.name: trainers}, None)
                 if rank == 0:
                     _log_overlay(search_run, next(iter(trainers.values())))
-                chosen = _postprocessing(search_run, trainers, data, candidate, problem) if rank == 0 else None
+                    if candidate.folds:
+                        others = _loaded_runners_up(runners_up, spec, data, stack)
+                        chosen = _choose_model(search_run, {candidate.name: trainers, **others}, data, candidate,
+                                               problem)
+                alone = chosen.members == (candidate.name,)  # the candidate alone is what is published
                 evaluation = None
                 if evaluate:
                     try:
                         spacings = spacings or test_spacings(spec, data)
-                        each, evaluation = evaluate_ensemble_on_test(trainers, data, candidate.name, spacings,
-                                                                     postprocessing=chosen)
+                        each, evaluation = evaluate_ensemble_on_test(
+                            trainers, data, candidate.name, spacings,
+                            postprocessing=chosen.postprocessing if alone else None)
                         if candidate.folds:  # each fold's own scores on its own run
                             for fold, fold_evaluation in each.items():
                                 _record_test(search_run, callback.run_ids.get(candidate.models[fold].trial_id),
-                                             fold_evaluation, candidate.models[fold], best=False, data=callback.data)
-                        _record_test(search_run, run_id, evaluation, candidate, best=rank == 0, data=callback.data)
+                                             fold_evaluation, candidate.models[fold].trial_id, best=False,
+                                             data=callback.data)
+                        _record_test(search_run, run_id, evaluation, candidate.trial_id, best=rank == 0 and alone,
+                                     data=callback.data)
+                        if not alone:  # the configuration ensemble chosen, scored on the search's run
+                            evaluation = _evaluate_chosen(chosen, data, spacings)
+                            _record_test(search_run, None, evaluation, evaluation.trial_id, best=True)
                     except Exception as exc:  # noqa: BLE001
                         logger.warning("could not evaluate %s on the test split", candidate.name, exc_info=True)
                         problem(f"{_named(candidate)} could not be scored on the test split: "
@@ -216,19 +237,21 @@ def _where(checkpoint: Any) -> str:
     return str(getattr(checkpoint, "path", checkpoint))
 
 
-def _record_test(search_run: SearchRun, run_id: str | None, evaluation: TestEvaluation, model: Any, *,
+def _record_test(search_run: SearchRun, run_id: str | None, evaluation: TestEvaluation, name: str, *,
                  best: bool, data: TrackedData | None = None) -> None:
+    """``evaluation``'s test scores on ``run_id`` (None: none), and with ``best`` on the search's run, whose tag
+    ``distmis.test_trial`` names what was scored (``name``: a trial, a configuration, or an ensemble's)."""
     csv = format_results(evaluation.cases, "csv")
     if run_id is not None:
         search_run.log_metrics(_unrecorded(search_run, run_id, evaluation.means), run_id=run_id)
         if data is not None:  # the test part, as a dataset input of the run it scored
             search_run.log_inputs(data.test_inputs(), run_id=run_id)
-        search_run.writer.submit(f"test_cases.csv ({model.trial_id})",
+        search_run.writer.submit(f"test_cases.csv ({name})",
                                  lambda: search_run.client.log_text(run_id, csv, "test_cases.csv"))
     if best:
         search_run.log_metrics(_unrecorded(search_run, search_run.run_id, evaluation.means))
         search_run.log_text(csv, "test_cases.csv")
-        search_run.set_tag("distmis.test_trial", model.trial_id)
+        search_run.set_tag("distmis.test_trial", name)
 
 
 def _unrecorded(search_run: SearchRun, run_id: str, metrics: dict[str, float]) -> dict[str, float]:
@@ -242,41 +265,91 @@ def _unrecorded(search_run: SearchRun, run_id: str, metrics: dict[str, float]) -
     return {key: value for key, value in metrics.items() if key not in held}
 
 
-def _postprocessing(search_run: SearchRun, trainers: dict[Any, Any], data: PreparedData, candidate: Candidate,
-                    problem: Callable[[str, str], None]) -> dict[str, Any] | None:
-    """A fold ensemble's postprocessing, chosen on its out-of-fold predictions (:mod:`distmis.search.postprocessing`)
-    and recorded on the search's run (the dice before and after, ``postprocessing.json``); None for one trial's
-    model, or when none helps. A failure is a ``problem`` (exit 1), and the model is published without any."""
-    if not candidate.folds:
-        return None
-    from distmis.search.postprocessing import choose_postprocessing
+@dataclass(frozen=True)
+class _Chosen:
+    """The model a search publishes: its configurations' trainers (name -> fold -> trainer, best first; one for a
+    configuration alone) and the postprocessing cross-validation chose for it (None: none)."""
+
+    configurations: dict[str, Mapping[int | None, Trainer]]
+    postprocessing: dict[str, Any] | None
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return tuple(self.configurations)
+
+
+def _loaded_runners_up(runners_up: list[Candidate], spec: Spec, data: PreparedData, stack: ExitStack
+                       ) -> dict[str, Mapping[int | None, Trainer]]:
+    """The next best configurations' trainers (name -> fold -> trainer), to ensemble with the best; one whose
+    weights do not load is left out (and says so), the best's model is published whatever becomes of them."""
+    loaded = {}
+    for other in runners_up:
+        try:
+            with ExitStack() as own:
+                trainers = {fold: own.enter_context(loaded_trainer(model, spec, data))
+                            for fold, model in other.models.items()}
+                stack.enter_context(own.pop_all())
+            loaded[other.name] = trainers
+        except Exception:  # noqa: BLE001
+            logger.warning("configuration %s is left out of the configuration ensembles: its weights did not load",
+                           other.name, exc_info=True)
+    return loaded
+
+
+def _choose_model(search_run: SearchRun, configurations: dict[str, Mapping[int | None, Trainer]], data: PreparedData,
+                  candidate: Candidate, problem: Callable[[str, str], None]) -> _Chosen:
+    """The model of a cross-validated search, chosen on its out-of-fold predictions
+    (:func:`distmis.search.model_choice.choose_model`): the best configuration (``candidate``) alone or ensembled
+    with the next best of ``configurations``, and its postprocessing; both recorded on the search's run (every
+    option's dice, ``configuration_ensemble.md``; the dice before and after the postprocessing,
+    ``postprocessing.json``). A failure is a ``problem`` (exit 1): the best configuration is published alone,
+    without postprocessing."""
+    from distmis.search.model_choice import choose_model
 
     try:
-        choice = choose_postprocessing(trainers, data)
+        choice = choose_model(configurations, data)
     except Exception as exc:  # noqa: BLE001
-        logger.warning("could not choose the postprocessing of %s", candidate.name, exc_info=True)
-        problem(f"{_named(candidate)}: its postprocessing could not be chosen on its out-of-fold predictions: "
-                f"{type(exc).__name__}: {exc}", "distmis.postprocessing_error")
-        return None
-    logger.info("%s", choice.summary())
-    search_run.log_metrics(_unrecorded(search_run, search_run.run_id, choice.metrics()))
-    search_run.log_dict({**choice.postprocessing, "cases": choice.cases, "dice_before": choice.before,
-                         "dice_after": choice.after}, "postprocessing.json")
-    search_run.set_tag("distmis.postprocessing", choice.summary()[:500])
-    return choice.postprocessing if choice.applies else None
+        logger.warning("could not choose the model of %s", candidate.name, exc_info=True)
+        problem(f"{_named(candidate)}: its configuration ensemble and postprocessing could not be chosen on its "
+                f"out-of-fold predictions: {type(exc).__name__}: {exc}", "distmis.postprocessing_error")
+        return _Chosen({candidate.name: configurations[candidate.name]}, None)
+    ensemble, post = choice.ensemble, choice.postprocessing
+    for line in (ensemble.summary(), post.summary()):
+        logger.info("%s", line)
+    search_run.log_metrics(_unrecorded(search_run, search_run.run_id, {**ensemble.metrics(), **post.metrics()}))
+    search_run.log_text(format_results(pd.DataFrame(ensemble.table()), "markdown"), "configuration_ensemble.md")
+    search_run.set_tag("distmis.configuration_ensemble", ensemble.summary()[:500])
+    search_run.log_dict({**post.postprocessing, "configurations": list(ensemble.members), "cases": post.cases,
+                         "dice_before": post.before, "dice_after": post.after}, "postprocessing.json")
+    search_run.set_tag("distmis.postprocessing", post.summary()[:500])
+    return _Chosen({name: configurations[name] for name in ensemble.members},
+                   post.postprocessing if post.applies else None)
+
+
+def _evaluate_chosen(chosen: _Chosen, data: PreparedData, spacings: dict[str, tuple[float, float, float]]
+                     ) -> TestEvaluation:
+    """The test scores of a configuration ensemble, as its model predicts: the mean of every network's
+    probabilities (its configurations share their folds, so the mean of the configurations' fold means), with its
+    postprocessing."""
+    networks = {(name, fold): trainer for name, trainers in chosen.configurations.items()
+                for fold, trainer in trainers.items()}
+    return evaluate_ensemble_on_test(networks, data, "+".join(chosen.members), spacings,
+                                     postprocessing=chosen.postprocessing)[1]
 
 
 def _publish(trainers: list[Any], candidate: Candidate, spec: Spec, data: PreparedData, search_run: SearchRun,
              run_id: str | None, evaluation: TestEvaluation | None, folder: Path | None,
-             problem: Callable[[str, str], None], postprocessing: dict[str, Any] | None = None
-             ) -> PublishedModel | None:
-    """The best candidate's model (one trial's, or a fold ensemble), saved, logged on ``run_id`` (its trial's or
-    configuration's run) and registered; a failure is a ``problem`` (exit 1), not a raise."""
+             problem: Callable[[str, str], None], chosen: _Chosen) -> PublishedModel | None:
+    """The best candidate's model (one trial's, a fold ensemble, or the configuration ensemble ``chosen`` names),
+    saved, logged on ``run_id`` (its trial's or best configuration's run) and registered; a failure is a
+    ``problem`` (exit 1), not a raise."""
+    ensemble = [(name, [own[fold] for fold in candidate.folds]) for name, own in chosen.configurations.items()]
     try:
         published = publish_model(trainers, candidate, spec, data, tracking_uri=search_run.tracking_uri,
                                   trial_run_id=run_id, search_run_id=search_run.run_id,
                                   evaluation=evaluation, folder=folder, folds=candidate.folds,
-                                  postprocessing=postprocessing,
+                                  postprocessing=chosen.postprocessing,
+                                  configurations=ensemble if len(ensemble) > 1 else (),
                                   register=folder is not None and spec.tracking.register_model)
     except Exception as exc:  # noqa: BLE001
         logger.warning("could not save, log or register the best model", exc_info=True)
@@ -286,7 +359,9 @@ def _publish(trainers: list[Any], candidate: Candidate, spec: Spec, data: Prepar
     if published.error:
         problem(f"{_named(candidate)}'s model is in {published.folder}, but could not be logged or registered: "
                 f"{published.error}", "distmis.model_error")
-    tags = {"distmis.model_trial": candidate.name}
+    tags = {"distmis.model_trial": candidate.name}  # the best configuration, whose run holds the model
+    if len(chosen.members) > 1:
+        tags["distmis.model_configurations"] = "+".join(chosen.members)
     if published.model_uri:
         tags["distmis.model"] = published.model_uri
     if published.registry_uri:

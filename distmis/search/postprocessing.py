@@ -1,8 +1,9 @@
 """Postprocessing chosen on cross-validation (the driver, after a cross-validated search): nnU-Net's rule.
 
-The published model of a cross-validated search is its best configuration's fold ensemble. Before it is scored on
-the test split and published, each fold's network predicts the cases of the fold it was validated on (its
-out-of-fold predictions, mirrored as the published model predicts), and on those predictions, against their truth:
+The published model of a cross-validated search is a fold ensemble: its best configuration's, or a configuration
+ensemble's (:mod:`distmis.search.configuration_ensemble`). Before it is scored on the test split and published, each
+fold's network predicts the cases of the fold it was validated on (its out-of-fold predictions, mirrored as the
+published model predicts; :mod:`distmis.search.model_choice`), and on those predictions, against their truth:
 
 1. **the foreground as a whole**: removing all but the largest connected component of the scored channels together
    is kept if it raises the mean dice over the cases and the scored channels;
@@ -14,7 +15,7 @@ model's recipe (``postprocessing``), which :func:`distmis.pyfunc_model.postproce
 predict`` and the MLflow model alike, and the test split is scored with it; the search run records the dice before
 and after (:meth:`PostprocessingChoice.metrics`).
 
-Each case is predicted once and its masks dropped after its dice are counted: what is kept is four dice per
+Each case's masks are dropped after its dice are counted (:func:`case_scores`): what is kept is four dice per
 channel and case (as predicted, after the foreground's removal, and each channel's own removal on top of either),
 enough for every decision above, whatever the size of the data set.
 """
@@ -27,10 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from distmis.search.prepare import PreparedData
-from distmis.train.protocol import Trainer
 
-__all__ = ["PostprocessingChoice", "case_scores", "choose_postprocessing", "decide"]
+__all__ = ["PostprocessingChoice", "case_scores", "decide"]
 
 
 @dataclass(frozen=True)
@@ -106,20 +105,3 @@ def case_scores(prob: np.ndarray, truth: np.ndarray, targets: Mapping[str, Any])
                          for k, (key, index) in enumerate(zip(keys, scored))])
 
     return {"plain": dice(masks), "foreground": dice(whole), "own": each_own(masks), "foreground_own": each_own(whole)}
-
-
-def choose_postprocessing(trainers: Mapping[int, Trainer], data: PreparedData) -> PostprocessingChoice:
-    """nnU-Net's postprocessing for a fold ensemble (``trainers``: fold -> its trainer, with its best weights),
-    chosen on its out-of-fold predictions (see the module's docstring), mirrored as its trials' spec says."""
-    from distmis.pyfunc_model import foreground
-    from distmis.search.configuration_ensemble import out_of_fold_cases
-    from distmis.train.epoch import trainer_targets
-    from distmis.train.metrics import foreground_indices
-
-    targets = trainer_targets(data.manifest, data.tfrecord_dir)
-    keys = [channel["key"] for channel in foreground(dict(targets))]
-    scored = foreground_indices(targets)
-    mirror = next(iter(trainers.values())).spec.training.inference.mirror
-    scores = [case_scores(probabilities["model"], label[..., scored] > 0.5, targets)
-              for _, probabilities, label in out_of_fold_cases({"model": trainers}, data, mirror)]
-    return decide(scores, keys)

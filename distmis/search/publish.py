@@ -6,6 +6,7 @@ the test scores (:mod:`distmis.predict.registry`). The candidates and their test
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -25,7 +26,8 @@ __all__ = ["publish_model"]
 def publish_model(trainers: Sequence[Trainer], model: BestModel | Candidate, spec: Spec, data: PreparedData, *,
                   tracking_uri: str, trial_run_id: str | None, search_run_id: str, evaluation: TestEvaluation | None,
                   folder: Path | None, register: bool, folds: Sequence[int] = (),
-                  postprocessing: Mapping[str, object] | None = None) -> PublishedModel:
+                  postprocessing: Mapping[str, object] | None = None,
+                  configurations: Sequence[tuple[str, Sequence[Trainer]]] = ()) -> PublishedModel:
     """Make the trial's loaded model usable: an MLflow model folder at ``folder`` (a copy that needs no tracking
     store; a python_function model that needs no distmis either), the model logged on the trial's run, and, with ``register``, a new version of the search's registered
     model with the test metrics as tags (see :mod:`distmis.predict.registry`).
@@ -33,6 +35,9 @@ def publish_model(trainers: Sequence[Trainer], model: BestModel | Candidate, spe
     ``trainers``: one per fold of ``folds`` (in that order), which make ONE model, a fold ensemble that averages
     their probabilities; or, with ``folds`` empty, exactly one. The recipe is ``trainers[0].spec``'s, with the
     ``postprocessing`` cross-validation chose (:mod:`distmis.search.postprocessing`; None: none).
+    ``configurations``: a configuration ensemble's configurations (name and trainers, one per fold of ``folds``
+    each, best first; :mod:`distmis.search.configuration_ensemble`), whose networks the model holds in place of
+    ``trainers`` (the first's); empty: one configuration's model.
 
     The local copy is written first, so a tracking store that is away costs the logging and registration (the
     returned model's ``error`` says why), not the model.
@@ -42,9 +47,14 @@ def publish_model(trainers: Sequence[Trainer], model: BestModel | Candidate, spe
 
     if not trainers:
         raise ValueError("publish_model needs a trainer (one per fold of a fold ensemble)")
-    recipe = ModelRecipe.from_spec(trainers[0].spec, data.manifest, folds=folds,
-                                   postprocessing=dict(postprocessing) if postprocessing else None)
-    networks = [t.model for t in trainers]
+    members = list(configurations) or [("", trainers)]
+    recipes = [(name, ModelRecipe.from_spec(own[0].spec, data.manifest, folds=folds,
+                                            postprocessing=dict(postprocessing) if postprocessing else None))
+               for name, own in members]
+    mirror = recipes[0][1].inference.mirror  # the best's, which cross-validation chose the ensemble with
+    recipe = ModelRecipe.combined([(name, replace(own, inference=replace(own.inference, mirror=mirror)))
+                                   for name, own in recipes])
+    networks = [t.model for _, own in members for t in own]
     with model_files(networks, recipe) as files:  # the networks exported once, for the copy and the store
         local = save_model(networks, recipe, folder, files=files) if folder is not None else None
         if trial_run_id is None:
@@ -55,7 +65,7 @@ def publish_model(trainers: Sequence[Trainer], model: BestModel | Candidate, spe
             if not register:
                 return PublishedModel(local, model_uri)
             return _register(model_uri, model, spec, local, evaluation, tracking_uri, trial_run_id, search_run_id,
-                             folds=recipe.folds)
+                             folds=recipe.folds, configurations=recipe.names)
         except Exception as exc:  # noqa: BLE001  (the store's errors, whatever its kind)
             logger.warning("could not log or register the model of trial %s", model.trial_id, exc_info=True)
             return PublishedModel(local, model_uri, error=f"{type(exc).__name__}: {exc}")
@@ -63,7 +73,7 @@ def publish_model(trainers: Sequence[Trainer], model: BestModel | Candidate, spe
 
 def _register(model_uri: str, model: BestModel | Candidate, spec: Spec, local: Path | None,
               evaluation: TestEvaluation | None, tracking_uri: str, trial_run_id: str, search_run_id: str, *,
-              folds: Sequence[int] = ()) -> PublishedModel:
+              folds: Sequence[int] = (), configurations: Sequence[str] = ()) -> PublishedModel:
     """A new version of the search's registered model, tagged with the test metrics (or the search metric)."""
     from distmis.predict.registry import register_model
 
@@ -78,7 +88,10 @@ def _register(model_uri: str, model: BestModel | Candidate, spec: Spec, local: P
         score = (key, means[key], "max")
     description = (f"distmis search {spec.name!r}: trial {model.trial_id} ({metric} {model.best_value:.4f}"
                    + (f"; test: {evaluation.summary()}" if evaluation is not None else "") + ")"
-                   + (f", fold ensemble of folds {', '.join(map(str, folds))}" if folds else ""))
+                   + (f", fold ensemble of folds {', '.join(map(str, folds))}" if folds else "")
+                   + (f", configuration ensemble of {', '.join(configurations)}" if configurations else ""))
+    if configurations:
+        tags["distmis.configurations"] = "+".join(configurations)
     name = spec.registered_model_name
     version, best = register_model(tracking_uri, model_uri, name, run_id=trial_run_id, tags=tags, score=score,
                                    description=description)

@@ -61,12 +61,16 @@ def test_an_ensemble_is_chosen_only_where_it_beats_every_single_configuration():
     better = decide([{("a",): 0.8, ("b",): 0.7, ("a", "b"): 0.85}, {("a",): 0.6, ("b",): 0.7, ("a", "b"): 0.75}],
                     choices)
     assert better.members == ("a", "b") and better.is_ensemble and better.cases == 2
-    assert better.scores[("a", "b")] == pytest.approx(0.8) and better.best_single in {("a",), ("b",)}
-    assert better.metrics()["cv_oof_dice_a+b"] == pytest.approx(0.8)
-    assert better.metrics()["cv_oof_dice_chosen"] == pytest.approx(0.8)
+    assert better.scores[("a", "b")] == pytest.approx(0.8) and better.best_single == ("a",)
+    assert better.metrics()["cv_oof_dice_of_a-b"] == pytest.approx(0.8)
+    assert better.metrics()["cv_oof_dice_of_chosen"] == pytest.approx(0.8)
     assert [row["chosen"] for row in better.table()] == [True, False, False]
     tie = decide([{("a",): 0.8, ("b",): 0.7, ("a", "b"): 0.8}], choices)
     assert tie.members == ("a",) and not tie.is_ensemble  # a tie keeps the single configuration
+    second = decide([{("a",): 0.7, ("b",): 0.8, ("a", "b"): 0.75}], choices)
+    assert second.members == ("a",) and second.best_single == ("a",)  # no ensemble beats b: the search's best
+    beats = decide([{("a",): 0.7, ("b",): 0.8, ("a", "b"): 0.85}], choices)
+    assert beats.members == ("a", "b")
     three = [("a",), ("b",), ("c",), ("a", "b"), ("a", "c"), ("b", "c"), ("a", "b", "c")]
     equal = decide([{("a",): 0.5, ("b",): 0.5, ("c",): 0.5, ("a", "b"): 0.6, ("a", "c"): 0.55, ("b", "c"): 0.5,
                      ("a", "b", "c"): 0.6}], three)
