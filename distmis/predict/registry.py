@@ -145,14 +145,16 @@ def model_requirements(recipe: ModelRecipe) -> list[str]:
 NETWORK_FILES = {"torch": "network.pt2", "tensorflow": "model.keras"}
 
 
-def network_file(framework: str, fold: int | None = None, configuration: int | None = None) -> str:
-    """The file name of a network in the model's artifacts: :data:`NETWORK_FILES`'s, with its artifact's suffixes
-    (:func:`distmis.pyfunc_model.network_artifact`): ``_c<j>`` for configuration ``j`` of a configuration ensemble,
-    ``_fold<i>`` for fold ``i`` of a fold ensemble (``network_fold2.pt2``, ``model_c1_fold2.keras``)."""
-    from distmis.pyfunc_model import NETWORK_ARTIFACT, network_artifact
+def network_file(framework: str, artifact: str = "network") -> str:
+    """The file name of the network of artifact ``artifact`` (:func:`distmis.pyfunc_model.network_artifacts`):
+    :data:`NETWORK_FILES`'s, with the artifact's suffixes (``network_fold2`` -> ``network_fold2.pt2`` or
+    ``model_fold2.keras``; ``network_c1_fold2`` -> ``model_c1_fold2.keras``)."""
+    from distmis.pyfunc_model import NETWORK_ARTIFACT
 
+    if not artifact.startswith(NETWORK_ARTIFACT):
+        raise ValueError(f"not a network artifact: {artifact!r}")
     stem, suffix = NETWORK_FILES[framework].split(".", 1)
-    return f"{stem}{network_artifact(fold, configuration)[len(NETWORK_ARTIFACT):]}.{suffix}"
+    return f"{stem}{artifact[len(NETWORK_ARTIFACT):]}.{suffix}"
 
 
 def check_networks(networks: Sequence[Any], recipe: ModelRecipe) -> list[Any]:
@@ -172,14 +174,12 @@ def check_networks(networks: Sequence[Any], recipe: ModelRecipe) -> list[Any]:
     return list(networks)
 
 
-def _write_network(network: Any, recipe: ModelRecipe, folder: Path, fold: int | None = None,
-                   configuration: int | None = None) -> Path:
-    """The network as a file that needs only its framework: a ``torch.export`` program of the network in eval mode
-    on the CPU, for a batch of any number of windows (``.pt2``), or the Keras model file; ``recipe``: its
-    configuration's; ``fold``: the fold of a fold ensemble it is the network of, ``configuration``: the index of
-    its configuration in a configuration ensemble."""
-    path = folder / network_file(recipe.framework, fold, configuration)
-    if recipe.framework == "tensorflow":
+def _write_network(network: Any, configuration: Mapping[str, Any], channels: int, path: Path) -> Path:
+    """The network as a file (``path``) that needs only its framework: a ``torch.export`` program of the network in
+    eval mode on the CPU, for a batch of any number of windows of ``channels`` channels (``.pt2``), or the Keras
+    model file; ``configuration``: the recipe (a dict) of the configuration it is a network of (its framework
+    and window)."""
+    if configuration["framework"] == "tensorflow":
         from distmis.models.tf_layers import keras_portable
 
         keras_portable(network).save(str(path))  # Keras's own layer classes: loads without distmis
@@ -189,19 +189,11 @@ def _write_network(network: Any, recipe: ModelRecipe, folder: Path, fold: int | 
     import torch
 
     module = copy.deepcopy(network).to("cpu").eval()  # the caller's network stays where and as it is
-    windows = torch.randn(2, len(recipe.modalities), *recipe.window, generator=torch.Generator().manual_seed(0))
+    windows = torch.randn(2, channels, *configuration["window"], generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         program = torch.export.export(module, (windows,), dynamic_shapes=({0: torch.export.Dim("windows", min=1)},))
     torch.export.save(program, str(path))
     return path
-
-
-def _network_slots(recipe: ModelRecipe) -> list[tuple[ModelRecipe, int | None, int | None]]:
-    """Each network's configuration recipe, fold and configuration index, in the order of the model's networks
-    (:func:`distmis.pyfunc_model.network_artifacts`)."""
-    folds: Sequence[int | None] = recipe.folds or (None,)
-    indices: Sequence[int | None] = range(len(recipe.members)) if recipe.configurations else (None,)
-    return [(member, fold, index) for index, member in zip(indices, recipe.members) for fold in folds]
 
 
 @dataclass(frozen=True)
@@ -236,9 +228,12 @@ def model_files(networks: Sequence[Any], recipe: ModelRecipe) -> Iterator[ModelF
     """The recipe and the networks (one per fold of ``recipe.folds``, in that order; exactly one when it has none:
     :func:`check_networks`) written to a temporary folder (removed afterwards)."""
     networks = check_networks(networks, recipe)
+    from distmis.pyfunc_model import network_artifacts
+
     with tempfile.TemporaryDirectory(prefix="distmis-model-") as tmp:
-        written = tuple(_write_network(network, member, Path(tmp), fold, index)
-                        for network, (member, fold, index) in zip(networks, _network_slots(recipe)))
+        written = tuple(_write_network(network, member, len(recipe.modalities),
+                                       Path(tmp) / network_file(member["framework"], name))
+                        for network, (name, member) in zip(networks, network_artifacts(recipe.to_dict())))
         yield ModelFiles(recipe, recipe.write(Path(tmp) / RECIPE_FILE), written)
 
 
