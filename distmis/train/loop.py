@@ -131,6 +131,8 @@ def epoch_reports(trainer: Trainer, spec: Spec, *, checkpoints: Sequence[StoredC
             yield {**state.history[-1], "num_parameters": trainer.num_parameters, "attempt": attempt, **first}, None
         for epoch in range(state.epoch + 1, spec.training.epochs + 1):
             epoch_metrics = trainer.run_epoch(epoch).as_dict()
+            if spec.parallelism.mode == "auto":  # the workers it ran on, kept in the history a restart replays
+                epoch_metrics["workers"] = trainer.layout.world_size
             epoch_metrics.update(selection_metrics([*state.history, epoch_metrics], spec.search))
             metrics: Metrics = {**epoch_metrics, "num_parameters": trainer.num_parameters, "attempt": attempt,
                                 **first}

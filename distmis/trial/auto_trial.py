@@ -144,7 +144,8 @@ def resized_epochs(trial: Spec, base: TrialLayout, tfrecord_dir: str, grant: Gra
     with ``dp`` replaced), each yielded with its checkpoint (``checkpoints``: what a restarted trial goes on from).
     After each epoch has been handed on, ``decide(metrics)`` says how many workers to go on with: more than the group
     has, and the group is stopped after that epoch and the new one the grant names goes on from its checkpoint. Each
-    epoch's metrics say the workers it ran on (``workers``).
+    epoch's metrics say the workers it ran on (``workers``, set by the epoch loop, which keeps it in the history a
+    restarted trial replays).
 
     ``slot`` holds the group: after the last epoch, or when the trial is stopped between two (the generator closed),
     the group stays in it, its workers idle, for the process's next trial; an error removes it."""
@@ -156,8 +157,7 @@ def resized_epochs(trial: Spec, base: TrialLayout, tfrecord_dir: str, grant: Gra
             epochs = group.epochs(trial, layout, tfrecord_dir, checkpoints, time.time(), scratch=scratch)
             grown: Files | None = None
             try:
-                for metrics, files in epochs:
-                    metrics = {**metrics, "workers": layout.world_size}
+                for metrics, files in epochs:  # each says the workers it ran on (train.loop: ``workers``)
                     yield metrics, files
                     grant = decide(metrics)
                     if grant.workers > layout.world_size and files is not None:

@@ -98,3 +98,35 @@ def test_a_restarted_rank_reads_a_checkpoint_on_the_searchs_disk_in_place(tmp_pa
 
     with read_in_place(Remote()) as directory:
         assert directory == str(folder)
+
+
+def test_an_auto_trials_epochs_say_their_workers_and_a_restart_replays_them(prepared, tmp_path: Path):
+    """Mode auto's epochs carry the workers they ran on, in the report and in the history a restarted trial replays:
+    the driver logs a replayed epoch it missed (killed after the epoch's checkpoint, before its record) from that
+    history alone, and an auto trial's ``workers`` curve had a hole there (CI, tests/faults/test_auto_resize_resume)."""
+    import json
+    import shutil
+
+    from ray.train import Checkpoint
+
+    from distmis.trial.record import HISTORY_KEY
+
+    spec, tfrecords = prepared
+    tree = spec.model_dump(mode="json", exclude_unset=True)
+    tree["parallelism"] = {"mode": "auto", "workers": 2, "resources_per_worker": {"cpu": 1}}
+    auto = validate_spec(tree)
+    epochs = epoch_reports(local_trainer(auto, tfrecords), auto, scratch=tmp_path / "first")
+    metrics, checkpoint = next(epochs)
+    assert checkpoint is not None and metrics["workers"] == 1
+    kept = shutil.copytree(checkpoint, tmp_path / "epoch1")
+    epochs.close()  # killed after its first epoch
+
+    restarted = epoch_reports(local_trainer(auto, tfrecords), auto, scratch=tmp_path / "second",
+                              checkpoints=[Checkpoint.from_directory(str(kept))])
+    metrics, _ = next(restarted)
+    assert metrics["epoch"] == 2 and metrics["workers"] == 1
+    assert [(entry["epoch"], entry["workers"]) for entry in json.loads(metrics[HISTORY_KEY])] == [(1, 1)]
+    restarted.close()
+
+    plain, _ = next(epoch_reports(local_trainer(spec, tfrecords), spec, scratch=tmp_path / "plain"))
+    assert "workers" not in plain  # the other modes' trials hold what their layout says, not a pool's share
