@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from monai.networks.nets import DynUNet
+from monai.networks.nets.dynunet import DynUNetSkipLayer
 from torch import nn
 
 from distmis.models.dynunet_plan import plan_dynunet
@@ -91,6 +92,16 @@ class DeepSupervisedDynUNet(DynUNet):
             return super().forward(x)
         out = self.output_block(self.skip_layers(x))  # fills self.heads, as DynUNet.forward does
         return [out, *self.heads]
+
+    def train(self, mode: bool = True) -> DeepSupervisedDynUNet:
+        """In eval mode the heads are not computed (MONAI's skip layers fill ``heads`` whenever they hold it):
+        inference and the published ``torch.export`` program run the full-resolution path only."""
+        super().train(mode)
+        layer = self.skip_layers
+        while isinstance(layer, DynUNetSkipLayer):
+            layer.heads = self.heads if mode else None
+            layer = layer.next_layer
+        return self
 
 
 def build_basicunet(params: BasicUNetParams, network_input: NetworkInput) -> nn.Module:

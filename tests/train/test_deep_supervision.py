@@ -87,6 +87,17 @@ def test_a_deep_supervised_network_returns_its_decoder_levels_in_training_only(n
         plain = _network(name, params, deep_supervision=False).eval()
         plain.load_state_dict(network.state_dict(), strict=False)  # the same weights but the heads
         assert torch.allclose(plain(x), single)  # the registered model's forward is the plain network's
+    if name == "dynunet":  # MONAI's skip layers fill their heads whenever they hold them: not in eval mode
+        heads = list(network.deep_supervision_heads)
+        called = []
+        hooks = [head.register_forward_hook(lambda *_: called.append(1)) for head in heads]
+        with torch.no_grad():
+            network(x)
+        assert heads and not called  # inference (and the exported program) runs the full-resolution path only
+        network.train()
+        assert len(network(x)) == len(shapes) and called  # and training gets its heads back
+        for hook in hooks:
+            hook.remove()
 
 
 def _spec(tmp_path: Path, name: str, params: dict, framework: str = "torch", **training) -> Spec:
