@@ -92,6 +92,7 @@ NNUNET = Recipe(
         RecipeValue("training.optimizer.nesterov", True, "SGD(nesterov=True)", unit="training.optimizer.name"),
         RecipeValue("training.optimizer.weight_decay", 3e-5, "nnUNetTrainer.weight_decay = 3e-5",
                     unit="training.optimizer.name"),
+        RecipeValue("training.clip_grad_norm", 12.0, "train_step: clip_grad_norm_(network.parameters(), 12)"),
         RecipeValue("training.lr_schedule.name", "poly", "PolyLRScheduler, stepped once per epoch"),
         RecipeValue("training.lr_schedule.power", 0.9, "PolyLRScheduler(exponent=0.9)"),
         RecipeValue("training.lr_schedule.interval", "epoch", "lr_scheduler.step(epoch) at each epoch's start"),

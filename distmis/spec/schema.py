@@ -527,6 +527,10 @@ class TrainingSpec(StrictModel):
                                               "pass continuing where the last epoch stopped. null: one pass over the "
                                               "training cases (nnU-Net: 250)")
     optimizer: OptimizerSpec = OptimizerSpec()
+    clip_grad_norm: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="before each step the trial's whole gradient is scaled to this global L2 norm where it is larger "
+                    "(torch's clip_grad_norm_ rule, in both frameworks; nnU-Net v2: 12). null: no clipping")
     lr_schedule: LRScheduleSpec = LRScheduleSpec()
     augment: AugmentSpec = AugmentSpec()
     loss: LossSpec = LossSpec()

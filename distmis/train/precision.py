@@ -118,15 +118,20 @@ class TorchPrecision:
         """Backward from ``loss`` (scaled for fp16), outside autocast."""
         self.scale(loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer, groups: Sequence[Any] = ()) -> bool:
+    def step(self, optimizer: torch.optim.Optimizer, groups: Sequence[Any] = (), *, clip_norm: float | None = None,
+             norm_groups: Sequence[Any] = ()) -> bool:
         """The optimizer's step on the fp32 gradients; False when fp16 found an overflow and skipped it.
+
+        ``clip_norm``: the gradients are first clipped to that global norm (:mod:`distmis.train.clipping`; the
+        squares summed over ``norm_groups``, whose ranks hold the model's other parameters).
 
         fp16: the overflow is agreed first over ``groups`` (the groups that together span the trial's ranks): a
         rank whose own gradients are finite while another's are not marks one of its gradients non-finite, so that
         every rank's scaler skips the step and backs off the same scale. Then the gradients are unscaled
-        (``unscale_``, before any clipping would read them), the step taken unless they overflowed, and the scale
+        (``unscale_``, before the clipping reads them), the step taken unless they overflowed, and the scale
         updated."""
         if self.scaler is None:
+            self._clip(optimizer, clip_norm, norm_groups)
             optimizer.step()
             return True
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -142,9 +147,18 @@ class TorchPrecision:
         self.scaler.scale(torch.ones((), device=self.device))
         scale = self.scaler.get_scale()
         self.scaler.unscale_(optimizer)
+        self._clip(optimizer, clip_norm, norm_groups)
         self.scaler.step(optimizer)
         self.scaler.update()
         return self.scaler.get_scale() >= scale  # an overflow backs the scale off
+
+    @staticmethod
+    def _clip(optimizer: torch.optim.Optimizer, clip_norm: float | None, norm_groups: Sequence[Any]) -> None:
+        if clip_norm is not None:
+            from distmis.train.clipping import clip_torch_gradients
+
+            clip_torch_gradients((p for group in optimizer.param_groups for p in group["params"]), clip_norm,
+                                 norm_groups)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: fp16's scaler state (``{}`` otherwise)."""

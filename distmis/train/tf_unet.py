@@ -42,6 +42,7 @@ from distmis.train.epoch import (
     trial_parts,
 )
 from distmis.train.inference import predict_channels_last
+from distmis.train.clipping import clip_tf_gradients
 from distmis.train.optimizers import keras_optimizer, optimizer_entry, with_l2
 from distmis.train.schedules import LearningRateSchedule
 from distmis.train.tf_metering import AllocatorMeter, allocator_device
@@ -190,6 +191,7 @@ class UNetTrainer:
         loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)  # fp16
         # adam's and sgd's weight decay: L2 added to each gradient (Keras's own weight_decay is decoupled)
         l2 = optimizer_entry(training.optimizer.name).gradient_l2(training.optimizer)
+        clip = training.clip_grad_norm
 
         def train_step(x, y):
             def replica_step(x, y):
@@ -199,6 +201,9 @@ class UNetTrainer:
                     if loss_scaling:  # apply_gradients unscales them (and skips a step that overflowed)
                         scaled = optimizer.scale_loss(scaled)
                 grads = tape.gradient(scaled, model.trainable_variables)
+                if clip is not None:  # the trial's gradient clipped to its global norm, before the L2 term (torch's)
+                    grads = clip_tf_gradients(grads, clip, replicas=replicas,
+                                              loss_scale=optimizer.scale_loss(1.0) if loss_scaling else 1.0)
                 if l2:  # wd * w in all, each replica's share, loss-scaled as the gradients still are (fp16)
                     grads = with_l2(grads, model.trainable_variables, l2, optimizer=optimizer, replicas=replicas)
                 optimizer.apply_gradients(zip(grads, model.trainable_variables))

@@ -332,7 +332,8 @@ class TorchTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss = self._forward_backward(x, y)
                 self.parallelism.synchronize_gradients(self.train_model)
-                self.precision.step(self.optimizer, self._overflow_groups())  # fp16: unscaled, skipped on overflow
+                self.precision.step(self.optimizer, self._overflow_groups(),  # fp16: unscaled, skipped on overflow
+                                    clip_norm=self.spec.training.clip_grad_norm, norm_groups=self._stage_groups())
                 losses.append(float(loss))
                 meter.end_step()
         finally:
@@ -363,6 +364,11 @@ class TorchTrainer:
         if self.precision.scaler is None or not (dist.is_available() and dist.is_initialized()):
             return []
         return self.parallelism.measurement_groups()
+
+    def _stage_groups(self) -> list[Any]:
+        """The groups whose ranks hold the model's other parameters (a pipeline's stages): a global gradient norm
+        sums over them."""
+        return [self.mesh.pp_group] if self.mesh.pp_size > 1 else []
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step's forward and backward (the parallelism's): the gradients in place, the batch's training loss

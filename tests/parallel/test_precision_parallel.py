@@ -235,6 +235,32 @@ def fp16_overflow_case() -> dict[str, Any]:
     return {"skipped_step": True}
 
 
+def clipping_case() -> dict[str, Any]:
+    """Two ranks hold the two halves of one model, as a pipeline's stages do: clipped over their group, each half is
+    what clipping the whole model in one process gives (``training.clip_grad_norm``); clipped alone, it is not."""
+    import torch.distributed as dist
+
+    from distmis.train.clipping import clip_torch_gradients
+
+    torch.manual_seed(0)
+    whole = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3))]
+    for p, grad in zip(whole, (torch.tensor([3.0, -4.0, 1.0, 2.0]), torch.tensor([5.0, 0.5, -2.0]))):
+        p.grad = grad.clone()
+    mine = torch.nn.Parameter(torch.zeros_like(whole[dist.get_rank()]))
+    mine.grad = whole[dist.get_rank()].grad.clone()
+    alone = mine.grad.clone()
+    expected_norm = torch.nn.utils.clip_grad_norm_(whole, 2.0)
+    norm = clip_torch_gradients([mine], 2.0, [dist.group.WORLD])
+    torch.testing.assert_close(norm, expected_norm)
+    torch.testing.assert_close(mine.grad, whole[dist.get_rank()].grad)
+    clip_torch_gradients([torch.nn.Parameter(torch.zeros_like(alone))], 2.0)  # no gradient: nothing to clip
+    own = torch.nn.Parameter(torch.zeros_like(alone))
+    own.grad = alone.clone()
+    clip_torch_gradients([own], 2.0)
+    assert not torch.allclose(own.grad, mine.grad)  # its own norm only: not the model's
+    return {"norm": float(norm)}
+
+
 def make_cases(world_size: int) -> Cases:
     cases: dict[str, Callable[[], dict[str, Any]]] = {
         "collectives": collective_backwards_case,
@@ -245,6 +271,7 @@ def make_cases(world_size: int) -> Cases:
         "pipeline/1f1b": lambda: pipeline_case("1f1b"),
         "ddp": ddp_case,
         "fp16-overflow": fp16_overflow_case,
+        "clipping": clipping_case,
     }
     return cases
 
@@ -277,3 +304,8 @@ def test_data_parallel_bf16_all_reduces_fp32_gradients(ranks):
 def test_an_overflow_on_one_rank_skips_every_ranks_fp16_step(ranks):
     results = case(ranks, "fp16-overflow")
     assert results[0]["skipped_step"] == results[1]["skipped_step"] == (True if cpu_float16_supported() else None)
+
+
+def test_a_pipelines_stages_clip_their_gradients_to_the_models_global_norm(ranks):
+    results = case(ranks, "clipping")
+    assert results[0]["norm"] == results[1]["norm"] > 2.0
