@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "distmis"
 
 #: Modules below the spec: plain arithmetic and pydantic, no torch, Ray or TensorFlow.
 PURE_MODULES = {"distmis.perf", "distmis.perf.model", "distmis.perf.partition", "distmis.perf.sizing",
-                "distmis.models.registry", "distmis.models.params"}
+                "distmis.perf.makespan", "distmis.models.registry", "distmis.models.params"}
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -9,8 +9,9 @@ convolution reaches of it):
 * its validation: every validation case by sliding windows of the tile (overlap ``training.inference.overlap``),
   each window the forward FLOPs of one sample, run whole by every worker of a data-parallel trial;
 * the gradients all-reduced each step: 4 bytes a trained parameter;
-* the epochs: ``training.epochs``, or under ASHA the epochs it is expected to stop each trial at
-  (:func:`~distmis.perf.makespan.asha_epochs`);
+* the epochs: ``training.epochs``, or what the scheduler's registry entry expects each trial to train
+  (``planned_epochs``: under ASHA, :func:`~distmis.perf.makespan.asha_epochs`; under a scheduler without one,
+  such as hyperband or median, every epoch, an upper bound);
 * the start-up and a fixed cost per step: given (``startup_seconds``, ``step_overhead``).
 
 Or calibrated on an earlier search of the same data and networks (:func:`calibrate`): the rate its workers reached
@@ -30,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from distmis.perf.makespan import Cluster, Schedule, TrialCost, asha_epochs, pack
+from distmis.perf.makespan import Cluster, Schedule, TrialCost, pack
 from distmis.spec.schema import Spec
+from distmis.spec.searchers import scheduler_entry
 
 __all__ = ["Hardware", "MakespanPlan", "Calibration", "split_sizes", "validation_windows", "search_costs",
            "plan_makespan", "format_makespan", "calibrate", "calibrate_run", "check_calibration", "predicted_makespan"]
@@ -131,10 +133,8 @@ def search_costs(spec: Spec, hardware: Hardware, *, device: Literal["cpu", "cuda
                          "be costed")
     trials = num_trials(spec)
     search = spec.search
-    if search.scheduler == "asha":
-        epochs = asha_epochs(trials, spec.training.epochs, search.asha.grace_period, search.asha.reduction_factor)
-    else:
-        epochs = [float(spec.training.epochs)] * trials
+    planned = scheduler_entry(search.scheduler).planned_epochs  # None: every trial all its epochs (an upper bound)
+    epochs = planned(trials, spec) if planned is not None else [float(spec.training.epochs)] * trials
     costs = []
     for index in range(trials):
         step = steps[index % len(steps)]

@@ -152,9 +152,32 @@ def _asha(spec: Spec) -> TrialScheduler:
     )
 
 
+def _hyperband(spec: Spec) -> TrialScheduler:
+    """Asynchronous HyperBand: ASHA in ``search.hyperband.brackets`` brackets, each trial drawn into one by Tune's
+    ``AsyncHyperBandScheduler`` (no trial is paused, so none restarts from its checkpoint at a rung), its draws
+    seeded with ``training.seed``."""
+    from distmis.search.seeded_hyperband import SeededAsyncHyperBand
+
+    hyperband = spec.search.hyperband
+    return SeededAsyncHyperBand(time_attr="epoch", max_t=spec.training.epochs,
+                                grace_period=min(hyperband.grace_period, spec.training.epochs),
+                                reduction_factor=hyperband.reduction_factor, brackets=hyperband.brackets,
+                                seed=spec.training.seed)
+
+
+def _median(spec: Spec) -> TrialScheduler:
+    """The median stopping rule over the epochs (``search.median``), stopping (not pausing) a trial below it."""
+    from ray.tune.schedulers import MedianStoppingRule
+
+    median = spec.search.median
+    return MedianStoppingRule(time_attr="epoch", grace_period=median.grace_period,
+                              min_samples_required=median.min_samples, hard_stop=True)
+
+
 #: A registered scheduler's Tune scheduler, by name (:data:`distmis.spec.searchers.SCHEDULERS`): ``spec -> a new
 #: TrialScheduler``, or None for Tune's default (first in, first out: every trial trains every epoch).
-TUNE_SCHEDULERS: dict[str, Callable[[Spec], TrialScheduler] | None] = {"none": None, "asha": _asha}
+TUNE_SCHEDULERS: dict[str, Callable[[Spec], TrialScheduler] | None] = {
+    "none": None, "asha": _asha, "hyperband": _hyperband, "median": _median}
 
 
 def scheduler(spec: Spec) -> TrialScheduler | None:

@@ -688,6 +688,23 @@ class AshaSpec(StrictModel):
     reduction_factor: float = Field(2.0, gt=1)
 
 
+class HyperBandSpec(StrictModel):
+    """``scheduler: hyperband``: asynchronous HyperBand (Li et al., MLSys 2020), successive halving in ``brackets``
+    brackets whose first rungs are at ``grace_period * reduction_factor ** s`` epochs (bracket ``s``)."""
+
+    grace_period: int = Field(1, ge=1)
+    reduction_factor: float = Field(3.0, gt=1)
+    brackets: int = Field(3, ge=1, le=10)
+
+
+class MedianSpec(StrictModel):
+    """``scheduler: median``: Ray Tune's median stopping rule (Golovin et al., KDD 2017)."""
+
+    grace_period: int = Field(1, ge=1, description="the epochs a trial trains before it may be stopped")
+    min_samples: int = Field(3, ge=1, description="the trials that must have reported an epoch before the median "
+                                                  "of their running means judges another trial there")
+
+
 #: ``search.selection``: the best epoch by the metric's value, or by its exponential moving average
 #: (:mod:`distmis.train.selection`).
 SelectionRule = Literal["epoch", "moving-average"]
@@ -703,6 +720,8 @@ class SearchSpec(StrictModel):
     mode: Literal["max", "min"] | None = None
     scheduler: str = Field("none", description="a registered trial scheduler: " + ", ".join(SCHEDULERS))
     asha: AshaSpec = AshaSpec()
+    hyperband: HyperBandSpec = HyperBandSpec()
+    median: MedianSpec = MedianSpec()
     space: dict[str, Domain] = Field(default_factory=dict)
     evaluate_top: int = Field(1, ge=0, description="after the search, the best k trials' best epochs are scored on the "
                                                    "test split (0: none)")

@@ -10,7 +10,7 @@ is one entry here, one binding there, and their test.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 __all__ = ["DOMAIN_KINDS", "AlgorithmEntry", "SchedulerEntry", "ALGORITHMS", "SCHEDULERS", "algorithm_entry",
            "scheduler_entry"]
@@ -34,11 +34,21 @@ class AlgorithmEntry:
 
 @dataclass(frozen=True)
 class SchedulerEntry:
-    """A trial scheduler: whether it stops trials early (their records then end before ``training.epochs``)."""
+    """A trial scheduler: whether it stops trials early (their records then end before ``training.epochs``), and
+    ``planned_epochs(trials, spec)``: the epochs each of ``trials`` trials is expected to train, longest first, for
+    the makespan plan (None: every trial all its epochs, an upper bound for a scheduler that stops trials)."""
 
     name: str
     stops_trials: bool
     summary: str
+    planned_epochs: Callable[[int, Any], list[float]] | None = None
+
+
+def _asha_epochs(trials: int, spec: Any) -> list[float]:
+    from distmis.perf.makespan import asha_epochs
+
+    asha = spec.search.asha
+    return asha_epochs(trials, spec.training.epochs, asha.grace_period, asha.reduction_factor)
 
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {
@@ -60,8 +70,14 @@ SCHEDULERS: dict[str, SchedulerEntry] = {
     entry.name: entry
     for entry in (
         SchedulerEntry("none", stops_trials=False, summary="every trial trains every epoch"),
-        SchedulerEntry("asha", stops_trials=True,
+        SchedulerEntry("asha", stops_trials=True, planned_epochs=_asha_epochs,
                        summary="asynchronous successive halving: search.asha's grace period and reduction factor"),
+        SchedulerEntry("hyperband", stops_trials=True,
+                       summary="asynchronous HyperBand: search.hyperband's brackets of successive halving, each "
+                               "with its own grace period, every trial drawn into one"),
+        SchedulerEntry("median", stops_trials=True,
+                       summary="median stopping: a trial whose best result so far is below the median of the "
+                               "other trials' running means at the same epoch is stopped (search.median)"),
     )
 }
 

@@ -94,3 +94,38 @@ def test_an_algorithm_refuses_the_domains_it_cannot_take_by_its_entry(spec_tree)
     spec_tree["search"] = {"algorithm": "grid", "space": {"training.optimizer.lr": {"uniform": [1e-3, 2e-3]}}}
     with pytest.raises(SpecError, match="algorithm 'grid' takes only 'grid' domains, got 'uniform'"):
         validate_spec(spec_tree)
+
+
+def test_hyperband_and_median_stopping_are_tunes_schedulers_of_the_spec(spec_tree):
+    import types
+
+    import numpy as np
+    from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule
+
+    spec_tree["training"]["epochs"] = 9
+    spec_tree["search"] = {"scheduler": "hyperband", "space": {},
+                           "hyperband": {"grace_period": 1, "reduction_factor": 3, "brackets": 2}}
+    made = scheduler(validate_spec(spec_tree))
+    assert isinstance(made, AsyncHyperBandScheduler) and len(made._brackets) == 2
+    assert [[rung for rung, _ in bracket._rungs] for bracket in made._brackets] == [[9, 3, 1], [9, 3]]  # s = 0, 1
+
+    # its brackets drawn from its own generator, seeded with training.seed: the same search draws the same
+    # brackets, and numpy's global draws are left as they were
+    def brackets(seed: int) -> list[int]:
+        spec_tree["training"]["seed"] = seed
+        hyperband = scheduler(validate_spec(spec_tree))
+        hyperband.set_search_properties("val_dice", "max")
+        for index in range(8):
+            hyperband.on_trial_add(None, types.SimpleNamespace(trial_id=str(index)))
+        return [hyperband._brackets.index(hyperband._trial_info[str(index)]) for index in range(8)]
+
+    np.random.seed(5)
+    expected = np.random.random()
+    np.random.seed(5)
+    assert brackets(0) == brackets(0) != brackets(1) and np.random.random() == expected
+
+    spec_tree["search"] = {"scheduler": "median", "space": {}, "median": {"grace_period": 2, "min_samples": 2}}
+    median = scheduler(validate_spec(spec_tree))
+    assert isinstance(median, MedianStoppingRule)
+    assert (median._time_attr, median._grace_period, median._min_samples_required, median._hard_stop) == (
+        "epoch", 2, 2, True)
