@@ -1,4 +1,5 @@
-"""Pictures for the MLflow UI: learning curves of a search, and a segmentation overlay."""
+"""Pictures for the MLflow UI: learning curves of a search, a segmentation overlay, the speedup table, the memory
+plan, the schedule that ran and the front of score against cost."""
 
 from __future__ import annotations
 
@@ -195,5 +196,26 @@ def gantt_figure(schedules: list, *, title: str = ""):
     axes[-1, 0].set_xlabel(unit)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def pareto_figure(frame: "pd.DataFrame", metric: str, *, title: str = ""):
+    """The search's trials as points of ``metric`` against worker-hours (the table of
+    :func:`~distmis.tracking.pareto.pareto_frame`): the front's in colour, joined cheapest first and labelled, the
+    dominated ones grey."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    label = "trial" if "trial" in frame else "configuration"
+    dominated, front = frame[~frame["pareto"]], frame[frame["pareto"]].sort_values("worker_h")
+    ax.scatter(dominated["worker_h"], dominated[metric], color="0.7", label="dominated", zorder=2)
+    ax.plot(front["worker_h"], front[metric], marker="o", color="tab:blue", label="Pareto front", zorder=3,
+            drawstyle="steps-post" if len(front) > 1 else "default")
+    for _, row in front.iterrows():
+        ax.annotate(str(row[label]).split(" ", 1)[-1], (row["worker_h"], row[metric]), fontsize=7,
+                    textcoords="offset points", xytext=(4, 4))
+    ax.set(xlabel="worker-hours (the workers a trial held x its wall time)", ylabel=metric, title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -54,6 +54,7 @@ RESUMES_TAG = "distmis.resumes"  # times a search (or a trial in it) was resumed
 SEARCH_RUN_TAG = "distmis.search_run"  # every trial run: its search's run (a fold's parent is its configuration's)
 CONFIGURATION_TAG = "distmis.configuration"  # cross-validation: a configuration's id, on its run and its folds'
 FOLD_TAG = "distmis.fold"  # cross-validation: the fold a trial's run validated on
+STOPPED_TAG = "distmis.stopped"  # a trial its scheduler stopped early: "<scheduler> at epoch <n> of <N>"
 LOST_TAG = "distmis.lost"  # a resumed search's deleted run: why its trial was lost and will not run again
 CONFIGURATION_ROLE = "configuration"
 
@@ -725,7 +726,23 @@ class MLflowTrialCallback(tune.Callback):
         now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, 0) for k, v in summary.items()]
         self._write(trial, "summary", lambda run_id: self.client.log_batch(run_id, metrics=metrics))
+        stopped = self._stopped_early(trial, status)
+        if stopped:  # finished, not failed: its scheduler ended it at a rung (ASHA, HyperBand) or below the median
+            self._write(trial, "stopped", lambda run_id: self.client.set_tag(run_id, STOPPED_TAG, stopped))
         self._write(trial, "status", lambda run_id: self.client.set_terminated(run_id, status))
+
+    def _stopped_early(self, trial: Any, status: str) -> str:
+        """What :data:`STOPPED_TAG` says of a trial that ended ``status``: its scheduler and the epoch it was
+        stopped at, for a FINISHED trial of a search whose scheduler stops trials that trained fewer epochs than
+        its own ``training.epochs``; ``""`` otherwise."""
+        from distmis.spec.searchers import scheduler_entry
+
+        scheduler = self.spec.search.scheduler
+        planned = int(trial.config.get("training.epochs", self.spec.training.epochs))
+        done = self.epochs.get(trial.trial_id, 0)
+        if status != "FINISHED" or not scheduler_entry(scheduler).stops_trials or not 0 < done < planned:
+            return ""
+        return f"{scheduler} at epoch {done} of {planned}"
 
     def _count_attempt(self, trial: Any, attempt: str) -> None:
         seen = self.attempts.setdefault(trial.trial_id, set())

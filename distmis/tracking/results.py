@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from distmis.tracking.mlflow_tracking import (
     CLASS_DICE_PREFIX, CONFIGURATION_ROLE, FOLD_TAG, INFERENCE_METRICS, METRIC_TAG, MODE_TAG, PARENT_TAG, RESUMES_TAG,
-    ROLE_TAG, SEARCHED_TAG, short_name,
+    ROLE_TAG, SEARCHED_TAG, STOPPED_TAG, short_name,
 )
 
 Format = Literal["table", "csv", "json", "markdown"]
@@ -83,6 +83,7 @@ def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
     if any(run.data.tags.get(ROLE_TAG) == CONFIGURATION_ROLE for run in children):
         return cv_results_frame(client, children, searched, metric, mode)
     rows: list[dict[str, Any]] = []
+    stopped_any = any(STOPPED_TAG in run.data.tags for run in children)
     for run in children:
         m, p = run.data.metrics, run.data.params
         row: dict[str, Any] = {"trial": run.info.run_name, "status": run.info.status}
@@ -99,6 +100,8 @@ def results_frame(client: MlflowClient, parent: Run) -> pd.DataFrame:
         row["elapsed_s"] = round(m.get("elapsed_seconds", math.nan), 1)
         row["worker_h"] = round(m.get("worker_seconds", math.nan) / 3600, 4)
         row["num_params"] = p.get("model.num_parameters")
+        if stopped_any:  # "<scheduler> at epoch <n> of <N>" for the trials a scheduler stopped early
+            row["stopped"] = run.data.tags.get(STOPPED_TAG, "")
         row["error"] = run.data.tags.get("error", "")
         row["run_id"] = run.info.run_id
         rows.append(row)

@@ -1,0 +1,71 @@
+"""HyperBand and median stopping end to end (issue 51): a search of six torch trials whose learning rates differ
+by factors of about 3, two at a time. The scheduler stops some early; each stopped trial's run is FINISHED (not
+failed), tagged with its scheduler and the epoch it was stopped at (under HyperBand a rung of its bracket), and the
+results table says so; a trial that trained every epoch has no such tag. The search's run holds the front of
+validation dice against worker-hours (``pareto.csv``, ``pareto.png``): exactly the trials no other beats on both, as
+computed here from their logged pairs. The schedulers' own settings: ``tests/search/test_search_space.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from distmis.search.run import run_search
+from distmis.spec import validate_spec
+from distmis.tracking.mlflow_tracking import STOPPED_TAG
+from distmis.tracking.results import trial_runs
+from tests.conftest import small_spec_tree
+from tests.tracking.test_pareto import swept_front
+
+pytestmark = pytest.mark.slow  # whole searches on the local Ray
+
+EPOCHS = 4
+#: trials that learn at different speeds, so that their results differ at every rung (equal ones are never stopped)
+LRS = [3.0e-2, 1.0e-2, 3.0e-3, 1.0e-3, 3.0e-4, 1.0e-4]
+
+
+@pytest.mark.parametrize("name, settings, rungs", [
+    # brackets s = 0 (rungs at 1 and 2 epochs) and s = 1 (a rung at 2): a trial stops at a rung of its bracket
+    ("hyperband", {"grace_period": 1, "reduction_factor": 2, "brackets": 2}, {1, 2}),
+    ("median", {"grace_period": 1, "min_samples": 2}, {1, 2, 3}),
+])
+def test_a_scheduler_stops_weak_trials_and_they_are_recorded_as_stopped(ray_local, tmp_path: Path, name: str,
+                                                                         settings: dict, rungs: set[int]):
+    tree = small_spec_tree(tmp_path / "data")
+    tree["model"]["framework"] = "torch"
+    tree["training"]["epochs"] = EPOCHS
+    tree["search"].update(scheduler=name, **{name: settings}, space={"training.optimizer.lr": {"grid": LRS}})
+    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False)
+    assert outcome.failed == 0
+
+    client = MlflowClient(outcome.tracking_uri)
+    runs = trial_runs(client, client.get_run(outcome.parent_run_id))
+    assert len(runs) == len(LRS) and all(run.info.status == "FINISHED" for run in runs)
+    stopped = {}
+    for run in runs:
+        epochs = int(run.data.metrics["epochs_completed"])
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_dice"))
+        assert steps == list(range(1, epochs + 1))  # every epoch it trained, logged
+        if epochs < EPOCHS:
+            assert run.data.tags[STOPPED_TAG] == f"{name} at epoch {epochs} of {EPOCHS}"
+            assert epochs in rungs
+            stopped[float(run.data.params["training.optimizer.lr"])] = epochs
+        else:
+            assert STOPPED_TAG not in run.data.tags
+    assert stopped and len(stopped) < len(LRS), stopped
+    table = outcome.results.set_index("lr")
+    for lr in LRS:
+        expected = f"{name} at epoch {stopped[lr]} of {EPOCHS}" if lr in stopped else ""
+        assert table.loc[str(lr), "stopped"] == expected
+
+    # the front of the logged (best val_dice, worker-hours) pairs, as the results table states them
+    names = [run.info.run_name for run in runs]
+    pairs = [(run.data.metrics["best_val_dice"], round(run.data.metrics["worker_seconds"] / 3600, 4)) for run in runs]
+    expected = {names[i] for i in swept_front(pairs, "max")}
+    artifacts = {item.path for item in client.list_artifacts(outcome.parent_run_id)}
+    assert {"pareto.csv", "pareto.md", "pareto.png"} <= artifacts
+    front = pd.read_csv(client.download_artifacts(outcome.parent_run_id, "pareto.csv", str(tmp_path)))
+    assert set(front.loc[front["pareto"], "trial"]) == expected and len(front) == len(LRS)
