@@ -29,6 +29,7 @@ from distmis.train.protocol import Trainer
 from distmis.tracking.datasets import TrackedData
 from distmis.tracking.figures import learning_curves_figure
 from distmis.tracking.mlflow_tracking import MLflowTrialCallback, SearchRun
+from distmis.tracking.pareto import record_pareto
 from distmis.tracking.results import format_results, inference_frame, results_frame
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def end_search(spec: Spec, data: PreparedData, search_run: SearchRun, grid: Any,
         search_run.log_text(format_results(inference, "markdown"), "inference.md")
     search_run.log_metrics({"trials": len(results), "failed_trials": failed, "search_seconds": search_seconds})
     ranked_by = f"{'cv' if spec.cv_folds else 'best'}_{spec.search.selected_metric}"  # the table's order
-    _record_pareto(search_run, results, ranked_by, spec.search.mode)
+    record_pareto(search_run, results, ranked_by, spec.search.mode)
     best_column = results.get(ranked_by)
     if best_column is not None and best_column.notna().any():
         search_run.log_metrics({ranked_by: float(best_column.iloc[0])})
@@ -76,24 +77,6 @@ def end_search(spec: Spec, data: PreparedData, search_run: SearchRun, grid: Any,
     return SearchOutcome(results, failed, elapsed, search_seconds, search_run.tracking_uri, spec.experiment_name,
                          search_run.run_id, data, best.test, best.note, best.model, tuple(problems), failed_trials,
                          tune_failure)
-
-
-def _record_pareto(search_run: SearchRun, results: Any, metric: str, mode: Any) -> None:
-    """The front of ``metric`` against worker-hours (:mod:`distmis.tracking.pareto`): ``pareto.md`` / ``.csv``
-    (every row, the front's first) and ``pareto.png`` on the search's run."""
-    from distmis.tracking.figures import pareto_figure
-    from distmis.tracking.pareto import pareto_frame
-
-    try:
-        frame = pareto_frame(results, metric, mode)
-        if frame.empty or not frame["pareto"].any():
-            return
-        search_run.log_text(format_results(frame, "csv"), "pareto.csv")
-        search_run.log_text(format_results(frame, "markdown"), "pareto.md")
-        title = f"{metric} against cost: {int(frame['pareto'].sum())} of {len(frame)} on the front"
-        search_run.log_figure(pareto_figure(frame, metric, title=title), "pareto.png")
-    except Exception as exc:  # noqa: BLE001 - a figure never stops the search's end
-        logger.warning("no Pareto front of %s against worker-hours: %s", metric, exc)
 
 
 def _record_accounting(search_run: SearchRun, capacity: int) -> None:

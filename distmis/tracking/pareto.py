@@ -5,13 +5,19 @@ Written by the search's end as ``pareto.md`` / ``pareto.csv`` and drawn as ``par
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pandas as pd
 
-__all__ = ["non_dominated", "pareto_frame"]
+if TYPE_CHECKING:
+    from distmis.tracking.mlflow_tracking import SearchRun
+
+__all__ = ["non_dominated", "pareto_frame", "record_pareto"]
+
+logger = logging.getLogger(__name__)
 
 
 def non_dominated(points: Sequence[tuple[float, float]], mode: Literal["max", "min"]) -> list[int]:
@@ -40,3 +46,21 @@ def pareto_frame(results: pd.DataFrame, metric: str, mode: Literal["max", "min"]
     front = set(non_dominated(points, mode))
     frame = results.assign(pareto=[i in front for i in range(len(results))])
     return frame.sort_values(["pareto", "worker_h"], ascending=[False, True], kind="stable").reset_index(drop=True)
+
+
+def record_pareto(search_run: SearchRun, results: pd.DataFrame, metric: str, mode: Literal["max", "min"]) -> None:
+    """The front of ``metric`` against worker-hours on the search's run: ``pareto.md`` / ``.csv`` (every row, the
+    front's first) and ``pareto.png``. Never raises: a figure never stops the search's end."""
+    from distmis.tracking.figures import pareto_figure
+    from distmis.tracking.results import format_results
+
+    try:
+        frame = pareto_frame(results, metric, mode)
+        if frame.empty or not frame["pareto"].any():
+            return
+        search_run.log_text(format_results(frame, "csv"), "pareto.csv")
+        search_run.log_text(format_results(frame, "markdown"), "pareto.md")
+        title = f"{metric} against cost: {int(frame['pareto'].sum())} of {len(frame)} on the front"
+        search_run.log_figure(pareto_figure(frame, metric, title=title), "pareto.png")
+    except Exception as exc:  # noqa: BLE001 - a record of the cost never stops the search's end
+        logger.warning("no Pareto front of %s against worker-hours: %s", metric, exc)
