@@ -21,7 +21,7 @@ text (no colours, nothing redrawn), so a log file reads as the console did.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from ray import tune
 
@@ -79,6 +79,7 @@ class SearchConsole(tune.Callback):
         self.attempts: dict[str, set[str]] = {}
         self.seen: dict[str, set[str]] = {}  # label -> the trials printed under it
         self.width = 0
+        self.budget_line: Callable[[], str] | None = None  # search.budget: what is spent, after each progress line
 
     # ------------------------------------------------------------------ lines
     @staticmethod
@@ -142,4 +143,6 @@ class SearchConsole(tune.Callback):
 
     def _progress(self) -> None:
         self.print(f"  {progress_line(self.progress.figures(), self.metric)}")
+        if self.budget_line is not None:
+            self.print(f"  {self.budget_line()}")
 

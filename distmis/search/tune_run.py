@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from distmis.predict.resolve import LOCAL_MODEL_FOLDER
+from distmis.search.budget import (
+    BudgetScheduler, BudgetSpent, BudgetStopper, LiveBudget, SearchBudget, register, unregister,
+)
 from distmis.search.console import SearchConsole
 from distmis.search.finish import end_search
 from distmis.search.folds import restored_trials
@@ -140,6 +143,9 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         pool = start_pool(experiment, plan.pool_workers, num_trials(spec), begun=callback.started)  # noqa: F841
         others.append(pool_callback(experiment))
     handle = callback.handle(*others)
+    live = _search_budget(spec, search_run, callback, resume=resume)
+    if live is not None and console is not None:
+        console.budget_line = live.budget.summary
     if restore:
         tuner = tune.Tuner.restore(str(storage / experiment), trainable=function, param_space=tune_param_space(spec),
                                    resume_unfinished=True, resume_errored=True, storage_filesystem=filesystem)
@@ -155,8 +161,11 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
                 metric=spec.search.selected_metric,
                 mode=spec.search.mode,
                 # search_alg, num_samples, max_concurrent_trials: with folds, the fold searcher says when it is done
-                **tune_search(spec, plan.max_concurrent_trials),
-                scheduler=scheduler(spec),
+                # search.budget: trials made only as they can start, so that none waits queued when it is spent
+                **tune_search(spec, plan.max_concurrent_trials or (at_once if spec.search.budget else None)),
+                # search.budget: no trial starts once it is spent (the scheduler's), each stops at its next epoch
+                scheduler=(BudgetScheduler(scheduler(spec), search_run.run_id) if spec.search.budget
+                           else scheduler(spec)),
                 # One process serves the search's trials in turn rather than a new one per trial: its imports,
                 # and an experiment-mode trial's traced graphs (trainable.single_process_trial).
                 reuse_actors=True,
@@ -169,6 +178,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
                 # Every folder stays for Tune's saved state to name; the trials empty the old ones (trial_checkpoints).
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
                 failure_config=tune.FailureConfig(max_failures=retries),
+                stop=BudgetStopper(search_run.run_id) if spec.search.budget else None,
                 verbose=1 if verbose else 0,  # Tune's boxed tables: --verbose only
             ),
         )
@@ -177,6 +187,8 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         console.header(spec, trials=num_trials(spec), layout=plan.label,
                        store=redact_uri(search_run.tracking_uri), experiment=spec.experiment_name)
     start = time.perf_counter()
+    if live is not None:
+        live.budget.restart()  # the wall time counted from here (and what earlier runs spent)
     tune_failure = ""  # why Ray Tune itself stopped, if it did (e.g. it could not write a trial's error file)
     received: dict[str, int] = {}
     try:
@@ -195,13 +207,20 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         search_run.finish("FAILED", timeout=30)
         raise
     finally:  # the workers died with the last trial's process; their placement group outlives it
+        if live is not None:
+            live.budget.record_now()
+            unregister(search_run.run_id)
         if plan.distributed and (runs_on_worker_group(spec) or plan.mode == "auto"):
             release_groups(experiment)
         if plan.mode == "auto":
             from distmis.search.worker_pool import stop_pool
 
             stop_pool(experiment)
-    if (received or callback.unfinished) and not tune_failure:  # Tune stopped on Ctrl-C or SIGTERM
+    spent = live.ended if live is not None else ""
+    if spent and not received:  # the budget ended it: the trials it never started are not run
+        search_run.set_tag("distmis.budget", f"spent: {spent}")
+        callback.fail_unfinished(f"the search's budget was spent ({spent}) before this trial could go on")
+    elif (received or callback.unfinished) and not tune_failure:  # Tune stopped on Ctrl-C or SIGTERM
         _record_interruption(callback, search_run)
         raise SearchInterrupted(received.get("signal", signal.SIGINT))
     search_seconds = time.perf_counter() - start
@@ -211,6 +230,25 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     return end_search(spec, data, search_run, grid, callback, search_seconds=search_seconds,
                       capacity=plan.pool_workers or at_once * plan.largest.world_size,
                       tune_failure=tune_failure, model_folder=output_dir / LOCAL_MODEL_FOLDER if keep_model else None)
+
+
+def _search_budget(spec: Spec, search_run: SearchRun, callback: MLflowTrialCallback, *,
+                   resume: bool) -> LiveBudget | None:
+    """``search.budget``'s live state in this driver, registered under the search run's id for Tune's scheduler and
+    stopper (:mod:`distmis.search.budget`); a resumed search starts from what its run recorded as spent. None
+    without a budget."""
+    if spec.search.budget is None:
+        return None
+    before = BudgetSpent.from_metrics(search_run.client.get_run(search_run.run_id).data.metrics) if resume \
+        else BudgetSpent()
+    budget = SearchBudget(spec.search.budget, before, record=search_run.log_metrics)
+
+    def workers(trial_id: str, result: dict) -> int:  # mode auto's trials say theirs with each epoch
+        return int(result.get("workers") or callback.trial_workers.get(trial_id, 1))
+
+    live = register(search_run.run_id, LiveBudget(budget, workers, callback.stopped_by_budget))
+    callback.budget_ended = lambda: live.ended  # the trials it kept from going on: stopped, not failed
+    return live
 
 
 def _last_line(exc: BaseException) -> str:

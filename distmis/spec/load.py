@@ -912,6 +912,16 @@ def trial_problems(spec: Spec) -> list[tuple[str, str]]:
             + check_precision(spec) + check_deep_supervision(spec))
 
 
+def check_budget(spec: Spec) -> list[tuple[str, str]]:
+    """``search.budget`` ends one search; a comparison (``parallelism.mode: compare``) times whole searches against
+    each other, which a budget would cut at different points."""
+    if spec.search.budget is not None and spec.parallelism.mode == "compare":
+        return [("search.budget", "mode 'compare' times whole searches against each other, which a budget would "
+                                  "end at different points: run the comparison without a budget, or one search "
+                                  "(mode 'experiment', 'data' or 'auto') with it")]
+    return []
+
+
 def check_folds(spec: Spec) -> list[tuple[str, str]]:
     """Cross-validation: ``search.folds`` names folds that ``dataset.split.folds`` makes, and a spec leaves
     ``dataset.split.fold`` (one trial's fold) to the search."""
@@ -949,6 +959,7 @@ def check_auto_mode(spec: Spec) -> list[tuple[str, str]]:
 
 def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
-    problems = trial_problems(spec) + check_search_space(spec) + check_folds(spec) + check_auto_mode(spec)
+    problems = (trial_problems(spec) + check_search_space(spec) + check_folds(spec) + check_auto_mode(spec)
+                + check_budget(spec))
     return (problems or check_auto_degree_combinations(spec) or check_pipeline_combinations(spec)
             or check_model_combinations(spec) or check_optimizer_combinations(spec))

@@ -705,6 +705,40 @@ class MedianSpec(StrictModel):
                                                   "of their running means judges another trial there")
 
 
+_DURATION = re.compile(r"^\s*(?:(?P<h>\d+(?:\.\d+)?)\s*h)?\s*(?:(?P<m>\d+(?:\.\d+)?)\s*m)?\s*"
+                       r"(?:(?P<s>\d+(?:\.\d+)?)\s*s)?\s*$")
+
+
+def duration_seconds(value: Any) -> float:
+    """Seconds of a duration: a number (seconds) or text such as ``6h``, ``90m``, ``1h30m``, ``45s``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    match = _DURATION.match(str(value)) if isinstance(value, str) else None
+    if match is None or not any(match.groupdict().values()):
+        raise ValueError(f"a duration is a number of seconds or text such as 6h, 90m, 1h30m or 45s, got {value!r}")
+    return sum(float(match[unit] or 0) * factor for unit, factor in (("h", 3600), ("m", 60), ("s", 1)))
+
+
+class BudgetSpec(StrictModel):
+    """``search.budget``: the search ends when either is spent (:mod:`distmis.search.budget`)."""
+
+    wall: float | None = Field(None, gt=0, description="the trials' wall time over every run of the search: "
+                                                       "seconds, or 6h, 90m, 1h30m, 45s")
+    worker_hours: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                       description="each trial's workers times its time, added up")
+
+    @field_validator("wall", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return None if value is None else duration_seconds(value)
+
+    @model_validator(mode="after")
+    def _something(self) -> BudgetSpec:
+        if self.wall is None and self.worker_hours is None:
+            raise ValueError("a budget names wall, worker_hours or both (e.g. {wall: 6h, worker_hours: 200})")
+        return self
+
+
 #: ``search.selection``: the best epoch by the metric's value, or by its exponential moving average
 #: (:mod:`distmis.train.selection`).
 SelectionRule = Literal["epoch", "moving-average"]
@@ -722,6 +756,8 @@ class SearchSpec(StrictModel):
     asha: AshaSpec = AshaSpec()
     hyperband: HyperBandSpec = HyperBandSpec()
     median: MedianSpec = MedianSpec()
+    budget: BudgetSpec | None = Field(None, description="the search ends when its wall time or its worker-hours "
+                                                         "are spent: {wall: 6h, worker_hours: 200}")
     space: dict[str, Domain] = Field(default_factory=dict)
     evaluate_top: int = Field(1, ge=0, description="after the search, the best k trials' best epochs are scored on the "
                                                    "test split (0: none)")

@@ -54,7 +54,7 @@ RESUMES_TAG = "distmis.resumes"  # times a search (or a trial in it) was resumed
 SEARCH_RUN_TAG = "distmis.search_run"  # every trial run: its search's run (a fold's parent is its configuration's)
 CONFIGURATION_TAG = "distmis.configuration"  # cross-validation: a configuration's id, on its run and its folds'
 FOLD_TAG = "distmis.fold"  # cross-validation: the fold a trial's run validated on
-STOPPED_TAG = "distmis.stopped"  # a trial its scheduler stopped early: "<scheduler> at epoch <n> of <N>"
+STOPPED_TAG = "distmis.stopped"  # a trial stopped early: "<scheduler or budget> at epoch <n> of <N>"
 LOST_TAG = "distmis.lost"  # a resumed search's deleted run: why its trial was lost and will not run again
 CONFIGURATION_ROLE = "configuration"
 
@@ -397,6 +397,9 @@ class MLflowTrialCallback(tune.Callback):
         self.attempts_before: dict[str, int] = {}  # attempts recorded before a resume
         self.adopted: set[str] = set()  # trials whose runs a resumed search took over
         self.trial_workers: dict[str, int] = {}  # trial id -> the workers it holds (its layout's world size)
+        self.stopped_by: dict[str, str] = {}  # trial id -> what stopped it besides its scheduler ("budget")
+        # search.budget: why it ended the search ("" while it has not): set by the search (distmis.search.budget)
+        self.budget_ended: Callable[[], str] = lambda: ""
         # trial id -> worker-seconds beyond trial_workers x its time, from the epochs an auto search's pool grew it for
         self.grown_worker_seconds: dict[str, float] = {}
         self.num_parameters_logged: set[str] = set()
@@ -732,17 +735,22 @@ class MLflowTrialCallback(tune.Callback):
         self._write(trial, "status", lambda run_id: self.client.set_terminated(run_id, status))
 
     def _stopped_early(self, trial: Any, status: str) -> str:
-        """What :data:`STOPPED_TAG` says of a trial that ended ``status``: its scheduler and the epoch it was
-        stopped at, for a FINISHED trial of a search whose scheduler stops trials that trained fewer epochs than
-        its own ``training.epochs``; ``""`` otherwise."""
+        """What :data:`STOPPED_TAG` says of a trial that ended ``status``: what stopped it (the search's budget,
+        or its scheduler) and the epoch it was stopped at, for a FINISHED trial that trained fewer epochs than its
+        own ``training.epochs`` and that one of them stopped; ``""`` otherwise."""
         from distmis.spec.searchers import scheduler_entry
 
         scheduler = self.spec.search.scheduler
+        by = self.stopped_by.get(trial.trial_id) or (scheduler if scheduler_entry(scheduler).stops_trials else "")
         planned = int(trial.config.get("training.epochs", self.spec.training.epochs))
         done = self.epochs.get(trial.trial_id, 0)
-        if status != "FINISHED" or not scheduler_entry(scheduler).stops_trials or not 0 < done < planned:
+        if status != "FINISHED" or not by or not 0 < done < planned:
             return ""
-        return f"{scheduler} at epoch {done} of {planned}"
+        return f"{by} at epoch {done} of {planned}"
+
+    def stopped_by_budget(self, trial_id: str) -> None:
+        """``search.budget`` stops the trial at the epoch it reports now (:mod:`distmis.search.budget`)."""
+        self.stopped_by[trial_id] = "budget"
 
     def _count_attempt(self, trial: Any, attempt: str) -> None:
         seen = self.attempts.setdefault(trial.trial_id, set())
@@ -844,6 +852,18 @@ class MLflowTrialCallback(tune.Callback):
             restored_ended = trial.trial_id in self.adopted and trial.trial_id not in self.reopened  # not run here
             if restored_ended and trial.trial_id not in self.ended and trial.status in ("TERMINATED", "ERROR"):
                 self._settle(trial)
+        spent = self.budget_ended()
+        if spent:  # the budget ended the search: a trial it kept from going on stopped where it was
+            for trial in trials:
+                if trial.trial_id not in self.started or trial.trial_id in self.ended:
+                    continue
+                if self.epochs.get(trial.trial_id, 0):
+                    self.stopped_by[trial.trial_id] = "budget"
+                    self._settle(trial)
+                else:  # failed before its first epoch; its retry was not started
+                    self._write(trial, "error", lambda run_id: self.client.set_tag(
+                        run_id, "error", f"no epoch trained before the search's budget was spent ({spent})"))
+                    self._finish(trial, RunStatus.to_string(RunStatus.FAILED))
         self.unfinished = [t.trial_id for t in trials if t.trial_id not in self.ended]
 
     def _settle(self, trial: Any) -> None:
