@@ -50,8 +50,10 @@ def tune_param_space(spec: Spec) -> dict[str, Any]:
 
 def graph_affine(spec: Spec) -> bool:
     """Whether a search's trials are handed out by graph (:mod:`distmis.search.affinity`): a grid or random
-    search without folds of experiment-mode TensorFlow trials, which keep their traced graphs on their actor."""
+    search without folds of experiment-mode TensorFlow trials, which keep their traced graphs on their actor. Not
+    under population-based training, which Ray Tune runs with its own variant generator only."""
     return (algorithm_entry(spec.search.algorithm).variant_generator and not spec.cv_folds
+            and spec.search.scheduler != "pbt"
             and spec.model.framework == "tensorflow" and spec.parallelism.mode == "experiment")
 
 
@@ -140,7 +142,7 @@ def tune_search(spec: Spec, max_concurrent: int | None) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- trial schedulers
-def _asha(spec: Spec) -> TrialScheduler:
+def _asha(spec: Spec, key: str) -> TrialScheduler:
     """Asynchronous successive halving over the epochs a trial reports (``search.asha``)."""
     from ray.tune.schedulers import ASHAScheduler
 
@@ -152,7 +154,7 @@ def _asha(spec: Spec) -> TrialScheduler:
     )
 
 
-def _hyperband(spec: Spec) -> TrialScheduler:
+def _hyperband(spec: Spec, key: str) -> TrialScheduler:
     """Asynchronous HyperBand: ASHA in ``search.hyperband.brackets`` brackets, each trial drawn into one by Tune's
     ``AsyncHyperBandScheduler`` (no trial is paused, so none restarts from its checkpoint at a rung), its draws
     seeded with ``training.seed``."""
@@ -165,7 +167,7 @@ def _hyperband(spec: Spec) -> TrialScheduler:
                                 seed=spec.training.seed)
 
 
-def _median(spec: Spec) -> TrialScheduler:
+def _median(spec: Spec, key: str) -> TrialScheduler:
     """The median stopping rule over the epochs (``search.median``), stopping (not pausing) a trial below it."""
     from ray.tune.schedulers import MedianStoppingRule
 
@@ -174,23 +176,31 @@ def _median(spec: Spec) -> TrialScheduler:
                               min_samples_required=median.min_samples, hard_stop=True)
 
 
-#: A registered scheduler's Tune scheduler, by name (:data:`distmis.spec.searchers.SCHEDULERS`): ``spec -> a new
-#: TrialScheduler``, or None for Tune's default (first in, first out: every trial trains every epoch).
-TUNE_SCHEDULERS: dict[str, Callable[[Spec], TrialScheduler] | None] = {
-    "none": None, "asha": _asha, "hyperband": _hyperband, "median": _median}
+def _pbt(spec: Spec, key: str) -> TrialScheduler:
+    """Population-based training (``search.pbt``), its exploits told to the search run ``key``'s listener."""
+    from distmis.search.pbt import pbt_scheduler
+
+    return pbt_scheduler(spec, key)
 
 
-def scheduler(spec: Spec) -> TrialScheduler | None:
+#: A registered scheduler's Tune scheduler, by name (:data:`distmis.spec.searchers.SCHEDULERS`): ``(spec, key) -> a
+#: new TrialScheduler`` (``key``: the search run's id, by which a scheduler finds what the driver listens with), or
+#: None for Tune's default (first in, first out: every trial trains every epoch).
+TUNE_SCHEDULERS: dict[str, Callable[[Spec, str], TrialScheduler] | None] = {
+    "none": None, "asha": _asha, "hyperband": _hyperband, "median": _median, "pbt": _pbt}
+
+
+def scheduler(spec: Spec, key: str = "") -> TrialScheduler | None:
     """The scheduler ``search.scheduler`` names (with folds: one per fold, each seeing only its fold's trials,
-    :class:`~distmis.search.folds.FoldScheduler`); None for Tune's default."""
+    :class:`~distmis.search.folds.FoldScheduler`); None for Tune's default. ``key``: the search run's id."""
     make = TUNE_SCHEDULERS[spec.search.scheduler]
     if make is None:
         return None
     if not spec.cv_folds:
-        return make(spec)
+        return make(spec, key)
     from distmis.search.folds import FoldScheduler
 
-    return FoldScheduler(spec.cv_folds, lambda: make(spec))
+    return FoldScheduler(spec.cv_folds, lambda: make(spec, key))
 
 
 def num_configurations(search: SearchSpec) -> int:

@@ -19,6 +19,7 @@ from distmis.predict.resolve import LOCAL_MODEL_FOLDER
 from distmis.search.budget import (
     BudgetScheduler, BudgetSpent, BudgetStopper, LiveBudget, SearchBudget, register, unregister,
 )
+from distmis.search import pbt
 from distmis.search.console import SearchConsole
 from distmis.search.finish import end_search
 from distmis.search.folds import restored_trials
@@ -144,6 +145,8 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         others.append(pool_callback(experiment))
     handle = callback.handle(*others)
     live = _search_budget(spec, search_run, callback, resume=resume)
+    if spec.search.scheduler == "pbt":  # each exploit recorded on its trial's run
+        pbt.listen(search_run.run_id, callback.exploited)
     if live is not None and console is not None:
         console.budget_line = live.budget.summary
     if restore:
@@ -164,8 +167,8 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
                 # search.budget: trials made only as they can start, so that none waits queued when it is spent
                 **tune_search(spec, plan.max_concurrent_trials or (at_once if spec.search.budget else None)),
                 # search.budget: no trial starts once it is spent (the scheduler's), each stops at its next epoch
-                scheduler=(BudgetScheduler(scheduler(spec), search_run.run_id) if spec.search.budget
-                           else scheduler(spec)),
+                scheduler=(BudgetScheduler(scheduler(spec, search_run.run_id), search_run.run_id)
+                           if spec.search.budget else scheduler(spec, search_run.run_id)),
                 # One process serves the search's trials in turn rather than a new one per trial: its imports,
                 # and an experiment-mode trial's traced graphs (trainable.single_process_trial).
                 reuse_actors=True,
@@ -210,6 +213,7 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         if live is not None:
             live.budget.record_now()
             unregister(search_run.run_id)
+        pbt.unlisten(search_run.run_id)
         if plan.distributed and (runs_on_worker_group(spec) or plan.mode == "auto"):
             release_groups(experiment)
         if plan.mode == "auto":

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from distmis.models.registry import MODELS, PARALLELISM_NAMES, model_entry
-from distmis.spec.searchers import algorithm_entry
+from distmis.spec.searchers import PBT_MUTABLE, algorithm_entry
 from distmis.spec.curriculum import TrainingStage, training_stages
 from distmis.perf.partition import check_sequence_parallel
 from distmis.perf.partition import token_grid
@@ -922,6 +922,45 @@ def check_budget(spec: Spec) -> list[tuple[str, str]]:
     return []
 
 
+def check_pbt(spec: Spec) -> list[tuple[str, str]]:
+    """``scheduler: pbt`` copies one trial's weights into another mid-training and changes its searched values:
+    what it may change (:data:`~distmis.spec.searchers.PBT_MUTABLE`), and what it combines with."""
+    search = spec.search
+    if search.scheduler != "pbt":
+        return []
+    problems: list[tuple[str, str]] = []
+    if spec.parallelism.mode != "experiment":
+        problems.append(("search.scheduler", f"'pbt' restarts a trial from another trial's checkpoint, which distmis "
+                                             f"does for mode 'experiment' trials; got mode "
+                                             f"'{spec.parallelism.mode}'"))
+    if spec.cv_folds:
+        problems.append(("search.scheduler", "'pbt' would copy the weights of a trial trained on one fold into a "
+                                             "trial of another, whose validation cases it trained on: use it "
+                                             "without dataset.split.folds"))
+    if not algorithm_entry(search.algorithm).variant_generator:
+        problems.append(("search.algorithm", f"'{search.algorithm}' proposes configurations from results, which "
+                                             "'pbt' changes under it: use 'grid' or 'random' with 'pbt'"))
+    if search.pbt.interval >= spec.training.epochs:
+        problems.append(("search.pbt.interval", f"{search.pbt.interval} epochs leave no perturbation in "
+                                                f"{spec.training.epochs} epochs: make it smaller than "
+                                                "training.epochs"))
+    allowed = ", ".join(sorted(PBT_MUTABLE))
+    for path in search.pbt.mutations or []:
+        if path not in PBT_MUTABLE:
+            problems.append(("search.pbt.mutations", f"{path!r} cannot change mid-training (the network, its "
+                                                     f"tiles or its data would change); PBT may change {allowed}"))
+        elif path not in search.space:
+            problems.append(("search.pbt.mutations", f"{path!r} is not searched: add it to search.space, whose "
+                                                     "domain bounds what explore may set"))
+        elif search.space[path].kind == "randint":
+            problems.append((f"search.space.{path}", "'pbt' perturbs a list's values or a range of reals: use "
+                                                     "'choice', 'grid', 'uniform' or 'loguniform'"))
+    if search.pbt.mutations is None and not any(path in PBT_MUTABLE for path in search.space):
+        problems.append(("search.space", f"'pbt' perturbs searched values it may change mid-training, and none is "
+                                         f"searched: search one of {allowed}"))
+    return problems
+
+
 def check_folds(spec: Spec) -> list[tuple[str, str]]:
     """Cross-validation: ``search.folds`` names folds that ``dataset.split.folds`` makes, and a spec leaves
     ``dataset.split.fold`` (one trial's fold) to the search."""
@@ -960,6 +999,6 @@ def check_auto_mode(spec: Spec) -> list[tuple[str, str]]:
 def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
     problems = (trial_problems(spec) + check_search_space(spec) + check_folds(spec) + check_auto_mode(spec)
-                + check_budget(spec))
+                + check_budget(spec) + check_pbt(spec))
     return (problems or check_auto_degree_combinations(spec) or check_pipeline_combinations(spec)
             or check_model_combinations(spec) or check_optimizer_combinations(spec))

@@ -705,6 +705,29 @@ class MedianSpec(StrictModel):
                                                   "of their running means judges another trial there")
 
 
+class PBTSpec(StrictModel):
+    """``scheduler: pbt``: population-based training (Jaderberg et al., 2017) as Ray Tune runs it: every
+    ``interval`` epochs a trial in the bottom ``quantile`` of the population goes on from the newest complete
+    checkpoint of one in the top ``quantile`` (exploit) with its searched values perturbed (explore): each
+    ``mutations`` value is resampled from its domain with ``resample_probability``, otherwise multiplied by one of
+    ``factors`` (a list's value moves to a neighbour), and kept within its domain's bounds."""
+
+    interval: int = Field(2, ge=1, description="epochs between a trial's perturbations")
+    quantile: float = Field(0.25, gt=0, le=0.5, description="the share of trials at the bottom that exploit, and "
+                                                           "at the top that are exploited")
+    resample_probability: float = Field(0.25, ge=0, le=1)
+    factors: tuple[float, float] = Field((0.8, 1.2), description="explore multiplies a value by one of these")
+    mutations: list[str] | None = Field(None, description="the searched paths explore changes (None: every "
+                                                          "searched path PBT may change mid-training)")
+
+    @field_validator("factors")
+    @classmethod
+    def _positive(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(factor > 0 for factor in value):
+            raise ValueError(f"perturbation factors are positive, got {list(value)}")
+        return value
+
+
 _DURATION = re.compile(r"^\s*(?:(?P<h>\d+(?:\.\d+)?)\s*h)?\s*(?:(?P<m>\d+(?:\.\d+)?)\s*m)?\s*"
                        r"(?:(?P<s>\d+(?:\.\d+)?)\s*s)?\s*$")
 
@@ -756,6 +779,7 @@ class SearchSpec(StrictModel):
     asha: AshaSpec = AshaSpec()
     hyperband: HyperBandSpec = HyperBandSpec()
     median: MedianSpec = MedianSpec()
+    pbt: PBTSpec = PBTSpec()
     budget: BudgetSpec | None = Field(None, description="the search ends when its wall time or its worker-hours "
                                                          "are spent: {wall: 6h, worker_hours: 200}")
     space: dict[str, Domain] = Field(default_factory=dict)

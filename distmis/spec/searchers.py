@@ -12,11 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["DOMAIN_KINDS", "AlgorithmEntry", "SchedulerEntry", "ALGORITHMS", "SCHEDULERS", "algorithm_entry",
+__all__ = ["PBT_MUTABLE", "pbt_mutations", "DOMAIN_KINDS", "AlgorithmEntry", "SchedulerEntry", "ALGORITHMS", "SCHEDULERS", "algorithm_entry",
            "scheduler_entry"]
 
 #: The kinds of a search-space domain (:class:`~distmis.spec.schema.Domain`).
 DOMAIN_KINDS = frozenset({"grid", "choice", "uniform", "loguniform", "randint"})
+
+
+#: What population-based training may change in a trial mid-training (``search.pbt.mutations``): values the next
+#: step reads afresh, that leave the network, its tiles and its weights' shapes as they are. The optimizer's
+#: ``lr``, ``weight_decay`` and ``momentum``, and each augmentation's probability and strength.
+PBT_MUTABLE = frozenset({
+    "training.optimizer.lr", "training.optimizer.weight_decay", "training.optimizer.momentum",
+    *(f"training.augment.{name}" for name in (
+        "flip", "rotate90", "affine", "rotate_degrees", "scale_range", "elastic", "intensity_scale",
+        "intensity_scale_range", "intensity_shift", "intensity_shift_range", "noise", "noise_std")),
+})
 
 
 @dataclass(frozen=True)
@@ -75,11 +86,21 @@ SCHEDULERS: dict[str, SchedulerEntry] = {
         SchedulerEntry("hyperband", stops_trials=True,
                        summary="asynchronous HyperBand: search.hyperband's brackets of successive halving, each "
                                "with its own grace period, every trial drawn into one"),
+        SchedulerEntry("pbt", stops_trials=False,
+                       summary="population-based training: every search.pbt.interval epochs a trial in the "
+                               "bottom quantile goes on from a top trial's checkpoint with its values perturbed"),
         SchedulerEntry("median", stops_trials=True,
                        summary="median stopping: a trial whose best result so far is below the median of the "
                                "other trials' running means at the same epoch is stopped (search.median)"),
     )
 }
+
+
+def pbt_mutations(search: Any) -> list[str]:
+    """The searched paths population-based training changes: ``search.pbt.mutations``, or every searched path it
+    may change (:data:`PBT_MUTABLE`). ``search``: a :class:`~distmis.spec.schema.SearchSpec`."""
+    named = search.pbt.mutations
+    return list(named) if named is not None else [path for path in search.space if path in PBT_MUTABLE]
 
 
 def algorithm_entry(name: str) -> AlgorithmEntry:

@@ -31,7 +31,9 @@ from distmis.tracking.predicted import predict_trial
 from distmis.spec.layout import TrialLayout, resolve_trial
 from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, SpecError, searched_config, spec_to_dict
 from distmis.spec.schema import Spec
+from distmis.spec.searchers import pbt_mutations
 from distmis.tracking.datasets import TrackedData
+from distmis.tracking.lineage import EXPLOITS_TAG, PBT_PREFIX, Exploit, best_epoch, exploit_entry
 from distmis.tracking.new_store import seed_sqlite_store
 from distmis.tracking.writer import ResilientWriter
 from distmis.trial.record import (
@@ -398,6 +400,11 @@ class MLflowTrialCallback(tune.Callback):
         self.adopted: set[str] = set()  # trials whose runs a resumed search took over
         self.trial_workers: dict[str, int] = {}  # trial id -> the workers it holds (its layout's world size)
         self.stopped_by: dict[str, str] = {}  # trial id -> what stopped it besides its scheduler ("budget")
+        # search.scheduler pbt: the paths it changes, and each trial's exploits (distmis.tracking.lineage)
+        self.pbt_paths = tuple(pbt_mutations(spec.search)) if spec.search.scheduler == "pbt" else ()
+        self.exploits: dict[str, list[dict[str, Any]]] = {}
+        # trial id -> its exploits (indices) whose first report from the donor's line is not seen yet, oldest first
+        self.exploit_pending: dict[str, list[int]] = {}
         # search.budget: why it ended the search ("" while it has not): set by the search (distmis.search.budget)
         self.budget_ended: Callable[[], str] = lambda: ""
         # trial id -> worker-seconds beyond trial_workers x its time, from the epochs an auto search's pool grew it for
@@ -450,6 +457,8 @@ class MLflowTrialCallback(tune.Callback):
             if "model.num_parameters" in run.data.params:
                 self.num_parameters_logged.add(trial_id)
             self.attempts_before[trial_id] = int(run.data.tags.get(ATTEMPTS_TAG, "0"))
+            if EXPLOITS_TAG in run.data.tags:
+                self.exploits[trial_id] = json.loads(run.data.tags[EXPLOITS_TAG])
             self.trial_workers[trial_id] = run_workers(run)
             epochs = self.client.get_metric_history(run_id, "epoch_seconds")  # logged with every epoch
             self.epochs[trial_id] = max((m.step for m in epochs), default=0)
@@ -752,6 +761,36 @@ class MLflowTrialCallback(tune.Callback):
         """``search.budget`` stops the trial at the epoch it reports now (:mod:`distmis.search.budget`)."""
         self.stopped_by[trial_id] = "budget"
 
+    def exploited(self, exploit: Exploit) -> None:
+        """Population-based training restarts ``exploit.trial`` from the donor's checkpoint (:mod:`~distmis.search.pbt`
+        tells it, in this driver process): recorded on the trial's run, and its record follows the donor's line from
+        the trial's next report (:meth:`_go_on_from_donor`)."""
+        exploits = self.exploits.setdefault(exploit.trial, [])
+        exploits.append(exploit_entry(exploit, self.run_ids))
+        self.exploit_pending.setdefault(exploit.trial, []).append(len(exploits) - 1)
+        self._tag_exploits(exploit.trial)
+
+    def _tag_exploits(self, trial_id: str) -> None:
+        value = json.dumps(self.exploits[trial_id], default=str)
+        self.writer.submit(f"exploits ({trial_id})",
+                           lambda: self.client.set_tag(self.run_ids[trial_id], EXPLOITS_TAG, value))
+
+    def _go_on_from_donor(self, trial_id: str, replayed: list[dict[str, Any]]) -> None:
+        """The first report after an exploit replays the donor's epochs up to the checkpoint the trial went on from:
+        they stay on the donor's run; this run's epochs go on after it, and its best is the donor line's (the
+        weights its checkpoint keeps). The report that made PBT exploit may itself be the first of an earlier
+        exploit's line: each such report is the oldest pending exploit's."""
+        index = self.exploit_pending[trial_id].pop(0)
+        went_on_after = max(int(entry["epoch"]) for entry in replayed)
+        self.exploits[trial_id][index]["went_on_after"] = went_on_after
+        self._tag_exploits(trial_id)
+        self.epochs[trial_id] = went_on_after
+        best = best_epoch(replayed, self.spec.search.selected_metric, self.search.mode)
+        if best is None:
+            self.best.pop(trial_id, None)
+        else:
+            self.best[trial_id] = best
+
     def _count_attempt(self, trial: Any, attempt: str) -> None:
         seen = self.attempts.setdefault(trial.trial_id, set())
         if attempt in seen:
@@ -791,6 +830,9 @@ class MLflowTrialCallback(tune.Callback):
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
         # A restarted trial's first report replays the epochs it trained before: log those the run lacks.
         replayed = json.loads(result[HISTORY_KEY]) if result.get(HISTORY_KEY) else []
+        if self.exploit_pending.get(trial_id) and replayed:
+            self._go_on_from_donor(trial_id, replayed)
+            replayed = []
         for entry in [*replayed, {**result, "epoch": epoch}]:
             self._log_epoch(trial, int(entry["epoch"]), entry)
         if result.get(SYSTEM_KEY):
@@ -817,6 +859,8 @@ class MLflowTrialCallback(tune.Callback):
             for key in keys
             if key in result and result[key] is not None and math.isfinite(float(result[key]))
         ]
+        metrics += [Metric(f"{PBT_PREFIX}{path}", float(trial.config[path]), now, epoch)  # search.scheduler pbt
+                    for path in self.pbt_paths if path in trial.config]
         self._write(trial, f"epoch {epoch}", lambda run_id: self.client.log_batch(run_id, metrics=metrics))
         self.epochs[trial_id] = epoch
         value = result.get(self.spec.search.selected_metric)

@@ -583,7 +583,13 @@ class TorchTrainer:
         directory = Path(directory)
         state = torch.load(directory / "trainer.pt", map_location=self.device, weights_only=True)
         self.model.load_state_dict(state["model"])
+        # The optimizer's state (moments, momentum buffers) is the checkpoint's; its hyperparameters are this
+        # trial's configuration's, which population-based training may have changed since (search.pbt).
+        settings = [{key: value for key, value in group.items() if key != "params"}
+                    for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(self.parallelism.optimizer_state(directory, state))
+        for group, own in zip(self.optimizer.param_groups, settings):
+            group.update(own)
         self.precision.load_state_dict(state)
         rng_file = directory / f"rng.rank{rank}.pt"
         if rng_file.is_file():

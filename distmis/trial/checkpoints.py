@@ -66,6 +66,24 @@ def resume_candidates(checkpoint: Any | None, trial_folder: tuple[Any, str] | No
     return found or ([checkpoint] if checkpoint is not None else [])
 
 
+def exploit_candidates(checkpoint: Any) -> list[Any]:
+    """After a population-based-training exploit: the donor's checkpoint Tune names (``checkpoint``, the one PBT
+    chose) first, then the donor's older complete ones, newest first; if none of those is complete any more (the
+    donor trains on and empties its older checkpoints), its newer ones, oldest first: the nearest to PBT's choice."""
+    from ray import tune
+
+    filesystem, parent = checkpoint.filesystem, _parent(checkpoint)
+    name = posixpath.basename(checkpoint.path.rstrip("/"))
+    chosen = int(name.removeprefix(CHECKPOINT_PREFIX)) if name.removeprefix(CHECKPOINT_PREFIX).isdigit() else None
+    try:
+        found = complete_folders(filesystem, parent)  # newest first
+    except OSError:  # the storage cannot be listed: use what Tune gave
+        return [checkpoint]
+    at_or_before = [folder for epoch, folder in found if chosen is None or epoch <= chosen]
+    after = [folder for epoch, folder in reversed(found) if chosen is not None and epoch > chosen]
+    return [tune.Checkpoint(folder, filesystem=filesystem) for folder in at_or_before + after] or [checkpoint]
+
+
 def newest_complete(checkpoint: Any) -> Any:
     """The trial's checkpoint holding the latest epoch (its best weights so far at the root), whichever one Tune
     names: after a resume, Tune's record of a trial's latest checkpoint may be an older, emptied folder.
@@ -144,11 +162,33 @@ def prune_older(checkpoint: Any, keep: int = KEEP) -> None:
             if folder.rstrip("/") == reported or kept < keep:
                 kept += 1
                 continue
-            filesystem.delete_dir_contents(folder)
-            with filesystem.open_output_stream(posixpath.join(folder, PRUNED_MARKER)) as stream:
-                stream.write(b"emptied by distmis: a newer checkpoint of this trial holds its state\n")
+            _empty(filesystem, folder, b"emptied by distmis: a newer checkpoint of this trial holds its state\n")
     except OSError:
         logger.warning("could not empty the older checkpoints of %s", checkpoint.path, exc_info=True)
+
+
+def _empty(filesystem: Any, folder: str, why: bytes) -> None:
+    """Empty one of distmis's checkpoint folders, leaving ``why`` in its :data:`PRUNED_MARKER`."""
+    filesystem.delete_dir_contents(folder)
+    with filesystem.open_output_stream(posixpath.join(folder, PRUNED_MARKER)) as stream:
+        stream.write(why)
+
+
+def leave_own_line(checkpoint: Any | None, trial_folder: tuple[Any, str] | None) -> bool:
+    """Population-based training: a trial Tune restarts from another trial's checkpoint (``checkpoint``, in that
+    trial's folder) goes on from there, so its own complete checkpoints are emptied: neither a later restart nor the
+    search's end may take one of them (their epochs may be newer) for its newest. Whether it was such a restart."""
+    if checkpoint is None or trial_folder is None:
+        return False
+    filesystem, own = trial_folder
+    if _parent(checkpoint).rstrip("/") == own.rstrip("/"):
+        return False
+    try:
+        for _, folder in complete_folders(filesystem, own):
+            _empty(filesystem, folder, b"emptied by distmis: the trial went on from another trial's checkpoint\n")
+    except OSError:
+        logger.warning("could not empty the checkpoints of %s", own, exc_info=True)
+    return True
 
 
 def resume_files() -> list[Files]:

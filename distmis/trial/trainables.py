@@ -94,7 +94,7 @@ def single_process_trial(config: TrialConfig, *, spec: Spec, tfrecord_dir: str) 
     from ray import tune
 
     from distmis.trial.checkpoints import (
-        name_by_epoch, prune_older, resume_candidates, trial_folder, trial_working_folder,
+        exploit_candidates, leave_own_line, name_by_epoch, prune_older, resume_candidates, trial_folder, trial_working_folder,
     )
     from distmis.train.threads import pin_threads
 
@@ -123,9 +123,13 @@ def single_process_trial(config: TrialConfig, *, spec: Spec, tfrecord_dir: str) 
 
     startup = {**clock.seconds(), "startup_process_reused": float(process_reused),
                "startup_graphs_reused": float(graphs_reused)}
+    given = tune.get_checkpoint()
+    if trial.search.scheduler == "pbt" and leave_own_line(given, trial_folder()):  # exploited: the donor's
+        checkpoints = exploit_candidates(given)
+    else:
+        checkpoints = resume_candidates(given, trial_folder())
     try:
-        train_and_report(trainer, trial, report, tune.Checkpoint,
-                         checkpoints=resume_candidates(tune.get_checkpoint(), trial_folder()), startup=startup,
+        train_and_report(trainer, trial, report, tune.Checkpoint, checkpoints=checkpoints, startup=startup,
                          scratch=trial_working_folder())
     except SystemExit:  # Tune stopped the trial (its scheduler, or the search's end) between two epochs
         raise

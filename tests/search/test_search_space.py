@@ -71,7 +71,7 @@ def test_a_new_scheduler_is_one_entry_and_one_binding(spec_tree, monkeypatch):
 
     made: list[FIFOScheduler] = []
 
-    def toy(spec):
+    def toy(spec, key):
         made.append(FIFOScheduler())
         return made[-1]
 
