@@ -21,6 +21,7 @@ from distmis.search.evaluate import (
     test_spacings,
 )
 from distmis.search.configuration_ensemble import LARGEST
+from distmis.search.cost_limit import within_cost_limit
 from distmis.search.publish import publish_model
 from distmis.search.outcome import SearchOutcome
 from distmis.search.prepare import PreparedData
@@ -130,7 +131,12 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
     are logged and tagged on the search run, and make the command exit 1, not raise.
     """
     top = spec.search.evaluate_top
-    finished = callback.finished
+    # search.cost_limit: only the trials (configurations) within it may become the model
+    finished = within_cost_limit(callback.finished, callback.worker_seconds, callback.trial_folds,
+                                 spec.search.cost_limit)
+    if spec.search.cost_limit is not None:
+        search_run.set_tag("distmis.cost_limit", f"{len(finished)} of {len(callback.finished)} finished trials "
+                                                 f"within {spec.search.cost_limit:g} worker-hours")
     problems: list[str] = []
     notes: list[str] = [] if top else ["search.evaluate_top is 0: the test split was not evaluated"]
 
@@ -154,7 +160,11 @@ def _finish_with_best_models(search_run: SearchRun, grid: Any, callback: MLflowT
             finished=finished)]
         unit = "trial"
     if not candidates:
-        if finished:  # trials finished, no candidate has weights to load
+        if callback.finished and not finished:  # search.cost_limit left none
+            cheapest = min(callback.worker_seconds.get(trial, float("inf")) for trial in callback.finished) / 3600
+            problem(f"no finished {unit} is within search.cost_limit {spec.search.cost_limit:g} worker-hours "
+                    f"(the cheapest trial took {cheapest:.3g}): no model", "distmis.test_error")
+        elif finished:  # trials finished, no candidate has weights to load
             problem(f"no finished {unit} has a checkpoint to load its best weights from "
                     f"(trials {', '.join(sorted(finished))})", "distmis.test_error")
         else:

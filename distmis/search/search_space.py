@@ -44,8 +44,10 @@ def param_space(search: SearchSpec) -> dict[str, Any]:
 
 def tune_param_space(spec: Spec) -> dict[str, Any]:
     """What the ``Tuner`` is given as its ``param_space``: the search space, or nothing where distmis's own searcher
-    holds it (:func:`gives_every_trial`)."""
-    return {} if gives_every_trial(spec) else param_space(spec.search)
+    holds it (:func:`gives_every_trial`, or an algorithm made with the space itself)."""
+    if gives_every_trial(spec) or algorithm_entry(spec.search.algorithm).holds_space:
+        return {}
+    return param_space(spec.search)
 
 
 def graph_affine(spec: Spec) -> bool:
@@ -90,13 +92,26 @@ def _optuna(spec: Spec, *, with_space: bool) -> Searcher:
     if not with_space:  # the Tuner gives it the param_space
         return OptunaSearch(sampler=sampler)
     search = spec.search
-    return OptunaSearch(space=param_space(search), metric=search.selected_metric, mode=search.mode, sampler=sampler)
+    return OptunaSearch(space=OptunaSearch.convert_search_space(param_space(search)), metric=search.selected_metric,
+                        mode=search.mode, sampler=sampler)
+
+
+def _optuna_cost(spec: Spec, *, with_space: bool) -> Searcher:
+    """Optuna's multi-objective TPE over the search metric and worker-hours, seeded with ``training.seed``; made with
+    the search space whether or not ``with_space`` (its objectives are its own, not the Tuner's one metric)."""
+    import optuna
+
+    from distmis.search.cost_objective import CostAwareOptuna
+
+    return CostAwareOptuna(spec, CostAwareOptuna.convert_search_space(param_space(spec.search)),
+                           optuna.samplers.TPESampler(seed=spec.training.seed))
 
 
 #: A registered search algorithm's Tune searcher, by name (:data:`distmis.spec.searchers.ALGORITHMS`):
 #: ``(spec, with_space=...) -> Searcher``, or None for Ray Tune's variant generator (grid, random).
 #: ``with_space``: the searcher is given the search space itself (folds: distmis's fold searcher drives it).
-TUNE_ALGORITHMS: dict[str, Callable[..., Searcher] | None] = {"grid": None, "random": None, "optuna": _optuna}
+TUNE_ALGORITHMS: dict[str, Callable[..., Searcher] | None] = {"grid": None, "random": None, "optuna": _optuna,
+                                                               "optuna-cost": _optuna_cost}
 
 
 def search_algorithm(spec: Spec) -> Searcher | None:

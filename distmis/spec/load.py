@@ -961,6 +961,16 @@ def check_pbt(spec: Spec) -> list[tuple[str, str]]:
     return problems
 
 
+def check_algorithm_folds(spec: Spec) -> list[tuple[str, str]]:
+    """An algorithm that distmis's fold searcher cannot drive (:attr:`AlgorithmEntry.takes_folds`) is refused with
+    folds."""
+    if spec.cv_folds and not algorithm_entry(spec.search.algorithm).takes_folds:
+        return [("search.algorithm", f"'{spec.search.algorithm}' is not run with cross-validation folds (a "
+                                     "configuration's cost is its folds' together, which it is not told): use "
+                                     "'optuna', 'grid' or 'random' with folds, or drop dataset.split.folds")]
+    return []
+
+
 def check_folds(spec: Spec) -> list[tuple[str, str]]:
     """Cross-validation: ``search.folds`` names folds that ``dataset.split.folds`` makes, and a spec leaves
     ``dataset.split.fold`` (one trial's fold) to the search."""
@@ -999,6 +1009,6 @@ def check_auto_mode(spec: Spec) -> list[tuple[str, str]]:
 def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
     problems = (trial_problems(spec) + check_search_space(spec) + check_folds(spec) + check_auto_mode(spec)
-                + check_budget(spec) + check_pbt(spec))
+                + check_budget(spec) + check_pbt(spec) + check_algorithm_folds(spec))
     return (problems or check_auto_degree_combinations(spec) or check_pipeline_combinations(spec)
             or check_model_combinations(spec) or check_optimizer_combinations(spec))

@@ -780,6 +780,9 @@ class SearchSpec(StrictModel):
     hyperband: HyperBandSpec = HyperBandSpec()
     median: MedianSpec = MedianSpec()
     pbt: PBTSpec = PBTSpec()
+    cost_limit: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                     description="worker-hours: the registered model is the best trial (with folds: "
+                                                 "configuration, its folds together) within them, not the best of all")
     budget: BudgetSpec | None = Field(None, description="the search ends when its wall time or its worker-hours "
                                                          "are spent: {wall: 6h, worker_hours: 200}")
     space: dict[str, Domain] = Field(default_factory=dict)

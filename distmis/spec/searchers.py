@@ -41,6 +41,8 @@ class AlgorithmEntry:
     refusal: Callable[[str], str]
     variant_generator: bool
     summary: str
+    holds_space: bool = False  # its searcher is made with the search space and its objectives (the Tuner gives none)
+    takes_folds: bool = True  # with dataset.split.folds, distmis's fold searcher drives it
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,11 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
         AlgorithmEntry("optuna", DOMAIN_KINDS - {"grid"}, variant_generator=False,
                        refusal=lambda kind: "algorithm 'optuna' samples; use 'choice' instead of 'grid'",
                        summary="Optuna's TPE sampler, told each trial's result (seeded with training.seed)"),
+        AlgorithmEntry("optuna-cost", DOMAIN_KINDS - {"grid"}, variant_generator=False, holds_space=True,
+                       takes_folds=False,
+                       refusal=lambda kind: "algorithm 'optuna-cost' samples; use 'choice' instead of 'grid'",
+                       summary="Optuna's multi-objective TPE over each trial's best search.metric and its "
+                               "worker-hours (seeded with training.seed)"),
     )
 }
 

@@ -400,6 +400,7 @@ class MLflowTrialCallback(tune.Callback):
         self.adopted: set[str] = set()  # trials whose runs a resumed search took over
         self.trial_workers: dict[str, int] = {}  # trial id -> the workers it holds (its layout's world size)
         self.stopped_by: dict[str, str] = {}  # trial id -> what stopped it besides its scheduler ("budget")
+        self.worker_seconds: dict[str, float] = {}  # trial id -> its workers times its time, once it ended
         # search.scheduler pbt: the paths it changes, and each trial's exploits (distmis.tracking.lineage)
         self.pbt_paths = tuple(pbt_mutations(spec.search)) if spec.search.scheduler == "pbt" else ()
         self.exploits: dict[str, list[dict[str, Any]]] = {}
@@ -460,6 +461,8 @@ class MLflowTrialCallback(tune.Callback):
             if EXPLOITS_TAG in run.data.tags:
                 self.exploits[trial_id] = json.loads(run.data.tags[EXPLOITS_TAG])
             self.trial_workers[trial_id] = run_workers(run)
+            if "worker_seconds" in run.data.metrics:
+                self.worker_seconds[trial_id] = float(run.data.metrics["worker_seconds"])
             epochs = self.client.get_metric_history(run_id, "epoch_seconds")  # logged with every epoch
             self.epochs[trial_id] = max((m.step for m in epochs), default=0)
             history = [m for m in self.client.get_metric_history(run_id, self.spec.search.selected_metric)
@@ -730,6 +733,7 @@ class MLflowTrialCallback(tune.Callback):
             # the workers' time it held: what it cost the cluster (accounting: distmis.tracking.accounting)
             summary["worker_seconds"] = (self.trial_workers.get(trial.trial_id, 1) * float(last["time_total_s"])
                                          + self.grown_worker_seconds.get(trial.trial_id, 0.0))
+            self.worker_seconds[trial.trial_id] = summary["worker_seconds"]
         if trial.trial_id in self.best:
             value, epoch = self.best[trial.trial_id]
             summary[f"best_{self.spec.search.selected_metric}"] = value

@@ -1,7 +1,7 @@
 """``search.budget`` end to end (issue 51): searches of four torch trials of many short epochs, two at a time, each
 far longer than its budget.
 
-- A worker-hours budget, in this process: the search ends once its trials' worker-seconds reach it (over by at most
+- A worker-hours budget, in this process, searched by ``optuna-cost``: the search ends once its trials' worker-seconds reach it (over by at most
   one epoch of each trial then running), no trial starts after that, the trials it stopped are recorded as stopped
   by the budget (FINISHED, ``distmis.stopped``), none failed, and the best of them is scored on the test split and
   registered.
@@ -53,9 +53,13 @@ def check_stopped_by_the_budget(client: MlflowClient, runs) -> None:
 
 
 def test_a_worker_hours_budget_ends_the_search_and_its_best_trial_is_registered(ray_local, tmp_path: Path):
+    """Searched by Optuna's multi-objective TPE over dice and worker-hours (``optuna-cost``), with a cost limit every
+    trial is within (which trials a limit keeps: tests/search/test_cost_objective.py)."""
     budget_s = 24.0  # two trials at once on one worker each: about 12 s of wall time
-    outcome = run_search(validate_spec(budget_tree(tmp_path / "data", worker_hours=budget_s / 3600)),
-                         tmp_path / "out", progress=False)
+    tree = budget_tree(tmp_path / "data", worker_hours=budget_s / 3600)
+    tree["search"].update(algorithm="optuna-cost", num_samples=4, cost_limit=1.0,
+                          space={"training.optimizer.lr": {"loguniform": [1e-3, 4e-3]}})
+    outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False)
     assert outcome.failed == 0 and outcome.model is not None and outcome.test is not None
     client = MlflowClient(outcome.tracking_uri)
     parent = client.get_run(outcome.parent_run_id)
@@ -68,6 +72,7 @@ def test_a_worker_hours_budget_ends_the_search_and_its_best_trial_is_registered(
     assert parent.data.tags["distmis.budget"].startswith("spent: ") and "worker-hours" in parent.data.tags[
         "distmis.budget"]
     assert parent.data.tags["distmis.model_trial"] in {run.data.tags["distmis.trial_id"] for run in runs}
+    assert parent.data.tags["distmis.cost_limit"] == f"{len(runs)} of {len(runs)} finished trials within 1 worker-hours"
 
 
 def test_a_wall_budget_killed_midway_goes_on_with_what_is_left(tmp_path: Path):
