@@ -34,7 +34,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
-__all__ = ["Cluster", "TrialCost", "Placement", "Schedule", "Mode", "asha_epochs", "list_schedule", "pack",
+__all__ = ["Cluster", "TrialCost", "Placement", "Schedule", "Mode", "asha_epochs", "asha_epochs_at_rungs", "list_schedule", "pack",
            "brute_force", "MODES"]
 
 Mode = Literal["experiment", "data", "auto"]
@@ -147,12 +147,26 @@ def asha_epochs(trials: int, max_epochs: int, grace_period: int, reduction_facto
 @functools.lru_cache(maxsize=64)
 def _expected_asha_epochs(trials: int, max_epochs: int, grace_period: int, reduction_factor: float,
                           ) -> tuple[float, ...]:
-    if trials < 1:
-        return ()
     rungs, rung = [], float(max(1, grace_period))
     while rung < max_epochs:
         rungs.append(rung)
         rung *= reduction_factor
+    return _expected_epochs_at_rungs(trials, tuple(rungs), max_epochs, reduction_factor)
+
+
+def asha_epochs_at_rungs(trials: int, rungs: Sequence[int], max_epochs: int, reduction_factor: float) -> list[float]:
+    """:func:`asha_epochs` with rungs at the given epochs (the ends of a curriculum's stages: ``stage-asha``)."""
+    if reduction_factor <= 1:
+        raise ValueError(f"reduction_factor must be above 1, got {reduction_factor}")
+    return list(_expected_epochs_at_rungs(trials, tuple(sorted(float(r) for r in rungs if r < max_epochs)),
+                                          max_epochs, float(reduction_factor)))
+
+
+@functools.lru_cache(maxsize=64)
+def _expected_epochs_at_rungs(trials: int, rungs: tuple[float, ...], max_epochs: int, reduction_factor: float,
+                              ) -> tuple[float, ...]:
+    if trials < 1:
+        return ()
     draws = random.Random(0)
     runs = [_asha_run([draws.random() for _ in range(trials)], rungs, float(max_epochs), 1 - 1 / reduction_factor)
             for _ in range(ASHA_SAMPLES)]

@@ -191,6 +191,14 @@ def _median(spec: Spec, key: str) -> TrialScheduler:
                               min_samples_required=median.min_samples, hard_stop=True)
 
 
+def _stage_asha(spec: Spec, key: str) -> TrialScheduler:
+    """Asynchronous successive halving whose rungs are the ends of ``training.curriculum``'s stages
+    (``search.stage_asha``)."""
+    from distmis.search.stage_rungs import StageRungASHA, stage_rungs
+
+    return StageRungASHA(stage_rungs(spec.training), spec.training.epochs, spec.search.stage_asha.reduction_factor)
+
+
 def _pbt(spec: Spec, key: str) -> TrialScheduler:
     """Population-based training (``search.pbt``), its exploits told to the search run ``key``'s listener."""
     from distmis.search.pbt import pbt_scheduler
@@ -202,7 +210,8 @@ def _pbt(spec: Spec, key: str) -> TrialScheduler:
 #: new TrialScheduler`` (``key``: the search run's id, by which a scheduler finds what the driver listens with), or
 #: None for Tune's default (first in, first out: every trial trains every epoch).
 TUNE_SCHEDULERS: dict[str, Callable[[Spec, str], TrialScheduler] | None] = {
-    "none": None, "asha": _asha, "hyperband": _hyperband, "median": _median, "pbt": _pbt}
+    "none": None, "asha": _asha, "hyperband": _hyperband, "median": _median, "pbt": _pbt,
+    "stage-asha": _stage_asha}
 
 
 def scheduler(spec: Spec, key: str = "") -> TrialScheduler | None:

@@ -961,6 +961,15 @@ def check_pbt(spec: Spec) -> list[tuple[str, str]]:
     return problems
 
 
+def check_stage_asha(spec: Spec) -> list[tuple[str, str]]:
+    """``scheduler: stage-asha``'s rungs are the ends of the curriculum's stages: it needs two at least."""
+    if spec.search.scheduler == "stage-asha" and len(spec.training.curriculum or []) < 2:
+        return [("search.scheduler", "'stage-asha' stops trials at the ends of training.curriculum's stages, and "
+                                     f"{'the curriculum has one stage' if spec.training.curriculum else 'there is no curriculum'}: "
+                                     "give training.curriculum two stages or more (small tiles first), or use 'asha'")]
+    return []
+
+
 def check_algorithm_folds(spec: Spec) -> list[tuple[str, str]]:
     """An algorithm that distmis's fold searcher cannot drive (:attr:`AlgorithmEntry.takes_folds`) is refused with
     folds."""
@@ -1009,6 +1018,7 @@ def check_auto_mode(spec: Spec) -> list[tuple[str, str]]:
 def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
     problems = (trial_problems(spec) + check_search_space(spec) + check_folds(spec) + check_auto_mode(spec)
-                + check_budget(spec) + check_pbt(spec) + check_algorithm_folds(spec))
+                + check_budget(spec) + check_pbt(spec) + check_algorithm_folds(spec)
+                + check_stage_asha(spec))
     return (problems or check_auto_degree_combinations(spec) or check_pipeline_combinations(spec)
             or check_model_combinations(spec) or check_optimizer_combinations(spec))

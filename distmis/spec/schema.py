@@ -697,6 +697,13 @@ class HyperBandSpec(StrictModel):
     brackets: int = Field(3, ge=1, le=10)
 
 
+class StageAshaSpec(StrictModel):
+    """``scheduler: stage-asha``: ASHA whose rungs are the ends of ``training.curriculum``'s stages."""
+
+    reduction_factor: float = Field(2.0, gt=1, description="a trial goes on past a stage when its result is in the "
+                                                           "top 1 / reduction_factor of those recorded there")
+
+
 class MedianSpec(StrictModel):
     """``scheduler: median``: Ray Tune's median stopping rule (Golovin et al., KDD 2017)."""
 
@@ -780,6 +787,7 @@ class SearchSpec(StrictModel):
     hyperband: HyperBandSpec = HyperBandSpec()
     median: MedianSpec = MedianSpec()
     pbt: PBTSpec = PBTSpec()
+    stage_asha: StageAshaSpec = StageAshaSpec()
     cost_limit: float | None = Field(None, gt=0, allow_inf_nan=False,
                                      description="worker-hours: the registered model is the best trial (with folds: "
                                                  "configuration, its folds together) within them, not the best of all")

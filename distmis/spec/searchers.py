@@ -64,6 +64,16 @@ def _asha_epochs(trials: int, spec: Any) -> list[float]:
     return asha_epochs(trials, spec.training.epochs, asha.grace_period, asha.reduction_factor)
 
 
+def _stage_asha_epochs(trials: int, spec: Any) -> list[float]:
+    from distmis.perf.makespan import asha_epochs_at_rungs
+
+    rungs, last = [], 0  # the epochs at which the curriculum's stages end, but the last's
+    for stage in (spec.training.curriculum or [])[:-1]:
+        last += stage.epochs
+        rungs.append(last)
+    return asha_epochs_at_rungs(trials, rungs, spec.training.epochs, spec.search.stage_asha.reduction_factor)
+
+
 ALGORITHMS: dict[str, AlgorithmEntry] = {
     entry.name: entry
     for entry in (
@@ -93,6 +103,9 @@ SCHEDULERS: dict[str, SchedulerEntry] = {
         SchedulerEntry("hyperband", stops_trials=True,
                        summary="asynchronous HyperBand: search.hyperband's brackets of successive halving, each "
                                "with its own grace period, every trial drawn into one"),
+        SchedulerEntry("stage-asha", stops_trials=True, planned_epochs=_stage_asha_epochs,
+                       summary="asynchronous successive halving whose rungs are the ends of training.curriculum's "
+                               "stages: multi-fidelity over the input size (search.stage_asha)"),
         SchedulerEntry("pbt", stops_trials=False,
                        summary="population-based training: every search.pbt.interval epochs a trial in the "
                                "bottom quantile goes on from a top trial's checkpoint with its values perturbed"),

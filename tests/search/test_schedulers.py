@@ -1,9 +1,11 @@
-"""HyperBand and median stopping end to end (issue 51): a search of six torch trials whose learning rates differ
-by factors of about 3, two at a time. The scheduler stops some early; each stopped trial's run is FINISHED (not
-failed), tagged with its scheduler and the epoch it was stopped at (under HyperBand a rung of its bracket), and the
-results table says so; a trial that trained every epoch has no such tag. The search's run holds the front of
-validation dice against worker-hours (``pareto.csv``, ``pareto.png``): exactly the trials no other beats on both, as
-computed here from their logged pairs. The schedulers' own settings: ``tests/search/test_search_space.py``."""
+"""Three stopping schedulers end to end (issue 51): HyperBand under Optuna's TPE (the model-based multi-fidelity
+search distmis offers in BOHB's place), median stopping, and ASHA at the ends of the curriculum's stages. A search of
+six torch trials whose learning rates differ by factors of about 3 (HyperBand: drawn by TPE over that range), two at
+a time. The scheduler stops some early; each stopped trial's run is FINISHED (not failed), tagged with its scheduler
+and the epoch it was stopped at (a rung), and the results table says so; a trial that trained every epoch has no
+such tag. The search's run holds the front of validation dice against worker-hours (``pareto.csv``,
+``pareto.png``): exactly the trials no other beats on both, as computed here from their logged pairs. The
+schedulers' own settings: ``tests/search/test_search_space.py``, ``tests/search/test_stage_rungs.py``."""
 
 from __future__ import annotations
 
@@ -31,13 +33,22 @@ LRS = [3.0e-2, 1.0e-2, 3.0e-3, 1.0e-3, 3.0e-4, 1.0e-4]
     # brackets s = 0 (rungs at 1 and 2 epochs) and s = 1 (a rung at 2): a trial stops at a rung of its bracket
     ("hyperband", {"grace_period": 1, "reduction_factor": 2, "brackets": 2}, {1, 2}),
     ("median", {"grace_period": 1, "min_samples": 2}, {1, 2, 3}),
+    # rungs at the ends of the curriculum's first two stages (8^3 and 12^3 tiles, an epoch each)
+    ("stage-asha", {"reduction_factor": 2}, {1, 2}),
 ])
 def test_a_scheduler_stops_weak_trials_and_they_are_recorded_as_stopped(ray_local, tmp_path: Path, name: str,
                                                                          settings: dict, rungs: set[int]):
     tree = small_spec_tree(tmp_path / "data")
     tree["model"]["framework"] = "torch"
     tree["training"]["epochs"] = EPOCHS
-    tree["search"].update(scheduler=name, **{name: settings}, space={"training.optimizer.lr": {"grid": LRS}})
+    if name == "stage-asha":
+        tree["training"]["curriculum"] = [{"tile": [8, 8, 8], "epochs": 1}, {"tile": [12, 12, 12], "epochs": 1},
+                                          {"tile": None, "epochs": EPOCHS - 2}]
+    tree["search"].update(scheduler=name, **{name.replace("-", "_"): settings},
+                          space={"training.optimizer.lr": {"grid": LRS}})
+    if name == "hyperband":  # the model-based multi-fidelity search distmis offers in BOHB's place: TPE under it
+        tree["search"].update(algorithm="optuna", num_samples=len(LRS),
+                              space={"training.optimizer.lr": {"loguniform": [min(LRS), max(LRS)]}})
     outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False)
     assert outcome.failed == 0
 
@@ -52,14 +63,15 @@ def test_a_scheduler_stops_weak_trials_and_they_are_recorded_as_stopped(ray_loca
         if epochs < EPOCHS:
             assert run.data.tags[STOPPED_TAG] == f"{name} at epoch {epochs} of {EPOCHS}"
             assert epochs in rungs
-            stopped[float(run.data.params["training.optimizer.lr"])] = epochs
+            stopped[run.info.run_name] = epochs
         else:
             assert STOPPED_TAG not in run.data.tags
     assert stopped and len(stopped) < len(LRS), stopped
-    table = outcome.results.set_index("lr")
-    for lr in LRS:
-        expected = f"{name} at epoch {stopped[lr]} of {EPOCHS}" if lr in stopped else ""
-        assert table.loc[str(lr), "stopped"] == expected
+    table = outcome.results.set_index("trial")
+    for run in runs:
+        trial = run.info.run_name
+        expected = f"{name} at epoch {stopped[trial]} of {EPOCHS}" if trial in stopped else ""
+        assert table.loc[trial, "stopped"] == expected
 
     # the front of the logged (best val_dice, worker-hours) pairs, as the results table states them
     names = [run.info.run_name for run in runs]
