@@ -7,9 +7,10 @@ machine:
 
 1. **the grid**: every configuration trains every stage (``scheduler: none``);
 2. **stage-asha**: ASHA whose rungs are the ends of the curriculum's first stages (reduction factor 2), with the
-   grid's configurations in the order the spec lists them (the learning rate rising: the worst case for an
-   asynchronous rule, under which each trial arrives at a rung better than all before it), and in ``--orders``
-   shuffled orders (seeds 1, 2, ...).
+   grid's values in the order the spec lists them (the learning rate rising), and in ``--orders`` other orders
+   (the values shuffled, seeds 1, 2, ...). Under a stopping scheduler distmis starts a grid's configurations in a
+   random order of its own (seeded with ``training.seed``): in the order written, each trial would arrive at a rung
+   better than all before it, and an asynchronous rule would stop none.
 
 For each: the best configuration by validation dice (each trial's best epoch, whole validation volumes), its dice,
 and the search's worker-seconds (the sum of its trials' ``worker_seconds``: workers x wall time) and wall time. The

@@ -35,8 +35,8 @@ class GraphAffineConfigurations(Configurations):
     """
 
     def __init__(self, space: Mapping[str, Any], num_samples: int, seed: int,
-                 graph: Callable[[dict[str, Any]], str]) -> None:
-        super().__init__(space, num_samples, seed)
+                 graph: Callable[[dict[str, Any]], str], shuffle: bool = False) -> None:
+        super().__init__(space, num_samples, seed, shuffle)
         self.graphs = [graph(dict(config)) for config in self.configs]
         self.waiting: list[int] = list(range(len(self.configs)))  # configurations not given yet, in Tune's order
         self.given: dict[str, int] = {}  # trial id -> its configuration's index

@@ -70,9 +70,11 @@ class _SavedWhole(Searcher):
 class Configurations(_SavedWhole):
     """The configurations of a grid or random search, one per :meth:`suggest`, in the order Tune's own variant
     generator makes them (``num_samples`` passes over the grid, random values drawn from a generator seeded with
-    ``seed``), then ``FINISHED``. What :class:`FoldSearcher` wraps when there is no Optuna."""
+    ``seed``), or with ``shuffle`` in a random order drawn from ``seed``, then ``FINISHED``. What
+    :class:`FoldSearcher` wraps when there is no Optuna, and what hands out a search's trials under a scheduler
+    that stops them (:func:`~distmis.search.search_space.shuffles_configurations`)."""
 
-    def __init__(self, space: Mapping[str, Any], num_samples: int, seed: int) -> None:
+    def __init__(self, space: Mapping[str, Any], num_samples: int, seed: int, shuffle: bool = False) -> None:
         from ray.tune.search.variant_generator import generate_variants
 
         import numpy as np
@@ -83,6 +85,9 @@ class Configurations(_SavedWhole):
         for _ in range(num_samples):
             for _, resolved in generate_variants(dict(space), random_state=rng):
                 self.configs.append({key: resolved[key] for key in space})
+        if shuffle:  # a generator of its own: the values drawn above are the unshuffled search's
+            order = np.random.default_rng([seed, 1]).permutation(len(self.configs))
+            self.configs = [self.configs[index] for index in order]
         self.handed = 0
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ray import tune
 
 from distmis.spec.schema import Domain, SearchSpec, Spec
-from distmis.spec.searchers import algorithm_entry
+from distmis.spec.searchers import algorithm_entry, scheduler_entry
 
 if TYPE_CHECKING:
     from ray.tune.schedulers import TrialScheduler
@@ -59,10 +59,20 @@ def graph_affine(spec: Spec) -> bool:
             and spec.model.framework == "tensorflow" and spec.parallelism.mode == "experiment")
 
 
+def shuffles_configurations(spec: Spec) -> bool:
+    """Whether a grid or random search's configurations are handed out in a random order (seeded with
+    ``training.seed``): when its scheduler stops trials. An asynchronous stopping rule judges each trial against those
+    that reached its rung before it, the first always going on; in the order a grid is written (a learning rate
+    rising), each trial would arrive better than every one before it and none would be stopped."""
+    return (algorithm_entry(spec.search.algorithm).variant_generator
+            and scheduler_entry(spec.search.scheduler).stops_trials)
+
+
 def gives_every_trial(spec: Spec) -> bool:
-    """Whether distmis's searcher makes every trial (a search with folds, or :func:`graph_affine`): the ``Tuner`` then
-    has no ``param_space``, and its ``num_samples`` is the number of trials (:func:`num_trials`)."""
-    return bool(spec.cv_folds) or graph_affine(spec)
+    """Whether distmis's searcher makes every trial (a search with folds, :func:`graph_affine`, or
+    :func:`shuffles_configurations`): the ``Tuner`` then has no ``param_space``, and its ``num_samples`` is the number
+    of trials (:func:`num_trials`)."""
+    return bool(spec.cv_folds) or graph_affine(spec) or shuffles_configurations(spec)
 
 
 def configuration_graph(spec: Spec):
@@ -117,22 +127,27 @@ TUNE_ALGORITHMS: dict[str, Callable[..., Searcher] | None] = {"grid": None, "ran
 def search_algorithm(spec: Spec) -> Searcher | None:
     """``None`` (Tune's variant generator: grid and random), the entry's searcher (``OptunaSearch``), or, with
     cross-validation folds, a :class:`~distmis.search.folds.FoldSearcher` around either (grid and random: their
-    configurations, drawn as Tune draws them, seeded with ``training.seed``). Grid and random searches of
-    experiment-mode TensorFlow trials hand out those configurations by graph
+    configurations, drawn as Tune draws them, seeded with ``training.seed``). Grid and random searches under a
+    scheduler that stops trials hand out those configurations in a seeded random order
+    (:func:`shuffles_configurations`); those of experiment-mode TensorFlow trials by graph
     (:class:`~distmis.search.affinity.GraphAffineConfigurations`)."""
-    search, folds = spec.search, spec.cv_folds
+    search, folds, shuffle = spec.search, spec.cv_folds, shuffles_configurations(spec)
     if graph_affine(spec):
         from distmis.search.affinity import GraphAffineConfigurations
 
         return GraphAffineConfigurations(param_space(search), search.num_samples, spec.training.seed,
-                                         configuration_graph(spec))
-    make = TUNE_ALGORITHMS[search.algorithm]
-    if not folds:
-        return None if make is None else make(spec, with_space=False)
+                                         configuration_graph(spec), shuffle=shuffle)
     from distmis.search.folds import Configurations, FoldSearcher
 
-    inner = (make(spec, with_space=True) if make is not None
-             else Configurations(param_space(search), search.num_samples, spec.training.seed))
+    make = TUNE_ALGORITHMS[search.algorithm]
+    if make is not None:
+        inner = make(spec, with_space=bool(folds))
+    elif folds or shuffle:  # grid and random: every configuration, made here
+        inner = Configurations(param_space(search), search.num_samples, spec.training.seed, shuffle=shuffle)
+    else:
+        return None
+    if not folds:
+        return inner
     return FoldSearcher(inner, folds, search.selected_metric, search.mode, limit=num_configurations(search))
 
 

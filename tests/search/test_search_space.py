@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import pytest
 from ray import tune
+from ray.tune.search import Searcher
 
 from distmis.search.affinity import GraphAffineConfigurations
 from distmis.search.search_space import (
-    TUNE_ALGORITHMS, TUNE_SCHEDULERS, num_trials, param_space, scheduler, search_algorithm,
+    TUNE_ALGORITHMS, TUNE_SCHEDULERS, num_trials, param_space, scheduler, search_algorithm, tune_param_space,
+    tune_search,
 )
 from distmis.spec.searchers import ALGORITHMS, SCHEDULERS, SchedulerEntry
 from distmis.train.loop import is_better
@@ -129,3 +131,25 @@ def test_hyperband_and_median_stopping_are_tunes_schedulers_of_the_spec(spec_tre
     assert isinstance(median, MedianStoppingRule)
     assert (median._time_attr, median._grace_period, median._min_samples_required, median._hard_stop) == (
         "epoch", 2, 2, True)
+
+
+def test_under_a_stopping_scheduler_a_grid_is_handed_out_in_a_seeded_random_order(spec_tree):
+    """A grid written in order (learning rates rising) would bring each trial to ASHA's rungs better than all before
+    it, and the asynchronous rule stops none: its configurations go out shuffled, the same order for the same seed."""
+    from distmis.search.folds import Configurations
+
+    lrs = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
+    spec_tree["search"] = {"algorithm": "grid", "scheduler": "asha",
+                           "space": {"training.optimizer.lr": {"grid": lrs}}}
+    spec_tree["model"]["framework"] = "torch"  # (TensorFlow's experiment-mode trials: by graph, shuffled likewise)
+    spec = validate_spec(spec_tree)
+    searcher = search_algorithm(spec)
+    assert type(searcher) is Configurations and tune_param_space(spec) == {}
+    made = tune_search(spec, 2)
+    assert type(made["search_alg"]) is Configurations and (made["num_samples"], made["max_concurrent_trials"]) == (6, 2)
+    order = [searcher.suggest(str(i))["training.optimizer.lr"] for i in range(6)]
+    assert sorted(order) == lrs and order != lrs and searcher.suggest("7") == Searcher.FINISHED
+    again = search_algorithm(spec)
+    assert [again.suggest(str(i))["training.optimizer.lr"] for i in range(6)] == order
+    spec_tree["search"]["scheduler"] = "none"  # nothing stopped: Tune's own generator, in the grid's order
+    assert search_algorithm(validate_spec(spec_tree)) is None
