@@ -189,8 +189,14 @@ def test_ctrl_c_in_every_phase_of_a_run(tmp_path: Path):
         synthesize_dataset(tmp_path / "big", "msd", cases=16, shape=(48, 48, 48), seed=0, progress=False)
         run = start(big_spec, big_out)
 
+        def command_line(process: psutil.Process) -> str:
+            try:
+                return " ".join(process.cmdline())
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):  # a child that ended while it was listed
+                return ""
+
         def converting() -> bool:
-            readers = [p for p in psutil.Process(run.process.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+            readers = [p for p in psutil.Process(run.process.pid).children() if "spawn_main" in command_line(p)]
             return bool(readers) and bool(partial_folders(big_out / "tfrecords"))
 
         run.wait_for(converting, "the TFRecord conversion")
