@@ -1,23 +1,24 @@
-"""Multi-fidelity over the input size (issue 51): ``search.scheduler: stage-asha`` against the grid it prunes.
+"""Multi-fidelity over the input size (issue 51): ``search.scheduler: stage-halving`` (and ``stage-asha``) against
+the grid they prune.
 
 One search space of 8 configurations (``training.optimizer.lr`` x ``model.params.norm``) of distmis's torch U-Net on
 synthetic 64^3 volumes, every trial trained with LAMP's curriculum (small tiles first, the whole volume last), two
-trials at a time on one CPU each, run twice through ``distmis run``, one after the other on an otherwise idle
-machine:
+trials at a time on one CPU each, run through ``distmis run``, one after the other on an otherwise idle machine:
 
 1. **the grid**: every configuration trains every stage (``scheduler: none``);
-2. **stage-asha**: ASHA whose rungs are the ends of the curriculum's first stages (reduction factor 2), with the
-   grid's values in the order the spec lists them (the learning rate rising), and in ``--orders`` other orders
-   (the values shuffled, seeds 1, 2, ...). Under a stopping scheduler distmis starts a grid's configurations in a
-   random order of its own (seeded with ``training.seed``): in the order written, each trial would arrive at a rung
-   better than all before it, and an asynchronous rule would stop none.
+2. each of ``--schedulers`` (reduction factor 2), with the grid's values in the order the spec lists them (the
+   learning rate rising) and in ``--orders`` other orders (the values shuffled, seeds 1, 2, ...):
+   - ``stage-halving``: synchronous successive halving at the ends of the curriculum's first stages; every trial
+     waits, paused, at a stage's end until all have reached it, and the better half go on;
+   - ``stage-asha``: ASHA at the same rungs, each trial judged against those that reached the rung before it.
 
 For each: the best configuration by validation dice (each trial's best epoch, whole validation volumes), its dice,
 and the search's worker-seconds (the sum of its trials' ``worker_seconds``: workers x wall time) and wall time. The
-acceptance: stage-asha finds the grid's best configuration, or one within 0.01 validation dice of it, for at most
-half the grid's worker-seconds.
+acceptance: the scheduler finds the grid's best configuration, or one within 0.01 validation dice of it, for at
+most half the grid's worker-seconds.
 
-    .venv/bin/python benchmarks/stage_rungs.py --output runs/stage-rungs [--orders 3] [--reuse]
+    .venv/bin/python benchmarks/stage_rungs.py --output runs/stage-rungs [--schedulers stage-halving stage-asha]
+                                               [--orders 2] [--reuse]
 
 The table goes to ``OUTPUT/stage_rungs.md`` (and ``.json``); each search's console to ``OUTPUT/<name>.log``.
 """
@@ -62,6 +63,7 @@ def spec_tree(data: Path, args: argparse.Namespace, scheduler: str, order: int =
                            {"tile": None, "epochs": args.stage_epochs}],
         },
         "search": {"algorithm": "grid", "scheduler": scheduler, "stage_asha": {"reduction_factor": 2},
+                   "stage_halving": {"reduction_factor": 2},
                    "evaluate_top": 0,
                    "space": {"training.optimizer.lr": {"grid": lrs}, "model.params.norm": {"grid": norms}}},
         "parallelism": {"mode": "experiment", "resources_per_trial": {"cpu": 1}},
@@ -104,7 +106,8 @@ def main() -> None:
     parser.add_argument("--shape", type=int, default=64)
     parser.add_argument("--stage-epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="training steps per epoch")
-    parser.add_argument("--orders", type=int, default=3, help="stage-asha runs with the grid's values shuffled")
+    parser.add_argument("--schedulers", nargs="+", default=["stage-halving"], choices=["stage-halving", "stage-asha"])
+    parser.add_argument("--orders", type=int, default=2, help="runs of each with the grid's values shuffled")
     parser.add_argument("--reuse", action="store_true", help="read the searches an earlier run left in OUTPUT")
     args = parser.parse_args()
     out = args.output.resolve()
@@ -113,7 +116,7 @@ def main() -> None:
                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                                         text=True, cwd=Path(__file__).parent).stdout.strip()}
-    runs = [("none", 0), ("stage-asha", 0), *(("stage-asha", order) for order in range(1, args.orders + 1))]
+    runs = [("none", 0), *((name, order) for name in args.schedulers for order in range(args.orders + 1))]
     for scheduler, order in runs:
         tree = spec_tree(data, args, scheduler, order)
         folder = out / tree["name"]

@@ -162,6 +162,21 @@ def asha_epochs_at_rungs(trials: int, rungs: Sequence[int], max_epochs: int, red
                                           max_epochs, float(reduction_factor)))
 
 
+def halving_epochs_at_rungs(trials: int, rungs: Sequence[int], max_epochs: int, reduction_factor: float,
+                            ) -> list[float]:
+    """The epochs each of ``trials`` trains under synchronous successive halving at ``rungs``, longest first: at
+    each rung, of the ``n`` trials that reached it, ``ceil(n / reduction_factor)`` go on (``stage-halving``). Exact,
+    whichever trials are the better ones."""
+    if reduction_factor <= 1:
+        raise ValueError(f"reduction_factor must be above 1, got {reduction_factor}")
+    epochs, live = [], trials
+    for rung in sorted(r for r in set(rungs) if r < max_epochs):
+        kept = max(1, math.ceil(live / reduction_factor)) if live else 0
+        epochs += [float(rung)] * (live - kept)
+        live = kept
+    return [float(max_epochs)] * live + sorted(epochs, reverse=True)
+
+
 @functools.lru_cache(maxsize=64)
 def _expected_epochs_at_rungs(trials: int, rungs: tuple[float, ...], max_epochs: int, reduction_factor: float,
                               ) -> tuple[float, ...]:

@@ -214,6 +214,15 @@ def _stage_asha(spec: Spec, key: str) -> TrialScheduler:
     return StageRungASHA(stage_rungs(spec.training), spec.training.epochs, spec.search.stage_asha.reduction_factor)
 
 
+def _stage_halving(spec: Spec, key: str) -> TrialScheduler:
+    """Synchronous successive halving of all the search's trials at the ends of ``training.curriculum``'s stages
+    (``search.stage_halving``)."""
+    from distmis.search.stage_rungs import StageRungHalving, stage_rungs
+
+    return StageRungHalving(stage_rungs(spec.training), spec.training.epochs,
+                            spec.search.stage_halving.reduction_factor, trials=num_trials(spec))
+
+
 def _pbt(spec: Spec, key: str) -> TrialScheduler:
     """Population-based training (``search.pbt``), its exploits told to the search run ``key``'s listener."""
     from distmis.search.pbt import pbt_scheduler
@@ -226,7 +235,7 @@ def _pbt(spec: Spec, key: str) -> TrialScheduler:
 #: None for Tune's default (first in, first out: every trial trains every epoch).
 TUNE_SCHEDULERS: dict[str, Callable[[Spec, str], TrialScheduler] | None] = {
     "none": None, "asha": _asha, "hyperband": _hyperband, "median": _median, "pbt": _pbt,
-    "stage-asha": _stage_asha}
+    "stage-asha": _stage_asha, "stage-halving": _stage_halving}
 
 
 def scheduler(spec: Spec, key: str = "") -> TrialScheduler | None:

@@ -36,6 +36,7 @@ from distmis.trial.trainables import (
 )
 
 from distmis.spec.schema import Spec
+from distmis.spec.searchers import scheduler_entry
 from distmis.tracking.mlflow_tracking import MLflowTrialCallback, SearchRun
 from distmis.tracking.uri import redact_uri
 
@@ -165,7 +166,9 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
                 mode=spec.search.mode,
                 # search_alg, num_samples, max_concurrent_trials: with folds, the fold searcher says when it is done
                 # search.budget: trials made only as they can start, so that none waits queued when it is spent
-                **tune_search(spec, plan.max_concurrent_trials or (at_once if spec.search.budget else None)),
+                # a scheduler whose paused trials wait for the others: no limit (Tune's would count them)
+                **tune_search(spec, None if scheduler_entry(spec.search.scheduler).waits_paused
+                              else plan.max_concurrent_trials or (at_once if spec.search.budget else None)),
                 # search.budget: no trial starts once it is spent (the scheduler's), each stops at its next epoch
                 scheduler=(BudgetScheduler(scheduler(spec, search_run.run_id), search_run.run_id)
                            if spec.search.budget else scheduler(spec, search_run.run_id)),

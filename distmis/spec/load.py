@@ -961,13 +961,38 @@ def check_pbt(spec: Spec) -> list[tuple[str, str]]:
     return problems
 
 
-def check_stage_asha(spec: Spec) -> list[tuple[str, str]]:
-    """``scheduler: stage-asha``'s rungs are the ends of the curriculum's stages: it needs two at least."""
-    if spec.search.scheduler == "stage-asha" and len(spec.training.curriculum or []) < 2:
-        return [("search.scheduler", "'stage-asha' stops trials at the ends of training.curriculum's stages, and "
+def check_stage_rungs(spec: Spec) -> list[tuple[str, str]]:
+    """``scheduler: stage-asha`` and ``stage-halving`` judge trials at the ends of the curriculum's stages: they need
+    two at least. ``stage-halving`` pauses each trial at a stage's end until every trial of the search has reached
+    it, and restarts the best from their checkpoints: what it combines with."""
+    name = spec.search.scheduler
+    if name not in ("stage-asha", "stage-halving"):
+        return []
+    if len(spec.training.curriculum or []) < 2:
+        return [("search.scheduler", f"'{name}' stops trials at the ends of training.curriculum's stages, and "
                                      f"{'the curriculum has one stage' if spec.training.curriculum else 'there is no curriculum'}: "
                                      "give training.curriculum two stages or more (small tiles first), or use 'asha'")]
-    return []
+    if name == "stage-asha":
+        return []
+    problems: list[tuple[str, str]] = []
+    if spec.parallelism.mode != "experiment":
+        problems.append(("search.scheduler", f"'stage-halving' pauses trials and restarts them from their "
+                                             f"checkpoints, which distmis does for mode 'experiment' trials; got mode "
+                                             f"'{spec.parallelism.mode}': use 'stage-asha', which never pauses"))
+    if spec.cv_folds:
+        problems.append(("search.scheduler", "'stage-halving' would judge each fold's trial on its own, stopping "
+                                             "some folds of a configuration and not others: use 'stage-asha' with "
+                                             "dataset.split.folds, or no folds"))
+    if spec.search.budget is not None:
+        problems.append(("search.budget", "'stage-halving' holds trials paused at a stage's end until every trial "
+                                          "reaches it, which a budget may never let happen: use 'stage-asha' with "
+                                          "a budget"))
+    if spec.parallelism.max_concurrent_trials is not None:
+        problems.append(("parallelism.max_concurrent_trials",
+                         "'stage-halving' starts every trial before the first stage's end (a paused trial holds no "
+                         "workers, and Ray Tune counts it among those at once): leave it unset, the trials then "
+                         "run as many at a time as the cluster holds"))
+    return problems
 
 
 def check_algorithm_folds(spec: Spec) -> list[tuple[str, str]]:
@@ -1019,6 +1044,6 @@ def check_spec(spec: Spec) -> list[tuple[str, str]]:
     """Rules that span sections. Returns problems rather than raising, so all are shown at once."""
     problems = (trial_problems(spec) + check_search_space(spec) + check_folds(spec) + check_auto_mode(spec)
                 + check_budget(spec) + check_pbt(spec) + check_algorithm_folds(spec)
-                + check_stage_asha(spec))
+                + check_stage_rungs(spec))
     return (problems or check_auto_degree_combinations(spec) or check_pipeline_combinations(spec)
             or check_model_combinations(spec) or check_optimizer_combinations(spec))

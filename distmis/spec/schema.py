@@ -704,6 +704,14 @@ class StageAshaSpec(StrictModel):
                                                            "top 1 / reduction_factor of those recorded there")
 
 
+class StageHalvingSpec(StrictModel):
+    """``scheduler: stage-halving``: synchronous successive halving whose rungs are the ends of
+    ``training.curriculum``'s stages."""
+
+    reduction_factor: float = Field(2.0, gt=1, description="at each stage's end, when every trial has reached it, "
+                                                           "the best 1 / reduction_factor go on")
+
+
 class MedianSpec(StrictModel):
     """``scheduler: median``: Ray Tune's median stopping rule (Golovin et al., KDD 2017)."""
 
@@ -788,6 +796,7 @@ class SearchSpec(StrictModel):
     median: MedianSpec = MedianSpec()
     pbt: PBTSpec = PBTSpec()
     stage_asha: StageAshaSpec = StageAshaSpec()
+    stage_halving: StageHalvingSpec = StageHalvingSpec()
     cost_limit: float | None = Field(None, gt=0, allow_inf_nan=False,
                                      description="worker-hours: the registered model is the best trial (with folds: "
                                                  "configuration, its folds together) within them, not the best of all")

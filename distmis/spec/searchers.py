@@ -55,6 +55,9 @@ class SchedulerEntry:
     stops_trials: bool
     summary: str
     planned_epochs: Callable[[int, Any], list[float]] | None = None
+    #: its trials wait paused for others (synchronous halving): no limit on the trials at once, which Ray Tune's
+    #: concurrency limiter would apply to paused trials too, and none would be left to start
+    waits_paused: bool = False
 
 
 def _asha_epochs(trials: int, spec: Any) -> list[float]:
@@ -64,14 +67,27 @@ def _asha_epochs(trials: int, spec: Any) -> list[float]:
     return asha_epochs(trials, spec.training.epochs, asha.grace_period, asha.reduction_factor)
 
 
-def _stage_asha_epochs(trials: int, spec: Any) -> list[float]:
-    from distmis.perf.makespan import asha_epochs_at_rungs
-
-    rungs, last = [], 0  # the epochs at which the curriculum's stages end, but the last's
+def _curriculum_rungs(spec: Any) -> list[int]:
+    """The epochs at which ``training.curriculum``'s stages end, but the last's."""
+    rungs, last = [], 0
     for stage in (spec.training.curriculum or [])[:-1]:
         last += stage.epochs
         rungs.append(last)
-    return asha_epochs_at_rungs(trials, rungs, spec.training.epochs, spec.search.stage_asha.reduction_factor)
+    return rungs
+
+
+def _stage_asha_epochs(trials: int, spec: Any) -> list[float]:
+    from distmis.perf.makespan import asha_epochs_at_rungs
+
+    return asha_epochs_at_rungs(trials, _curriculum_rungs(spec), spec.training.epochs,
+                                spec.search.stage_asha.reduction_factor)
+
+
+def _stage_halving_epochs(trials: int, spec: Any) -> list[float]:
+    from distmis.perf.makespan import halving_epochs_at_rungs
+
+    return halving_epochs_at_rungs(trials, _curriculum_rungs(spec), spec.training.epochs,
+                                   spec.search.stage_halving.reduction_factor)
 
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {
@@ -106,6 +122,10 @@ SCHEDULERS: dict[str, SchedulerEntry] = {
         SchedulerEntry("stage-asha", stops_trials=True, planned_epochs=_stage_asha_epochs,
                        summary="asynchronous successive halving whose rungs are the ends of training.curriculum's "
                                "stages: multi-fidelity over the input size (search.stage_asha)"),
+        SchedulerEntry("stage-halving", stops_trials=True, planned_epochs=_stage_halving_epochs, waits_paused=True,
+                       summary="synchronous successive halving at the ends of training.curriculum's stages: each "
+                               "trial waits at a stage's end for all the others, and the best go on "
+                               "(search.stage_halving)"),
         SchedulerEntry("pbt", stops_trials=False,
                        summary="population-based training: every search.pbt.interval epochs a trial in the "
                                "bottom quantile goes on from a top trial's checkpoint with its values perturbed"),

@@ -1,5 +1,6 @@
-"""Three stopping schedulers end to end (issue 51): HyperBand under Optuna's TPE (the model-based multi-fidelity
-search distmis offers in BOHB's place), median stopping, and ASHA at the ends of the curriculum's stages. A search of
+"""Four stopping schedulers end to end (issue 51): HyperBand under Optuna's TPE (the model-based multi-fidelity
+search distmis offers in BOHB's place), median stopping, and ASHA and synchronous successive halving at the ends of
+the curriculum's stages (the latter pausing every trial at a stage's end and restarting the best). A search of
 six torch trials whose learning rates differ by factors of about 3 (HyperBand: drawn by TPE over that range), two at
 a time. The scheduler stops some early; each stopped trial's run is FINISHED (not failed), tagged with its scheduler
 and the epoch it was stopped at (a rung), and the results table says so; a trial that trained every epoch has no
@@ -35,13 +36,16 @@ LRS = [3.0e-2, 1.0e-2, 3.0e-3, 1.0e-3, 3.0e-4, 1.0e-4]
     ("median", {"grace_period": 1, "min_samples": 2}, {1, 2, 3}),
     # rungs at the ends of the curriculum's first two stages (8^3 and 12^3 tiles, an epoch each)
     ("stage-asha", {"reduction_factor": 2}, {1, 2}),
+    # the same rungs, every trial paused at each until all have reached it: 3 of 6 go on past the first, 2 past the
+    # second, restarted from their checkpoints
+    ("stage-halving", {"reduction_factor": 2}, {1, 2}),
 ])
 def test_a_scheduler_stops_weak_trials_and_they_are_recorded_as_stopped(ray_local, tmp_path: Path, name: str,
                                                                          settings: dict, rungs: set[int]):
     tree = small_spec_tree(tmp_path / "data")
     tree["model"]["framework"] = "torch"
     tree["training"]["epochs"] = EPOCHS
-    if name == "stage-asha":
+    if name.startswith("stage-"):
         tree["training"]["curriculum"] = [{"tile": [8, 8, 8], "epochs": 1}, {"tile": [12, 12, 12], "epochs": 1},
                                           {"tile": None, "epochs": EPOCHS - 2}]
     tree["search"].update(scheduler=name, **{name.replace("-", "_"): settings},
@@ -67,6 +71,8 @@ def test_a_scheduler_stops_weak_trials_and_they_are_recorded_as_stopped(ray_loca
         else:
             assert STOPPED_TAG not in run.data.tags
     assert stopped and len(stopped) < len(LRS), stopped
+    if name == "stage-halving":  # synchronous: exactly ceil(n / 2) go on at each rung, whatever order they came in
+        assert sorted(stopped.values()) == [1, 1, 1, 2], stopped
     table = outcome.results.set_index("trial")
     for run in runs:
         trial = run.info.run_name
