@@ -1,8 +1,15 @@
-"""``search.scheduler: stage-asha``: multi-fidelity over the input size (issue 51). LAMP's curriculum trains a
-network on small tiles first, larger ones next and the whole input last (``training.curriculum``); here the stages
-are the rungs of Ray Tune's asynchronous successive halving: at the end of each stage but the last, a trial goes on
-to the next, larger and dearer input only when its result is at least the ``1 - 1 / reduction_factor`` quantile of
-the results that rung has recorded (Tune's rule), so weak configurations are stopped while their epochs are cheap.
+"""``search.scheduler: stage-asha`` and ``stage-halving``: multi-fidelity over the input size (issue 51). LAMP's
+curriculum trains a network on small tiles first, larger ones next and the whole input last
+(``training.curriculum``); here the stages' ends are the rungs at which weak configurations are stopped while their
+epochs are cheap:
+
+* ``stage-asha`` (:class:`StageRungASHA`): Ray Tune's asynchronous successive halving; at the end of each stage but
+  the last, a trial goes on to the next, larger and dearer input only when its result is at least the
+  ``1 - 1 / reduction_factor`` quantile of the results that rung has recorded (Tune's rule). What it stops depends
+  on the order in which trials arrive.
+* ``stage-halving`` (:class:`StageRungHalving`): synchronous successive halving, Tune's ``HyperBandScheduler`` in
+  one bracket of every trial; a trial waits, paused, at a stage's end until all have reached it, and the best
+  ``ceil(n / reduction_factor)`` go on from their checkpoints. What it stops does not depend on the order.
 
 What a rung judges: the trial's validation result at that epoch, as every epoch's, on whole validation volumes
 predicted with the input the trial will be used with (the last stage's tile, by sliding windows, or whole volumes;
