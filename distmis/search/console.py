@@ -77,6 +77,7 @@ class SearchConsole(tune.Callback):
         self.progress = progress
         self.shown: dict[str, int] = {}  # trial id -> last epoch printed
         self.attempts: dict[str, set[str]] = {}
+        self.paused: set[str] = set()  # trials a scheduler paused (stage-halving, pbt): their next process resumes
         self.seen: dict[str, set[str]] = {}  # label -> the trials printed under it
         self.width = 0
         self.budget_line: Callable[[], str] | None = None  # search.budget: what is spent, after each progress line
@@ -110,7 +111,11 @@ class SearchConsole(tune.Callback):
         if attempt:  # a data-parallel trial's workers restarted by Ray Train: a new attempt id
             seen = self.attempts.setdefault(trial.trial_id, set())
             if seen and str(attempt) not in seen:
-                self._line(trial, f"retried (attempt {len(seen) + 1}), from its last checkpoint")
+                if trial.trial_id in self.paused:  # a new process after a pause: resumed, not retried
+                    self.paused.discard(trial.trial_id)
+                    self._line(trial, f"resumed after epoch {self.shown.get(trial.trial_id, 0)}, from its checkpoint")
+                else:
+                    self._line(trial, f"retried (attempt {len(seen) + 1}), from its last checkpoint")
             seen.add(str(attempt))
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
         if epoch <= self.shown.get(trial.trial_id, 0):
@@ -123,6 +128,13 @@ class SearchConsole(tune.Callback):
         workers = f"  on {int(result['workers'])} worker(s)" if result.get("workers") else ""  # mode auto
         self._line(trial, f"epoch {epoch:>{len(str(total))}}/{total}  {figures}  "
                           f"elapsed {clock(float(result.get('time_total_s', 0.0)))}{workers}")
+
+    def on_trial_save(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        """Tune saves a trial it pauses (distmis's trials report their checkpoints; Tune saves one only to pause):
+        a stage-halving rung waiting for the other trials, or population-based training's exploit."""
+        if trial.trial_id not in self.paused:
+            self.paused.add(trial.trial_id)
+            self._line(trial, f"paused after epoch {self.shown.get(trial.trial_id, 0)}")
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._line(trial, f"failed, retried from its last checkpoint: {error_summary(trial_error_text(trial))}")

@@ -164,6 +164,22 @@ def test_a_trial_stopped_early_by_the_scheduler_says_so_and_counts_as_finished(t
     assert lines[-1].endswith("about 0:00 left (3 trial-epochs of 0.0 s, 2 at once)")
 
 
+def test_a_trial_paused_by_its_scheduler_says_so_and_is_resumed_not_retried(tmp_path: Path, capsys):
+    """stage-halving (or PBT) pauses a trial at a rung: Tune saves it, and a new process goes on with it later."""
+    spec = validate_spec(small_spec_tree(tmp_path / "data", training={"epochs": 3, "batch_size": 2}))
+    both = Both(*reversed(console_of(spec)))
+    a = Trial("f_00000", {"training.optimizer.lr": 0.001})
+    both.on_trial_start(0, [a], a)
+    both.on_trial_result(0, [a], a, epoch(1, 0.3, attempt="x"))
+    both.on_trial_save(0, [a], a)
+    both.on_trial_result(0, [a], a, epoch(2, 0.5, attempt="y"))
+    both.on_trial_result(0, [a], a, epoch(3, 0.6, attempt="z"))  # no pause before it: a retry
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "  lr=0.001  paused after epoch 1"
+    assert lines[2] == "  lr=0.001  resumed after epoch 1, from its checkpoint"
+    assert "retried (attempt 3), from its last checkpoint" in lines[4]
+
+
 def test_a_resumed_trial_that_had_trained_every_epoch_ends_with_its_best_over_all_of_them(tmp_path: Path, capsys):
     """Issue 46, finding 10: a trial that had trained its last epoch when the driver was killed is started again on
     ``--resume``; its only report replays its epochs (the best was epoch 2). The console's "finished" line gives
