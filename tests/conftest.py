@@ -7,6 +7,11 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# The measured step settings a trial caches (distmis.train.step_settings): the session's own, not the user's
+if "DISTMIS_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["DISTMIS_CACHE"] = tempfile.mkdtemp(prefix="distmis-test-cache-")
 
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402

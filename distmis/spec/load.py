@@ -909,7 +909,28 @@ def trial_problems(spec: Spec) -> list[tuple[str, str]]:
     refused = any(path == "training.curriculum" for path, _ in curriculum)  # its stages are not checked one by one
     shape = [] if refused else check_input_shape(spec)
     return (shape + curriculum + sequence_parallel_problems(spec) + check_pipeline(spec) + check_loss(spec)
-            + check_precision(spec) + check_deep_supervision(spec))
+            + check_precision(spec) + check_deep_supervision(spec) + check_performance(spec))
+
+
+def check_performance(spec: Spec) -> list[tuple[str, str]]:
+    """``training.performance.memory_format`` set by hand: a torch choice, for a trial whose every rank holds the
+    whole network (channels-last activations have not been run through sequence-parallel attention or a pipeline's
+    stage-to-stage sends)."""
+    chosen = spec.training.performance.memory_format
+    where = "training.performance.memory_format"
+    if chosen == "auto":
+        return []
+    if spec.model.framework != "torch":
+        return [(where, f"'{chosen}' lays out a torch network's activations; the TensorFlow U-Net is channels-last "
+                        "already: leave it 'auto'")]
+    if chosen == "channels_last":
+        split = {"parallelism.sequence_parallel.degree": spec.parallelism.sequence_parallel.degree,
+                 "parallelism.pipeline.stages": spec.parallelism.pipeline.stages}
+        for path, value in split.items():
+            if value not in (1, "auto"):
+                return [(where, f"'channels_last' is for trials whose ranks each hold the whole network; {path} is "
+                                f"{value}: use 'contiguous' or 'auto' (which trains such a trial contiguous)")]
+    return []
 
 
 def check_budget(spec: Spec) -> list[tuple[str, str]]:

@@ -516,6 +516,19 @@ class CurriculumStageSpec(StrictModel):
 RecipeName = Literal["nnunet"]
 
 
+class PerformanceSpec(StrictModel):
+    """``training.performance``: how a torch trial's training step runs, chosen by measuring
+    (:mod:`distmis.train.step_settings`); what it computes stays the same."""
+
+    memory_format: Literal["auto", "contiguous", "channels_last"] = Field(
+        "auto", description="the layout of the torch network's 3D activations and convolution weights: contiguous "
+                            "(channels first, PyTorch's default) or channels_last (torch.channels_last_3d). auto: a "
+                            "trial of one process times a few training steps in each on a copy of its network at its "
+                            "start (or reads an earlier measurement of the same network, input, batch, precision and "
+                            "device from the cache) and trains in the faster; a trial over several processes trains "
+                            "contiguous. The TensorFlow U-Net is channels-last already")
+
+
 class TrainingSpec(StrictModel):
     epochs: int = Field(10, ge=1, le=100_000)
     batch_size: int = Field(2, ge=1)
@@ -540,6 +553,7 @@ class TrainingSpec(StrictModel):
         "fp32", description="fp32, or mixed precision: bf16 (the forward computes in bfloat16) or fp16 (float16, "
                             "the loss scaled against underflow); the weights, gradients and optimizer state stay "
                             "fp32 either way")
+    performance: PerformanceSpec = PerformanceSpec()
     cudnn_benchmark: bool = Field(
         False, description="torch on a GPU: cuDNN times its convolution algorithms for each new input shape and "
                            "keeps the fastest (torch.backends.cudnn.benchmark). Faster steps for a trial's fixed "

@@ -67,6 +67,10 @@ from distmis.train.precision import TorchPrecision
 from distmis.train.protocol import Window
 from distmis.train.prefetch import PREFETCH_BATCHES, channels_first, prefetched, shard_batches
 from distmis.train.schedules import LearningRateSchedule
+from distmis.train.step_settings import (
+    ChoiceCache, MemoryFormatChoice, apply_memory_format, choice_key, choose_memory_format, device_name,
+    in_memory_format, matmul_rate,
+)
 from distmis.train.torch_losses import make_loss
 
 __all__ = ["TorchTrainer"]
@@ -140,17 +144,6 @@ class TorchTrainer:
         self.parallelism: Parallelism = parallelism_for(self.entry, spec, mesh, self.device, self.train_loss_fn,
                                                         precision=self.precision)
 
-        # Same seed -> same initial weights, whatever hyperparameters differ.
-        torch.manual_seed(training.seed)
-        self.model = build_network(self.entry, spec.model.params, self.network_input).to(self.device)
-        self.train_model = self.parallelism.apply(self.model, self._input_shape())
-        self.num_parameters = count_trainable_parameters(self.model)
-        self._predictions: dict[tuple, dict[str, float]] = {}  # predicted_step's, by stage input
-        # training.optimizer's (distmis.train.optimizers) over the parameters this rank trains (a pipeline stage's own)
-        self.optimizer = torch_optimizer(self.train_model.parameters(), training.optimizer, self.layout.effective_lr)
-        # training.lr_schedule at the layout's (data-parallel scaled) rate: set at each epoch's start or step
-        self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
-
         # Where the cases lie, not the cases: each is read when a batch or the validation needs it. The parts: train
         # and val, or with cross-validation (dataset.split.fold) the other folds and this trial's fold.
         self.parts = trial_parts(manifest, spec.dataset.split.fold, self.tfrecord_dir)
@@ -162,6 +155,21 @@ class TorchTrainer:
         if not self.val_cases:
             raise ValueError(f"{self.tfrecord_dir}: the validation split holds no cases")
 
+        # Same seed -> same initial weights, whatever hyperparameters differ.
+        torch.manual_seed(training.seed)
+        self.model = build_network(self.entry, spec.model.params, self.network_input).to(self.device)
+        # training.performance.memory_format: the layout the step is fastest in (distmis.train.step_settings), set
+        # before the parallelism wraps the model
+        self.memory_format: MemoryFormatChoice = self._choose_memory_format()
+        apply_memory_format(self.model, self.memory_format.memory_format)
+        self.train_model = self.parallelism.apply(self.model, self._input_shape())
+        self.num_parameters = count_trainable_parameters(self.model)
+        self._predictions: dict[tuple, dict[str, float]] = {}  # predicted_step's, by stage input
+        # training.optimizer's (distmis.train.optimizers) over the parameters this rank trains (a pipeline stage's own)
+        self.optimizer = torch_optimizer(self.train_model.parameters(), training.optimizer, self.layout.effective_lr)
+        # training.lr_schedule at the layout's (data-parallel scaled) rate: set at each epoch's start or step
+        self.learning_rates = LearningRateSchedule.for_training(training, self.layout.effective_lr)
+
         self._tile_rng = torch.Generator().manual_seed(training.seed * 1_000 + self.rank)
         self._foreground_rng = torch.Generator().manual_seed(training.seed * 1_000 + self.rank + 500)  # tile_sampling
         # training.augment: MONAI's transforms of each training input, reseeded at every epoch's start
@@ -170,6 +178,47 @@ class TorchTrainer:
         self._epochs_trained = 0
         self.step_meter = StepMeter(self.device, held=self._training_state_bytes)
         self._measured: tuple[float, float] | None = None  # the last trained epoch's (step seconds, peak bytes)
+
+    def _choose_memory_format(self) -> MemoryFormatChoice:
+        """``training.performance.memory_format``: the spec's, or (``auto``) the faster for this trial's step,
+        measured on a copy of the network with a batch of the first training case at the current stage's input
+        (its centre), or read from the cache; contiguous for a trial over several ranks, whose ranks would have to
+        agree. The random-number state is left as it was."""
+        asked = self.spec.training.performance.memory_format
+        if self.layout.sp > 1 or self.layout.pp > 1:
+            return MemoryFormatChoice("contiguous", "set" if asked == "contiguous" else "not measured")
+        if asked != "auto":
+            return MemoryFormatChoice(asked, "set")
+        if self.layout.world_size > 1:
+            return MemoryFormatChoice("contiguous", "not measured")
+        shape = self._input_shape()
+        cache = ChoiceCache()
+        key = choice_key(network=self.entry.name, params=self.spec.model.params.model_dump(mode="json"),
+                         tile=shape.tile, batch=shape.batch_size, channels=(self.in_channels, self.num_classes),
+                         precision=self.precision.name, deep_supervision=self.spec.training.deep_supervision,
+                         device=device_name(self.device), threads=torch.get_num_threads())
+        cached = cache.get(key)
+        if cached is not None:
+            return cached
+        x, y = self._probe_batch(shape.tile, shape.batch_size)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            choice = choose_memory_format(self.model, self.train_loss_fn, x, y,
+                                          autocast_dtype=None if self.precision.name == "fp32" else self.precision.dtype)
+        cache.put(key, choice)
+        return choice
+
+    def _probe_batch(self, tile: tuple[int, ...], batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch for timing steps, drawn without the trial's random numbers: the first training case's centre
+        (at ``tile``) ``batch`` times."""
+        _case_id, image_hwdc, label_hwdc = self.train_cases[0]
+        image = torch.from_numpy(image_hwdc).movedim(-1, 0)
+        label = torch.from_numpy(label_hwdc).movedim(-1, 0)
+        crop = (slice(None), *(slice(max(0, (s - t) // 2), max(0, (s - t) // 2) + t)
+                               for s, t in zip(image.shape[1:], tile)))
+        image, label = image[crop].to(torch.float32), label[crop].to(torch.float32)
+        return (image.unsqueeze(0).repeat(batch, *[1] * image.dim()).to(self.device),
+                label.unsqueeze(0).repeat(batch, *[1] * label.dim()).to(self.device))
 
     def _input_shape(self) -> InputShape:
         """The current training input: what a parallelism that depends on it is applied for."""
@@ -328,7 +377,7 @@ class TorchTrainer:
                 meter.start_step()  # the batch is here: what follows is the step (see StepMeter)
                 if step == 0 or self.learning_rates.per_step:
                     self.set_learning_rate(self.learning_rates.at(lr_epoch, step, len(batches)))
-                x, y = x.to(self.device), y.to(self.device)
+                x, y = in_memory_format(x.to(self.device), self.memory_format.memory_format), y.to(self.device)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss = self._forward_backward(x, y)
                 self.parallelism.synchronize_gradients(self.train_model)
@@ -381,6 +430,7 @@ class TorchTrainer:
         """Probabilities of whole windows (B, C, *window) -> (B, K, *window), on every rank of a group: the
         network's output, or the target scheme's activation (sigmoid, or softmax over the channels) of its
         logits. Under mixed precision the forward runs in the training's autocast; the probabilities are fp32."""
+        x = in_memory_format(x, self.memory_format.memory_format)
         with self.precision.autocast():
             out = self.parallelism.forward(self.model, self.train_model, x)  # eval mode: set on the shared model
         return activate(out, self.activation) if self.entry.output == "logits" else out.float()
@@ -499,7 +549,14 @@ class TorchTrainer:
                 dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
             values = largest.cpu().tolist()
         step_seconds, peak = values
-        metrics = {"step_seconds": step_seconds, "peak_memory_mb": peak / 2**20, **self.predicted_step()}
+        predicted = self.predicted_step()
+        metrics = {"step_seconds": step_seconds, "peak_memory_mb": peak / 2**20, **predicted,
+                   **self.memory_format.metrics()}
+        if predicted.get("predicted_flops_per_step") and step_seconds > 0:  # the step's counted FLOPs, its rate
+            rate = predicted["predicted_flops_per_step"] / step_seconds
+            dtype = torch.float32 if self.precision.name == "fp32" else self.precision.dtype
+            metrics.update(step_flop_rate=rate, matmul_rate=matmul_rate(self.device, dtype),
+                           matmul_fraction=rate / matmul_rate(self.device, dtype))
         fom = self.figure_of_merit(step_seconds)
         if fom is not None:
             metrics["fom"] = fom
@@ -564,6 +621,7 @@ class TorchTrainer:
         directory.mkdir(parents=True, exist_ok=True)
         if primary:  # with fp16's loss scaler (its scale is the same on every rank of the trial)
             torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "memory_format": self.memory_format.memory_format,
                         **self.precision.state_dict()}, directory / "trainer.pt")
         rng = {"torch": torch.get_rng_state(), "tiles": self._tile_rng.get_state(),
                "foreground": self._foreground_rng.get_state()}
@@ -582,6 +640,11 @@ class TorchTrainer:
         """
         directory = Path(directory)
         state = torch.load(directory / "trainer.pt", map_location=self.device, weights_only=True)
+        kept = state.get("memory_format")
+        if (kept in ("contiguous", "channels_last") and kept != self.memory_format.memory_format
+                and self.memory_format.source in ("measured", "cached")):  # a measured choice: the trial's first
+            self.memory_format = dataclasses.replace(self.memory_format, memory_format=kept, source="cached")
+            apply_memory_format(self.model, kept)
         self.model.load_state_dict(state["model"])
         # The optimizer's state (moments, momentum buffers) is the checkpoint's; its hyperparameters are this
         # trial's configuration's, which population-based training may have changed since (search.pbt).

@@ -93,6 +93,16 @@ class EpochMetrics:
     predicted_step_memory_mb: float | None = None  # what peak_memory_mb measures
     predicted_peak_memory_mb: float | None = None  # with the weights and the batch
     predicted_flops_per_step: float | None = None
+    # The step's rate: its counted FLOPs (predicted_flops_per_step) over step_seconds, FLOP/s, and as a fraction of
+    # the device's own matmul rate (FLOP/s of a 2048^3 product in the training's compute dtype, this process)
+    step_flop_rate: float | None = None
+    matmul_rate: float | None = None
+    matmul_fraction: float | None = None
+    # training.performance.memory_format (torch): 1 where the trial trains channels-last, and where it measured
+    # the formats at its start, each one's step seconds (distmis.train.step_settings)
+    channels_last: float | None = None
+    format_step_seconds_contiguous: float | None = None
+    format_step_seconds_channels_last: float | None = None
     # With a training.curriculum: the epoch's stage (1-based) and the size of its training input
     curriculum_stage: int | None = None
     tile_h: int | None = None

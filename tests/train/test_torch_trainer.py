@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import shutil
 import threading
@@ -600,7 +601,10 @@ def test_the_vits_figure_of_merit_comes_from_its_registry_shape(vit_prepared, pr
     assert unet.perf_shape is None and unet.figure_of_merit(1.0) is None
     # the driver logs the ViT's predictions (the performance model, which knows SP), the trainer nobody else's
     trainer.run_epoch(1)
-    assert trainer.predicted_step() == {} and trainer.step_metrics().keys() == {"step_seconds", "peak_memory_mb", "fom"}
+    assert trainer.predicted_step() == {}
+    measured = trainer.step_metrics().keys() - {"channels_last", "format_step_seconds_contiguous",
+                                                "format_step_seconds_channels_last"}  # its memory format's
+    assert measured == {"step_seconds", "peak_memory_mb", "fom"}
 
 
 # --------------------------------------------------------------------------- a pipelined U-Net in a real gloo group
@@ -797,6 +801,8 @@ def _train_replicas_on_rank(rank: int, world_size: int, spec_trees: dict[str, An
             before = [p.detach().clone() for p in trainer.model.parameters()]
             loss = trainer.train_epoch(1)
             found[name] = {"wrapper": type(trainer.train_model).__name__, "loss": loss,
+                           "channels_last": [p.is_contiguous(memory_format=torch.channels_last_3d)
+                                             for p in trainer.model.parameters() if p.dim() == 5],
                            "weights": [p.detach().clone() for p in trainer.model.parameters()],
                            "moved": any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))}
         torch.save(found, f"{out}/rank{rank}.pt")
@@ -807,8 +813,8 @@ def _train_replicas_on_rank(rank: int, world_size: int, spec_trees: dict[str, An
 
 @pytest.mark.slow  # a real gloo group of 2 processes, two networks trained an epoch each
 def test_monai_networks_train_as_ddp_replicas_that_stay_equal(tmp_path: Path):
-    """A data-parallel trial of SegResNet or DynUNet: each rank's network in DDP over the DP group, its own share of
-    the batches, the same weights on both ranks after the epoch's steps."""
+    """A data-parallel trial of SegResNet or DynUNet, or of the U-Net set channels-last: each rank's network in DDP
+    over the DP group, its own share of the batches, the same weights on both ranks after the epoch's steps."""
     import torch.multiprocessing as mp
 
     trees = {}
@@ -818,11 +824,16 @@ def test_monai_networks_train_as_ddp_replicas_that_stay_equal(tmp_path: Path):
         tree["training"].update(tile=None, batch_size=1)
         tree["parallelism"] = {"mode": "data", "workers": 2}
         trees[name] = tree
+    channels_last = json.loads(json.dumps(trees["segresnet"]))  # training.performance, set by hand
+    channels_last["model"] = {"framework": "torch", "name": "unet3d", "params": {"base_filters": 4, "levels": 3}}
+    channels_last["training"]["performance"] = {"memory_format": "channels_last"}
+    trees["unet3d channels-last"] = channels_last
     data = prepare_data(validate_spec(trees["segresnet"]), tmp_path / "out", progress=False)
     mp.spawn(_train_replicas_on_rank, args=(2, trees, str(data.tfrecord_dir), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
-    for name in REPLICATED_NETWORKS:
+    for name in trees:
         first, second = ranks[0][name], ranks[1][name]
+        assert all(first["channels_last"]) == all(second["channels_last"]) == (name == "unet3d channels-last")
         assert first["wrapper"] == second["wrapper"] == "DistributedDataParallel", name
         assert first["moved"] and second["moved"], name
         assert first["loss"] != second["loss"], name  # each rank trained on its own share of the batches

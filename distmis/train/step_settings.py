@@ -1,0 +1,204 @@
+"""How close a torch training step runs to its device, and the memory format it runs fastest in (issue 52).
+
+**The device's rate.** :func:`matmul_rate`: the FLOP/s of a large matrix product (2048^3 by default) on this
+process's device and threads, in fp32 or bf16, measured once per process and dtype. A trial's step rate (its counted
+FLOPs over its measured seconds) as a fraction of it says how near the hardware the trial ran: the model-FLOPs
+utilisation on a GPU, its CPU equivalent here.
+
+**The memory format.** 3D convolutions run at different speeds with their activations laid out channels-first
+(``contiguous``, PyTorch's default) or channels-last (``torch.channels_last_3d``: what oneDNN's CPU kernels and the
+tensor cores want), and which is faster depends on the network and the device (the distmis U-Net's step at 64^3,
+batch 2, on a 2-core AVX-512 CPU: 1.72x faster channels-last; MONAI's DynUNet 1.13x). ``training.performance.
+memory_format: auto`` measures the training step in each format on a copy of the network (a warm-up and a few
+timed steps, :func:`choose_memory_format`) and keeps the faster; a format that is not at least
+:data:`MARGIN` faster than the contiguous one is not taken. The choice is cached (:class:`ChoiceCache`, a JSON file) by
+what decides it: the network and its params, the input, the batch, the precision, the device, the threads and the
+library versions.
+
+The format changes where values lie in memory, not what is computed: losses in either agree to fp32 round-off.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+import torch
+
+__all__ = ["MemoryFormat", "MEMORY_FORMATS", "MARGIN", "MemoryFormatChoice", "ChoiceCache", "apply_memory_format",
+           "in_memory_format", "device_name", "matmul_rate", "median_seconds", "choose_memory_format", "choice_key",
+           "default_cache_path"]
+
+MemoryFormat = Literal["contiguous", "channels_last"]
+MEMORY_FORMATS: dict[str, torch.memory_format] = {"contiguous": torch.contiguous_format,
+                                                  "channels_last": torch.channels_last_3d}
+#: how much faster than the contiguous step another format must measure to be taken (timing noise is a few %)
+MARGIN = 1.05
+
+_MATMUL_RATES: dict[tuple[str, torch.dtype, int, int], float] = {}
+
+
+def in_memory_format(tensor: torch.Tensor, memory_format: MemoryFormat) -> torch.Tensor:
+    """``tensor`` laid out in ``memory_format`` where it is a 5-D (batch, channel, depth, height, width) tensor;
+    any other as it is."""
+    if memory_format == "contiguous" or tensor.dim() != 5:
+        return tensor
+    return tensor.contiguous(memory_format=MEMORY_FORMATS[memory_format])
+
+
+def apply_memory_format(model: torch.nn.Module, memory_format: MemoryFormat) -> torch.nn.Module:
+    """``model`` with its 5-D parameters and buffers (3D convolutions' weights) in ``memory_format``, in place."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.dim() == 5:
+                tensor.data = tensor.data.contiguous(memory_format=MEMORY_FORMATS[memory_format])
+    return model
+
+
+def device_name(device: torch.device | str) -> str:
+    """What a measurement on ``device`` depends on: the GPU's name, or the CPU's vector instructions and model."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu {torch.backends.cpu.get_cpu_capability()} {platform.processor() or platform.machine()}"
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(step: Callable[[], object], *, repeats: int = 3, warmup: int = 1,
+                   timer: Callable[[], float] = time.perf_counter, device: torch.device | str = "cpu") -> float:
+    """The median seconds of ``repeats`` calls of ``step`` after ``warmup`` untimed ones (the device synchronized
+    around each timed call)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    device = torch.device(device)
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        _synchronize(device)
+        start = timer()
+        step()
+        _synchronize(device)
+        times.append(timer() - start)
+    return statistics.median(times)
+
+
+def matmul_rate(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, *, size: int = 2048,
+                repeats: int = 3) -> float:
+    """FLOP/s of a ``size``^3 matrix product in ``dtype`` on ``device`` with this process's threads (measured once
+    per process, device, dtype and thread count)."""
+    device = torch.device(device)
+    key = (str(device), dtype, size, torch.get_num_threads())
+    if key not in _MATMUL_RATES:
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        a = torch.rand((size, size), generator=generator).to(device=device, dtype=dtype)
+        b = torch.rand((size, size), generator=generator).to(device=device, dtype=dtype)
+        seconds = median_seconds(lambda: torch.mm(a, b), repeats=repeats, warmup=1, device=device)
+        _MATMUL_RATES[key] = 2 * size**3 / seconds
+    return _MATMUL_RATES[key]
+
+
+@dataclass(frozen=True)
+class MemoryFormatChoice:
+    """The format a trial trains in; ``seconds``: each candidate's measured step (empty when it was set, not
+    measured); ``source``: ``set`` (the spec's), ``measured``, ``cached`` or ``not measured`` (a trial over several
+    ranks, whose formats are not agreed by measuring)."""
+
+    memory_format: MemoryFormat
+    source: Literal["set", "measured", "cached", "not measured"]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        """What the trial logs of it: ``channels_last`` (1 or 0) and each measured format's step seconds."""
+        return {"channels_last": float(self.memory_format == "channels_last"),
+                **{f"format_step_seconds_{name}": value for name, value in self.seconds.items()}}
+
+
+def choice_key(**decides: Any) -> str:
+    """A cache key of what decides a choice (network, params, input, batch, precision, device, threads) and the
+    library versions."""
+    import monai
+
+    identity = {**decides, "torch": torch.__version__, "monai": monai.__version__}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def default_cache_path() -> Path:
+    """``$DISTMIS_CACHE/step_settings.json``, else ``~/.cache/distmis/step_settings.json``."""
+    root = os.environ.get("DISTMIS_CACHE") or Path.home() / ".cache" / "distmis"
+    return Path(root) / "step_settings.json"
+
+
+class ChoiceCache:
+    """Measured choices by :func:`choice_key`, in a JSON file (written whole through a temporary file, so that
+    another process reads the old file or the new one); a file that cannot be read counts as empty."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or default_cache_path()
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            loaded = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+
+    def get(self, key: str) -> MemoryFormatChoice | None:
+        entry = self._read().get(key)
+        if not isinstance(entry, dict) or entry.get("memory_format") not in MEMORY_FORMATS:
+            return None
+        return MemoryFormatChoice(entry["memory_format"], "cached", dict(entry.get("seconds", {})))
+
+    def put(self, key: str, choice: MemoryFormatChoice) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            entries = self._read()
+            entries[key] = {"memory_format": choice.memory_format, "seconds": choice.seconds}
+            temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            temporary.write_text(json.dumps(entries, indent=1, sort_keys=True))
+            os.replace(temporary, self.path)
+        except OSError:  # a cache that cannot be written is measured again next time
+            pass
+
+
+def choose_memory_format(model: torch.nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                         x: torch.Tensor, y: torch.Tensor, *, autocast_dtype: torch.dtype | None = None,
+                         candidates: Sequence[MemoryFormat] = ("contiguous", "channels_last"),
+                         repeats: int = 3, timer: Callable[[], float] = time.perf_counter) -> MemoryFormatChoice:
+    """The fastest of ``candidates`` for a training step of ``model`` (forward, in ``autocast_dtype`` where given;
+    ``loss_fn``, the trainer's, of the output; backward; an SGD step) on the batch ``(x, y)``, each measured on its own copy of the model
+    (``model`` itself is not changed). Contiguous unless another is at least :data:`MARGIN` faster."""
+    device = x.device
+    seconds: dict[str, float] = {}
+    for name in candidates:
+        copied = apply_memory_format(copy.deepcopy(model), name).train()
+        optimizer = torch.optim.SGD(copied.parameters(), lr=1e-6)
+        inputs, targets = in_memory_format(x, name), in_memory_format(y, name)
+
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                enabled=autocast_dtype is not None):
+                output = copied(inputs)
+            loss_fn(output, targets).backward()
+            optimizer.step()
+
+        seconds[name] = median_seconds(step, repeats=repeats, warmup=1, timer=timer, device=device)
+        del copied, optimizer
+    best = min(seconds, key=seconds.__getitem__)
+    if best != "contiguous" and "contiguous" in seconds and seconds[best] * MARGIN > seconds["contiguous"]:
+        best = "contiguous"
+    return MemoryFormatChoice(best, "measured", seconds)  # type: ignore[arg-type]
