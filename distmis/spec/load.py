@@ -913,9 +913,31 @@ def trial_problems(spec: Spec) -> list[tuple[str, str]]:
 
 
 def check_performance(spec: Spec) -> list[tuple[str, str]]:
-    """``training.performance.memory_format`` set by hand: a torch choice, for a trial whose every rank holds the
-    whole network (channels-last activations have not been run through sequence-parallel attention or a pipeline's
-    stage-to-stage sends)."""
+    """``training.performance``'s settings set by hand: torch choices, for trials whose every rank holds the whole
+    network (channels-last activations and compiled steps have not been run through sequence-parallel attention or
+    a pipeline's stage-to-stage sends)."""
+    return check_memory_format(spec) + check_compile(spec)
+
+
+def check_compile(spec: Spec) -> list[tuple[str, str]]:
+    """``training.performance.compile: on``: a torch step, of a trial whose ranks each hold the whole network."""
+    where = "training.performance.compile"
+    if spec.training.performance.compile != "on":
+        return []
+    if spec.model.framework != "torch":
+        return [(where, "'on' compiles a torch network's step (torch.compile); model.framework is "
+                        f"{spec.model.framework!r}: leave it 'auto'")]
+    split = {"parallelism.sequence_parallel.degree": spec.parallelism.sequence_parallel.degree,
+             "parallelism.pipeline.stages": spec.parallelism.pipeline.stages}
+    for path, value in split.items():
+        if value not in (1, "auto"):
+            return [(where, f"'on' is for trials whose ranks each hold the whole network; {path} is {value}: use "
+                            "'off' or 'auto' (which runs such a trial eager)")]
+    return []
+
+
+def check_memory_format(spec: Spec) -> list[tuple[str, str]]:
+    """``training.performance.memory_format`` set by hand (see :func:`check_performance`)."""
     chosen = spec.training.performance.memory_format
     where = "training.performance.memory_format"
     if chosen == "auto":

@@ -527,6 +527,13 @@ class PerformanceSpec(StrictModel):
                             "start (or reads an earlier measurement of the same network, input, batch, precision and "
                             "device from the cache) and trains in the faster; a trial over several processes trains "
                             "contiguous. The TensorFlow U-Net is channels-last already")
+    compile: Literal["auto", "off", "on"] = Field(
+        "auto", description="the torch training step through torch.compile (TorchInductor). on: compiled, eager with "
+                            "the reason logged where the network does not compile; off: eager. auto: a trial of one "
+                            "process whose planned training is at least ten minutes long measures the compiled step "
+                            "on a copy of its network (or reads the measurement from the cache) and compiles where the "
+                            "time saved over its planned steps exceeds the compilation's; shorter trials run eager. "
+                            "Trials split by sequence parallelism or pipeline stages run eager")
 
 
 class TrainingSpec(StrictModel):

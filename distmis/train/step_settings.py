@@ -15,7 +15,17 @@ timed steps, :func:`choose_memory_format`) and keeps the faster; a format that i
 what decides it: the network and its params, the input, the batch, the precision, the device, the threads and the
 library versions.
 
-The format changes where values lie in memory, not what is computed: losses in either agree to fp32 round-off.
+**Compilation.** ``training.performance.compile`` runs the training step's forward and backward through
+``torch.compile`` (TorchInductor's generated kernels: fused element-wise operations around the convolutions). It
+costs a compilation at the trial's start (tens of seconds on a CPU; TorchInductor's on-disk cache makes the next
+process's compilation of the same graph quicker) and pays off over many steps: ``auto`` measures it only for a trial
+whose planned training is at least :data:`COMPILE_MIN_TRAINING_SECONDS` long, on a copy of the network
+(:func:`choose_compile`), and compiles where the measured saving over the planned steps exceeds the measured
+compilation. A network that does not compile (an operation TorchDynamo or the backend cannot take) trains eager,
+and the trial says why (:class:`CompileChoice`'s ``reason``).
+
+The format and the compilation change where values lie in memory and how kernels are fused, not what is computed:
+losses agree to fp32 round-off.
 """
 
 from __future__ import annotations
@@ -32,15 +42,21 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-__all__ = ["MemoryFormat", "MEMORY_FORMATS", "MARGIN", "MemoryFormatChoice", "ChoiceCache", "apply_memory_format",
-           "in_memory_format", "device_name", "matmul_rate", "median_seconds", "choose_memory_format", "choice_key",
-           "default_cache_path"]
+__all__ = ["MemoryFormat", "MEMORY_FORMATS", "MARGIN", "COMPILE_MIN_TRAINING_SECONDS", "MemoryFormatChoice",
+           "CompileChoice", "ChoiceCache", "apply_memory_format", "in_memory_format", "device_name", "matmul_rate",
+           "median_seconds", "choose_memory_format", "compile_model", "measure_compiled", "decide_compile",
+           "choose_compile", "compile_error", "choice_key", "default_cache_path"]
 
 MemoryFormat = Literal["contiguous", "channels_last"]
 MEMORY_FORMATS: dict[str, torch.memory_format] = {"contiguous": torch.contiguous_format,
                                                   "channels_last": torch.channels_last_3d}
 #: how much faster than the contiguous step another format must measure to be taken (timing noise is a few %)
 MARGIN = 1.05
+#: the shortest planned training (its steps at the eager step's measured seconds) for which ``compile: auto``
+#: measures compilation: below it a compilation of tens of seconds is not repaid
+COMPILE_MIN_TRAINING_SECONDS = 600.0
+#: TorchDynamo's backend for ``torch.compile`` (a test gives one that fails, to see the fallback)
+COMPILE_BACKEND: str | Callable[..., Any] = "inductor"
 
 _MATMUL_RATES: dict[tuple[str, torch.dtype, int, int], float] = {}
 
@@ -127,6 +143,27 @@ class MemoryFormatChoice:
                 **{f"format_step_seconds_{name}": value for name, value in self.seconds.items()}}
 
 
+@dataclass(frozen=True)
+class CompileChoice:
+    """Whether a trial's training step runs compiled; ``seconds``: what was measured (``eager`` and ``compiled``
+    step seconds, ``compiling``: the first compiled step's seconds beyond a steady one); ``source``: ``set`` (the
+    spec's), ``measured``, ``cached``, ``not measured`` (``reason`` says why) or ``fell back`` (the network did
+    not compile: ``reason``, the error)."""
+
+    compiled: bool
+    source: Literal["set", "measured", "cached", "not measured", "fell back"]
+    seconds: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+    def metrics(self) -> dict[str, float]:
+        """What the trial logs of it: ``compiled`` (1 or 0) and the measured seconds (``compile_step_seconds_eager``,
+        ``compile_step_seconds_compiled``, ``compile_seconds``)."""
+        names = {"eager": "compile_step_seconds_eager", "compiled": "compile_step_seconds_compiled",
+                 "compiling": "compile_seconds"}
+        return {"compiled": float(self.compiled),
+                **{names[name]: value for name, value in self.seconds.items() if name in names}}
+
+
 def choice_key(**decides: Any) -> str:
     """A cache key of what decides a choice (network, params, input, batch, precision, device, threads) and the
     library versions."""
@@ -157,16 +194,26 @@ class ChoiceCache:
         return loaded if isinstance(loaded, dict) else {}
 
     def get(self, key: str) -> MemoryFormatChoice | None:
-        entry = self._read().get(key)
-        if not isinstance(entry, dict) or entry.get("memory_format") not in MEMORY_FORMATS:
+        """The memory format measured under ``key``, if any."""
+        entry = self.entry(key)
+        if entry is None or entry.get("memory_format") not in MEMORY_FORMATS:
             return None
         return MemoryFormatChoice(entry["memory_format"], "cached", dict(entry.get("seconds", {})))
 
     def put(self, key: str, choice: MemoryFormatChoice) -> None:
+        self.put_entry(key, {"memory_format": choice.memory_format, "seconds": choice.seconds})
+
+    def entry(self, key: str) -> dict[str, Any] | None:
+        """What was stored under ``key`` (a JSON object), if anything."""
+        entry = self._read().get(key)
+        return entry if isinstance(entry, dict) else None
+
+    def put_entry(self, key: str, entry: dict[str, Any]) -> None:
+        """Store ``entry`` (JSON-serialisable) under ``key``."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             entries = self._read()
-            entries[key] = {"memory_format": choice.memory_format, "seconds": choice.seconds}
+            entries[key] = entry
             temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
             temporary.write_text(json.dumps(entries, indent=1, sort_keys=True))
             os.replace(temporary, self.path)
@@ -174,31 +221,114 @@ class ChoiceCache:
             pass
 
 
+def _sgd_step(forward: Callable[[torch.Tensor], Any], parameters: Sequence[torch.nn.Parameter],
+              loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+              autocast_dtype: torch.dtype | None) -> Callable[[], None]:
+    """A training step for timing: ``forward`` (under ``autocast_dtype``'s autocast where given), ``loss_fn`` of its
+    output, backward, and an SGD step of a negligible rate."""
+    optimizer = torch.optim.SGD(parameters, lr=1e-6)
+    device_type = x.device.type
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            output = forward(x)
+        loss_fn(output, y).backward()
+        optimizer.step()
+
+    return step
+
+
 def choose_memory_format(model: torch.nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                          x: torch.Tensor, y: torch.Tensor, *, autocast_dtype: torch.dtype | None = None,
                          candidates: Sequence[MemoryFormat] = ("contiguous", "channels_last"),
                          repeats: int = 3, timer: Callable[[], float] = time.perf_counter) -> MemoryFormatChoice:
     """The fastest of ``candidates`` for a training step of ``model`` (forward, in ``autocast_dtype`` where given;
-    ``loss_fn``, the trainer's, of the output; backward; an SGD step) on the batch ``(x, y)``, each measured on its own copy of the model
-    (``model`` itself is not changed). Contiguous unless another is at least :data:`MARGIN` faster."""
-    device = x.device
+    ``loss_fn``, the trainer's, of the output; backward; an SGD step) on the batch ``(x, y)``, each measured on its
+    own copy of the model (``model`` itself is not changed). Contiguous unless another is at least :data:`MARGIN`
+    faster."""
     seconds: dict[str, float] = {}
     for name in candidates:
         copied = apply_memory_format(copy.deepcopy(model), name).train()
-        optimizer = torch.optim.SGD(copied.parameters(), lr=1e-6)
-        inputs, targets = in_memory_format(x, name), in_memory_format(y, name)
-
-        def step() -> None:
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                                enabled=autocast_dtype is not None):
-                output = copied(inputs)
-            loss_fn(output, targets).backward()
-            optimizer.step()
-
-        seconds[name] = median_seconds(step, repeats=repeats, warmup=1, timer=timer, device=device)
-        del copied, optimizer
+        step = _sgd_step(copied, list(copied.parameters()), loss_fn, in_memory_format(x, name),
+                         in_memory_format(y, name), autocast_dtype)
+        seconds[name] = median_seconds(step, repeats=repeats, warmup=1, timer=timer, device=x.device)
+        del copied, step
     best = min(seconds, key=seconds.__getitem__)
     if best != "contiguous" and "contiguous" in seconds and seconds[best] * MARGIN > seconds["contiguous"]:
         best = "contiguous"
     return MemoryFormatChoice(best, "measured", seconds)  # type: ignore[arg-type]
+
+
+def compile_model(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` compiled by ``torch.compile`` with :data:`COMPILE_BACKEND` (a wrapper sharing its parameters; the
+    compilation happens at the first call)."""
+    return torch.compile(model, backend=COMPILE_BACKEND)
+
+
+def measure_compiled(model: torch.nn.Module, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], x: torch.Tensor,
+                     y: torch.Tensor, *, memory_format: MemoryFormat = "contiguous",
+                     autocast_dtype: torch.dtype | None = None, repeats: int = 3,
+                     timer: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """The compiled training step of a copy of ``model`` in ``memory_format``: ``compiled``, its steady seconds (the
+    median of ``repeats``), and ``compiling``, what its first step (the compilation) took beyond that. Raises what
+    the compilation raises."""
+    copied = apply_memory_format(copy.deepcopy(model), memory_format).train()
+    step = _sgd_step(compile_model(copied), list(copied.parameters()), loss_fn, in_memory_format(x, memory_format),
+                     in_memory_format(y, memory_format), autocast_dtype)
+    seconds = median_seconds(step, repeats=1, warmup=0, timer=timer, device=x.device)
+    steady = median_seconds(step, repeats=repeats, warmup=0, timer=timer, device=x.device)
+    return {"compiled": steady, "compiling": max(seconds - steady, 0.0)}
+
+
+def decide_compile(seconds: dict[str, float], planned_steps: int, source: Literal["measured", "cached"]
+                   ) -> CompileChoice:
+    """Compiled where the compiled step is at least :data:`MARGIN` faster than the eager one and the time it saves
+    over ``planned_steps`` exceeds the compilation's (``seconds``: ``eager``, ``compiled``, ``compiling``)."""
+    eager, compiled, compiling = seconds["eager"], seconds["compiled"], seconds["compiling"]
+    saved = (eager - compiled) * planned_steps
+    if compiled * MARGIN > eager:
+        return CompileChoice(False, source, seconds, f"the compiled step ({compiled:.3g} s) is not {MARGIN:g}x faster "
+                                                      f"than the eager one ({eager:.3g} s)")
+    if saved <= compiling:
+        return CompileChoice(False, source, seconds, f"{planned_steps} steps save {saved:.0f} s, less than the "
+                                                      f"compilation's {compiling:.0f} s")
+    return CompileChoice(True, source, seconds)
+
+
+def choose_compile(model: torch.nn.Module, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], x: torch.Tensor,
+                   y: torch.Tensor, *, eager_seconds: float, planned_steps: int,
+                   memory_format: MemoryFormat = "contiguous", autocast_dtype: torch.dtype | None = None,
+                   repeats: int = 3, timer: Callable[[], float] = time.perf_counter,
+                   min_training_seconds: float = COMPILE_MIN_TRAINING_SECONDS) -> CompileChoice:
+    """``compile: auto`` for a trial of ``planned_steps`` training steps whose eager step takes ``eager_seconds``:
+    not measured where the planned training is shorter than ``min_training_seconds``; otherwise the compiled step
+    measured on a copy of ``model`` (:func:`measure_compiled`) and :func:`decide_compile`'s verdict, or eager with
+    the error where the network does not compile."""
+    planned = eager_seconds * planned_steps
+    if planned < min_training_seconds:
+        return CompileChoice(False, "not measured", {"eager": eager_seconds},
+                             f"the planned training ({planned_steps} steps of {eager_seconds:.3g} s) is shorter than "
+                             f"{min_training_seconds:.0f} s: a compilation would not be repaid")
+    try:
+        measured = measure_compiled(model, loss_fn, x, y, memory_format=memory_format,
+                                    autocast_dtype=autocast_dtype, repeats=repeats, timer=timer)
+    except Exception as exc:  # noqa: BLE001 - any failure to compile leaves the step eager, and says why
+        return CompileChoice(False, "fell back", {"eager": eager_seconds}, compile_error(exc))
+    return decide_compile({"eager": eager_seconds, **measured}, planned_steps, "measured")
+
+
+def compile_error(exc: BaseException) -> str:
+    """A compilation's error in a line: its type and first line, and its root cause's (TorchDynamo wraps a
+    backend's error in its own)."""
+    def line(error: BaseException) -> str:
+        lines = str(error).strip().splitlines()
+        return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+    cause = exc
+    for _ in range(10):
+        inner = getattr(cause, "inner_exception", None) or cause.__cause__
+        if inner is None:
+            break
+        cause = inner
+    return (line(exc) + (f" ({line(cause)})" if cause is not exc else ""))[:400]

@@ -68,8 +68,8 @@ from distmis.train.protocol import Window
 from distmis.train.prefetch import PREFETCH_BATCHES, channels_first, prefetched, shard_batches
 from distmis.train.schedules import LearningRateSchedule
 from distmis.train.step_settings import (
-    ChoiceCache, MemoryFormatChoice, apply_memory_format, choice_key, choose_memory_format, device_name,
-    in_memory_format, matmul_rate,
+    ChoiceCache, CompileChoice, MemoryFormatChoice, apply_memory_format, choice_key, choose_compile,
+    choose_memory_format, compile_error, compile_model, decide_compile, device_name, in_memory_format, matmul_rate,
 )
 from distmis.train.torch_losses import make_loss
 
@@ -163,6 +163,12 @@ class TorchTrainer:
         self.memory_format: MemoryFormatChoice = self._choose_memory_format()
         apply_memory_format(self.model, self.memory_format.memory_format)
         self.train_model = self.parallelism.apply(self.model, self._input_shape())
+        # training.performance.compile: the training step through torch.compile where it pays (step_settings); a
+        # network that fails to compile at its first step trains eager (_step)
+        self.compile: CompileChoice = self._choose_compile()
+        self._eager_train_model: torch.nn.Module | None = None  # the uncompiled model until the compiled step has run
+        if self.compile.compiled:
+            self._eager_train_model, self.train_model = self.train_model, compile_model(self.train_model)
         self.num_parameters = count_trainable_parameters(self.model)
         self._predictions: dict[tuple, dict[str, float]] = {}  # predicted_step's, by stage input
         # training.optimizer's (distmis.train.optimizers) over the parameters this rank trains (a pipeline stage's own)
@@ -206,6 +212,52 @@ class TorchTrainer:
             choice = choose_memory_format(self.model, self.train_loss_fn, x, y,
                                           autocast_dtype=None if self.precision.name == "fp32" else self.precision.dtype)
         cache.put(key, choice)
+        return choice
+
+    def _choose_compile(self) -> CompileChoice:
+        """``training.performance.compile``: the spec's, or (``auto``) compiled where the measured saving over the
+        trial's planned steps exceeds the compilation (:func:`choose_compile`, on a copy of the network; its
+        measurement cached); eager for a trial split by sequence parallelism or pipeline stages, or (``auto``) over
+        several ranks."""
+        asked = self.spec.training.performance.compile
+        if self.layout.sp > 1 or self.layout.pp > 1:
+            return CompileChoice(False, "set" if asked == "off" else "not measured",
+                                 reason="a trial split by sequence parallelism or pipeline stages runs eager")
+        if asked != "auto":
+            return CompileChoice(asked == "on", "set")
+        if self.layout.world_size > 1:
+            return CompileChoice(False, "not measured", reason="a trial over several ranks runs eager under 'auto'")
+        shape = self._input_shape()
+        memory_format = self.memory_format.memory_format
+        planned_steps = self.steps_per_epoch * self.spec.training.epochs
+        autocast = None if self.precision.name == "fp32" else self.precision.dtype
+        key = choice_key(kind="compile", network=self.entry.name,
+                         params=self.spec.model.params.model_dump(mode="json"), tile=shape.tile,
+                         batch=shape.batch_size, channels=(self.in_channels, self.num_classes),
+                         precision=self.precision.name, deep_supervision=self.spec.training.deep_supervision,
+                         memory_format=memory_format, device=device_name(self.device), threads=torch.get_num_threads())
+        cache = ChoiceCache()
+        cached = cache.entry(key)
+        if cached is not None and isinstance(cached.get("seconds"), dict):
+            if cached.get("error"):
+                return CompileChoice(False, "fell back", dict(cached["seconds"]), str(cached["error"]))
+            if {"eager", "compiled", "compiling"} <= set(cached["seconds"]):
+                return decide_compile(dict(cached["seconds"]), planned_steps, "cached")
+        x, y = self._probe_batch(shape.tile, shape.batch_size)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            eager = self.memory_format.seconds.get(memory_format)
+            if eager is None:  # the format was set, or cached without a measurement: the eager step's seconds
+                eager = choose_memory_format(self.model, self.train_loss_fn, x, y, autocast_dtype=autocast,
+                                             candidates=(memory_format,)).seconds[memory_format]
+            choice = choose_compile(self.model, self.train_loss_fn, x, y, eager_seconds=eager,
+                                    planned_steps=planned_steps, memory_format=memory_format,
+                                    autocast_dtype=autocast)
+        if choice.source == "fell back":
+            logger.warning("%s does not compile; its step runs eager: %s", self.entry.name, choice.reason)
+        if choice.source != "not measured":
+            cache.put_entry(key, {"seconds": choice.seconds,
+                                  **({"error": choice.reason} if choice.source == "fell back" else {})})
         return choice
 
     def _probe_batch(self, tile: tuple[int, ...], batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,7 +431,7 @@ class TorchTrainer:
                     self.set_learning_rate(self.learning_rates.at(lr_epoch, step, len(batches)))
                 x, y = in_memory_format(x.to(self.device), self.memory_format.memory_format), y.to(self.device)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss = self._forward_backward(x, y)
+                loss = self._step(x, y)
                 self.parallelism.synchronize_gradients(self.train_model)
                 self.precision.step(self.optimizer, self._overflow_groups(),  # fp16: unscaled, skipped on overflow
                                     clip_norm=self.spec.training.clip_grad_norm, norm_groups=self._stage_groups())
@@ -418,6 +470,23 @@ class TorchTrainer:
         """The groups whose ranks hold the model's other parameters (a pipeline's stages): a global gradient norm
         sums over them."""
         return [self.mesh.pp_group] if self.mesh.pp_size > 1 else []
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """:meth:`_forward_backward`; the first compiled step, where the compilation happens, falls back to the
+        eager model (and says why) when the network does not compile."""
+        if self._eager_train_model is None:
+            return self._forward_backward(x, y)
+        try:
+            loss = self._forward_backward(x, y)
+        except Exception as exc:  # noqa: BLE001 - a compilation's failure of any kind: the step runs eager
+            reason = compile_error(exc)
+            logger.warning("%s does not compile; its step runs eager: %s", self.entry.name, reason)
+            self.compile = CompileChoice(False, "fell back", self.compile.seconds, reason)
+            self.train_model = self._eager_train_model
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self._forward_backward(x, y)
+        self._eager_train_model = None
+        return loss
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step's forward and backward (the parallelism's): the gradients in place, the batch's training loss
@@ -551,7 +620,7 @@ class TorchTrainer:
         step_seconds, peak = values
         predicted = self.predicted_step()
         metrics = {"step_seconds": step_seconds, "peak_memory_mb": peak / 2**20, **predicted,
-                   **self.memory_format.metrics()}
+                   **self.memory_format.metrics(), **self.compile.metrics()}
         if predicted.get("predicted_flops_per_step") and step_seconds > 0:  # the step's counted FLOPs, its rate
             rate = predicted["predicted_flops_per_step"] / step_seconds
             dtype = torch.float32 if self.precision.name == "fp32" else self.precision.dtype

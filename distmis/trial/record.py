@@ -103,6 +103,12 @@ class EpochMetrics:
     channels_last: float | None = None
     format_step_seconds_contiguous: float | None = None
     format_step_seconds_channels_last: float | None = None
+    # training.performance.compile (torch): 1 where the training step runs compiled (torch.compile), and what was
+    # measured: the eager and compiled steps' seconds and the compilation's
+    compiled: float | None = None
+    compile_step_seconds_eager: float | None = None
+    compile_step_seconds_compiled: float | None = None
+    compile_seconds: float | None = None
     # With a training.curriculum: the epoch's stage (1-based) and the size of its training input
     curriculum_stage: int | None = None
     tile_h: int | None = None

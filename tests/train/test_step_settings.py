@@ -1,7 +1,8 @@
-"""The memory format a torch trial trains in (``training.performance.memory_format``,
+"""The memory format a torch trial trains in and whether its step is compiled (``training.performance``,
 :mod:`distmis.train.step_settings`): chosen from measured step times (a fake clock here, never a real timing), cached
-by what decides it, applied to the trainer's network and its inputs, kept by its checkpoints; and the same losses in
-either format, per network family, to fp32 round-off."""
+by what decides it, applied to the trainer's network and its inputs, kept by its checkpoints; a network that does not
+compile falls back to eager and says so; and the same losses in either format, compiled or not, per network family,
+to fp32 round-off."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from distmis.networks import build_network
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.spec.load import SpecError
+from distmis.train import step_settings
 from distmis.train.step_settings import (
-    ChoiceCache, MemoryFormatChoice, apply_memory_format, choice_key, choose_memory_format, in_memory_format,
-    matmul_rate,
+    ChoiceCache, CompileChoice, MemoryFormatChoice, apply_memory_format, choice_key, choose_compile,
+    choose_memory_format, compile_model, decide_compile, in_memory_format, matmul_rate,
 )
 from distmis.train.torch_losses import make_loss
 from tests.conftest import small_spec_tree
@@ -127,6 +129,77 @@ def test_the_same_losses_in_either_format(name: str, params: dict, tile: tuple[i
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
 
 
+def broken_backend(graph_module, example_inputs):
+    """A torch.compile backend that cannot compile anything, as a network with an operation the backend lacks."""
+    raise RuntimeError("no kernel for this operation")
+
+
+@pytest.mark.parametrize("planned_steps, durations, compiled, source", [
+    (100, [20.5, 0.5, 0.6, 0.4], True, "measured"),  # saves 0.5 s a step: 50 s over 100 steps, against 20 s
+    (30, [20.5, 0.5, 0.6, 0.4], False, "measured"),  # 15 s saved do not repay 20 s of compilation
+    (10_000, [20.98, 0.98, 0.98, 0.98], False, "measured"),  # faster, but by less than the margin
+    (100, [], False, "not measured"),  # 100 steps of 1 s are under COMPILE_MIN_TRAINING_SECONDS: not compiled
+])
+def test_auto_compiles_where_the_measured_saving_repays_the_compilation(monkeypatch, planned_steps, durations,
+                                                                        compiled, source):
+    monkeypatch.setattr(step_settings, "COMPILE_BACKEND", "eager")  # TorchDynamo's capture, no code generation
+    model, x, y, loss = tiny_unet()
+    minimum = 600.0 if source == "not measured" else 20.0
+    choice = choose_compile(model, loss, x, y, eager_seconds=1.0, planned_steps=planned_steps,
+                            timer=ScriptedClock(durations), min_training_seconds=minimum)
+    assert (choice.compiled, choice.source) == (compiled, source), choice
+    if source == "measured":
+        assert choice.seconds == pytest.approx({"eager": 1.0, "compiled": sorted(durations[1:])[1],
+                                                "compiling": durations[0] - sorted(durations[1:])[1]})
+        assert compiled or choice.reason
+        # the verdict is the measurement's: the same seconds read from the cache decide alike
+        assert decide_compile(choice.seconds, planned_steps, "cached").compiled == compiled
+    else:
+        assert "shorter than 600 s" in choice.reason
+
+
+def test_a_network_that_does_not_compile_falls_back_and_says_so(monkeypatch):
+    monkeypatch.setattr(step_settings, "COMPILE_BACKEND", broken_backend)
+    model, x, y, loss = tiny_unet()
+    choice = choose_compile(model, loss, x, y, eager_seconds=10.0, planned_steps=1_000)
+    assert (choice.compiled, choice.source) == (False, "fell back")
+    assert "no kernel for this operation" in choice.reason and choice.metrics()["compiled"] == 0.0
+
+
+COMPILED_FAMILIES = [family for family in FAMILIES if family[0] in ("unet3d", "vit-seg")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, params, tile", COMPILED_FAMILIES, ids=[family[0] for family in COMPILED_FAMILIES])
+def test_the_same_losses_compiled(name: str, params: dict, tile: tuple[int, int, int]):
+    """Three SGD steps from the same weights and batches, eager and through TorchInductor (channels-last: the
+    layout a compiled U-Net trains in): the same losses and weights to fp32 round-off."""
+    entry = model_entry(name)
+    network = NetworkInput(2, 2, tile)
+    loss_fn = make_loss("dice", from_logits=entry.output == "logits", activation="sigmoid")
+    generator = torch.Generator().manual_seed(1)
+    batches = [(torch.rand(2, 2, *tile, generator=generator),
+                (torch.rand(2, 2, *tile, generator=generator) > 0.5).float()) for _ in range(3)]
+    runs = {}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = apply_memory_format(build_network(entry, entry.params(**params), network), "channels_last")
+        forward = compile_model(model) if compiled else model
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        losses = []
+        for x, y in batches:
+            optimizer.zero_grad()
+            loss = loss_fn(forward(in_memory_format(x, "channels_last")), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        runs[compiled] = (losses, [p.detach().clone() for p in model.parameters()])
+    (eager, weights), (compiled, weights_compiled) = runs[False], runs[True]
+    assert compiled == pytest.approx(eager, rel=1e-5, abs=1e-6)
+    for a, b in zip(weights, weights_compiled):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
+
+
 def test_the_matmul_rate_is_a_positive_rate_per_dtype():
     fp32 = matmul_rate("cpu", torch.float32, size=256, repeats=1)
     assert fp32 > 0 and matmul_rate("cpu", torch.float32, size=256, repeats=1) == fp32  # measured once
@@ -192,6 +265,42 @@ def test_auto_measures_once_and_reads_the_cache_after(prepared, tmp_path: Path, 
     assert torch.equal(first._tile_rng.get_state(), second._tile_rng.get_state())
 
 
+def trainer_compiled(tree: dict, prepared_data, compile: str):
+    tree = json.loads(json.dumps(tree))
+    tree["training"]["performance"] = {"memory_format": "contiguous", "compile": compile}
+    return local_trainer(validate_spec(tree), prepared_data.tfrecord_dir)
+
+
+def test_the_trainer_compiles_its_step_and_falls_back_where_it_cannot(prepared, tmp_path: Path, monkeypatch,
+                                                                      caplog):
+    tree, data = prepared
+    monkeypatch.setattr(step_settings, "COMPILE_BACKEND", "eager")
+    eager = trainer_compiled(tree, data, "off")
+    compiled = trainer_compiled(tree, data, "on")
+    assert compiled.compile == CompileChoice(True, "set") and eager.compile == CompileChoice(False, "set")
+    wrapped = compiled.train_model
+    assert isinstance(wrapped, torch._dynamo.eval_frame.OptimizedModule) and wrapped._orig_mod is compiled.model
+    first, second = eager.run_epoch(1), compiled.run_epoch(1)
+    assert compiled.train_model is wrapped and second.compiled == 1.0 and first.compiled == 0.0
+    assert second.train_loss == pytest.approx(first.train_loss, rel=1e-6)  # the captured graph computes the same
+    saved = torch.load(compiled.save(tmp_path / "compiled"), weights_only=True)
+    assert saved.keys() == eager.model.state_dict().keys()  # the plain model's weights, loadable without compiling
+
+    monkeypatch.setattr(step_settings, "COMPILE_BACKEND", broken_backend)
+    failing = trainer_compiled(tree, data, "on")
+    with caplog.at_level("WARNING", logger="distmis.train.torch_trainer"):
+        metrics = failing.run_epoch(1)
+    assert failing.compile.source == "fell back" and "no kernel for this operation" in failing.compile.reason
+    assert failing.train_model is failing.model and metrics.compiled == 0.0
+    assert metrics.train_loss == pytest.approx(first.train_loss, rel=1e-6)  # the eager step, from the same weights
+    assert any("does not compile" in record.getMessage() for record in caplog.records)
+
+    # auto: a trial this short is not worth a compilation, and is not measured
+    short = trainer_compiled(tree, data, "auto")
+    assert short.compile.source == "not measured" and not short.compile.compiled
+    assert short.train_model is short.model
+
+
 def test_a_set_format_is_refused_where_it_does_not_apply(tmp_path: Path):
     tree = small_spec_tree(tmp_path / "data")
     tree["training"]["performance"] = {"memory_format": "channels_last"}  # the TensorFlow U-Net: channels-last
@@ -202,5 +311,12 @@ def test_a_set_format_is_refused_where_it_does_not_apply(tmp_path: Path):
     tree["parallelism"] = {"mode": "experiment", "sequence_parallel": {"degree": 2}}
     with pytest.raises(SpecError, match="parallelism.sequence_parallel.degree is 2"):
         validate_spec(tree)
+    tree["training"]["performance"] = {"memory_format": "auto", "compile": "on"}
+    with pytest.raises(SpecError, match="training.performance.compile: 'on' is for trials whose ranks each hold"):
+        validate_spec(tree)
     tree["training"]["performance"] = {"memory_format": "auto"}
     validate_spec(tree)
+    tree = small_spec_tree(tmp_path / "data")
+    tree["training"]["performance"] = {"compile": "on"}  # the TensorFlow U-Net
+    with pytest.raises(SpecError, match="training.performance.compile: 'on' compiles a torch network's step"):
+        validate_spec(tree)
