@@ -8,9 +8,11 @@ out, the soft dice loss, Adam; torch's forward under autocast for bf16) at a ``-
 Keras step: :func:`distmis.estimate.keras_step.operation_flops` over its traced graph); the device's rate is a
 2048^3 matrix product in fp32 (and bf16 where the CPU computes it natively), measured in the same process.
 
-Columns per torch network: ``contiguous fp32`` (what distmis trained before issue 52), ``channels_last fp32``,
-``contiguous bf16``, ``channels_last bf16``, and what ``training.performance.memory_format: auto`` chose at fp32
-(:func:`distmis.train.step_settings.choose_memory_format`, measured in the same process). The TensorFlow U-Net:
+Rows per torch network: ``contiguous fp32`` (what distmis trained before issue 52), ``channels_last fp32``,
+``contiguous bf16``, ``channels_last bf16``, the step compiled by ``torch.compile`` (TorchInductor) in the format
+``training.performance.memory_format: auto`` chose at fp32 (:func:`distmis.train.step_settings.choose_memory_format`,
+measured in the same process), in fp32 and bf16, and what ``auto`` chose, compilation included
+(:func:`~distmis.train.step_settings.choose_compile` for a trial of :data:`LONG_TRIAL_STEPS` steps). The TensorFlow U-Net:
 eager ``tf.function`` against XLA (``jit_compile=True``).
 
     .venv/bin/python benchmarks/step_efficiency.py [--tile 64] [--threads 2] [--networks unet3d,segresnet]
@@ -35,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 KERAS = "unet3d-tf"
 BATCH, IN_CHANNELS, OUT_CHANNELS = 2, 4, 3
+#: the planned steps ``compile: auto`` decides for here: a long trial (nnU-Net's 250 steps an epoch, 100 epochs)
+LONG_TRIAL_STEPS = 25_000
 
 
 def _torch_row(config: dict) -> dict:
@@ -46,7 +50,8 @@ def _torch_row(config: dict) -> dict:
     from distmis.networks import build_network
     from distmis.train.precision import cpu_float16_supported  # noqa: F401 - the precision module's checks
     from distmis.train.step_settings import (
-        apply_memory_format, choose_memory_format, in_memory_format, matmul_rate, median_seconds,
+        apply_memory_format, choose_compile, choose_memory_format, compile_error, compile_model, in_memory_format,
+        matmul_rate, median_seconds,
     )
     from distmis.train.torch_losses import make_loss
 
@@ -62,16 +67,17 @@ def _torch_row(config: dict) -> dict:
     if bf16:
         rates["bf16"] = matmul_rate("cpu", torch.bfloat16)
 
-    def make_step(memory_format: str, precision: str):
+    def make_step(memory_format: str, precision: str, compiled: bool = False):
         torch.manual_seed(0)
         model = apply_memory_format(build_network(entry, entry.params(), network), memory_format).train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         inputs = in_memory_format(x, memory_format)
+        forward = compile_model(model) if compiled else model
 
         def step() -> None:
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-                output = model(inputs)
+                output = forward(inputs)
             loss_fn(output.float(), y).backward()
             optimizer.step()
 
@@ -93,8 +99,25 @@ def _torch_row(config: dict) -> dict:
     torch.manual_seed(0)
     chosen = choose_memory_format(build_network(entry, entry.params(), network), loss_fn, x, y,
                                   repeats=config["repeats"])
-    return {**config, "flops": flops, "matmul_rates": rates, "settings": settings,
-            "auto": {"memory_format": chosen.memory_format, "seconds": chosen.seconds}}
+    fmt = chosen.memory_format
+    errors = {}
+    for precision in ("fp32", "bf16") if bf16 else ("fp32",):  # compiled, in the format auto chose
+        model, step = make_step(fmt, precision, compiled=True)
+        try:
+            step()  # the compilation
+            seconds = median_seconds(step, repeats=config["repeats"], warmup=1)
+        except Exception as exc:  # noqa: BLE001 - a network that does not compile is reported as such
+            errors[f"compiled {fmt} {precision}"] = compile_error(exc)
+            continue
+        settings[f"compiled {fmt} {precision}"] = {"seconds": seconds, "flop_rate": flops / seconds,
+                                                   "fraction": flops / seconds / rates[precision]}
+    torch.manual_seed(0)
+    compiled = choose_compile(build_network(entry, entry.params(), network), loss_fn, x, y,
+                              eager_seconds=chosen.seconds[fmt], planned_steps=LONG_TRIAL_STEPS,
+                              memory_format=fmt, repeats=config["repeats"])
+    return {**config, "flops": flops, "matmul_rates": rates, "settings": settings, "errors": errors,
+            "auto": {"memory_format": fmt, "seconds": chosen.seconds, "compiled": compiled.compiled,
+                     "compile_seconds": compiled.seconds, "compile_reason": compiled.reason}}
 
 
 def _keras_row(config: dict) -> dict:
@@ -162,7 +185,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--table", type=Path, help="print the table of an earlier run's --output JSON, measuring "
+                                                   "nothing")
     args = parser.parse_args()
+    if args.table:
+        rows = json.loads(args.table.read_text())
+        print_table(rows, tile=rows[0]["tile"][0], threads=rows[0]["threads"], heading=f"(from {args.table})")
+        return
     context = multiprocessing.get_context("spawn")
     rows = []
     for name in args.networks.split(","):
@@ -176,23 +205,36 @@ def main() -> None:
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, {platform.processor() or platform.machine()}, "
-          f"torch {torch.__version__}, {args.threads} thread(s), batch {BATCH}, {args.tile}^3, "
-          f"matmul fp32 {rows[0]['matmul_rates']['fp32'] / 1e9:.0f} GFLOP/s"
-          + (f", bf16 {rows[0]['matmul_rates']['bf16'] / 1e9:.0f} GFLOP/s" if "bf16" in rows[0]["matmul_rates"] else "")
-          + "\n")
-    print("| network | GFLOP a step | setting | step (s) | GFLOP/s | of the matmul rate | vs contiguous fp32 |")
-    print("|---|---|---|---|---|---|---|")
+    print_table(rows, tile=args.tile, threads=args.threads,
+                heading=f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
+                        f"{platform.processor() or platform.machine()}, torch {torch.__version__}")
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(rows, indent=2))
+
+
+def print_table(rows: list[dict], *, tile: int, threads: int, heading: str) -> None:
+    """The markdown table of ``rows``: each setting's step, its rate, its fraction of the matmul rate of its own
+    dtype and of fp32's (bf16 with fp32 weights against the fp32 rate), its speed against contiguous fp32."""
+    rates = rows[0]["matmul_rates"]
+    print(f"{heading}, {threads} thread(s), batch {BATCH}, {tile}^3, matmul fp32 {rates['fp32'] / 1e9:.0f} GFLOP/s"
+          + (f", bf16 {rates['bf16'] / 1e9:.0f} GFLOP/s" if "bf16" in rates else "") + "\n")
+    print("| network | GFLOP a step | setting | step (s) | GFLOP/s | of its dtype's matmul rate | of the fp32 matmul "
+          "rate | vs contiguous fp32 |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         base = next(iter(row["settings"].values()))["seconds"]
         for name, setting in row["settings"].items():
             print(f"| {row['network']} | {row['flops'] / 1e9:.1f} | {name} | {setting['seconds']:.3f} | "
-                  f"{setting['flop_rate'] / 1e9:.1f} | {setting['fraction']:.2f} | {base / setting['seconds']:.2f}x |")
+                  f"{setting['flop_rate'] / 1e9:.1f} | {setting['fraction']:.2f} | "
+                  f"{setting['flop_rate'] / row['matmul_rates']['fp32']:.2f} | {base / setting['seconds']:.2f}x |")
+        for name, error in row.get("errors", {}).items():
+            print(f"| {row['network']} | | {name} | did not compile: {error} | | | | |")
         if "auto" in row:
-            print(f"| {row['network']} | | auto chose | {row['auto']['memory_format']} | | | |")
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(rows, indent=2))
+            auto = row["auto"]
+            compiled = "compiled" if auto["compiled"] else f"eager ({auto['compile_reason']})"
+            print(f"| {row['network']} | | auto chose (fp32, {LONG_TRIAL_STEPS} steps) | {auto['memory_format']}, "
+                  f"{compiled} | | | | |")
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ def plan_layouts(spec: Spec, machine: Machine, *, kernel: AttentionKernel | None
     if tile is None:
         raise ValueError("the network input is unknown: set training.tile (or dataset.crop / resize)")
     kernel = kernel or params.attention_kernel
-    precision = precision or spec.training.precision  # type: ignore[assignment]
+    precision = precision or spec.training.planned_precision  # type: ignore[assignment]
     sp_spec = spec.parallelism.sequence_parallel
     batch = spec.training.batch_size
     rows: list[PlannedLayout] = []

@@ -105,14 +105,14 @@ def stage_peaks(trial: Spec, stages: int, data: DataShape, device: Literal["cpu"
 
     training, pipe = trial.training, trial.parallelism.pipeline
     tile = tuple(int(t) for t in (training.tile or data.volume))
-    network = NetworkInput(*data.channels, tile, activation=data.activation, precision=training.precision)
+    network = NetworkInput(*data.channels, tile, activation=data.activation, precision=training.planned_precision)
     model = build_network(trial.model.entry, trial.model.params, network)
     cells = unet_cells(model)  # ValueError: not a U-Net that pipelines
     if stages > len(cells):
         raise TooManyStages(f"the U-Net has {len(cells)} cells: it cannot be cut into {stages} stages")
     if pipe.schedule == "1f1b" and pipe.microbatches < stages:
         raise ValueError(f"1f1b needs at least as many micro-batches as stages ({pipe.microbatches} < {stages})")
-    dtype = COMPUTE_DTYPES.get(training.precision)
+    dtype = COMPUTE_DTYPES.get(training.planned_precision)
     bounds = balanced_partition(cell_macs(model, tile), stages)
     micro = (training.batch_size // pipe.microbatches, data.channels[0], *tile)
     examples = stage_examples(model, bounds, micro, compute_dtype=dtype)
@@ -120,7 +120,7 @@ def stage_peaks(trial: Spec, stages: int, data: DataShape, device: Literal["cpu"
     batch = training.batch_size * sum(data.channels) * math.prod(tile) * 4
     peaks = []
     for index, ((start, stop), (inputs, _)) in enumerate(zip(bounds, examples)):
-        trace = trace_module_step(StageCells(cells[start:stop], dtype), inputs, precision=training.precision,
+        trace = trace_module_step(StageCells(cells[start:stop], dtype), inputs, precision=training.planned_precision,
                                   device=device, threads=threads)
         in_flight = pipe.microbatches if pipe.schedule == "gpipe" else min(pipe.microbatches, stages - index)
         tensors = trace.optimizer_bytes + trace.peak_bytes + (in_flight - 1) * trace.saved_bytes

@@ -69,7 +69,7 @@ def predict_step(trial: Spec, tile: tuple[int, int, int], batch: int, device: Li
     training = trial.training
     inputs, outputs = channels or (trial.dataset.in_channels, trial.dataset.num_classes)
     network = NetworkInput(inputs, outputs, tuple(int(t) for t in tile), activation=activation or _activation(trial),
-                           precision=training.precision)
+                           precision=training.planned_precision)
     key = (trial.model.name, trial.model.framework, trial.model.params.model_dump_json(), network, batch, device,
            threads, training.loss.model_dump_json())
     if key not in _TRACED:
@@ -87,14 +87,14 @@ def _trace(trial: Spec, network: NetworkInput, batch: int, device: Literal["cpu"
         from distmis.train.losses import make_loss as keras_loss
 
         loss = keras_loss(training.loss.name, smooth=training.loss.smooth, activation=network.activation)
-        trace = trace_keras_step(entry, trial.model.params, network, loss, batch=batch, precision=training.precision)
+        trace = trace_keras_step(entry, trial.model.params, network, loss, batch=batch, precision=training.planned_precision)
         tensors = trace.optimizer_bytes + trace.peak_bytes
         return StepMemory(trace, 0.0 if device == "cuda" else cpu_overhead(tensors))
     from distmis.train.torch_losses import make_loss
 
     loss = make_loss(training.loss.name, training.loss.smooth, from_logits=entry.output == "logits",
                      activation=network.activation)
-    return predict_step_memory(entry, trial.model.params, network, loss, batch=batch, precision=training.precision,
+    return predict_step_memory(entry, trial.model.params, network, loss, batch=batch, precision=training.planned_precision,
                                device=device, threads=threads)
 
 
@@ -117,15 +117,15 @@ def trial_steps(spec: Spec, *, device: Literal["cpu", "cuda"] = "cuda", threads:
             tile = stage.tile if stage.tile is not None else volume_shape(trial)
             name = trial.model.name
             if tile is None:
-                steps.append(TrialStep(shown, name, None, stage.batch_size, trial.training.precision, None,
+                steps.append(TrialStep(shown, name, None, stage.batch_size, trial.training.planned_precision, None,
                                        "a whole-volume stage of a volume the spec does not size"))
                 continue
             tile = tuple(int(t) for t in tile)
             key = (name, trial.model.framework, trial.model.params.model_dump_json(), tile, stage.batch_size,
-                   trial.training.precision, trial.training.loss.name, trial.dataset.labels)
+                   trial.training.planned_precision, trial.training.loss.name, trial.dataset.labels)
             if key not in done:
                 done[key] = predict_step(trial, tile, stage.batch_size, device, threads,  # type: ignore[arg-type]
                                          channels=channels, activation=activation)
-            steps.append(TrialStep(shown, name, tile, stage.batch_size, trial.training.precision,  # type: ignore[arg-type]
+            steps.append(TrialStep(shown, name, tile, stage.batch_size, trial.training.planned_precision,  # type: ignore[arg-type]
                                    done[key]))
     return steps

@@ -924,9 +924,16 @@ def check_compile(spec: Spec) -> list[tuple[str, str]]:
     where = "training.performance.compile"
     if spec.training.performance.compile != "on":
         return []
-    if spec.model.framework != "torch":
-        return [(where, "'on' compiles a torch network's step (torch.compile); model.framework is "
-                        f"{spec.model.framework!r}: leave it 'auto'")]
+    if spec.model.framework == "tensorflow":  # XLA's jit_compile, for a step of one replica
+        if spec.parallelism.mode != "experiment":
+            return [(where, "'on' compiles a TensorFlow trial's step with XLA, which distmis does for trials of one "
+                            f"replica; parallelism.mode is {spec.parallelism.mode!r}: use 'experiment', or leave "
+                            "it 'auto'")]
+        if spec.parallelism.workers_per_trial != 1:
+            return [(where, "'on' compiles a TensorFlow trial's step with XLA, which distmis does for trials of one "
+                            f"replica; parallelism.workers_per_trial is {spec.parallelism.workers_per_trial}: use 1, "
+                            "or leave it 'auto'")]
+        return []
     split = {"parallelism.sequence_parallel.degree": spec.parallelism.sequence_parallel.degree,
              "parallelism.pipeline.stages": spec.parallelism.pipeline.stages}
     for path, value in split.items():

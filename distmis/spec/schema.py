@@ -413,9 +413,10 @@ class InferenceSpec(StrictModel):
         return sorted(axes)
 
 
-#: ``training.precision``: fp32, or mixed precision with fp32 master weights computing in bfloat16 or float16.
-Precision = Literal["fp32", "bf16", "fp16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+#: ``training.precision``: fp32, or mixed precision with fp32 master weights computing in bfloat16 or float16, or
+#: ``auto``: bf16 where the trial's device computes it natively, else fp32 (:mod:`distmis.train.auto_precision`).
+Precision = Literal["fp32", "bf16", "fp16", "auto"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "auto")
 
 LRScheduleName = Literal["constant", "cosine", "cyclic", "poly"]
 ScheduleInterval = Literal["epoch", "step"]
@@ -533,7 +534,9 @@ class PerformanceSpec(StrictModel):
                             "process whose planned training is at least ten minutes long measures the compiled step "
                             "on a copy of its network (or reads the measurement from the cache) and compiles where the "
                             "time saved over its planned steps exceeds the compilation's; shorter trials run eager. "
-                            "Trials split by sequence parallelism or pipeline stages run eager")
+                            "Trials split by sequence parallelism or pipeline stages run eager. TensorFlow: on "
+                            "compiles the step with XLA (jit_compile; trials of one replica, parallelism.mode "
+                            "experiment); auto and off do not (XLA's step measured 16x slower on a CPU)")
 
 
 class TrainingSpec(StrictModel):
@@ -559,7 +562,9 @@ class TrainingSpec(StrictModel):
     precision: Precision = Field(
         "fp32", description="fp32, or mixed precision: bf16 (the forward computes in bfloat16) or fp16 (float16, "
                             "the loss scaled against underflow); the weights, gradients and optimizer state stay "
-                            "fp32 either way")
+                            "fp32 either way. auto: bf16 where the trial's device computes bfloat16 natively (a GPU "
+                            "of compute capability 8.0 or later, a CPU with AVX512-BF16 or AMX), fp32 otherwise, "
+                            "resolved in the trial's process; the driver plans memory for it as for fp32")
     performance: PerformanceSpec = PerformanceSpec()
     cudnn_benchmark: bool = Field(
         False, description="torch on a GPU: cuDNN times its convolution algorithms for each new input shape and "
@@ -649,6 +654,12 @@ class TrainingSpec(StrictModel):
         return max(1, math.ceil(train_cases / (batch_size * replicas)))
 
     @property
+    def planned_precision(self) -> Literal["fp32", "bf16", "fp16"]:
+        """The precision the driver plans memory and time for: ``precision``, fp32 for ``auto`` (the trial resolves
+        it on a device the driver does not know; fp32's step bounds bf16's from above)."""
+        return "fp32" if self.precision == "auto" else self.precision  # type: ignore[return-value]
+
+    @property
     def inference_batch_size(self) -> int:
         """Windows per forward pass of sliding-window inference."""
         return self.inference.batch_size or self.batch_size
@@ -659,8 +670,8 @@ class TrainingSpec(StrictModel):
     @classmethod
     def _known_precision(cls, value: Any) -> Any:
         if not isinstance(value, str) or value not in PRECISIONS:
-            raise ValueError("precision must be 'fp32', 'bf16' or 'fp16' (bf16 and fp16: mixed precision with fp32 "
-                             "master weights)")
+            raise ValueError("precision must be 'fp32', 'bf16', 'fp16' (bf16 and fp16: mixed precision with fp32 "
+                             "master weights) or 'auto' (bf16 where the device computes it natively, else fp32)")
         return value
 
 

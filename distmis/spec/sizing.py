@@ -36,7 +36,7 @@ def auto_sp_degree(spec: Spec, tile: Sequence[int]) -> AutoDegree:
                        attention=sp_spec.attention, decoder=sp_spec.decoder, split=sp_spec.split,
                        batch=spec.training.batch_size, kernel=params.attention_kernel,  # type: ignore[union-attr]
                        memory_per_worker=sp_spec.memory_per_worker, max_degree=sp_spec.max_degree,
-                       precision=spec.training.precision)
+                       precision=spec.training.planned_precision)
 
 
 def memory_configs(spec: Spec) -> list[dict[str, Any]]:

@@ -242,8 +242,15 @@ class UNetTrainer:
         it again."""
         import tensorflow as tf
 
+        # training.performance.compile 'on': XLA (jit_compile) for a trial of one replica; 'auto' and 'off' run
+        # the graph as TensorFlow places it (XLA's step measured 16x slower on a CPU: benchmarks/step_efficiency.py)
+        jit = self.spec.training.performance.compile == "on"
+        if jit and self.replicas > 1:
+            raise ValueError("training.performance.compile 'on' (XLA) is for a TensorFlow trial of one replica; this "
+                             f"one has {self.replicas}: use 'auto'")
         if isinstance(self.train_data, tf.data.Dataset):
-            self._train_step = tf.function(self._replica_train_step, input_signature=list(self.train_data.element_spec))
+            self._train_step = tf.function(self._replica_train_step, input_signature=list(self.train_data.element_spec),
+                                           jit_compile=jit)
         else:  # a distributed dataset, stepped inside train_steps
             self._train_step = tf.function(self._replica_train_step, reduce_retracing=True)
 

@@ -620,7 +620,8 @@ class TorchTrainer:
         step_seconds, peak = values
         predicted = self.predicted_step()
         metrics = {"step_seconds": step_seconds, "peak_memory_mb": peak / 2**20, **predicted,
-                   **self.memory_format.metrics(), **self.compile.metrics()}
+                   **self.memory_format.metrics(), **self.compile.metrics(),
+                   "compute_bits": float(torch.finfo(self.precision.dtype).bits)}
         if predicted.get("predicted_flops_per_step") and step_seconds > 0:  # the step's counted FLOPs, its rate
             rate = predicted["predicted_flops_per_step"] / step_seconds
             dtype = torch.float32 if self.precision.name == "fp32" else self.precision.dtype

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, NotRequired, TypedDict
 
 from distmis.trial.auto_trial import auto_trial, ended_trial, release_trial
 from distmis.trial.kept_trainers import KeptTrainers, trainer_key
-from distmis.trial.trainers import build_trainer, trial_frameworks
+from distmis.trial.trainers import build_trainer, resolve_precision, trial_frameworks
 from distmis.trial.worker_group import GROUP_NAME_PREFIX, release_groups, remove_named_groups
 from distmis.train.loop import Metrics, StoredCheckpoint, quiet_worker, train_and_report
 from distmis.train.startup import StartupClock
@@ -106,6 +106,8 @@ def single_process_trial(config: TrialConfig, *, spec: Spec, tfrecord_dir: str) 
     trial, layout = resolve_trial(spec, config)
     pin_threads(layout.cpu, **trial_frameworks(trial))
     clock.mark("imports")
+    if trial.model.framework == "tensorflow":  # a kept trainer's graphs are those of the resolved precision
+        trial = resolve_precision(trial)
     key = trainer_key(trial, tfrecord_dir) if trial.model.framework == "tensorflow" else None
     if key is None:
         trainer, graphs_reused = build_trainer(trial, layout, tfrecord_dir, clock), False

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from distmis.parallel.mesh import TrialMesh
     from distmis.train.protocol import Trainer
 
-__all__ = ["build_trainer", "trial_frameworks"]
+__all__ = ["build_trainer", "resolve_precision", "trial_frameworks"]
 
 
 def build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, clock: StartupClock | None = None,
@@ -54,7 +54,7 @@ def _build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, cl
             _check_world(strategy.num_replicas_in_sync, layout, "MultiWorkerMirroredStrategy replicas (TF_CONFIG?)")
             if clock is not None:
                 clock.mark("strategy")
-        return UNetTrainer(spec, tfrecord_dir, layout=layout, strategy=strategy)
+        return UNetTrainer(resolve_precision(spec), tfrecord_dir, layout=layout, strategy=strategy)
     from distmis.parallel.mesh import TrialMesh
     from distmis.train.torch_trainer import TorchTrainer
 
@@ -68,7 +68,42 @@ def _build_trainer(spec: Spec, layout: TrialLayout, tfrecord_dir: str | Path, cl
         mesh, device = TrialMesh.local(layout), device or _trial_device()
     elif device is None:
         device = _trial_device() if mesh.is_local else _worker_device()
-    return TorchTrainer(spec, tfrecord_dir, layout=layout, mesh=mesh, device=device)
+    return TorchTrainer(resolve_precision(spec, device), tfrecord_dir, layout=layout, mesh=mesh, device=device)
+
+
+def resolve_precision(spec: Spec, device: str | None = None) -> Spec:
+    """``spec`` with ``training.precision: auto`` resolved for the device this process trains on
+    (:func:`~distmis.train.auto_precision.auto_precision`): a torch trial's ``device`` (default the CPU), a
+    TensorFlow trial's first GPU, else the CPU. Any other precision as it is."""
+    if spec.training.precision != "auto":
+        return spec
+    from distmis.spec.load import apply_config
+    from distmis.train.auto_precision import auto_precision
+
+    device_type, capability = (_tensorflow_device() if spec.model.framework == "tensorflow"
+                               else _torch_device(device or "cpu"))
+    return apply_config(spec, {"training.precision": auto_precision(device_type, cuda_capability=capability)},
+                        source="training.precision auto")
+
+
+def _torch_device(device: str) -> tuple[str, tuple[int, int] | None]:
+    import torch
+
+    torch_device = torch.device(device)
+    if torch_device.type == "cuda":
+        return "cuda", tuple(torch.cuda.get_device_capability(torch_device))  # type: ignore[return-value]
+    return torch_device.type, None
+
+
+def _tensorflow_device() -> tuple[str, tuple[int, int] | None]:
+    """The device a TensorFlow trial computes on: its first GPU (with its compute capability), else the CPU."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "cpu", None
+    capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability")
+    return "cuda", tuple(capability) if capability else None  # type: ignore[return-value]
 
 
 def _check_world(actual: int, layout: TrialLayout, what: str) -> None:

@@ -317,6 +317,8 @@ def test_a_set_format_is_refused_where_it_does_not_apply(tmp_path: Path):
     tree["training"]["performance"] = {"memory_format": "auto"}
     validate_spec(tree)
     tree = small_spec_tree(tmp_path / "data")
-    tree["training"]["performance"] = {"compile": "on"}  # the TensorFlow U-Net
-    with pytest.raises(SpecError, match="training.performance.compile: 'on' compiles a torch network's step"):
+    tree["training"]["performance"] = {"compile": "on"}  # the TensorFlow U-Net: XLA, for trials of one replica
+    tree["parallelism"] = {"mode": "data", "workers": 2}
+    with pytest.raises(SpecError, match="training.performance.compile: 'on' compiles a TensorFlow trial's step "
+                                        "with XLA"):
         validate_spec(tree)

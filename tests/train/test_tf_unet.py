@@ -201,3 +201,14 @@ def test_a_fixed_number_of_steps_per_epoch_goes_on_through_the_passes(prepared):
     assert int(trainer.optimizer.iterations.numpy()) == 3  # 3 steps: a pass and a half
     trainer.train_epoch(2)
     assert int(trainer.optimizer.iterations.numpy()) == 6
+
+
+@pytest.mark.slow
+def test_compile_on_trains_the_step_through_xla_with_the_graphs_losses(prepared):
+    """``training.performance.compile: on``: the step is an XLA computation (``jit_compile``), and an epoch from the
+    same weights and batches gives the graph's loss to float round-off (XLA fuses and reorders the arithmetic)."""
+    spec, data = prepared
+    graph = built(with_changes(spec, performance={"compile": "off"}), data.tfrecord_dir)
+    xla = built(with_changes(spec, performance={"compile": "on"}), data.tfrecord_dir)
+    assert xla._train_step._jit_compile is True and not graph._train_step._jit_compile
+    assert xla.train_epoch(1) == pytest.approx(graph.train_epoch(1), rel=1e-4)
