@@ -129,12 +129,13 @@ class SearchConsole(tune.Callback):
         self._line(trial, f"epoch {epoch:>{len(str(total))}}/{total}  {figures}  "
                           f"elapsed {clock(float(result.get('time_total_s', 0.0)))}{workers}")
 
-    def on_trial_save(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        """Tune saves a trial it pauses (distmis's trials report their checkpoints; Tune saves one only to pause):
-        a stage-halving rung waiting for the other trials, or population-based training's exploit."""
-        if trial.trial_id not in self.paused:
-            self.paused.add(trial.trial_id)
-            self._line(trial, f"paused after epoch {self.shown.get(trial.trial_id, 0)}")
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        """A trial its scheduler paused (Tune's ``PAUSED``: a stage-halving rung waiting for the other trials,
+        population-based training's exploit) says so once; its next process resumes it."""
+        for trial in trials:
+            if trial.status == "PAUSED" and trial.trial_id not in self.paused:
+                self.paused.add(trial.trial_id)
+                self._line(trial, f"paused after epoch {self.shown.get(trial.trial_id, 0)}")
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._line(trial, f"failed, retried from its last checkpoint: {error_summary(trial_error_text(trial))}")

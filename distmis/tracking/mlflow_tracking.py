@@ -1001,8 +1001,8 @@ class TrialCallbackHandle(tune.Callback):
     def on_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         self._forward("on_checkpoint", *args, **kwargs)
 
-    def on_trial_save(self, *args: Any, **kwargs: Any) -> None:
-        self._forward("on_trial_save", *args, **kwargs)
+    def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+        self._forward("on_step_end", *args, **kwargs)
 
     def on_experiment_end(self, *args: Any, **kwargs: Any) -> None:
         self._forward("on_experiment_end", *args, **kwargs)

@@ -165,13 +165,18 @@ def test_a_trial_stopped_early_by_the_scheduler_says_so_and_counts_as_finished(t
 
 
 def test_a_trial_paused_by_its_scheduler_says_so_and_is_resumed_not_retried(tmp_path: Path, capsys):
-    """stage-halving (or PBT) pauses a trial at a rung: Tune saves it, and a new process goes on with it later."""
+    """stage-halving (or PBT) pauses a trial at a rung (Tune's PAUSED, seen at the end of a step of its loop), and a
+    new process goes on with it later."""
     spec = validate_spec(small_spec_tree(tmp_path / "data", training={"epochs": 3, "batch_size": 2}))
     both = Both(*reversed(console_of(spec)))
     a = Trial("f_00000", {"training.optimizer.lr": 0.001})
     both.on_trial_start(0, [a], a)
     both.on_trial_result(0, [a], a, epoch(1, 0.3, attempt="x"))
-    both.on_trial_save(0, [a], a)
+    both.on_step_end(0, [a])  # saved for a checkpoint, not paused: nothing said (Tune saves on both)
+    a.status = "PAUSED"
+    both.on_step_end(0, [a])
+    both.on_step_end(1, [a])  # said once
+    a.status = "RUNNING"
     both.on_trial_result(0, [a], a, epoch(2, 0.5, attempt="y"))
     both.on_trial_result(0, [a], a, epoch(3, 0.6, attempt="z"))  # no pause before it: a retry
     lines = capsys.readouterr().out.splitlines()
