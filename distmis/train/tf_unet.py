@@ -26,6 +26,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -233,6 +234,8 @@ class UNetTrainer:
         self._trace_train_step()
         self._train_steps = train_steps
         self._train_iterator: Any = None
+        #: the last epoch's training steps' share of its training time (the rest: waiting for the input pipeline)
+        self.step_share: float | None = None
         self._predict = predict
 
     def _trace_train_step(self) -> None:
@@ -383,6 +386,7 @@ class UNetTrainer:
         self.enter_stage(stage, seed=self.spec.training.seed + stage.first_epoch)
         steps = self.steps_per_epoch
         rates = [self.learning_rates.at(epoch, step, steps) for step in range(steps)]
+        self.step_share = None  # measured where the steps are called from Python, one at a time
         if self.replicas > 1 and not isinstance(self.train_data, tf.data.Dataset):  # a distributed dataset
             if self._train_iterator is None:
                 self._train_iterator = iter(self.train_data)
@@ -395,10 +399,14 @@ class UNetTrainer:
         else:
             batches = iter(self.train_data)
         losses = []
-        for step, (x, y) in enumerate(batches):
+        started, in_steps = time.perf_counter(), 0.0
+        for step, (x, y) in enumerate(batches):  # the input pipeline's wait is the time between the steps
+            stepping = time.perf_counter()
             if step == 0 or self.learning_rates.per_step:
                 self.optimizer.learning_rate = rates[min(step, steps - 1)]
             losses.append(float(self._train_step(x, y)))
+            in_steps += time.perf_counter() - stepping
+        self.step_share = in_steps / max(time.perf_counter() - started, 1e-9)
         if not losses:
             raise ValueError(f"{self.tfrecord_dir}: the training split holds no cases")
         return float(np.mean(losses))
@@ -466,8 +474,9 @@ class UNetTrainer:
             return loss
 
         metrics = checked_epoch(epoch, train, self.validate, learning_rate=self.learning_rates.at(epoch))
+        share = {} if self.step_share is None else {"step_share": self.step_share}
         return dataclasses.replace(metrics, **curriculum_metrics(self.spec.training, epoch, self.volume_shape),
-                                   **self.memory_metrics(peak[0] if peak else None))
+                                   **self.memory_metrics(peak[0] if peak else None), **share)
 
     @property
     def one_replica_here(self) -> bool:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Sequence
@@ -184,6 +185,7 @@ class TorchTrainer:
         self._epochs_trained = 0
         self.step_meter = StepMeter(self.device, held=self._training_state_bytes)
         self._measured: tuple[float, float] | None = None  # the last trained epoch's (step seconds, peak bytes)
+        self._step_share = 0.0  # the last trained epoch's steps' share of its training time
 
     def _choose_memory_format(self) -> MemoryFormatChoice:
         """``training.performance.memory_format``: the spec's, or (``auto``) the faster for this trial's step,
@@ -424,8 +426,10 @@ class TorchTrainer:
         meter = self.step_meter
         meter.start_epoch()
         stream = prefetched((self._host_batch(indices, epoch) for indices in batches), PREFETCH_BATCHES)
+        started, in_steps = time.perf_counter(), 0.0
         try:
             for step, (x, y) in enumerate(stream):
+                stepping = time.perf_counter()
                 meter.start_step()  # the batch is here: what follows is the step (see StepMeter)
                 if step == 0 or self.learning_rates.per_step:
                     self.set_learning_rate(self.learning_rates.at(lr_epoch, step, len(batches)))
@@ -437,8 +441,11 @@ class TorchTrainer:
                                     clip_norm=self.spec.training.clip_grad_norm, norm_groups=self._stage_groups())
                 losses.append(float(loss))
                 meter.end_step()
+                in_steps += time.perf_counter() - stepping
         finally:
             stream.close()  # a step that raised stops the reading thread before its next batch
+        # the steps' share of the epoch's training time: the rest is waiting for batches (their reading thread)
+        self._step_share = in_steps / max(time.perf_counter() - started, 1e-9)
         self._measured = (meter.step_seconds, meter.peak_bytes)  # read before validation can raise the peak
         self._epochs_trained += 1
         return float(np.mean(losses))
@@ -621,7 +628,7 @@ class TorchTrainer:
         predicted = self.predicted_step()
         metrics = {"step_seconds": step_seconds, "peak_memory_mb": peak / 2**20, **predicted,
                    **self.memory_format.metrics(), **self.compile.metrics(),
-                   "compute_bits": float(torch.finfo(self.precision.dtype).bits)}
+                   "compute_bits": float(torch.finfo(self.precision.dtype).bits), "step_share": self._step_share}
         if predicted.get("predicted_flops_per_step") and step_seconds > 0:  # the step's counted FLOPs, its rate
             rate = predicted["predicted_flops_per_step"] / step_seconds
             dtype = torch.float32 if self.precision.name == "fp32" else self.precision.dtype

@@ -106,6 +106,9 @@ class EpochMetrics:
     # training.performance.compile (torch): 1 where the training step runs compiled (torch.compile), and what was
     # measured: the eager and compiled steps' seconds and the compilation's
     compiled: float | None = None
+    # the training steps' share of the epoch's training time (the rest: waiting for the input pipeline's batches);
+    # a TensorFlow trial stepping a distributed dataset in one graph does not measure it
+    step_share: float | None = None
     # the bits of the torch step's compute dtype: 32 (fp32), 16 (bf16, fp16; training.precision auto's resolution)
     compute_bits: float | None = None
     compile_step_seconds_eager: float | None = None

@@ -236,6 +236,7 @@ def test_the_trainer_trains_and_predicts_in_the_format_set_and_its_checkpoint_ke
     # training's and validation's inputs, channels-last (validation's windows are views of a channels-last volume)
     assert len(seen) > 2 and all(stride[1] == 1 for _, stride in seen), seen
     assert metrics.channels_last == 1.0 and metrics.step_flop_rate > 0 and 0 < metrics.matmul_fraction
+    assert 0 < metrics.step_share <= 1  # the steps against the wait for batches
     trainer.save_state(tmp_path / "state")
 
     # an auto trial measured contiguous goes on channels-last from that checkpoint, as the trial began

@@ -38,7 +38,7 @@ def test_epoch_metrics_and_checkpoint(prepared, tmp_path: Path):
     trainer = built(spec, data.tfrecord_dir)
     metrics = trainer.run_epoch(1)
     assert metrics.epoch == 1 and 0 <= metrics.val_dice <= 1 and 0 <= metrics.train_loss <= 1
-    assert metrics.epoch_seconds > 0
+    assert metrics.epoch_seconds > 0 and 0 < metrics.step_share <= 1  # the steps against the input pipeline's wait
     assert trainer.num_parameters == sum(int(np.prod(w.shape)) for w in trainer.model.trainable_weights)
     path = trainer.save(tmp_path)
     assert path.is_file() and path.stat().st_size > 0
