@@ -16,7 +16,11 @@ measured in the same process), in fp32 and bf16, and what ``auto`` chose, compil
 eager ``tf.function`` against XLA (``jit_compile=True``).
 
     .venv/bin/python benchmarks/step_efficiency.py [--tile 64] [--threads 2] [--networks unet3d,segresnet]
-                                                   [--output runs/step_efficiency.json]
+                                                   [--device cpu|cuda] [--output runs/step_efficiency.json]
+
+On a GPU (``--device cuda``) the fraction is the model-FLOPs utilisation against the GPU's own measured matmul rate;
+the script imports torch, MONAI and distmis's torch modules only (no Ray, MLflow or TensorFlow), as the GPU machines
+have them.
 
 Run on an otherwise idle machine; one network at a time.
 """
@@ -45,7 +49,9 @@ def _torch_row(config: dict) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    torch.set_num_threads(config["threads"])
+    device = torch.device(config.get("device", "cpu"))
+    if device.type == "cpu":
+        torch.set_num_threads(config["threads"])
     from distmis.models.registry import NetworkInput, model_entry
     from distmis.networks import build_network
     from distmis.train.precision import cpu_float16_supported  # noqa: F401 - the precision module's checks
@@ -60,23 +66,25 @@ def _torch_row(config: dict) -> dict:
     network = NetworkInput(IN_CHANNELS, OUT_CHANNELS, tile)
     loss_fn = make_loss("dice", from_logits=entry.output == "logits", activation="sigmoid")
     generator = torch.Generator().manual_seed(0)
-    x = torch.rand((BATCH, IN_CHANNELS, *tile), generator=generator)
-    y = (torch.rand((BATCH, OUT_CHANNELS, *tile), generator=generator) > 0.5).float()
+    x = torch.rand((BATCH, IN_CHANNELS, *tile), generator=generator).to(device)
+    y = (torch.rand((BATCH, OUT_CHANNELS, *tile), generator=generator) > 0.5).float().to(device)
     bf16 = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    rates = {"fp32": matmul_rate("cpu", torch.float32)}
+    if device.type == "cuda":
+        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+    rates = {"fp32": matmul_rate(device, torch.float32)}
     if bf16:
-        rates["bf16"] = matmul_rate("cpu", torch.bfloat16)
+        rates["bf16"] = matmul_rate(device, torch.bfloat16)
 
     def make_step(memory_format: str, precision: str, compiled: bool = False):
         torch.manual_seed(0)
-        model = apply_memory_format(build_network(entry, entry.params(), network), memory_format).train()
+        model = apply_memory_format(build_network(entry, entry.params(), network).to(device), memory_format).train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         inputs = in_memory_format(x, memory_format)
         forward = compile_model(model) if compiled else model
 
         def step() -> None:
             optimizer.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 output = forward(inputs)
             loss_fn(output.float(), y).backward()
             optimizer.step()
@@ -92,12 +100,12 @@ def _torch_row(config: dict) -> dict:
     for memory_format in ("contiguous", "channels_last"):
         for precision in ("fp32", "bf16") if bf16 else ("fp32",):
             _, step = make_step(memory_format, precision)
-            seconds = median_seconds(step, repeats=config["repeats"], warmup=1)
+            seconds = median_seconds(step, repeats=config["repeats"], warmup=1, device=device)
             settings[f"{memory_format} {precision}"] = {
                 "seconds": seconds, "flop_rate": flops / seconds,
                 "fraction": flops / seconds / rates[precision]}
     torch.manual_seed(0)
-    chosen = choose_memory_format(build_network(entry, entry.params(), network), loss_fn, x, y,
+    chosen = choose_memory_format(build_network(entry, entry.params(), network).to(device), loss_fn, x, y,
                                   repeats=config["repeats"])
     fmt = chosen.memory_format
     errors = {}
@@ -105,14 +113,14 @@ def _torch_row(config: dict) -> dict:
         model, step = make_step(fmt, precision, compiled=True)
         try:
             step()  # the compilation
-            seconds = median_seconds(step, repeats=config["repeats"], warmup=1)
+            seconds = median_seconds(step, repeats=config["repeats"], warmup=1, device=device)
         except Exception as exc:  # noqa: BLE001 - a network that does not compile is reported as such
             errors[f"compiled {fmt} {precision}"] = compile_error(exc)
             continue
         settings[f"compiled {fmt} {precision}"] = {"seconds": seconds, "flop_rate": flops / seconds,
                                                    "fraction": flops / seconds / rates[precision]}
     torch.manual_seed(0)
-    compiled = choose_compile(build_network(entry, entry.params(), network), loss_fn, x, y,
+    compiled = choose_compile(build_network(entry, entry.params(), network).to(device), loss_fn, x, y,
                               eager_seconds=chosen.seconds[fmt], planned_steps=LONG_TRIAL_STEPS,
                               memory_format=fmt, repeats=config["repeats"])
     return {**config, "flops": flops, "matmul_rates": rates, "settings": settings, "errors": errors,
@@ -185,6 +193,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cuda: the torch networks on this machine's GPU (the TensorFlow U-Net is left out)")
     parser.add_argument("--table", type=Path, help="print the table of an earlier run's --output JSON, measuring "
                                                    "nothing")
     args = parser.parse_args()
@@ -192,10 +202,18 @@ def main() -> None:
         rows = json.loads(args.table.read_text())
         print_table(rows, tile=rows[0]["tile"][0], threads=rows[0]["threads"], heading=f"(from {args.table})")
         return
+    names = args.networks.split(",")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: torch sees no GPU here")
+        names = [name for name in names if name != KERAS]  # TensorFlow does not travel to the GPU machines
     context = multiprocessing.get_context("spawn")
     rows = []
-    for name in args.networks.split(","):
-        config = {"network": name, "tile": [args.tile] * 3, "threads": args.threads, "repeats": args.repeats}
+    for name in names:
+        config = {"network": name, "tile": [args.tile] * 3, "threads": args.threads, "repeats": args.repeats,
+                  "device": args.device}
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
             row = pool.submit(measure, config).result()
         rows.append(row)
@@ -205,9 +223,11 @@ def main() -> None:
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
+    where = (torch.cuda.get_device_name(0) if args.device == "cuda"
+             else platform.processor() or platform.machine())
     print_table(rows, tile=args.tile, threads=args.threads,
-                heading=f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
-                        f"{platform.processor() or platform.machine()}, torch {torch.__version__}")
+                heading=f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, {where}, "
+                        f"torch {torch.__version__}")
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(rows, indent=2))
