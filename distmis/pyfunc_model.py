@@ -41,7 +41,10 @@ import json
 import math
 import os
 import re
+import statistics
+import time
 import types
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -902,10 +905,6 @@ def inference_memory_format(network: Any, batch_shape: Sequence[int], device: st
     ``training.performance.memory_format: auto`` does). The network's 5-D weights are left in the layout chosen,
     in place. Either layout computes the same probabilities to float round-off."""
     global _INFERENCE_LAYOUTS
-    import statistics
-    import time
-    import weakref
-
     import torch
 
     if not isinstance(network, torch.nn.Module):

@@ -129,7 +129,8 @@ def test_the_model_code_imports_no_distmis_and_its_libraries_lazily():
     tree = ast.parse(Path(pyfunc_model.__file__).read_text())
     top = {alias.name.split(".")[0] for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
            for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])}
-    assert top <= {"__future__", "json", "math", "os", "re", "types", "typing", "numpy"}, top
+    assert top <= {"__future__", "json", "math", "os", "re", "statistics", "time", "types", "typing", "weakref",
+                   "numpy"}, top
     everywhere = {(node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
                   for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
                   for alias in node.names}

@@ -32,7 +32,7 @@ def test_a_bad_precision_is_refused_naming_the_allowed_values(tmp_path, bad):
     with pytest.raises(SpecError) as exc:
         validate_spec(tree(tmp_path, precision=bad))
     message = problems(exc)["training.precision"]
-    assert "'fp32', 'bf16' or 'fp16'" in message and repr(bad) in message
+    assert "'fp32', 'bf16', 'fp16' (bf16 and fp16: mixed precision with fp32 master weights) or 'auto'" in message and repr(bad) in message
 
 
 @pytest.mark.parametrize("algorithm, kind", [("grid", "grid"), ("random", "choice"), ("optuna", "choice")])
@@ -44,7 +44,7 @@ def test_precision_is_searchable_and_applied_to_each_trial(tmp_path, algorithm, 
     assert spec.search.space["training.precision"].values == ["fp32", "bf16"]
     trial = apply_config(spec, {"training.precision": "bf16"})
     assert trial.training.precision == "bf16" and spec.training.precision == "fp32"
-    with pytest.raises(SpecError, match="'fp32', 'bf16' or 'fp16'"):
+    with pytest.raises(SpecError, match=r"'fp32', 'bf16', 'fp16' \(bf16 and fp16: mixed precision with fp32 master weights\) or 'auto'"):
         apply_config(spec, {"training.precision": "fp8"})
     spec_tree["search"]["space"]["training.precision"] = {kind: ["fp32", "fp8"]}
     with pytest.raises(SpecError) as exc:

@@ -85,6 +85,10 @@ def test_the_driver_logs_every_number_an_epoch_reports():
                                 predicted_step_memory_mb=2.1, predicted_peak_memory_mb=2.5,
                                 predicted_flops_per_step=1e9, curriculum_stage=1, tile_h=8, tile_w=8,
                                 tile_d=8, validation_seconds=0.2, workers=2,
-                                predicted_epoch_seconds=0.9).as_dict()) - {"epoch"}
+                                predicted_epoch_seconds=0.9, step_flop_rate=1e10, matmul_rate=1e11,
+                                matmul_fraction=0.1, channels_last=1.0, format_step_seconds_contiguous=0.2,
+                                format_step_seconds_channels_last=0.1, compiled=0.0, compile_step_seconds_eager=0.1,
+                                compile_step_seconds_compiled=0.09, compile_seconds=20.0, compute_bits=32.0,
+                                step_share=0.95).as_dict()) - {"epoch"}
     assert reported == set(EPOCH_METRICS)
     assert {f.name for f in fields(EpochMetrics)} == {*EPOCH_METRICS, "epoch", "class_dice"}
