@@ -96,37 +96,45 @@ FAMILIES = [
 ]
 
 
-@pytest.mark.parametrize("name, params, tile", FAMILIES, ids=[family[0] for family in FAMILIES])
-def test_the_same_losses_in_either_format(name: str, params: dict, tile: tuple[int, int, int]):
-    """Three SGD steps from the same weights and batches, contiguous and channels-last: the same losses and weights
-    to fp32 round-off (plain SGD: Adam divides each gradient by its own size, which turns round-off in a gradient
-    near zero into a whole step)."""
+def three_sgd_steps(name: str, params: dict, tile: tuple[int, int, int], memory_format: str, *,
+                    compiled: bool = False) -> tuple[list[float], list[torch.Tensor], torch.nn.Module]:
+    """Three SGD steps of ``name``'s network from the same seeded weights on the same seeded batches, in
+    ``memory_format``, eager or ``compiled``: the losses, the weights after, and the model (plain SGD: Adam divides
+    each gradient by its own size, which turns round-off in a gradient near zero into a whole step)."""
     entry = model_entry(name)
-    network = NetworkInput(2, 2, tile)
     loss_fn = make_loss("dice", from_logits=entry.output == "logits", activation="sigmoid")
     generator = torch.Generator().manual_seed(1)
     batches = [(torch.rand(2, 2, *tile, generator=generator),
                 (torch.rand(2, 2, *tile, generator=generator) > 0.5).float()) for _ in range(3)]
-    runs = {}
-    for memory_format in ("contiguous", "channels_last"):
-        torch.manual_seed(0)
-        model = apply_memory_format(build_network(entry, entry.params(**params), network), memory_format)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        losses = []
-        for x, y in batches:
-            optimizer.zero_grad()
-            loss = loss_fn(model(in_memory_format(x, memory_format)), y)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        runs[memory_format] = (losses, [p.detach().clone() for p in model.parameters()])
-        if memory_format == "channels_last":  # the layout is in place: the convolutions' weights channels-last
-            weights = [p for p in model.parameters() if p.dim() == 5]
-            assert weights and all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in weights)
-    (contiguous, weights), (channels_last, weights_cl) = runs["contiguous"], runs["channels_last"]
-    assert channels_last == pytest.approx(contiguous, rel=1e-5, abs=1e-6)
-    for a, b in zip(weights, weights_cl):
+    torch.manual_seed(0)
+    model = apply_memory_format(build_network(entry, entry.params(**params), NetworkInput(2, 2, tile)), memory_format)
+    forward = compile_model(model) if compiled else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = loss_fn(forward(in_memory_format(x, memory_format)), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()], model
+
+
+def assert_the_same_run(run: tuple, other: tuple) -> None:
+    """The same losses and weights to fp32 round-off."""
+    assert other[0] == pytest.approx(run[0], rel=1e-5, abs=1e-6)
+    for a, b in zip(run[1], other[1]):
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("name, params, tile", FAMILIES, ids=[family[0] for family in FAMILIES])
+def test_the_same_losses_in_either_format(name: str, params: dict, tile: tuple[int, int, int]):
+    """Contiguous and channels-last: the same three steps."""
+    contiguous = three_sgd_steps(name, params, tile, "contiguous")
+    channels_last = three_sgd_steps(name, params, tile, "channels_last")
+    weights = [p for p in channels_last[2].parameters() if p.dim() == 5]  # the layout in place
+    assert weights and all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in weights)
+    assert_the_same_run(contiguous, channels_last)
 
 
 def broken_backend(graph_module, example_inputs):
@@ -172,32 +180,10 @@ COMPILED_FAMILIES = [family for family in FAMILIES if family[0] in ("unet3d", "v
 @pytest.mark.slow
 @pytest.mark.parametrize("name, params, tile", COMPILED_FAMILIES, ids=[family[0] for family in COMPILED_FAMILIES])
 def test_the_same_losses_compiled(name: str, params: dict, tile: tuple[int, int, int]):
-    """Three SGD steps from the same weights and batches, eager and through TorchInductor (channels-last: the
-    layout a compiled U-Net trains in): the same losses and weights to fp32 round-off."""
-    entry = model_entry(name)
-    network = NetworkInput(2, 2, tile)
-    loss_fn = make_loss("dice", from_logits=entry.output == "logits", activation="sigmoid")
-    generator = torch.Generator().manual_seed(1)
-    batches = [(torch.rand(2, 2, *tile, generator=generator),
-                (torch.rand(2, 2, *tile, generator=generator) > 0.5).float()) for _ in range(3)]
-    runs = {}
-    for compiled in (False, True):
-        torch.manual_seed(0)
-        model = apply_memory_format(build_network(entry, entry.params(**params), network), "channels_last")
-        forward = compile_model(model) if compiled else model
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        losses = []
-        for x, y in batches:
-            optimizer.zero_grad()
-            loss = loss_fn(forward(in_memory_format(x, "channels_last")), y)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        runs[compiled] = (losses, [p.detach().clone() for p in model.parameters()])
-    (eager, weights), (compiled, weights_compiled) = runs[False], runs[True]
-    assert compiled == pytest.approx(eager, rel=1e-5, abs=1e-6)
-    for a, b in zip(weights, weights_compiled):
-        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
+    """Eager and through TorchInductor (channels-last: the layout a compiled U-Net trains in): the same three
+    steps."""
+    assert_the_same_run(three_sgd_steps(name, params, tile, "channels_last"),
+                        three_sgd_steps(name, params, tile, "channels_last", compiled=True))
 
 
 def test_the_matmul_rate_is_a_positive_rate_per_dtype():
