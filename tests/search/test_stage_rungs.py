@@ -145,6 +145,8 @@ def climb(config: dict) -> None:
             marker.touch()
             raise RuntimeError("a failure Tune retries")
         dice = 0.1 if (config["merit"] == DIPPING and epoch == 2) else config["merit"] + 0.01 * epoch
+        with marker.with_name(f"epochs-{config['merit']}.jsonl").open("a") as log:  # what it reported, in order
+            log.write(json.dumps({"epoch": epoch, "started_at": start}) + "\n")
         with tempfile.TemporaryDirectory() as folder:
             (Path(folder) / "state.json").write_text(json.dumps({"epoch": epoch}))
             tune.report({"epoch": epoch, "val_dice": dice, "started_at": start},
@@ -168,8 +170,9 @@ def test_halving_pauses_every_trial_at_a_rung_and_goes_on_with_the_best_from_the
     )
     results = tuner.fit()
     assert not results.errors
-    # every result each trial reported, as Tune wrote them (its ResultGrid's frame drops some of a restored trial's)
-    history = {result.config["merit"]: pd.read_csv(Path(result.path) / "progress.csv") for result in results}
+    # every result each trial reported, as the trial wrote them down (the ResultGrid's frame drops some of a restored
+    # trial's, and Tune's progress.csv of a trial may not be in its storage yet when the run returns)
+    history = {merit: pd.read_json(tmp_path / f"epochs-{merit}.jsonl", lines=True) for merit in MERITS}
     epochs = {merit: list(frame["epoch"]) for merit, frame in history.items()}
     # rung 1: the best 3 of 6 go on; rung 2: the best 2 of those 3 by their best result so far (the dipping one's
     # 0.91 of its first epoch, not its 0.1 of the second), whatever order they arrived in
