@@ -71,6 +71,7 @@ def _torch_row(config: dict) -> dict:
     bf16 = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     if device.type == "cuda":
         bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+    bf16 = bf16 and "bf16" in config.get("precisions", ("fp32", "bf16"))
     rates = {"fp32": matmul_rate(device, torch.float32)}
     if bf16:
         rates["bf16"] = matmul_rate(device, torch.bfloat16)
@@ -193,6 +194,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--precisions", default="fp32,bf16",
+                        help="fp32, and bf16 where the device computes it (mixed precision: fp32 weights)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cuda: the torch networks on this machine's GPU (the TensorFlow U-Net is left out)")
     parser.add_argument("--table", type=Path, help="print the table of an earlier run's --output JSON, measuring "
@@ -213,6 +216,7 @@ def main() -> None:
     rows = []
     for name in names:
         config = {"network": name, "tile": [args.tile] * 3, "threads": args.threads, "repeats": args.repeats,
+                  "precisions": args.precisions.split(","),
                   "device": args.device}
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
             row = pool.submit(measure, config).result()
