@@ -770,7 +770,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 0.7 0.15 0.15)")
     p.add_argument("--seed", type=int, default=0, help="split seed")
     p.add_argument("--shards", type=_positive_int, help="shards per split (default: about 8 cases a shard)")
-    p.add_argument("--workers", type=_positive_int, help="conversion processes (default: min(CPUs, 4))")
+    p.add_argument("--workers", type=_positive_int,
+                   help="conversion processes (default: min(CPUs, 4); 1, in-process, for data under 16 MiB)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_data_tfrecord)

@@ -233,6 +233,32 @@ def _pass_on_ctrl_c(handler: Any) -> None:
         signal.raise_signal(signal.SIGINT)
 
 
+IN_PROCESS_BYTES = 16 * 2**20
+"""Below this much data (its files on disk, and its records), the conversion reads in its own process: a reader
+process takes one to two seconds to start (a new interpreter and its imports), more than reading it all."""
+
+
+def default_readers(cases: Sequence[CaseFiles], record_bytes: int | None) -> int:
+    """The reader processes a conversion of ``cases`` uses by default: ``min(CPUs, 4)``, or 1 (in-process) for a
+    small data set, both its files and its records (``record_bytes``, None when not known) under
+    :data:`IN_PROCESS_BYTES`."""
+    def file_bytes() -> int:
+        total = 0
+        for case in cases:
+            for path in (*case.images, case.label):
+                try:
+                    total += Path(path).stat().st_size
+                except OSError:  # the reading names it
+                    pass
+                if total > IN_PROCESS_BYTES:
+                    break
+        return total
+
+    if record_bytes is not None and record_bytes <= IN_PROCESS_BYTES and file_bytes() <= IN_PROCESS_BYTES:
+        return 1
+    return min(os.cpu_count() or 1, 4)
+
+
 def _load_case(case: CaseFiles, job: tuple[PreprocessConfig, Any]) -> tuple[str, np.ndarray, np.ndarray]:
     """Worker: read and preprocess one case (numpy / nibabel / scipy only). ``job``: the preprocessing and the data
     set's description (None: the layout's own)."""
@@ -629,7 +655,8 @@ def convert_to_tfrecords(
         out_dir: output folder, created atomically (see the module docstring).
         shards_per_split: shards per split; default: ~8 cases per shard.
             Always clamped to ``[1, number of cases in the split]``.
-        workers: reader processes; default ``min(cpu count, 4)``; 1 = in-process.
+        workers: reader processes; default :func:`default_readers` (``min(cpu count, 4)``, in-process for a small
+            data set); 1 = in-process.
         progress: show the progress on stderr (:mod:`~distmis.data.case_progress`).
         description: the data set's :class:`~distmis.data.description.DatasetDescription` (its channels and
             labels); None: the layout's own (the BraTS layouts, MSD Task01).
@@ -660,10 +687,10 @@ def convert_to_tfrecords(
     _check_out_dir(out_dir, overwrite)
     plan = _plan(cases, split)
     ordered = [case for part in plan.values() for case in part]
-    if workers is None:
-        workers = min(os.cpu_count() or 1, 4)
-    workers = max(1, min(int(workers), len(ordered)))
     room = check_room(ordered, config, out_dir.parent)  # before anything is read or written
+    if workers is None:
+        workers = default_readers(ordered, room.needed)
+    workers = max(1, min(int(workers), len(ordered)))
 
     tag = uuid.uuid4().hex[:8]
     tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{tag}"

@@ -26,15 +26,30 @@ def token_auth_disabled() -> bool:
 
 
 def ensure_token(path: Path | None = None) -> Path:
-    """The token file, created (random, mode 0600 from the start) if it does not exist or is empty."""
+    """The token file, created (random, mode 0600 from the start) if it does not exist or is empty.
+
+    Two processes may make it at the same moment (two ``distmis run``s, the first on a machine): each writes a whole
+    token to a file of its own and links it into place, which only the first does; the other then uses that one.
+    A token written over another's would have locked out the Ray already started with the first."""
     path = path or token_path()
-    if not path.exists() or not path.read_text().strip():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if path.exists() and path.read_text().strip():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
-        os.chmod(path, 0o600)  # O_CREAT's mode only applies to a new file; an empty one may have been wider
+        try:
+            os.link(staged, path)  # fails where another process's token is in place by now
+        except FileExistsError:
+            if not path.read_text().strip():  # an empty file of the user's: replaced (0600, whole)
+                os.replace(staged, path)
+                logger.info("wrote a new Ray authentication token to %s", path)
+            return path
         logger.info("wrote a new Ray authentication token to %s", path)
+    finally:
+        staged.unlink(missing_ok=True)
     return path
 
 

@@ -386,3 +386,20 @@ def test_existing_output_and_overwrite(brats_root: Path, brats_tfr, tmp_path: Pa
                                         r"does not list\)\. Overwrite replaces only what distmis wrote"):
         convert_to_tfrecords(cases, small, BRATS_CONFIG, target, workers=1, progress=False, overwrite=True)
     assert (target / "notes.txt").read_text() == "keep me" and read_manifest(target) == manifest
+
+
+def test_a_small_data_set_is_read_in_process_and_a_large_one_by_reader_processes(msd_root: Path, monkeypatch):
+    """Reader processes take a second or two to start: the default reads a data set whose files and records are
+    both under IN_PROCESS_BYTES in the converting process, and one above by min(CPUs, 4) readers."""
+    import os
+
+    import distmis.data.tfrecord as tfrecord
+
+    cases = discover_cases(msd_root, "msd")
+    size = sum(path.stat().st_size for case in cases for path in (*case.images, case.label))
+    parallel = min(os.cpu_count() or 1, 4)
+    assert tfrecord.default_readers(cases, 1000) == 1
+    assert tfrecord.default_readers(cases, tfrecord.IN_PROCESS_BYTES + 1) == parallel  # large records
+    assert tfrecord.default_readers(cases, None) == parallel  # not known: as ever
+    monkeypatch.setattr(tfrecord, "IN_PROCESS_BYTES", size - 1)  # large files
+    assert tfrecord.default_readers(cases, 1000) == parallel

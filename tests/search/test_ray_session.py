@@ -56,8 +56,15 @@ import distmis.search.ray_session as ray_session
 
 before = dict(os.environ)
 with ray_session.ray_connection():
-    def idle_workers():
-        return {p.pid for p in psutil.process_iter(["cmdline"]) if "ray::IDLE" in " ".join(p.info["cmdline"] or [])}
+    def idle_workers():  # this Ray's own (its raylet is this process's child): not another Ray's on the machine
+        found = set()
+        for process in psutil.Process().children(recursive=True):
+            try:
+                if "ray::IDLE" in " ".join(process.cmdline()):
+                    found.add(process.pid)
+            except psutil.Error:
+                pass
+        return found
     deadline = time.monotonic() + 60
     while not idle_workers() and time.monotonic() < deadline:  # started with the node, one per CPU
         time.sleep(0.2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,25 @@ def test_a_new_token_is_owner_only_and_an_existing_one_is_kept(tmp_path: Path):
     assert ensure_token(path).read_text() == before and token_problem(path) is None
     path.chmod(0o644)
     assert "chmod 600" in token_problem(path) and str(path) in token_problem(path)
+
+
+def test_processes_making_the_token_at_once_all_use_the_one_token(tmp_path: Path):
+    """Two ``distmis run``s started together on a fresh machine: each Ray must be given the token the others use (a
+    token written over another's locked out the Ray that had read the first)."""
+    path = tmp_path / "ray" / "auth_token"
+    code = ("import sys, time\nfrom pathlib import Path\nfrom distmis.service.token import ensure_token\n"
+            "start = float(sys.argv[2])\ntime.sleep(max(0.0, start - time.time()))\n"
+            "print(ensure_token(Path(sys.argv[1])).read_text())")
+    start = str(time.time() + 3)  # after every process has imported distmis
+    racers = [subprocess.Popen([sys.executable, "-c", code, str(path), start], cwd=ROOT, stdout=subprocess.PIPE,
+                               text=True) for _ in range(4)]
+    tokens = {racer.communicate(timeout=120)[0].strip() for racer in racers}
+    assert all(racer.returncode == 0 for racer in racers)
+    assert tokens == {path.read_text()} and len(path.read_text()) == 64
+    assert path.stat().st_mode & 0o777 == 0o600 and [p.name for p in path.parent.iterdir()] == ["auth_token"]
+    path.write_text("")  # an empty file (the user's) is given a token, owner-only
+    path.chmod(0o644)
+    assert len(ensure_token(path).read_text()) == 64 and path.stat().st_mode & 0o777 == 0o600
 
 
 def test_cluster_up_refuses_a_token_others_can_read(tmp_path: Path, monkeypatch, capsys):
