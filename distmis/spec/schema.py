@@ -536,7 +536,9 @@ class PerformanceSpec(StrictModel):
                             "time saved over its planned steps exceeds the compilation's; shorter trials run eager. "
                             "Trials split by sequence parallelism or pipeline stages run eager. TensorFlow: on "
                             "compiles the step with XLA (jit_compile; trials of one replica, parallelism.mode "
-                            "experiment); auto and off do not (XLA's step measured 16x slower on a CPU)")
+                            "experiment); off runs the traced graph; auto: a trial of one replica whose planned "
+                            "training left after its first epoch is at least ten minutes runs its next steps through "
+                            "XLA and keeps the faster step (XLA's step measured 16x slower on a CPU)")
 
 
 class TrainingSpec(StrictModel):

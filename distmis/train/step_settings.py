@@ -42,6 +42,8 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
+from distmis.train.compile_choice import COMPILE_MIN_TRAINING_SECONDS, MARGIN, CompileChoice, decide_compile
+
 __all__ = ["MemoryFormat", "MEMORY_FORMATS", "MARGIN", "COMPILE_MIN_TRAINING_SECONDS", "MemoryFormatChoice",
            "CompileChoice", "ChoiceCache", "apply_memory_format", "in_memory_format", "device_name", "matmul_rate",
            "median_seconds", "choose_memory_format", "compile_model", "measure_compiled", "decide_compile",
@@ -50,11 +52,6 @@ __all__ = ["MemoryFormat", "MEMORY_FORMATS", "MARGIN", "COMPILE_MIN_TRAINING_SEC
 MemoryFormat = Literal["contiguous", "channels_last"]
 MEMORY_FORMATS: dict[str, torch.memory_format] = {"contiguous": torch.contiguous_format,
                                                   "channels_last": torch.channels_last_3d}
-#: how much faster than the contiguous step another format must measure to be taken (timing noise is a few %)
-MARGIN = 1.05
-#: the shortest planned training (its steps at the eager step's measured seconds) for which ``compile: auto``
-#: measures compilation: below it a compilation of tens of seconds is not repaid
-COMPILE_MIN_TRAINING_SECONDS = 600.0
 #: TorchDynamo's backend for ``torch.compile`` (a test gives one that fails, to see the fallback)
 COMPILE_BACKEND: str | Callable[..., Any] = "inductor"
 
@@ -141,27 +138,6 @@ class MemoryFormatChoice:
         """What the trial logs of it: ``channels_last`` (1 or 0) and each measured format's step seconds."""
         return {"channels_last": float(self.memory_format == "channels_last"),
                 **{f"format_step_seconds_{name}": value for name, value in self.seconds.items()}}
-
-
-@dataclass(frozen=True)
-class CompileChoice:
-    """Whether a trial's training step runs compiled; ``seconds``: what was measured (``eager`` and ``compiled``
-    step seconds, ``compiling``: the first compiled step's seconds beyond a steady one); ``source``: ``set`` (the
-    spec's), ``measured``, ``cached``, ``not measured`` (``reason`` says why) or ``fell back`` (the network did
-    not compile: ``reason``, the error)."""
-
-    compiled: bool
-    source: Literal["set", "measured", "cached", "not measured", "fell back"]
-    seconds: dict[str, float] = field(default_factory=dict)
-    reason: str = ""
-
-    def metrics(self) -> dict[str, float]:
-        """What the trial logs of it: ``compiled`` (1 or 0) and the measured seconds (``compile_step_seconds_eager``,
-        ``compile_step_seconds_compiled``, ``compile_seconds``)."""
-        names = {"eager": "compile_step_seconds_eager", "compiled": "compile_step_seconds_compiled",
-                 "compiling": "compile_seconds"}
-        return {"compiled": float(self.compiled),
-                **{names[name]: value for name, value in self.seconds.items() if name in names}}
 
 
 def choice_key(**decides: Any) -> str:
@@ -279,21 +255,6 @@ def measure_compiled(model: torch.nn.Module, loss_fn: Callable[[Any, torch.Tenso
     seconds = median_seconds(step, repeats=1, warmup=0, timer=timer, device=x.device)
     steady = median_seconds(step, repeats=repeats, warmup=0, timer=timer, device=x.device)
     return {"compiled": steady, "compiling": max(seconds - steady, 0.0)}
-
-
-def decide_compile(seconds: dict[str, float], planned_steps: int, source: Literal["measured", "cached"]
-                   ) -> CompileChoice:
-    """Compiled where the compiled step is at least :data:`MARGIN` faster than the eager one and the time it saves
-    over ``planned_steps`` exceeds the compilation's (``seconds``: ``eager``, ``compiled``, ``compiling``)."""
-    eager, compiled, compiling = seconds["eager"], seconds["compiled"], seconds["compiling"]
-    saved = (eager - compiled) * planned_steps
-    if compiled * MARGIN > eager:
-        return CompileChoice(False, source, seconds, f"the compiled step ({compiled:.3g} s) is not {MARGIN:g}x faster "
-                                                      f"than the eager one ({eager:.3g} s)")
-    if saved <= compiling:
-        return CompileChoice(False, source, seconds, f"{planned_steps} steps save {saved:.0f} s, less than the "
-                                                      f"compilation's {compiling:.0f} s")
-    return CompileChoice(True, source, seconds)
 
 
 def choose_compile(model: torch.nn.Module, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], x: torch.Tensor,

@@ -44,6 +44,7 @@ from distmis.train.epoch import (
 )
 from distmis.train.inference import predict_channels_last
 from distmis.train.clipping import clip_tf_gradients
+from distmis.train.compile_choice import CompileChoice, XlaProbe
 from distmis.train.optimizers import keras_optimizer, optimizer_entry, with_l2
 from distmis.train.schedules import LearningRateSchedule
 from distmis.train.tf_metering import AllocatorMeter, allocator_device
@@ -231,6 +232,7 @@ class UNetTrainer:
                 total += train_step(x, y)
             return total / tf.cast(steps, tf.float32)
 
+        self.compile, self._xla_probe = self._compile_choice()
         self._trace_train_step()
         self._train_steps = train_steps
         self._train_iterator: Any = None
@@ -238,24 +240,67 @@ class UNetTrainer:
         self.step_share: float | None = None
         self._predict = predict
 
+    def _compile_choice(self) -> tuple[CompileChoice, XlaProbe | None]:
+        """``training.performance.compile`` for this trainer: ``on`` is XLA (``jit_compile``) for a trial of one
+        replica, ``off`` the traced graph; ``auto`` measures XLA against the graph on the trial's own steps
+        (:class:`~distmis.train.compile_choice.XlaProbe`, for a long enough trial of one replica; a trial over
+        several replicas runs its graph)."""
+        import tensorflow as tf
+
+        asked = self.spec.training.performance.compile
+        if asked == "on" and self.replicas > 1:
+            raise ValueError("training.performance.compile 'on' (XLA) is for a TensorFlow trial of one replica; this "
+                             f"one has {self.replicas}: use 'auto'")
+        if asked != "auto":
+            return CompileChoice(asked == "on", "set"), None
+        if self.replicas > 1 or not isinstance(self.train_data, tf.data.Dataset):
+            return CompileChoice(False, "not measured",
+                                 reason="a trial over several replicas runs its traced graph under 'auto'"), None
+        probe = XlaProbe()
+        return probe.choice, probe
+
     def _trace_train_step(self) -> None:
         """The training step as a ``tf.function`` for the current input pipeline's batches: one trace for every
         batch size (the training split's last batch may be short: a worker's shard of 3 cases in batches of 2; a
         second trace of the step costs as much as the first, 3 to 5 s). A curriculum stage of another tile traces
-        it again."""
+        it again. Under ``compile: auto`` an XLA step is made beside the graph's (traced only where the trial
+        tries it)."""
         import tensorflow as tf
 
-        # training.performance.compile 'on': XLA (jit_compile) for a trial of one replica; 'auto' and 'off' run
-        # the graph as TensorFlow places it (XLA's step measured 16x slower on a CPU: benchmarks/step_efficiency.py)
-        jit = self.spec.training.performance.compile == "on"
-        if jit and self.replicas > 1:
-            raise ValueError("training.performance.compile 'on' (XLA) is for a TensorFlow trial of one replica; this "
-                             f"one has {self.replicas}: use 'auto'")
         if isinstance(self.train_data, tf.data.Dataset):
-            self._train_step = tf.function(self._replica_train_step, input_signature=list(self.train_data.element_spec),
-                                           jit_compile=jit)
+            signature = list(self.train_data.element_spec)
+            self._graph_step = tf.function(self._replica_train_step, input_signature=signature,
+                                           jit_compile=self.compile.source == "set" and self.compile.compiled)
+            self._xla_step = (tf.function(self._replica_train_step, input_signature=signature, jit_compile=True)
+                              if self._xla_probe is not None else None)
         else:  # a distributed dataset, stepped inside train_steps
-            self._train_step = tf.function(self._replica_train_step, reduce_retracing=True)
+            self._graph_step = tf.function(self._replica_train_step, reduce_retracing=True)
+            self._xla_step = None
+        self._train_step = self._xla_step if self._on_xla() else self._graph_step
+
+    def _on_xla(self) -> bool:
+        """Whether ``compile: auto``'s probe has the steps run XLA's compiled step now."""
+        return self._xla_probe is not None and self._xla_step is not None and self._xla_probe.phase == "xla"
+
+    def _probed_step(self, x: Any, y: Any, steps_left: int) -> float:
+        """One training step under ``compile: auto``'s probe: timed and told to it; an XLA compilation that fails
+        leaves the graph's step, and the trial says why."""
+        probe = self._xla_probe
+        assert probe is not None
+        started = time.perf_counter()
+        try:
+            loss = float(self._train_step(x, y))
+        except Exception as exc:  # noqa: BLE001 - an XLA compilation that fails falls back to the graph
+            if self._train_step is not self._xla_step:
+                raise
+            probe.fell_back(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}")
+            logger.warning("the U-Net's XLA step does not compile; the traced graph trains it: %s", probe.choice.reason)
+            self._train_step = self._graph_step
+            return float(self._train_step(x, y))
+        probe.observe(time.perf_counter() - started, steps_left)
+        self._train_step = self._xla_step if self._on_xla() else self._graph_step
+        self.compile = probe.choice
+        return loss
 
     def enter_stage(self, stage: TrainingStage, seed: int, *, new_order: bool = False) -> None:
         """Train on ``stage``'s input from now on (``training.curriculum``): an input pipeline of its tile, batch and
@@ -322,6 +367,9 @@ class UNetTrainer:
         self.optimizer.learning_rate = layout.effective_lr
         self.learning_rates = LearningRateSchedule.for_training(spec.training, layout.effective_lr)
         self._epochs_trained = 0
+        if self._xla_probe is not None:  # compile: auto measures again for the new trial (its planned steps), on
+            self.compile, self._xla_probe = self._compile_choice()  # the steps already traced
+            self._train_step = self._graph_step
         # the new trial's data order, in its first stage (the kept trainer may have ended in another)
         self.enter_stage(stage_at(spec.training, 1), seed=spec.training.seed, new_order=True)
 
@@ -400,13 +448,22 @@ class UNetTrainer:
             batches = iter(self.train_data)
         losses = []
         started, in_steps = time.perf_counter(), 0.0
+        probe = self._xla_probe if self._xla_probe is not None and not self._xla_probe.done else None
+        later = steps * max(self.spec.training.epochs - epoch, 0)  # the planned steps after this epoch's
         for step, (x, y) in enumerate(batches):  # the input pipeline's wait is the time between the steps
             stepping = time.perf_counter()
             if step == 0 or self.learning_rates.per_step:
                 self.optimizer.learning_rate = rates[min(step, steps - 1)]
-            losses.append(float(self._train_step(x, y)))
+            if probe is None:
+                losses.append(float(self._train_step(x, y)))
+            else:
+                losses.append(self._probed_step(x, y, steps_left=later + max(steps - step - 1, 0)))
             in_steps += time.perf_counter() - stepping
         self.step_share = in_steps / max(time.perf_counter() - started, 1e-9)
+        if probe is not None:
+            probe.end_epoch(later)
+            self._train_step = self._xla_step if self._on_xla() else self._graph_step
+            self.compile = probe.choice
         if not losses:
             raise ValueError(f"{self.tfrecord_dir}: the training split holds no cases")
         return float(np.mean(losses))
@@ -476,7 +533,8 @@ class UNetTrainer:
         metrics = checked_epoch(epoch, train, self.validate, learning_rate=self.learning_rates.at(epoch))
         share = {} if self.step_share is None else {"step_share": self.step_share}
         return dataclasses.replace(metrics, **curriculum_metrics(self.spec.training, epoch, self.volume_shape),
-                                   **self.memory_metrics(peak[0] if peak else None), **share)
+                                   **self.memory_metrics(peak[0] if peak else None), **share,
+                                   **self.compile.metrics())
 
     @property
     def one_replica_here(self) -> bool:

@@ -11,6 +11,7 @@ import pytest
 from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.spec.layout import resolve_layout
+from distmis.train.compile_choice import CompileChoice
 from distmis.train.tf_unet import NonFiniteLossError, UNetTrainer
 from tests.conftest import small_spec_tree
 
@@ -204,11 +205,29 @@ def test_a_fixed_number_of_steps_per_epoch_goes_on_through_the_passes(prepared):
 
 
 @pytest.mark.slow
-def test_compile_on_trains_the_step_through_xla_with_the_graphs_losses(prepared):
-    """``training.performance.compile: on``: the step is an XLA computation (``jit_compile``), and an epoch from the
-    same weights and batches gives the graph's loss to float round-off (XLA fuses and reorders the arithmetic)."""
+def test_compile_auto_measures_xla_on_the_trials_own_steps_with_the_graphs_losses(prepared, monkeypatch):
+    """``compile: auto`` in a trial long enough (the threshold set to 0 s here): the first epoch trains and times the
+    graph, the next steps XLA's compiled step (``jit_compile``, what ``on`` trains throughout) until the verdict, and
+    the trial goes on in the faster; every epoch's loss is the graph-only trainer's to float round-off (XLA fuses
+    and reorders the arithmetic), and the epoch's metrics say what was measured."""
+    import distmis.train.compile_choice as compile_choice
+
+    monkeypatch.setattr(compile_choice, "COMPILE_MIN_TRAINING_SECONDS", 0.0)
     spec, data = prepared
-    graph = built(with_changes(spec, performance={"compile": "off"}), data.tfrecord_dir)
-    xla = built(with_changes(spec, performance={"compile": "on"}), data.tfrecord_dir)
-    assert xla._train_step._jit_compile is True and not graph._train_step._jit_compile
-    assert xla.train_epoch(1) == pytest.approx(graph.train_epoch(1), rel=1e-4)
+    graph = built(with_changes(spec, performance={"compile": "off"}, steps_per_epoch=6, epochs=3), data.tfrecord_dir)
+    auto = built(with_changes(spec, performance={"compile": "auto"}, steps_per_epoch=6, epochs=3), data.tfrecord_dir)
+    assert auto.compile.source == "not measured" and auto._xla_step is not None and graph._xla_step is None
+    on = built(with_changes(spec, performance={"compile": "on"}), data.tfrecord_dir)
+    assert on._train_step._jit_compile is True and not graph._train_step._jit_compile
+    assert on.compile == CompileChoice(True, "set") and graph.compile == CompileChoice(False, "set")
+    assert auto._xla_step._jit_compile is True and not auto._train_step._jit_compile
+    assert auto.train_epoch(1) == graph.train_epoch(1)  # the same traced graph
+    assert auto.compile.source == "not measured" and auto._xla_probe.phase == "xla"  # XLA is tried next
+    assert auto.train_epoch(2) == pytest.approx(graph.train_epoch(2), rel=1e-4)
+    assert auto.compile.source == "measured" and set(auto.compile.seconds) == {"eager", "compiled", "compiling"}
+    assert auto._xla_step.experimental_get_tracing_count() == 1
+    assert (auto._train_step is auto._xla_step) == auto.compile.compiled
+    metrics = auto.run_epoch(3)
+    assert metrics.compiled == float(auto.compile.compiled) and metrics.compile_step_seconds_compiled > 0
+    assert metrics.compile_step_seconds_eager == auto.compile.seconds["eager"]
+    assert metrics.train_loss == pytest.approx(graph.run_epoch(3).train_loss, rel=1e-4)
