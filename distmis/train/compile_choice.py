@@ -5,16 +5,19 @@
 A compilation costs its time once and pays off over many steps: it is taken where the compiled step measures at
 least :data:`MARGIN` faster than the uncompiled one and the time it saves over the trial's planned steps exceeds the
 compilation's (:func:`decide_compile`). A trial whose planned training is shorter than
-:data:`COMPILE_MIN_TRAINING_SECONDS` is not measured at all.
+:data:`COMPILE_MIN_TRAINING_SECONDS` is not measured at all. A measurement is cached
+(:class:`~distmis.train.choice_cache.ChoiceCache`, as :func:`compile_cache_entry` writes it): the next trial of the
+same step decides from it for its own planned steps (:func:`cached_compile`), whatever their length.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["MARGIN", "COMPILE_MIN_TRAINING_SECONDS", "CompileChoice", "decide_compile", "XlaProbe"]
+__all__ = ["MARGIN", "COMPILE_MIN_TRAINING_SECONDS", "CompileChoice", "decide_compile", "cached_compile",
+           "compile_cache_entry", "XlaProbe"]
 
 #: how much faster than the current step another setting must measure to be taken (timing noise is a few %)
 MARGIN = 1.05
@@ -59,6 +62,30 @@ def decide_compile(seconds: dict[str, float], planned_steps: int, source: Litera
     return CompileChoice(True, source, seconds)
 
 
+def compile_cache_entry(choice: CompileChoice) -> dict[str, Any] | None:
+    """What :class:`~distmis.train.choice_cache.ChoiceCache` keeps of a measured choice (its seconds, and the error
+    of a compilation that failed); None for one that was set or not measured."""
+    if choice.source == "measured":
+        return {"seconds": choice.seconds}
+    if choice.source == "fell back":
+        return {"seconds": choice.seconds, "error": choice.reason}
+    return None
+
+
+def cached_compile(entry: dict[str, Any] | None, planned_steps: int) -> CompileChoice | None:
+    """The verdict of a cached measurement (:func:`compile_cache_entry`'s) for a trial of ``planned_steps`` more
+    steps (:func:`decide_compile`'s, from the cached seconds), or the cached failure; None where the entry holds
+    neither."""
+    if entry is None or not isinstance(entry.get("seconds"), dict):
+        return None
+    seconds = {str(name): float(value) for name, value in entry["seconds"].items()}
+    if entry.get("error"):
+        return CompileChoice(False, "fell back", seconds, str(entry["error"]))
+    if {"eager", "compiled", "compiling"} <= set(seconds):
+        return decide_compile(seconds, planned_steps, "cached")
+    return None
+
+
 class XlaProbe:
     """``compile: auto`` for a Keras trial of one replica, measured on the trial's own training steps: nothing is
     run twice and no copy of the model is made.
@@ -70,10 +97,16 @@ class XlaProbe:
     the graph step for the rest of the trial. Those steps train
     as any other (XLA computes the same step, its round-off aside). ``phase`` tells the trainer which step to call:
     ``graph`` or ``xla``; :meth:`observe` is given each step's seconds and the steps still planned after it.
+
+    ``cached``: an earlier trial's measurement of the same step (:func:`compile_cache_entry`'s); the first epoch's
+    end then decides from it (:func:`cached_compile`, for this trial's steps left) and nothing is measured.
+    ``measured`` turns true when this probe's own verdict is in, for the trainer to cache.
     """
 
-    def __init__(self, *, repeats: int = 3, min_training_seconds: float | None = None) -> None:
+    def __init__(self, *, repeats: int = 3, min_training_seconds: float | None = None,
+                 cached: dict[str, Any] | None = None) -> None:
         self.repeats = repeats
+        self.cached = cached
         self.min_training_seconds = (COMPILE_MIN_TRAINING_SECONDS if min_training_seconds is None
                                      else min_training_seconds)
         self.phase: Literal["graph", "xla"] = "graph"
@@ -83,6 +116,7 @@ class XlaProbe:
         self._xla: list[float] = []
         self._steps = 0
         self.done = False
+        self.measured = False
 
     def observe(self, seconds: float, steps_left: int) -> None:
         """Take one training step's ``seconds`` (in the current ``phase``); ``steps_left``: the trial's planned
@@ -103,12 +137,18 @@ class XlaProbe:
                         "compiling": max(self._xla[0] - steady, 0.0)}
             self.choice = decide_compile(measured, steps_left, "measured")
             self.phase = "xla" if self.choice.compiled else "graph"
-            self.done = True
+            self.done = self.measured = True
 
     def end_epoch(self, steps_left: int) -> None:
         """After an epoch in the graph phase: measure XLA from the next step where the ``steps_left`` planned steps
         at the graph's rate reach the threshold; otherwise the graph for good."""
         if self.done or self.phase != "graph":
+            return
+        cached = cached_compile(self.cached, steps_left)
+        if cached is not None:
+            self.choice = cached
+            self.phase = "xla" if cached.compiled else "graph"
+            self.done = True
             return
         if not self._graph:  # an epoch of one step: its trace alone; the next epoch's steps time it
             return
@@ -127,4 +167,4 @@ class XlaProbe:
         self.choice = CompileChoice(False, "fell back", {"eager": statistics.median(self._graph)} if self._graph
                                     else {}, error)
         self.phase = "graph"
-        self.done = True
+        self.done = self.measured = True

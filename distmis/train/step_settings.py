@@ -11,9 +11,9 @@ tensor cores want), and which is faster depends on the network and the device (t
 batch 2, on a 2-core AVX-512 CPU: 1.72x faster channels-last; MONAI's DynUNet 1.13x). ``training.performance.
 memory_format: auto`` measures the training step in each format on a copy of the network (a warm-up and a few
 timed steps, :func:`choose_memory_format`) and keeps the faster; a format that is not at least
-:data:`MARGIN` faster than the contiguous one is not taken. The choice is cached (:class:`ChoiceCache`, a JSON file) by
-what decides it: the network and its params, the input, the batch, the precision, the device, the threads and the
-library versions.
+:data:`MARGIN` faster than the contiguous one is not taken. The choice is cached
+(:class:`~distmis.train.choice_cache.ChoiceCache`, a JSON file) by what decides it: the network and its params, the
+input, the batch, the precision, the device, the threads and the library versions.
 
 **Compilation.** ``training.performance.compile`` runs the training step's forward and backward through
 ``torch.compile`` (TorchInductor's generated kernels: fused element-wise operations around the convolutions). It
@@ -31,23 +31,20 @@ losses agree to fp32 round-off.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 import torch
 
+from distmis.train.choice_cache import cache_key
 from distmis.train.compile_choice import COMPILE_MIN_TRAINING_SECONDS, MARGIN, CompileChoice, decide_compile
 
 __all__ = ["MemoryFormat", "MEMORY_FORMATS", "MARGIN", "COMPILE_MIN_TRAINING_SECONDS", "MemoryFormatChoice",
-           "CompileChoice", "ChoiceCache", "apply_memory_format", "in_memory_format", "device_name", "matmul_rate",
+           "CompileChoice", "apply_memory_format", "in_memory_format", "device_name", "matmul_rate",
            "median_seconds", "choose_memory_format", "compile_model", "measure_compiled", "decide_compile",
-           "choose_compile", "compile_error", "choice_key", "default_cache_path"]
+           "choose_compile", "compile_error", "choice_key"]
 
 MemoryFormat = Literal["contiguous", "channels_last"]
 MEMORY_FORMATS: dict[str, torch.memory_format] = {"contiguous": torch.contiguous_format,
@@ -139,62 +136,26 @@ class MemoryFormatChoice:
         return {"channels_last": float(self.memory_format == "channels_last"),
                 **{f"format_step_seconds_{name}": value for name, value in self.seconds.items()}}
 
+    def cache_entry(self) -> dict[str, Any]:
+        """What :class:`~distmis.train.choice_cache.ChoiceCache` keeps of it."""
+        return {"memory_format": self.memory_format, "seconds": self.seconds}
+
+    @classmethod
+    def from_cache(cls, entry: dict[str, Any] | None) -> MemoryFormatChoice | None:
+        """The choice a cache entry (:meth:`cache_entry`'s) holds, if it holds one."""
+        if entry is None or entry.get("memory_format") not in MEMORY_FORMATS:
+            return None
+        seconds = entry.get("seconds")
+        return cls(entry["memory_format"], "cached",
+                   {str(name): float(value) for name, value in seconds.items()} if isinstance(seconds, dict) else {})
+
 
 def choice_key(**decides: Any) -> str:
     """A cache key of what decides a choice (network, params, input, batch, precision, device, threads) and the
-    library versions."""
+    torch and MONAI versions."""
     import monai
 
-    identity = {**decides, "torch": torch.__version__, "monai": monai.__version__}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def default_cache_path() -> Path:
-    """``$DISTMIS_CACHE/step_settings.json``, else ``~/.cache/distmis/step_settings.json``."""
-    root = os.environ.get("DISTMIS_CACHE") or Path.home() / ".cache" / "distmis"
-    return Path(root) / "step_settings.json"
-
-
-class ChoiceCache:
-    """Measured choices by :func:`choice_key`, in a JSON file (written whole through a temporary file, so that
-    another process reads the old file or the new one); a file that cannot be read counts as empty."""
-
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path or default_cache_path()
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            loaded = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return loaded if isinstance(loaded, dict) else {}
-
-    def get(self, key: str) -> MemoryFormatChoice | None:
-        """The memory format measured under ``key``, if any."""
-        entry = self.entry(key)
-        if entry is None or entry.get("memory_format") not in MEMORY_FORMATS:
-            return None
-        return MemoryFormatChoice(entry["memory_format"], "cached", dict(entry.get("seconds", {})))
-
-    def put(self, key: str, choice: MemoryFormatChoice) -> None:
-        self.put_entry(key, {"memory_format": choice.memory_format, "seconds": choice.seconds})
-
-    def entry(self, key: str) -> dict[str, Any] | None:
-        """What was stored under ``key`` (a JSON object), if anything."""
-        entry = self._read().get(key)
-        return entry if isinstance(entry, dict) else None
-
-    def put_entry(self, key: str, entry: dict[str, Any]) -> None:
-        """Store ``entry`` (JSON-serialisable) under ``key``."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            entries = self._read()
-            entries[key] = entry
-            temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            temporary.write_text(json.dumps(entries, indent=1, sort_keys=True))
-            os.replace(temporary, self.path)
-        except OSError:  # a cache that cannot be written is measured again next time
-            pass
+    return cache_key(**decides, torch=torch.__version__, monai=monai.__version__)
 
 
 def _sgd_step(forward: Callable[[torch.Tensor], Any], parameters: Sequence[torch.nn.Parameter],

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -44,7 +45,8 @@ from distmis.train.epoch import (
 )
 from distmis.train.inference import predict_channels_last
 from distmis.train.clipping import clip_tf_gradients
-from distmis.train.compile_choice import CompileChoice, XlaProbe
+from distmis.train.choice_cache import ChoiceCache, cache_key, cpu_model
+from distmis.train.compile_choice import CompileChoice, XlaProbe, compile_cache_entry
 from distmis.train.optimizers import keras_optimizer, optimizer_entry, with_l2
 from distmis.train.schedules import LearningRateSchedule
 from distmis.train.tf_metering import AllocatorMeter, allocator_device
@@ -145,6 +147,7 @@ class UNetTrainer:
         self.tfrecord_dir = Path(tfrecord_dir)
         manifest = read_manifest(self.tfrecord_dir)
         self.num_classes = manifest.num_classes
+        self.in_channels = manifest.in_channels
         # What the output channels mean (distmis.data.targets): the head's activation, the loss, the scored channels
         self.targets = trainer_targets(manifest, self.tfrecord_dir)
         self.activation: str = self.targets["activation"]
@@ -256,8 +259,35 @@ class UNetTrainer:
         if self.replicas > 1 or not isinstance(self.train_data, tf.data.Dataset):
             return CompileChoice(False, "not measured",
                                  reason="a trial over several replicas runs its traced graph under 'auto'"), None
-        probe = XlaProbe()
+        probe = XlaProbe(cached=ChoiceCache().entry(self._xla_key()))
         return probe.choice, probe
+
+    def _xla_key(self) -> str:
+        """The cache key of ``compile: auto``'s measurement: what decides the step's seconds (the model, the
+        stage's input, the precision, the device and threads) and the TensorFlow and Keras versions."""
+        import keras
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        device = (str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", gpus[0].name)) if gpus
+                  else f"cpu {cpu_model()}")
+        return cache_key(kind="xla", model=self.spec.model.model_dump(mode="json"), tile=self.stage.tile,
+                         batch=self.stage.batch_size, channels=(self.in_channels, self.num_classes),
+                         precision=self.spec.training.precision, loss=self.spec.training.loss.model_dump(mode="json"),
+                         deep_supervision=self.spec.training.deep_supervision, device=device,
+                         threads=(tf.config.threading.get_intra_op_parallelism_threads(), len(os.sched_getaffinity(0))),
+                         tensorflow=tf.__version__, keras=keras.__version__)
+
+    def _take_probe_choice(self) -> None:
+        """The probe's choice as the trial's, its own measurement cached once it is in."""
+        probe = self._xla_probe
+        assert probe is not None
+        self._train_step = self._xla_step if self._on_xla() else self._graph_step
+        if probe.measured and self.compile is not probe.choice:
+            entry = compile_cache_entry(probe.choice)
+            if entry is not None:
+                ChoiceCache().put_entry(self._xla_key(), entry)
+        self.compile = probe.choice
 
     def _trace_train_step(self) -> None:
         """The training step as a ``tf.function`` for the current input pipeline's batches: one trace for every
@@ -295,11 +325,10 @@ class UNetTrainer:
                 raise
             probe.fell_back(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}")
             logger.warning("the U-Net's XLA step does not compile; the traced graph trains it: %s", probe.choice.reason)
-            self._train_step = self._graph_step
+            self._take_probe_choice()
             return float(self._train_step(x, y))
         probe.observe(time.perf_counter() - started, steps_left)
-        self._train_step = self._xla_step if self._on_xla() else self._graph_step
-        self.compile = probe.choice
+        self._take_probe_choice()
         return loss
 
     def enter_stage(self, stage: TrainingStage, seed: int, *, new_order: bool = False) -> None:
@@ -462,8 +491,7 @@ class UNetTrainer:
         self.step_share = in_steps / max(time.perf_counter() - started, 1e-9)
         if probe is not None:
             probe.end_epoch(later)
-            self._train_step = self._xla_step if self._on_xla() else self._graph_step
-            self.compile = probe.choice
+            self._take_probe_choice()
         if not losses:
             raise ValueError(f"{self.tfrecord_dir}: the training split holds no cases")
         return float(np.mean(losses))

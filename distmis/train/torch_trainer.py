@@ -68,9 +68,11 @@ from distmis.train.precision import TorchPrecision
 from distmis.train.protocol import Window
 from distmis.train.prefetch import PREFETCH_BATCHES, channels_first, prefetched, shard_batches
 from distmis.train.schedules import LearningRateSchedule
+from distmis.train.choice_cache import ChoiceCache
+from distmis.train.compile_choice import cached_compile, compile_cache_entry
 from distmis.train.step_settings import (
-    ChoiceCache, CompileChoice, MemoryFormatChoice, apply_memory_format, choice_key, choose_compile,
-    choose_memory_format, compile_error, compile_model, decide_compile, device_name, in_memory_format, matmul_rate,
+    CompileChoice, MemoryFormatChoice, apply_memory_format, choice_key, choose_compile, choose_memory_format,
+    compile_error, compile_model, device_name, in_memory_format, matmul_rate,
 )
 from distmis.train.torch_losses import make_loss
 
@@ -205,7 +207,7 @@ class TorchTrainer:
                          tile=shape.tile, batch=shape.batch_size, channels=(self.in_channels, self.num_classes),
                          precision=self.precision.name, deep_supervision=self.spec.training.deep_supervision,
                          device=device_name(self.device), threads=torch.get_num_threads())
-        cached = cache.get(key)
+        cached = MemoryFormatChoice.from_cache(cache.entry(key))
         if cached is not None:
             return cached
         x, y = self._probe_batch(shape.tile, shape.batch_size)
@@ -213,7 +215,7 @@ class TorchTrainer:
         with torch.random.fork_rng(devices=devices):
             choice = choose_memory_format(self.model, self.train_loss_fn, x, y,
                                           autocast_dtype=None if self.precision.name == "fp32" else self.precision.dtype)
-        cache.put(key, choice)
+        cache.put_entry(key, choice.cache_entry())
         return choice
 
     def _choose_compile(self) -> CompileChoice:
@@ -239,12 +241,9 @@ class TorchTrainer:
                          precision=self.precision.name, deep_supervision=self.spec.training.deep_supervision,
                          memory_format=memory_format, device=device_name(self.device), threads=torch.get_num_threads())
         cache = ChoiceCache()
-        cached = cache.entry(key)
-        if cached is not None and isinstance(cached.get("seconds"), dict):
-            if cached.get("error"):
-                return CompileChoice(False, "fell back", dict(cached["seconds"]), str(cached["error"]))
-            if {"eager", "compiled", "compiling"} <= set(cached["seconds"]):
-                return decide_compile(dict(cached["seconds"]), planned_steps, "cached")
+        cached = cached_compile(cache.entry(key), planned_steps)
+        if cached is not None:
+            return cached
         x, y = self._probe_batch(shape.tile, shape.batch_size)
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
@@ -257,9 +256,9 @@ class TorchTrainer:
                                     autocast_dtype=autocast)
         if choice.source == "fell back":
             logger.warning("%s does not compile; its step runs eager: %s", self.entry.name, choice.reason)
-        if choice.source != "not measured":
-            cache.put_entry(key, {"seconds": choice.seconds,
-                                  **({"error": choice.reason} if choice.source == "fell back" else {})})
+        entry = compile_cache_entry(choice)
+        if entry is not None:
+            cache.put_entry(key, entry)
         return choice
 
     def _probe_batch(self, tile: tuple[int, ...], batch: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,8 +19,9 @@ from distmis.search.prepare import prepare_data
 from distmis.spec import validate_spec
 from distmis.spec.load import SpecError
 from distmis.train import step_settings
+from distmis.train.choice_cache import ChoiceCache
 from distmis.train.step_settings import (
-    ChoiceCache, CompileChoice, MemoryFormatChoice, apply_memory_format, choice_key, choose_compile,
+    CompileChoice, MemoryFormatChoice, apply_memory_format, choice_key, choose_compile,
     choose_memory_format, compile_model, decide_compile, in_memory_format, matmul_rate,
 )
 from distmis.train.torch_losses import make_loss
@@ -72,18 +73,25 @@ def test_the_cache_is_keyed_by_what_decides_the_choice(tmp_path: Path, monkeypat
     cache = ChoiceCache(tmp_path / "cache" / "step_settings.json")
     decides = {"network": "unet3d", "tile": [32, 32, 32], "batch": 2, "precision": "fp32", "device": "cpu x"}
     key = choice_key(**decides)
-    assert cache.get(key) is None
-    cache.put(key, MemoryFormatChoice("channels_last", "measured", {"contiguous": 2.0, "channels_last": 1.0}))
-    assert cache.get(key) == MemoryFormatChoice("channels_last", "cached", {"contiguous": 2.0, "channels_last": 1.0})
-    assert ChoiceCache(cache.path).get(key) is not None  # on disk: another process reads it
+
+    def cached(key: str) -> MemoryFormatChoice | None:
+        return MemoryFormatChoice.from_cache(cache.entry(key))
+
+    assert cached(key) is None
+    cache.put_entry(key, MemoryFormatChoice("channels_last", "measured",
+                                            {"contiguous": 2.0, "channels_last": 1.0}).cache_entry())
+    assert cached(key) == MemoryFormatChoice("channels_last", "cached", {"contiguous": 2.0, "channels_last": 1.0})
+    assert MemoryFormatChoice.from_cache(ChoiceCache(cache.path).entry(key)) is not None  # on disk: another process
     for change in ({"tile": [64, 64, 64]}, {"batch": 4}, {"precision": "bf16"}, {"device": "cpu y"},
                    {"network": "segresnet"}):
-        assert cache.get(choice_key(**{**decides, **change})) is None, change
+        assert cached(choice_key(**{**decides, **change})) is None, change
     monkeypatch.setattr(torch, "__version__", "0.0.0")  # another torch: measured again
     assert choice_key(**decides) != key
     cache.path.write_text("{not json")  # a damaged cache is an empty one, and is written anew
-    assert cache.get(key) is None
-    cache.put(key, MemoryFormatChoice("contiguous", "measured", {}))
+    assert cached(key) is None
+    cache.put_entry(key, {"memory_format": "channels_first"})  # an entry of no known format is none
+    assert cached(key) is None
+    cache.put_entry(key, MemoryFormatChoice("contiguous", "measured", {}).cache_entry())
     assert json.loads(cache.path.read_text())[key]["memory_format"] == "contiguous"
 
 

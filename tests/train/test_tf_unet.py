@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -205,14 +206,16 @@ def test_a_fixed_number_of_steps_per_epoch_goes_on_through_the_passes(prepared):
 
 
 @pytest.mark.slow
-def test_compile_auto_measures_xla_on_the_trials_own_steps_with_the_graphs_losses(prepared, monkeypatch):
+def test_compile_auto_measures_xla_on_the_trials_own_steps_with_the_graphs_losses(prepared, monkeypatch, tmp_path):
     """``compile: auto`` in a trial long enough (the threshold set to 0 s here): the first epoch trains and times the
     graph, the next steps XLA's compiled step (``jit_compile``, what ``on`` trains throughout) until the verdict, and
     the trial goes on in the faster; every epoch's loss is the graph-only trainer's to float round-off (XLA fuses
-    and reorders the arithmetic), and the epoch's metrics say what was measured."""
+    and reorders the arithmetic), and the epoch's metrics say what was measured. The measurement is cached: the
+    next trainer of the same step decides from it after its first epoch, measuring nothing."""
     import distmis.train.compile_choice as compile_choice
 
     monkeypatch.setattr(compile_choice, "COMPILE_MIN_TRAINING_SECONDS", 0.0)
+    monkeypatch.setenv("DISTMIS_CACHE", str(tmp_path / "cache"))
     spec, data = prepared
     graph = built(with_changes(spec, performance={"compile": "off"}, steps_per_epoch=6, epochs=3), data.tfrecord_dir)
     auto = built(with_changes(spec, performance={"compile": "auto"}, steps_per_epoch=6, epochs=3), data.tfrecord_dir)
@@ -231,3 +234,10 @@ def test_compile_auto_measures_xla_on_the_trials_own_steps_with_the_graphs_losse
     assert metrics.compiled == float(auto.compile.compiled) and metrics.compile_step_seconds_compiled > 0
     assert metrics.compile_step_seconds_eager == auto.compile.seconds["eager"]
     assert metrics.train_loss == pytest.approx(graph.run_epoch(3).train_loss, rel=1e-4)
+    cached = json.loads((tmp_path / "cache" / "step_settings.json").read_text())
+    assert list(cached.values()) == [{"seconds": auto.compile.seconds}]
+    again = built(with_changes(spec, performance={"compile": "auto"}, steps_per_epoch=6, epochs=3), data.tfrecord_dir)
+    again.train_epoch(1)
+    assert again.compile.source == "cached" and again.compile.seconds == auto.compile.seconds
+    assert again._xla_step.experimental_get_tracing_count() == 0  # nothing measured
+    assert (again._train_step is again._xla_step) == again.compile.compiled
