@@ -38,6 +38,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
+from distmis.train import compile_choice
 from distmis.train.choice_cache import cache_key
 from distmis.train.compile_choice import COMPILE_MIN_TRAINING_SECONDS, MARGIN, CompileChoice, decide_compile
 
@@ -179,7 +180,8 @@ def _sgd_step(forward: Callable[[torch.Tensor], Any], parameters: Sequence[torch
 def choose_memory_format(model: torch.nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                          x: torch.Tensor, y: torch.Tensor, *, autocast_dtype: torch.dtype | None = None,
                          candidates: Sequence[MemoryFormat] = ("contiguous", "channels_last"),
-                         repeats: int = 3, timer: Callable[[], float] = time.perf_counter) -> MemoryFormatChoice:
+                         repeats: int = 3, warmup: int = 1,
+                         timer: Callable[[], float] = time.perf_counter) -> MemoryFormatChoice:
     """The fastest of ``candidates`` for a training step of ``model`` (forward, in ``autocast_dtype`` where given;
     ``loss_fn``, the trainer's, of the output; backward; an SGD step) on the batch ``(x, y)``, each measured on its
     own copy of the model (``model`` itself is not changed). Contiguous unless another is at least :data:`MARGIN`
@@ -189,7 +191,7 @@ def choose_memory_format(model: torch.nn.Module, loss_fn: Callable[[torch.Tensor
         copied = apply_memory_format(copy.deepcopy(model), name).train()
         step = _sgd_step(copied, list(copied.parameters()), loss_fn, in_memory_format(x, name),
                          in_memory_format(y, name), autocast_dtype)
-        seconds[name] = median_seconds(step, repeats=repeats, warmup=1, timer=timer, device=x.device)
+        seconds[name] = median_seconds(step, repeats=repeats, warmup=warmup, timer=timer, device=x.device)
         del copied, step
     best = min(seconds, key=seconds.__getitem__)
     if best != "contiguous" and "contiguous" in seconds and seconds[best] * MARGIN > seconds["contiguous"]:
@@ -219,19 +221,34 @@ def measure_compiled(model: torch.nn.Module, loss_fn: Callable[[Any, torch.Tenso
 
 
 def choose_compile(model: torch.nn.Module, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], x: torch.Tensor,
-                   y: torch.Tensor, *, eager_seconds: float, planned_steps: int,
+                   y: torch.Tensor, *, eager_seconds: float | None, planned_steps: int,
                    memory_format: MemoryFormat = "contiguous", autocast_dtype: torch.dtype | None = None,
                    repeats: int = 3, timer: Callable[[], float] = time.perf_counter,
-                   min_training_seconds: float = COMPILE_MIN_TRAINING_SECONDS) -> CompileChoice:
-    """``compile: auto`` for a trial of ``planned_steps`` training steps whose eager step takes ``eager_seconds``:
-    not measured where the planned training is shorter than ``min_training_seconds``; otherwise the compiled step
-    measured on a copy of ``model`` (:func:`measure_compiled`) and :func:`decide_compile`'s verdict, or eager with
-    the error where the network does not compile."""
+                   min_training_seconds: float | None = None) -> CompileChoice:
+    """``compile: auto`` for a trial of ``planned_steps`` training steps whose eager step takes ``eager_seconds``
+    (None: measured here, in ``memory_format``, on a copy of ``model``: one step first, whose seconds bound a steady
+    step's from above, and ``repeats`` more only where the trial is long enough at that bound): not measured where
+    the planned training is shorter than ``min_training_seconds`` (default
+    :data:`~distmis.train.compile_choice.COMPILE_MIN_TRAINING_SECONDS`); otherwise the compiled step measured on a
+    copy of ``model`` (:func:`measure_compiled`) and :func:`decide_compile`'s verdict, or eager with the error where
+    the network does not compile."""
+    minimum = compile_choice.COMPILE_MIN_TRAINING_SECONDS if min_training_seconds is None else min_training_seconds
+
+    def eager_step(repeats: int, warmup: int) -> float:
+        return choose_memory_format(model, loss_fn, x, y, autocast_dtype=autocast_dtype, candidates=(memory_format,),
+                                    repeats=repeats, warmup=warmup, timer=timer).seconds[memory_format]
+
+    bound = ""
+    if eager_seconds is None:
+        eager_seconds = eager_step(repeats=1, warmup=0)  # the first step: kernels set up, memory allocated
+        bound = "at most "
+        if eager_seconds * planned_steps >= minimum:
+            eager_seconds, bound = eager_step(repeats=repeats, warmup=1), ""
     planned = eager_seconds * planned_steps
-    if planned < min_training_seconds:
+    if planned < minimum:
         return CompileChoice(False, "not measured", {"eager": eager_seconds},
-                             f"the planned training ({planned_steps} steps of {eager_seconds:.3g} s) is shorter than "
-                             f"{min_training_seconds:.0f} s: a compilation would not be repaid")
+                             f"the planned training ({planned_steps} steps of {bound}{eager_seconds:.3g} s) is shorter "
+                             f"than {minimum:.0f} s: a compilation would not be repaid")
     try:
         measured = measure_compiled(model, loss_fn, x, y, memory_format=memory_format,
                                     autocast_dtype=autocast_dtype, repeats=repeats, timer=timer)

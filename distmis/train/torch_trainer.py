@@ -247,10 +247,8 @@ class TorchTrainer:
         x, y = self._probe_batch(shape.tile, shape.batch_size)
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
+            # the format's measured eager step; None where the format was set: choose_compile measures it
             eager = self.memory_format.seconds.get(memory_format)
-            if eager is None:  # the format was set, or cached without a measurement: the eager step's seconds
-                eager = choose_memory_format(self.model, self.train_loss_fn, x, y, autocast_dtype=autocast,
-                                             candidates=(memory_format,)).seconds[memory_format]
             choice = choose_compile(self.model, self.train_loss_fn, x, y, eager_seconds=eager,
                                     planned_steps=planned_steps, memory_format=memory_format,
                                     autocast_dtype=autocast)

@@ -174,6 +174,22 @@ def test_auto_compiles_where_the_measured_saving_repays_the_compilation(monkeypa
         assert "shorter than 600 s" in choice.reason
 
 
+def test_an_unmeasured_eager_step_is_timed_once_where_that_step_shows_the_trial_short(monkeypatch):
+    """A format set by hand leaves the eager step unmeasured: its first step (the slowest: kernels set up) bounds
+    it, and a trial short even at that bound costs that one step; a longer one measures the eager step and the
+    compiled one as before."""
+    monkeypatch.setattr(step_settings, "COMPILE_BACKEND", "eager")
+    model, x, y, loss = tiny_unet()
+    clock = ScriptedClock([2.0])  # 100 steps of at most 2 s: under 600 s
+    choice = choose_compile(model, loss, x, y, eager_seconds=None, planned_steps=100, timer=clock)
+    assert choice == CompileChoice(False, "not measured", {"eager": 2.0}, choice.reason)
+    assert "100 steps of at most 2 s" in choice.reason and clock.readings == []  # one step timed
+    clock = ScriptedClock([2.0, 1.0, 1.2, 0.9, 20.5, 0.5, 0.5, 0.5])  # then a warm-up and 3 eager, the compiled
+    choice = choose_compile(model, loss, x, y, eager_seconds=None, planned_steps=1000, timer=clock)
+    assert choice.source == "measured" and choice.compiled and clock.readings == []
+    assert choice.seconds == pytest.approx({"eager": 1.0, "compiled": 0.5, "compiling": 20.0})
+
+
 def test_a_network_that_does_not_compile_falls_back_and_says_so(monkeypatch):
     monkeypatch.setattr(step_settings, "COMPILE_BACKEND", broken_backend)
     model, x, y, loss = tiny_unet()
@@ -290,9 +306,11 @@ def test_the_trainer_compiles_its_step_and_falls_back_where_it_cannot(prepared, 
     assert metrics.train_loss == pytest.approx(first.train_loss, rel=1e-6)  # the eager step, from the same weights
     assert any("does not compile" in record.getMessage() for record in caplog.records)
 
-    # auto: a trial this short is not worth a compilation, and is not measured
+    # auto: a trial this short is not worth a compilation, and is not measured (its set format's eager step is timed
+    # once, the bound that shows it short)
     short = trainer_compiled(tree, data, "auto")
     assert short.compile.source == "not measured" and not short.compile.compiled
+    assert "of at most" in short.compile.reason
     assert short.train_model is short.model
 
 
