@@ -10,8 +10,8 @@ from distmis.cli.main import main
 from tests.search.test_draft_spec import write_datasets
 
 
-@pytest.mark.slow  # three searches of one trial and one epoch each (about 2 minutes)
-def test_init_specs_of_three_data_sets_validate_and_train_end_to_end(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow  # three searches of one trial and one epoch each, on the session's Ray (about a minute)
+def test_init_specs_of_three_data_sets_validate_and_train_end_to_end(tmp_path, monkeypatch, capsys, ray_local):
     monkeypatch.chdir(tmp_path)
     datasets = write_datasets(tmp_path / "data")
     for key, path in datasets.items():
