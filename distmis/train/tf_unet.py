@@ -271,11 +271,12 @@ class UNetTrainer:
         gpus = tf.config.list_physical_devices("GPU")
         device = (str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", gpus[0].name)) if gpus
                   else f"cpu {cpu_model()}")
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         return cache_key(kind="xla", model=self.spec.model.model_dump(mode="json"), tile=self.stage.tile,
                          batch=self.stage.batch_size, channels=(self.in_channels, self.num_classes),
                          precision=self.spec.training.precision, loss=self.spec.training.loss.model_dump(mode="json"),
                          deep_supervision=self.spec.training.deep_supervision, device=device,
-                         threads=(tf.config.threading.get_intra_op_parallelism_threads(), len(os.sched_getaffinity(0))),
+                         threads=(tf.config.threading.get_intra_op_parallelism_threads(), cpus),
                          tensorflow=tf.__version__, keras=keras.__version__)
 
     def _take_probe_choice(self) -> None:
