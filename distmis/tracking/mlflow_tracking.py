@@ -404,8 +404,11 @@ class MLflowTrialCallback(tune.Callback):
         # search.scheduler pbt: the paths it changes, and each trial's exploits (distmis.tracking.lineage)
         self.pbt_paths = tuple(pbt_mutations(spec.search)) if spec.search.scheduler == "pbt" else ()
         self.exploits: dict[str, list[dict[str, Any]]] = {}
-        # trial id -> its exploits (indices) whose first report from the donor's line is not seen yet, oldest first
+        # trial id -> its exploits (indices) whose first report from the donor's line is not seen yet, oldest first;
+        # and those PBT decided on the report the callback is about to see (Tune asks its scheduler first), whose
+        # replay can only come in a later report
         self.exploit_pending: dict[str, list[int]] = {}
+        self.exploit_deciding: dict[str, list[int]] = {}
         # search.budget: why it ended the search ("" while it has not): set by the search (distmis.search.budget)
         self.budget_ended: Callable[[], str] = lambda: ""
         # trial id -> worker-seconds beyond trial_workers x its time, from the epochs an auto search's pool grew it for
@@ -771,7 +774,7 @@ class MLflowTrialCallback(tune.Callback):
         the trial's next report (:meth:`_go_on_from_donor`)."""
         exploits = self.exploits.setdefault(exploit.trial, [])
         exploits.append(exploit_entry(exploit, self.run_ids))
-        self.exploit_pending.setdefault(exploit.trial, []).append(len(exploits) - 1)
+        self.exploit_deciding.setdefault(exploit.trial, []).append(len(exploits) - 1)
         self._tag_exploits(exploit.trial)
 
     def _tag_exploits(self, trial_id: str) -> None:
@@ -783,7 +786,9 @@ class MLflowTrialCallback(tune.Callback):
         """The first report after an exploit replays the donor's epochs up to the checkpoint the trial went on from:
         they stay on the donor's run; this run's epochs go on after it, and its best is the donor line's (the
         weights its checkpoint keeps). The report that made PBT exploit may itself be the first of an earlier
-        exploit's line: each such report is the oldest pending exploit's."""
+        exploit's line: each such report is the oldest pending exploit's. It may also be the first after the trial
+        went on from its own checkpoint (PBT pauses a trial while another waits), a replay of its own line: never the
+        exploit it made's, which is pending only from the next report on."""
         index = self.exploit_pending[trial_id].pop(0)
         went_on_after = max(int(entry["epoch"]) for entry in replayed)
         self.exploits[trial_id][index]["went_on_after"] = went_on_after
@@ -837,6 +842,7 @@ class MLflowTrialCallback(tune.Callback):
         if self.exploit_pending.get(trial_id) and replayed:
             self._go_on_from_donor(trial_id, replayed)
             replayed = []
+        self.exploit_pending.setdefault(trial_id, []).extend(self.exploit_deciding.pop(trial_id, []))
         for entry in [*replayed, {**result, "epoch": epoch}]:
             self._log_epoch(trial, int(entry["epoch"]), entry)
         if result.get(SYSTEM_KEY):

@@ -16,6 +16,7 @@ from distmis.spec import validate_spec
 from distmis.tracking.mlflow_tracking import (
     ATTEMPTS_TAG, RESUMES_TAG, SearchRun, TrialCallbackHandle, mark_interrupted,
 )
+from distmis.tracking.lineage import EXPLOITS_TAG, Exploit
 from distmis.trial.record import HISTORY_KEY
 from tests.conftest import small_spec_tree
 
@@ -64,6 +65,42 @@ def test_a_restarted_trial_keeps_its_run_and_fills_the_epochs_it_missed(search):
     assert finished.data.tags[ATTEMPTS_TAG] == "2"
     assert finished.data.metrics["best_val_dice"] == 0.5 and finished.data.metrics["best_epoch"] == 5
     assert finished.data.metrics["epochs_completed"] == 5 and finished.data.params["model.num_parameters"] == "7"
+
+
+def test_an_exploit_made_on_a_trials_replay_of_its_own_line_goes_on_from_the_donors_next_report(tmp_path: Path):
+    """PBT pauses a trial while another waits; the trial's first report after it went on from its own checkpoint
+    replays its own epochs. When that report makes PBT exploit (Tune asks the scheduler before the callback), its
+    replay is the trial's own line, not the donor's: the exploit goes on after the donor's epoch its next report
+    replays."""
+    tree = small_spec_tree(tmp_path / "data")
+    tree["search"].update(scheduler="pbt", pbt={"interval": 1, "quantile": 0.5, "resample_probability": 0.0})
+    spec = validate_spec(tree)
+    run = SearchRun(f"sqlite:///{tmp_path / 'mlflow.db'}", "tiny", run_name="tiny", searched=["training.optimizer.lr"],
+                    metric="val_dice", mode="max")
+    callback = run.trial_callback(spec)
+    behind, donor = trial("t_00000"), trial("t_00001", 5e-3)
+    for t in (behind, donor):
+        callback.on_trial_start(0, [], t)
+    for epoch in (1, 2, 3):
+        callback.on_trial_result(0, [], behind, result(epoch))
+    for epoch in (1, 2):
+        callback.on_trial_result(0, [], donor, result(epoch))
+    # `behind` paused at epoch 3 and went on from its own checkpoint: that report, epoch 4, makes PBT exploit
+    own_line = json.dumps([result(e) for e in (1, 2, 3)])
+    callback.exploited(Exploit(behind.trial_id, donor.trial_id, 4, 2, {"training.optimizer.lr": 5e-3}))
+    callback.on_trial_result(0, [], behind, result(4, attempt="b", **{HISTORY_KEY: own_line}))
+    # its next report is the donor's line: epochs 1-2 replayed, epoch 3 trained at the explored rate
+    donor_line = json.dumps([result(e) for e in (1, 2)])
+    callback.on_trial_result(0, [], behind, result(3, attempt="c", **{HISTORY_KEY: donor_line}))
+    callback.on_trial_result(0, [], behind, result(4, attempt="c"))
+    for t in (behind, donor):
+        callback.on_trial_complete(0, [], t)
+    assert callback.close()
+    finished = run.client.get_run(callback.run_ids[behind.trial_id])
+    (exploit,) = json.loads(finished.data.tags[EXPLOITS_TAG])
+    assert exploit["went_on_after"] == 2 and exploit["from"] == donor.trial_id and exploit["epoch"] == 4
+    history = run.client.get_metric_history(finished.info.run_id, "val_dice")
+    assert [m.step for m in sorted(history, key=lambda m: (m.timestamp, m.step))] == [1, 2, 3, 4, 3, 4]
 
 
 def test_a_resumed_search_takes_over_its_runs(search):
