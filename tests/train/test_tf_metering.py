@@ -28,7 +28,9 @@ def test_the_peak_is_what_was_made_after_start_plus_what_is_held():
         float(tf.reduce_sum(small))
     del small
     again = meter.stop()
-    assert again is not None and 3 * MIB + 2 * MIB <= again <= 3 * MIB + 4 * MIB + MIB
+    # The allocator is the process's: another test's TensorFlow thread (a data pipeline still prefetching) may make
+    # a little beside these steps. Not reset, the peak would be the first epoch's, at least 8 MiB above the start.
+    assert again is not None and 3 * MIB + 2 * MIB <= again < 3 * MIB + 8 * MIB
     assert float(tf.reduce_sum(kept)) == MIB
 
 
