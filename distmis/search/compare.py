@@ -36,6 +36,7 @@ import pandas as pd
 from distmis.search.output import (
     ended_unless_recorded, experiment_name, open_search_run, prepare_output, reopen_search_run,
 )
+from distmis.search.interrupts import let_go
 from distmis.search.ray_session import ray_connection
 from distmis.search.tune_run import execute_search
 from distmis.search.outcome import ComparisonOutcome
@@ -175,7 +176,8 @@ def _compare(spec: Spec, output_dir: Path, counts: list[int], *, made_folder: bo
                                 if c["status"] not in ("FINISHED", RESUMED_CELL) or c["failed_trials"]]
                 compare_run.log_metrics({"failed_cells": len(failed_cells)})
                 compare_run.finish("FINISHED")
-        except KeyboardInterrupt:  # SearchInterrupted included: the cell's runs are KILLED already
+        except KeyboardInterrupt as interrupt:  # SearchInterrupted included: the cell's runs are KILLED already
+            let_go(interrupt)
             compare_run.finish("KILLED", timeout=30)
             raise
         except BaseException:

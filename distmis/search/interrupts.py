@@ -1,17 +1,19 @@
 """How a signal stops a search: Ctrl-C (SIGINT) and SIGTERM (``distmis stop``, a batch scheduler) while Tune runs
 the trials (:func:`signals_stop_tune`: Tune stops gracefully) and while the driver sets up or ends the search
 (:func:`sigterm_interrupts`: SIGTERM raises as Ctrl-C does); either way the caller raises :class:`SearchInterrupted`
-once the unfinished runs are marked KILLED."""
+once the unfinished runs are marked KILLED, the interrupted code's frames let go first (:func:`let_go`)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
+import traceback
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-__all__ = ["SearchInterrupted", "signals_stop_tune", "sigterm_interrupts"]
+__all__ = ["SearchInterrupted", "let_go", "signals_stop_tune", "sigterm_interrupts"]
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -23,6 +25,23 @@ class SearchInterrupted(KeyboardInterrupt):
         self.exit_code = 128 + self.signum
         super().__init__(f"search interrupted by {signal.Signals(self.signum).name}; unfinished runs marked KILLED "
                          "(the same command with --resume continues it)")
+
+
+def let_go(interrupt: BaseException) -> None:
+    """Clear the locals of the frames ``interrupt`` (a Ctrl-C's KeyboardInterrupt, being handled) was raised through,
+    and of those its context (an error raised while they unwound) was, and collect them, before the handler writes
+    to the tracking store. What they held open goes with them: an MLflow read of a sqlite store cut between its
+    statement and its last row holds the file's shared lock while its cursor lives, and every write (the runs marked
+    KILLED) would wait out sqlite's busy timeout (MLflow sets 20 s) and fail. The frames themselves may live on (a
+    context manager's ``__exit__`` holds the traceback), so their locals are cleared (``traceback.clear_frames``:
+    not those of the frames still running, the handler's and its callers')."""
+    seen: set[int] = set()
+    error: BaseException | None = interrupt
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__context__
+    gc.collect()  # the frames of a cut-short library call are often in reference cycles
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from distmis.data.split import fold_parts
+from distmis.search.interrupts import let_go
 from distmis.search.plan import SearchPlan
 from distmis.search.prepare import PreparedData, prepare_data
 from distmis.spec.load import spec_to_dict
@@ -97,8 +98,12 @@ def ended_unless_recorded(run: SearchRun) -> Iterator[SearchRun]:
     (KILLED or FAILED) rather than leaving it RUNNING with no state that could resume it."""
     try:
         yield run
-    except BaseException as exc:
-        run.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED", timeout=10)
+    except KeyboardInterrupt as interrupt:
+        let_go(interrupt)
+        run.finish("KILLED", timeout=10)
+        raise
+    except BaseException:
+        run.finish("FAILED", timeout=10)
         raise
 
 

@@ -23,7 +23,7 @@ from distmis.search import pbt
 from distmis.search.console import SearchConsole
 from distmis.search.finish import end_search
 from distmis.search.folds import restored_trials
-from distmis.search.interrupts import SearchInterrupted, signals_stop_tune, sigterm_interrupts
+from distmis.search.interrupts import SearchInterrupted, let_go, signals_stop_tune, sigterm_interrupts
 from distmis.search.outcome import SearchOutcome
 from distmis.search.output import tracked_data
 from distmis.search.plan import SearchPlan, node_resources, trials_at_once
@@ -67,7 +67,8 @@ def _search_run_killed_on_interrupt(execute: Callable[..., SearchOutcome]) -> Ca
                 return execute(spec, data, plan, search_run, *args, **kwargs)
             except SearchInterrupted:  # in Tune's loop: its runs are KILLED already
                 raise
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as interrupt:
+                let_go(interrupt)
                 search_run.finish("KILLED", timeout=30)
                 raise SearchInterrupted(received.get("signal", signal.SIGINT)) from None
 
@@ -200,7 +201,8 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
     try:
         with signals_stop_tune() as received:
             grid = tuner.fit()
-    except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: Tune did not stop gracefully
+    except KeyboardInterrupt as interrupt:  # a second Ctrl-C or SIGTERM: Tune did not stop gracefully
+        let_go(interrupt)
         _record_interruption(callback, search_run)
         raise SearchInterrupted(received.get("signal", signal.SIGINT)) from None
     except Exception as exc:  # noqa: BLE001 - Tune's own failure: the trials' records are kept, the rest fail
