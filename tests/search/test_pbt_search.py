@@ -48,9 +48,14 @@ def test_a_trial_behind_goes_on_from_a_better_ones_checkpoint_and_says_so(ray_lo
         lrs: dict[int, list[float]] = {}  # an epoch trained again after an exploit is logged again
         for metric in client.get_metric_history(run.info.run_id, f"{PBT_PREFIX}training.optimizer.lr"):
             lrs.setdefault(metric.step, []).append(metric.value)
+        donor_epochs = {m.step for m in client.get_metric_history(runs[donor].info.run_id, "val_dice")}
         for exploit in exploits:
             assert exploit["from"] == donor and exploit["from_run"] == runs[donor].info.run_id
-            assert 1 <= exploit["went_on_after"] <= exploit["donor_epoch"] + 1 and exploit["epoch"] >= 1
+            # an epoch the donor trained, with one left to train after it: the checkpoint PBT chose (at most the
+            # donor's epoch when it chose) or, where the receiver waited paused while the donor trained on and
+            # emptied that one, the donor's nearest newer one (trial.checkpoints.exploit_candidates)
+            assert 1 <= exploit["went_on_after"] < EPOCHS and exploit["went_on_after"] in donor_epochs
+            assert exploit["epoch"] >= 1 and 1 <= exploit["donor_epoch"] < EPOCHS
             assert exploit["values"]["training.optimizer.lr"] in LRS
         last = exploits[-1]
         # the epoch after the one it went on after trained at the explored rate; every epoch up to the end is logged
