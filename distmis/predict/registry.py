@@ -189,6 +189,10 @@ def _write_network(network: Any, configuration: Mapping[str, Any], channels: int
     import torch
 
     module = copy.deepcopy(network).to("cpu").eval()  # the caller's network stays where and as it is
+    # In PyTorch's default layout: a network trained channels-last (training.performance) has weights whose strides
+    # torch.export's archive takes for parts of a larger tensor (it warns, once per weight), and whoever loads the
+    # program chooses its own layout (pyfunc_model.inference_memory_format)
+    module.to(memory_format=torch.contiguous_format)
     windows = torch.randn(2, channels, *configuration["window"], generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         program = torch.export.export(module, (windows,), dynamic_shapes=({0: torch.export.Dim("windows", min=1)},))

@@ -34,6 +34,7 @@ import copy
 import statistics
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, Callable, Literal, Sequence
 
 import torch
@@ -153,10 +154,17 @@ class MemoryFormatChoice:
 
 def choice_key(**decides: Any) -> str:
     """A cache key of what decides a choice (network, params, input, batch, precision, device, threads) and the
-    torch and MONAI versions."""
-    import monai
+    torch and MONAI versions. MONAI's is its installed distribution's, read without importing MONAI: the import
+    takes seconds, and a trial of a network of distmis's own would pay them for nothing."""
+    return cache_key(**decides, torch=torch.__version__, monai=_installed_version("monai"))
 
-    return cache_key(**decides, torch=torch.__version__, monai=monai.__version__)
+
+def _installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (None where it is not installed)."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _sgd_step(forward: Callable[[torch.Tensor], Any], parameters: Sequence[torch.nn.Parameter],

@@ -92,6 +92,28 @@ def test_registry_round_trip_through_a_tracking_server(tmp_path: Path):
         round_trip("unet3d", server.url, tmp_path)
 
 
+def test_a_network_trained_channels_last_is_saved_in_the_default_layout_without_a_warning(tmp_path: Path):
+    """``training.performance`` may train a network channels-last: its saved program holds the same function in
+    PyTorch's default layout (torch.export's archive warned once per weight of the other), and the caller's network
+    keeps its own layout."""
+    import warnings
+
+    import torch
+
+    net, recipe = network("unet3d"), recipe_for("unet3d")
+    volume = np.random.default_rng(0).normal(size=(20, 20, 20, 4)).astype(np.float32)
+    expected = SegmentationModel(recipe, net).probabilities(volume)
+    net.to(memory_format=torch.channels_last_3d)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", module=r"torch\.")  # torch's, which the console would have printed
+        folder = save_model([net], recipe, tmp_path / "model")
+    assert net.head.weight.is_contiguous(memory_format=torch.channels_last_3d)
+    loaded = SegmentationModel.load(folder)
+    weights = [t for t in loaded.networks[0].state_dict().values() if t.dim() == 5]
+    assert weights and all(t.is_contiguous() for t in weights)
+    np.testing.assert_allclose(loaded.probabilities(volume), expected, rtol=0, atol=1e-5)
+
+
 def test_the_best_alias_moves_only_to_a_better_score(tmp_path: Path):
     uri = default_tracking_uri(tmp_path)
     net, recipe = network("unet3d"), recipe_for("unet3d")

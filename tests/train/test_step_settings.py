@@ -7,6 +7,9 @@ to fp32 round-off."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -69,6 +72,14 @@ def test_auto_takes_the_format_whose_measured_step_is_faster(contiguous, channel
         assert torch.equal(value, before[name]) and value.is_contiguous(), name
 
 
+def test_the_key_imports_no_monai():
+    """A trial of distmis's own U-Net never imports MONAI (seconds at each trial process's start): the key reads
+    MONAI's version from its installed distribution."""
+    code = ("import sys; from distmis.train.step_settings import choice_key; choice_key(network='unet3d'); "
+            "assert 'monai' not in sys.modules, 'imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_the_cache_is_keyed_by_what_decides_the_choice(tmp_path: Path, monkeypatch):
     cache = ChoiceCache(tmp_path / "cache" / "step_settings.json")
     decides = {"network": "unet3d", "tile": [32, 32, 32], "batch": 2, "precision": "fp32", "device": "cpu x"}
@@ -87,6 +98,12 @@ def test_the_cache_is_keyed_by_what_decides_the_choice(tmp_path: Path, monkeypat
         assert cached(choice_key(**{**decides, **change})) is None, change
     monkeypatch.setattr(torch, "__version__", "0.0.0")  # another torch: measured again
     assert choice_key(**decides) != key
+    monkeypatch.undo()
+    assert choice_key(**decides) == key
+    installed = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "0.0.0" if name == "monai" else installed(name))
+    assert choice_key(**decides) != key  # another MONAI too
+    monkeypatch.undo()
     cache.path.write_text("{not json")  # a damaged cache is an empty one, and is written anew
     assert cached(key) is None
     cache.put_entry(key, {"memory_format": "channels_first"})  # an entry of no known format is none
