@@ -87,7 +87,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests run after every other file (each group in its collected order; a file stays whole, so its module fixtures
     are made once): the session's Ray, once started, stays up to the end, and its processes would otherwise run
     beside the tests that start Rays, clusters and searches of their own (the fault tests' runs took a third longer
-    with it up)."""
+    with it up). That order holds in one process (``python -m pytest``); ``make test``'s pytest-xdist workers each
+    start their own session Ray and take whole files in xdist's order (most tests first), so a test must not rely on
+    which files ran before it in its process."""
     on_ray = {item.nodeid.split("::")[0] for item in items if "ray_local" in getattr(item, "fixturenames", ())}
     for item in items:
         if "ray_local" in getattr(item, "fixturenames", ()):

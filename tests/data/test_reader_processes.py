@@ -17,6 +17,15 @@ def sigint_blocked_here() -> bool:
     return signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
+@pytest.fixture(autouse=True)
+def pythons_own_sigint_handler():
+    """SIGINT raises KeyboardInterrupt here, as in a ``distmis`` process, whatever ran in this pytest process before
+    (Ray Tune's ``Tuner.fit``, run directly by other tests, installs a handler of its own and leaves it)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.parametrize("taken_by", ["this thread", "another thread"])
 def test_a_ctrl_c_while_the_readers_start_is_raised_once_they_have_started(taken_by: str):
     """SIGINT to the thread that starts the readers waits (blocked); SIGINT taken by another thread of the

@@ -27,13 +27,25 @@ pytestmark = pytest.mark.slow  # a real search on the shared local Ray
 FAILING_LR = 5.0e-3
 
 
+def ray_sessions() -> list[Path]:
+    """Every Ray session's folder on this machine, not Ray's ``session_latest`` link: that names whichever Ray
+    started last, which may be another process's started since (another pytest worker's)."""
+    return [session for session in Path("/tmp/ray").glob("session_*") if not session.is_symlink()]
+
+
+def immutable(folder: Path) -> bool:
+    """Whether ``folder`` has the immutable attribute (False for one that has gone since it was listed)."""
+    listed = subprocess.run(["lsattr", "-d", str(folder)], capture_output=True, text=True).stdout.split()
+    return bool(listed) and "i" in listed[0]
+
+
 def staging_folders(trial_dir: Path) -> list[Path]:
     """The trial's folder in the driver's staging area (Tune writes its error file there). ``trial_dir``: what the
     trial's context names (``<experiment>/driver_artifacts/<trial>`` in Ray 2.60, else its storage folder)."""
     in_session = trial_dir.parent.name in ("driver_artifacts", "working_dirs")
     experiment = trial_dir.parent.parent if in_session else trial_dir.parent
-    pattern = f"session_*/artifacts/*/{experiment.name}/driver_artifacts/{trial_dir.name}"
-    return [p for p in Path("/tmp/ray").glob(pattern) if p.is_dir()]
+    pattern = f"artifacts/*/{experiment.name}/driver_artifacts/{trial_dir.name}"
+    return [p for session in ray_sessions() for p in session.glob(pattern) if p.is_dir()]
 
 
 def trial_failing_where_its_error_cannot_be_written(config: dict[str, Any], **kwargs: Any) -> None:
@@ -70,8 +82,8 @@ def test_a_trial_whose_error_file_cannot_be_written_counts_as_failed_and_is_not_
         outcome = run_search(spec, tmp_path / "out", progress=False,
                              trainable=trial_failing_where_its_error_cannot_be_written)
     finally:
-        locked = [p for p in Path("/tmp/ray").glob("session_*/artifacts/*/*/driver_artifacts/*")
-                  if "i" in subprocess.run(["lsattr", "-d", str(p)], capture_output=True, text=True).stdout.split()[0]]
+        locked = [p for session in ray_sessions() for p in session.glob("artifacts/*/*/driver_artifacts/*")
+                  if immutable(p)]
         for folder in locked:
             subprocess.run(["chattr", "-i", str(folder)], check=True)
     assert locked, "no staging folder was made immutable: the test did not test anything"
