@@ -31,7 +31,8 @@ TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-# The fast tier (no Ray clusters, process groups or training runs); its measured time, dated: benchmarks/README.md.
+# The fast tier (no Ray clusters, process groups or training runs), in one process: its tests keep a core busy, and two
+# workers gained nothing. Its measured time, dated: benchmarks/README.md.
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
 
