@@ -1,5 +1,9 @@
 """Population-based training end to end (issue 51), in each framework: two trials whose learning rates differ by
-300x, perturbed every epoch, the bottom half exploiting the top. The trial that falls behind goes on from the other's
+300x, perturbed every epoch, the bottom half exploiting the top. Each trial takes both CPUs of the session's Ray, so
+the two take turns, as a population larger than its cluster does: PBT pauses a trial after each epoch while the other
+waits, and both have reported before either can end. Run side by side instead, one trial's few tiny epochs could all
+end before the other's process had started (they take a third of a second each), leaving PBT a population of one
+(CI, with a second pytest worker beside it). The trial that falls behind goes on from the other's
 checkpoint: its run says from which trial and run, at which epoch and from which checkpoint (``distmis.pbt.exploits``),
 its learning rate per epoch (``pbt/training.optimizer.lr``) shows the explored value from the epoch after, and its
 epochs go on after the donor's checkpoint's. The search registers its best model. The exploit's effect inside the
@@ -21,7 +25,7 @@ from tests.conftest import small_spec_tree
 
 pytestmark = pytest.mark.slow  # whole searches on the local Ray
 
-EPOCHS = 6
+EPOCHS = 4  # taking turns, the first exploit comes after the second epoch at the latest
 LRS = [3.0e-2, 1.0e-4]
 
 
@@ -31,6 +35,7 @@ def test_a_trial_behind_goes_on_from_a_better_ones_checkpoint_and_says_so(ray_lo
     tree = small_spec_tree(tmp_path / "data")
     tree["model"]["framework"] = framework
     tree["training"]["epochs"] = EPOCHS
+    tree["parallelism"]["resources_per_trial"] = {"cpu": 2}  # the session's Ray has 2: one trial at a time
     tree["search"].update(scheduler="pbt", space={"training.optimizer.lr": {"grid": LRS}},
                           pbt={"interval": 1, "quantile": 0.5, "resample_probability": 0.0})
     outcome = run_search(validate_spec(tree), tmp_path / "out", progress=False)
