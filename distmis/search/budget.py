@@ -17,7 +17,7 @@ checkpoint kept and its run recorded as stopped by the budget (:class:`BudgetSto
 trial's run is FINISHED), and once none runs Tune ends the search (``stop_all``); the trials never started are not
 run, and one that failed and waits for its retry is not retried. The search then ends as any does: its best
 finished trial is scored on the test split and registered. A running trial overshoots the budget by at most the
-epoch it is in.
+epoch it is in; one still starting, by its start-up and first epoch (a trial is stopped at a report).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ far longer than its budget.
   by the budget (FINISHED, ``distmis.stopped``), none failed, and the best of them is scored on the test split and
   registered.
 - A wall budget, through ``distmis run``: the driver is killed (SIGKILL) when about half of it is spent and the
-  search is resumed; the resumed run goes on with what was left and the two runs' trials together ran within 10%
-  of the budget plus one epoch.
+  search is resumed; the resumed run goes on with what was left, and once it is spent each trial running reports
+  once more and the search ends.
 
 The budget's mechanism: ``tests/search/test_budget.py``.
 """
@@ -100,5 +100,11 @@ def test_a_wall_budget_killed_midway_goes_on_with_what_is_left(tmp_path: Path):
     check_stopped_by_the_budget(client, stopped)
     assert all(run.info.status == "FINISHED" for run in runs)
     spent = parent.data.metrics["budget_wall_s"]
-    assert budget_s <= spent <= budget_s * 1.1 + epoch_seconds(client, runs) + 2.0, spent
+    # Once spent, each of the two trials running was stopped at its next report and no other started: at most two
+    # reports past the budget, then the run's own last record. How far past it that is depends on where the trials
+    # were: an epoch in (half a second here), or still starting (on a loaded machine the resumed run's trials took
+    # 19 s to their first report, with 10 s of the budget left): spent and the records, not a time bound.
+    recorded = [metric.value for metric in client.get_metric_history(parent.info.run_id, "budget_wall_s")]
+    past = [value for value in recorded if value >= budget_s]
+    assert spent >= budget_s and 1 <= len(past) <= 2 + 1 and max(recorded) == spent, recorded
     assert (out / "model" / "MLmodel").is_file()
