@@ -1,10 +1,10 @@
 """``search.budget`` end to end (issue 51): searches of four torch trials of many short epochs, two at a time, each
 far longer than its budget.
 
-- A worker-hours budget, in this process, searched by ``optuna-cost``: the search ends once its trials' worker-seconds reach it (over by at most
-  one epoch of each trial then running), no trial starts after that, the trials it stopped are recorded as stopped
-  by the budget (FINISHED, ``distmis.stopped``), none failed, and the best of them is scored on the test split and
-  registered.
+- A worker-hours budget, in this process, searched by ``optuna-cost``: the search ends once its trials' worker-seconds
+  reach it (each trial then running reports once more: an epoch, or its start-up and first epoch), no trial starts
+  after that, the trials it stopped are recorded as stopped by the budget (FINISHED, ``distmis.stopped``), none
+  failed, and the best of them is scored on the test split and registered.
 - A wall budget, through ``distmis run``: the driver is killed (SIGKILL) when about half of it is spent and the
   search is resumed; the resumed run goes on with what was left, and once it is spent each trial running reports
   once more and the search ends.
@@ -40,11 +40,6 @@ def budget_tree(data: Path, **budget) -> dict:
     return tree
 
 
-def epoch_seconds(client: MlflowClient, runs) -> float:
-    """The longest epoch any trial took."""
-    return max(m.value for run in runs for m in client.get_metric_history(run.info.run_id, "epoch_seconds"))
-
-
 def check_stopped_by_the_budget(client: MlflowClient, runs) -> None:
     assert runs and all(run.info.status == "FINISHED" for run in runs)
     for run in runs:
@@ -68,7 +63,11 @@ def test_a_worker_hours_budget_ends_the_search_and_its_best_trial_is_registered(
     spent = parent.data.metrics["budget_worker_s"]
     # each trial's worker-seconds, as its run records them, add up to what the budget counted
     assert sum(run.data.metrics["worker_seconds"] for run in runs) == pytest.approx(spent, rel=0.05, abs=1.0)
-    assert budget_s <= spent <= budget_s * 1.1 + 2 * epoch_seconds(client, runs) + 2.0
+    # once spent, each of the two trials running was stopped at its next report (an epoch's worker-seconds, or a
+    # trial's start-up and first epoch if it was still starting) and no other started; then the run's own last record
+    recorded = [metric.value for metric in client.get_metric_history(parent.info.run_id, "budget_worker_s")]
+    past = [value for value in recorded if value >= budget_s]
+    assert spent >= budget_s and 1 <= len(past) <= 2 + 1 and max(recorded) == spent, recorded
     assert parent.data.tags["distmis.budget"].startswith("spent: ") and "worker-hours" in parent.data.tags[
         "distmis.budget"]
     assert parent.data.tags["distmis.model_trial"] in {run.data.tags["distmis.trial_id"] for run in runs}
