@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-from distmis.train.threads import tensorflow_env  # noqa: E402 - imports no TensorFlow
+from distmis.train.threads import tensorflow_env  # imports no TensorFlow
 
 # TensorFlow in the test process as in a trial's (quiet, Keras on TensorFlow, oneDNN on), whichever test imports it
-# first: on a CPU without AVX-512 TensorFlow leaves oneDNN off unless asked, and then its CPU allocator keeps no
-# statistics, which the peak-memory tests read (tests/train/test_tf_metering.py).
+# first: on a CPU without AVX-512 VNNI, BF16 or AMX, TensorFlow leaves oneDNN off unless asked, and then its CPU
+# allocator keeps no statistics, which the peak-memory tests read (tests/train/test_tf_metering.py).
 for _var, _value in tensorflow_env().items():
     os.environ.setdefault(_var, _value)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
