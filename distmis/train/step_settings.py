@@ -1,9 +1,11 @@
 """How close a torch training step runs to its device, and the memory format it runs fastest in (issue 52).
 
 **The device's rate.** :func:`matmul_rate`: the FLOP/s of a large matrix product (2048^3 by default) on this
-process's device and threads, in fp32 or bf16, measured once per process and dtype. A trial's step rate (its counted
-FLOPs over its measured seconds) as a fraction of it says how near the hardware the trial ran: the model-FLOPs
-utilisation on a GPU, its CPU equivalent here.
+process's device and threads, in fp32 or bf16, measured once per process and dtype. Where that product would take
+over :data:`MATMUL_PRODUCT_SECONDS` (bf16 on a CPU without bf16 instructions runs it at about 1 GFLOP/s: over a
+minute for the four products timed), the largest smaller power of two that does not is timed. A trial's step rate
+(its counted FLOPs over its measured seconds) as a fraction of it says how near the hardware the trial ran: the
+model-FLOPs utilisation on a GPU, its CPU equivalent here.
 
 **The memory format.** 3D convolutions run at different speeds with their activations laid out channels-first
 (``contiguous``, PyTorch's default) or channels-last (``torch.channels_last_3d``: what oneDNN's CPU kernels and the
@@ -44,7 +46,7 @@ from distmis.train.choice_cache import cache_key
 from distmis.train.compile_choice import COMPILE_MIN_TRAINING_SECONDS, MARGIN, CompileChoice, decide_compile
 
 __all__ = ["MemoryFormat", "MEMORY_FORMATS", "MARGIN", "COMPILE_MIN_TRAINING_SECONDS", "MemoryFormatChoice",
-           "CompileChoice", "apply_memory_format", "in_memory_format", "device_name", "matmul_rate",
+           "CompileChoice", "apply_memory_format", "in_memory_format", "device_name", "matmul_rate", "matmul_side",
            "median_seconds", "choose_memory_format", "compile_model", "measure_compiled", "decide_compile",
            "choose_compile", "compile_error", "choice_key"]
 
@@ -55,6 +57,10 @@ MEMORY_FORMATS: dict[str, torch.memory_format] = {"contiguous": torch.contiguous
 COMPILE_BACKEND: str | Callable[..., Any] = "inductor"
 
 _MATMUL_RATES: dict[tuple[str, torch.dtype, int, int], float] = {}
+#: the most seconds one of :func:`matmul_rate`'s products is let take (a 2048^3 fp32 product takes 0.1-0.4 s on one
+#: CPU core, under 10 ms on a GPU)
+MATMUL_PRODUCT_SECONDS = 0.5
+_FIRST_SIDE = 256
 
 
 def in_memory_format(tensor: torch.Tensor, memory_format: MemoryFormat) -> torch.Tensor:
@@ -109,18 +115,42 @@ def median_seconds(step: Callable[[], object], *, repeats: int = 3, warmup: int 
 
 
 def matmul_rate(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, *, size: int = 2048,
-                repeats: int = 3) -> float:
-    """FLOP/s of a ``size``^3 matrix product in ``dtype`` on ``device`` with this process's threads (measured once
-    per process, device, dtype and thread count)."""
+                repeats: int = 3, max_seconds: float | None = None) -> float:
+    """FLOP/s of a square matrix product in ``dtype`` on ``device`` with this process's threads (measured once per
+    process, device, dtype and thread count): of ``size``^3, or of the largest power of two below it whose product
+    takes at most ``max_seconds`` (:data:`MATMUL_PRODUCT_SECONDS` when None; :func:`matmul_side`)."""
     device = torch.device(device)
     key = (str(device), dtype, size, torch.get_num_threads())
     if key not in _MATMUL_RATES:
         generator = torch.Generator(device="cpu").manual_seed(0)
-        a = torch.rand((size, size), generator=generator).to(device=device, dtype=dtype)
-        b = torch.rand((size, size), generator=generator).to(device=device, dtype=dtype)
-        seconds = median_seconds(lambda: torch.mm(a, b), repeats=repeats, warmup=1, device=device)
-        _MATMUL_RATES[key] = 2 * size**3 / seconds
+
+        def product(side: int) -> Callable[[], object]:
+            a = torch.rand((side, side), generator=generator).to(device=device, dtype=dtype)
+            b = torch.rand((side, side), generator=generator).to(device=device, dtype=dtype)
+            return lambda: torch.mm(a, b)
+
+        def once(side: int) -> float:  # the first product at a side also warms it up
+            return median_seconds(product(side), repeats=1, warmup=1 if side == _FIRST_SIDE else 0, device=device)
+
+        limit = MATMUL_PRODUCT_SECONDS if max_seconds is None else max_seconds
+        side, _ = matmul_side(once, size, limit)
+        seconds = median_seconds(product(side), repeats=repeats, warmup=0, device=device)
+        _MATMUL_RATES[key] = 2 * side**3 / seconds
     return _MATMUL_RATES[key]
+
+
+def matmul_side(seconds_at: Callable[[int], float], size: int, max_seconds: float) -> tuple[int, float]:
+    """The side of the product :func:`matmul_rate` times, and the seconds one took: doubling from
+    ``min(size, 256)`` while the next (eight times the work) is predicted at most ``max_seconds`` and the side is
+    below ``size``. ``seconds_at(side)``: one product's measured seconds at ``side``."""
+    if size < 1:
+        raise ValueError(f"the matrix side must be at least 1, got {size}")
+    side = min(size, _FIRST_SIDE)
+    seconds = seconds_at(side)
+    while side < size and 8 * seconds <= max_seconds:
+        side = min(2 * side, size)
+        seconds = seconds_at(side)
+    return side, seconds
 
 
 @dataclass(frozen=True)

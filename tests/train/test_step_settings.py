@@ -25,7 +25,7 @@ from distmis.train import step_settings
 from distmis.train.choice_cache import ChoiceCache
 from distmis.train.step_settings import (
     CompileChoice, MemoryFormatChoice, apply_memory_format, choice_key, choose_compile,
-    choose_memory_format, compile_model, decide_compile, in_memory_format, matmul_rate,
+    choose_memory_format, compile_model, decide_compile, in_memory_format, matmul_rate, matmul_side,
 )
 from distmis.train.torch_losses import make_loss
 from tests.conftest import small_spec_tree
@@ -230,6 +230,43 @@ def test_the_same_losses_compiled(name: str, params: dict, tile: tuple[int, int,
 def test_the_matmul_rate_is_a_positive_rate_per_dtype():
     fp32 = matmul_rate("cpu", torch.float32, size=256, repeats=1)
     assert fp32 > 0 and matmul_rate("cpu", torch.float32, size=256, repeats=1) == fp32  # measured once
+
+
+def test_the_matmul_side_doubles_while_the_next_product_fits_the_time_allowed():
+    """A fake device that computes 1e9 FLOP/s: 256^3 in 0.034 s, 512^3 in 0.27 s, 1024^3 in 2.1 s."""
+    timed: list[int] = []
+
+    def seconds_at(side: int) -> float:
+        timed.append(side)
+        return 2 * side**3 / 1e9
+
+    assert matmul_side(seconds_at, 2048, 0.5) == (512, 2 * 512**3 / 1e9)  # 1024^3 is predicted at 2.1 s
+    assert timed == [256, 512]
+    timed.clear()
+    assert matmul_side(seconds_at, 2048, 60.0)[0] == 2048 and timed == [256, 512, 1024, 2048]
+    timed.clear()
+    assert matmul_side(seconds_at, 300, 60.0)[0] == 300 and timed == [256, 300]  # never past size
+    assert matmul_side(seconds_at, 128, 60.0)[0] == 128
+    with pytest.raises(ValueError, match="at least 1"):
+        matmul_side(seconds_at, 0, 1.0)
+
+
+def test_a_product_that_would_take_too_long_is_timed_smaller(monkeypatch):
+    """Allowed no time, only 256^3 products are timed, however large ``size``; allowed a minute, ``size``'s."""
+    sides: list[int] = []
+    mm = torch.mm
+
+    def recorded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        sides.append(a.shape[0])
+        return mm(a, b)
+
+    monkeypatch.setattr(torch, "mm", recorded)
+    quick = matmul_rate("cpu", torch.float64, size=2048, repeats=2, max_seconds=0.0)
+    assert quick > 0 and set(sides) == {256} and len(sides) == 1 + 1 + 2  # the warm-up, the probe, the repeats
+    sides.clear()
+    assert matmul_rate("cpu", torch.float64, size=2048, repeats=2, max_seconds=0.0) == quick and sides == []
+    matmul_rate("cpu", torch.float64, size=512, repeats=2, max_seconds=60.0)
+    assert sides == [256, 256, 512, 512, 512]
 
 
 # --------------------------------------------------------------------------- in the trainer
