@@ -215,13 +215,23 @@ def as_published(trial: Spec) -> Spec:
     """A trial's spec as its published model computes: a torch trial trained in mixed precision (``bf16``,
     ``fp16``: autocast over fp32 master weights) in ``fp32``, for the published network is a ``torch.export``
     program of those fp32 weights without autocast (it runs on any CPU or GPU; bfloat16 is emulated, slowly, on a
-    CPU without its instructions, and float16 refused). Its test split is scored, and its overlay drawn, by what is
-    published. A Keras model keeps its layers' dtype policy in its file: it is scored as it is."""
+    CPU without its instructions, and float16 refused), in PyTorch's default memory format and not compiled: the
+    trainer that scores it measures no training step (``training.performance``: ``contiguous``, ``off``; ``auto``
+    would time training steps on a copy of the network in each format, in the driver, for a trainer that never
+    trains). Its test split is scored, and its overlay drawn, by what is published. A Keras model keeps its layers'
+    dtype policy in its file: it is scored as it is."""
     from distmis.spec.load import apply_config
 
-    if trial.model.framework == "torch" and trial.training.precision != "fp32":
-        return apply_config(trial, {"training.precision": "fp32"}, source="the published model's precision")
-    return trial
+    if trial.model.framework != "torch":
+        return trial
+    published = {"training.precision": "fp32", "training.performance.memory_format": "contiguous",
+                 "training.performance.compile": "off"}
+    current = {"training.precision": trial.training.precision,
+               "training.performance.memory_format": trial.training.performance.memory_format,
+               "training.performance.compile": trial.training.performance.compile}
+    if current == published:
+        return trial
+    return apply_config(trial, published, source="the published model's computation")
 
 
 def test_spacings(spec: Spec, data: PreparedData) -> dict[str, tuple[float, float, float]]:

@@ -47,7 +47,8 @@ def test_the_test_split_is_scored_per_class(tmp_path):
 def test_a_bf16_trial_is_scored_as_its_published_model_predicts(tmp_path):
     """A torch trial trained under ``training.precision: bf16`` (autocast over fp32 master weights) is published as
     an fp32 program: its recorded test scores are those of that program, the published model's own probabilities
-    scored the same way, not those of a bf16 forward."""
+    scored the same way, not those of a bf16 forward. The trainer that scores it only predicts: it times no training
+    step to choose a memory format or a compilation (``training.performance: auto`` in the spec)."""
     import contextlib
 
     import pandas as pd
@@ -72,7 +73,11 @@ def test_a_bf16_trial_is_scored_as_its_published_model_predicts(tmp_path):
     best = BestModel("t_00000", {}, 0.5, weights)
     spacings = {case: (1.0, 1.0, 1.0) for case in data.split["test"]}
 
+    assert (spec.training.performance.memory_format, spec.training.performance.compile) == ("auto", "auto")
     with loaded_trainer(best, spec, prepared) as trainer:
+        assert not trainer.precision.mixed
+        assert (trainer.memory_format.source, trainer.memory_format.memory_format) == ("set", "contiguous")
+        assert (trainer.compile.source, trainer.compile.compiled) == ("set", False)
         recorded = evaluate_on_test(trainer, spec, prepared, "t_00000", spacings)
         published = publish_model([trainer], best, spec, prepared, tracking_uri="", trial_run_id=None,
                                   search_run_id="", evaluation=recorded, folder=tmp_path / "model", register=False)
