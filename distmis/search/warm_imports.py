@@ -17,7 +17,8 @@ __all__ = ["warm_driver_imports"]
 
 def warm_driver_imports(spec: Spec) -> threading.Thread:
     """Import, in a background thread, what the driver needs once the trials end: the trials' framework (to load
-    and score the best model) and matplotlib (the figures). Started before Ray and the data, whose start-up mostly
+    and score the best model), MONAI's metrics where the test split is scored (``search.evaluate_top`` > 0: its
+    dice and Hausdorff distance; seconds of import, most of them MONAI's own) and matplotlib (the figures). Started before Ray and the data, whose start-up mostly
     waits on other processes, the imports (seconds for TensorFlow) are done by the time the trials end instead of
     adding to the search's wall time after them.
 
@@ -36,6 +37,8 @@ def warm_driver_imports(spec: Spec) -> threading.Thread:
                     import tensorflow  # noqa: F401
                 else:
                     import torch  # noqa: F401
+                if spec.search.evaluate_top > 0:
+                    import monai.metrics  # noqa: F401
                 import matplotlib.pyplot  # noqa: F401
         except Exception:  # noqa: BLE001 - the same import after the trials will say what is wrong
             logger.debug("warming the driver's imports failed", exc_info=True)
