@@ -12,6 +12,15 @@ from distmis.train.threads import tensorflow_env  # imports no TensorFlow
 for _var, _value in tensorflow_env().items():
     os.environ.setdefault(_var, _value)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Under `make test`'s pytest-xdist workers, each worker's torch, TensorFlow and BLAS threads get its share of the
+# CPUs, as a trial's do (distmis.train.threads), rather than one per core each: two workers of two threads on two
+# cores spin-wait on each other's, and an in-process training test took 3 to 20 times longer than alone. One process
+# (xdist off, or one worker) keeps the libraries' defaults. The user's own settings win.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _share = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        os.environ.setdefault(_var, _share)
 # The measured step settings a trial caches (distmis.train.step_settings): the session's own, not the user's
 if "DISTMIS_CACHE" not in os.environ:
     import tempfile
