@@ -18,9 +18,9 @@ __all__ = ["warm_driver_imports"]
 def warm_driver_imports(spec: Spec) -> threading.Thread:
     """Import, in a background thread, what the driver needs once the trials end: the trials' framework (to load
     and score the best model), MONAI's metrics where the test split is scored (``search.evaluate_top`` > 0: its
-    dice and Hausdorff distance; seconds of import, most of them MONAI's own) and matplotlib (the figures). Started before Ray and the data, whose start-up mostly
-    waits on other processes, the imports (seconds for TensorFlow) are done by the time the trials end instead of
-    adding to the search's wall time after them.
+    dice and Hausdorff distance; seconds of import, most of them MONAI's own) and matplotlib (the figures).
+    Started before Ray and the data, whose start-up mostly waits on other processes, the imports (seconds for
+    TensorFlow) are done by the time the trials end instead of adding to the search's wall time after them.
 
     Not at a lowered priority: the thread holds the GIL while it imports, and one the scheduler starves would
     starve the driver's Tune loop with it (the trials then wait for their results to be taken).

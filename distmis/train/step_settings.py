@@ -56,7 +56,7 @@ MEMORY_FORMATS: dict[str, torch.memory_format] = {"contiguous": torch.contiguous
 #: TorchDynamo's backend for ``torch.compile`` (a test gives one that fails, to see the fallback)
 COMPILE_BACKEND: str | Callable[..., Any] = "inductor"
 
-_MATMUL_RATES: dict[tuple[str, torch.dtype, int, int], float] = {}
+_MATMUL_RATES: dict[tuple[str, torch.dtype, int, float, int], float] = {}
 #: the most seconds one of :func:`matmul_rate`'s products is let take (a 2048^3 fp32 product takes 0.1-0.4 s on one
 #: CPU core, under 10 ms on a GPU)
 MATMUL_PRODUCT_SECONDS = 0.5
@@ -120,7 +120,8 @@ def matmul_rate(device: torch.device | str = "cpu", dtype: torch.dtype = torch.f
     process, device, dtype and thread count): of ``size``^3, or of the largest power of two below it whose product
     takes at most ``max_seconds`` (:data:`MATMUL_PRODUCT_SECONDS` when None; :func:`matmul_side`)."""
     device = torch.device(device)
-    key = (str(device), dtype, size, torch.get_num_threads())
+    limit = MATMUL_PRODUCT_SECONDS if max_seconds is None else max_seconds
+    key = (str(device), dtype, size, limit, torch.get_num_threads())
     if key not in _MATMUL_RATES:
         generator = torch.Generator(device="cpu").manual_seed(0)
 
@@ -129,10 +130,9 @@ def matmul_rate(device: torch.device | str = "cpu", dtype: torch.dtype = torch.f
             b = torch.rand((side, side), generator=generator).to(device=device, dtype=dtype)
             return lambda: torch.mm(a, b)
 
-        def once(side: int) -> float:  # the first product at a side also warms it up
-            return median_seconds(product(side), repeats=1, warmup=1 if side == _FIRST_SIDE else 0, device=device)
+        def once(side: int) -> float:  # one product, after a warm-up at the first side (each warms the next)
+            return median_seconds(product(side), repeats=1, warmup=int(side == min(size, _FIRST_SIDE)), device=device)
 
-        limit = MATMUL_PRODUCT_SECONDS if max_seconds is None else max_seconds
         side, _ = matmul_side(once, size, limit)
         seconds = median_seconds(product(side), repeats=repeats, warmup=0, device=device)
         _MATMUL_RATES[key] = 2 * side**3 / seconds
