@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from distmis.train.threads import tensorflow_env  # imports no TensorFlow
+from distmis.train.threads import THREAD_ENV_VARS, tensorflow_env  # imports no TensorFlow
 
 # TensorFlow in the test process as in a trial's (quiet, Keras on TensorFlow, oneDNN on), whichever test imports it
 # first: on a CPU without AVX-512 VNNI, BF16 or AMX, TensorFlow leaves oneDNN off unless asked, and then its CPU
@@ -19,7 +19,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     _share = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
-    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+    for _var in THREAD_ENV_VARS:
         os.environ.setdefault(_var, _share)
 # The measured step settings a trial caches (distmis.train.step_settings): the session's own, not the user's
 if "DISTMIS_CACHE" not in os.environ:

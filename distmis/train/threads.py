@@ -16,7 +16,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
+#: the environment variables that size the OpenMP, MKL, OpenBLAS and TensorFlow intra-op thread pools
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 
 
@@ -55,7 +56,7 @@ def pin_threads(cpus: float, *, tensorflow: bool = True, torch: bool = True) -> 
     from distmis.train.startup import loading_libraries
 
     n = threads_for(cpus)
-    for var in _ENV_VARS:
+    for var in THREAD_ENV_VARS:
         os.environ[var] = str(n)
     os.environ["TF_NUM_INTEROP_THREADS"] = "1"
     if tensorflow:
