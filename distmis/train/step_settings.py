@@ -133,14 +133,14 @@ def matmul_rate(device: torch.device | str = "cpu", dtype: torch.dtype = torch.f
         def once(side: int) -> float:  # one product, after a warm-up at the first side (each warms the next)
             return median_seconds(product(side), repeats=1, warmup=int(side == min(size, _FIRST_SIDE)), device=device)
 
-        side, _ = matmul_side(once, size, limit)
+        side = matmul_side(once, size, limit)
         seconds = median_seconds(product(side), repeats=repeats, warmup=0, device=device)
         _MATMUL_RATES[key] = 2 * side**3 / seconds
     return _MATMUL_RATES[key]
 
 
-def matmul_side(seconds_at: Callable[[int], float], size: int, max_seconds: float) -> tuple[int, float]:
-    """The side of the product :func:`matmul_rate` times, and the seconds one took: doubling from
+def matmul_side(seconds_at: Callable[[int], float], size: int, max_seconds: float) -> int:
+    """The side of the product :func:`matmul_rate` times: doubling from
     ``min(size, 256)`` while the next (eight times the work) is predicted at most ``max_seconds`` and the side is
     below ``size``. ``seconds_at(side)``: one product's measured seconds at ``side``."""
     if size < 1:
@@ -150,7 +150,7 @@ def matmul_side(seconds_at: Callable[[int], float], size: int, max_seconds: floa
     while side < size and 8 * seconds <= max_seconds:
         side = min(2 * side, size)
         seconds = seconds_at(side)
-    return side, seconds
+    return side
 
 
 @dataclass(frozen=True)

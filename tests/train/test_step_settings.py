@@ -240,13 +240,13 @@ def test_the_matmul_side_doubles_while_the_next_product_fits_the_time_allowed():
         timed.append(side)
         return 2 * side**3 / 1e9
 
-    assert matmul_side(seconds_at, 2048, 0.5) == (512, 2 * 512**3 / 1e9)  # 1024^3 is predicted at 2.1 s
+    assert matmul_side(seconds_at, 2048, 0.5) == 512  # 1024^3 is predicted at 2.1 s
     assert timed == [256, 512]
     timed.clear()
-    assert matmul_side(seconds_at, 2048, 60.0)[0] == 2048 and timed == [256, 512, 1024, 2048]
+    assert matmul_side(seconds_at, 2048, 60.0) == 2048 and timed == [256, 512, 1024, 2048]
     timed.clear()
-    assert matmul_side(seconds_at, 300, 60.0)[0] == 300 and timed == [256, 300]  # never past size
-    assert matmul_side(seconds_at, 128, 60.0)[0] == 128
+    assert matmul_side(seconds_at, 300, 60.0) == 300 and timed == [256, 300]  # never past size
+    assert matmul_side(seconds_at, 128, 60.0) == 128
     with pytest.raises(ValueError, match="at least 1"):
         matmul_side(seconds_at, 0, 1.0)
 
