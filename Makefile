@@ -25,7 +25,8 @@ quickstart: setup
 
 # Two pytest-xdist workers, each taking whole test files (a file's module fixtures, such as a shared search, are made
 # once): on two cores the suite ran 1.36-1.42x quicker than in one process, because much of a test's time is waiting
-# (for a Ray to start, a process to exit, a server to answer). Measured and dated: benchmarks/README.md.
+# (for a Ray to start, a process to exit, a server to answer). Three workers were no quicker (the suite is then
+# CPU-bound) and pushed a time-bounded test past its bound. Measured and dated: benchmarks/README.md.
 TEST_WORKERS ?= 2
 
 test: setup
