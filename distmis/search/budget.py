@@ -17,7 +17,10 @@ checkpoint kept and its run recorded as stopped by the budget (:class:`BudgetSto
 trial's run is FINISHED), and once none runs Tune ends the search (``stop_all``); the trials never started are not
 run, and one that failed and waits for its retry is not retried. The search then ends as any does: its best
 finished trial is scored on the test split and registered. A running trial overshoots the budget by at most the
-epoch it is in; one still starting, by its start-up and first epoch (a trial is stopped at a report).
+epoch it is in; one still starting, by its start-up and first epoch (a trial is stopped at a report). A trial
+that was running when the search was stopped (a killed driver) owes that report too: ``--resume`` restores it as
+pending and starts it again from its checkpoint, and Tune waits for its report however little of the budget was
+left (or none), so that it ends with its weights saved and known to the search.
 """
 
 from __future__ import annotations
@@ -116,23 +119,32 @@ class LiveBudget:
     brings them back, so they hold that id only, and a resumed driver registers its own budget under it.
 
     ``workers(trial_id, result)``: the workers a trial held for a report; ``stopped(trial_id)``: told when the
-    budget stops a trial (its record says so); ``started``: the trials the scheduler started (Tune's trial objects,
-    for their status); ``ended``: why the budget ended the search, once it has."""
+    budget stops a trial (its record says so); ``trials``: the trials Tune added or the scheduler started (Tune's
+    trial objects, for their status); ``owed``: the ids of those that owe a report though pending (the trials that
+    were running when the search was stopped: a resumed search passes them in), until they report, end or fail;
+    ``ended``: why the budget ended the search, once it has."""
 
     budget: SearchBudget
     workers: Callable[[str, dict], int]
     stopped: Callable[[str], None]
-    started: dict[str, Any] = field(default_factory=dict)
+    trials: dict[str, Any] = field(default_factory=dict)
+    owed: set[str] = field(default_factory=set)
     ended: str = ""
 
-    def start(self, trial: Any) -> None:
-        """The scheduler starts ``trial``."""
-        self.started[trial.trial_id] = trial
+    def add(self, trial: Any) -> None:
+        """Tune adds ``trial`` (made, or restored on resume), or the scheduler starts it."""
+        self.trials[trial.trial_id] = trial
+
+    def settled(self, trial_id: str) -> None:
+        """``trial_id`` reported, ended or failed (a failed one waits for its retry): it owes nothing."""
+        self.owed.discard(trial_id)
 
     def running(self) -> bool:
-        """Whether a trial the scheduler started is running (its process up). One still waiting for its process,
-        or for a retry after a failure, is not: once the budget is spent it does not start."""
-        return any(trial.status == "RUNNING" for trial in self.started.values())
+        """Whether a trial runs (its process up) or owes a report (its process coming up again after the search
+        was stopped). One waiting for its process otherwise, or for a retry after a failure, does not: once the
+        budget is spent it does not start (a trial the scheduler chose may still wait for room on the cluster)."""
+        return any(trial.status == "RUNNING" or (trial.status == "PENDING" and trial.trial_id in self.owed)
+                   for trial in self.trials.values())
 
 
 _LIVE: dict[str, LiveBudget] = {}
@@ -150,8 +162,8 @@ def unregister(key: str) -> None:
 
 class BudgetScheduler(TrialScheduler):
     """The search's scheduler (``inner``: the spec's, or Tune's first-in first-out) that starts no trial once the
-    budget registered under ``key`` is spent, and notes the trials it starts (:attr:`LiveBudget.started`). Without
-    a registered budget it is ``inner``."""
+    budget registered under ``key`` is spent, and tells it (:class:`LiveBudget`) the trials Tune adds or it starts,
+    and the ones that end or fail. Without a registered budget it is ``inner``."""
 
     def __init__(self, inner: TrialScheduler | None, key: str):
         super().__init__()
@@ -174,10 +186,15 @@ class BudgetScheduler(TrialScheduler):
         trial = self.inner.choose_trial_to_run(tune_controller)
         live = _LIVE.get(self.key)
         if trial is not None and live is not None:
-            live.start(trial)
+            live.add(trial)
         return trial
 
-    # -- the rest is the inner scheduler's
+    def _live(self, tell: Callable[[LiveBudget], None]) -> None:
+        live = _LIVE.get(self.key)
+        if live is not None:
+            tell(live)
+
+    # -- the rest is the inner scheduler's (and what the budget is told of it)
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
         return self.inner.set_search_properties(metric, mode, **spec)
 
@@ -190,19 +207,23 @@ class BudgetScheduler(TrialScheduler):
         return self.inner.supports_buffered_results
 
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
+        self._live(lambda live: live.add(trial))
         self.inner.on_trial_add(tune_controller, trial)
 
     def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
+        self._live(lambda live: live.settled(trial.trial_id))
         self.inner.on_trial_error(tune_controller, trial)
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
         return self.inner.on_trial_result(tune_controller, trial, result)
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict) -> None:
+        self._live(lambda live: live.settled(trial.trial_id))
         self.inner.on_trial_complete(tune_controller, trial, result)
         self._spent(tune_controller)  # before Tune tells the search algorithm, which would make the next trial
 
     def on_trial_remove(self, tune_controller: Any, trial: Any) -> None:
+        self._live(lambda live: live.settled(trial.trial_id))
         self.inner.on_trial_remove(tune_controller, trial)
 
     def debug_string(self) -> str:
@@ -219,7 +240,7 @@ class BudgetScheduler(TrialScheduler):
 class BudgetStopper(Stopper):
     """Tune's stopper for the budget registered under ``key``: each report adds its worker-seconds; once the
     budget is spent every trial that reports is stopped there (:attr:`LiveBudget.stopped` told), and Tune ends
-    when none of the trials :class:`BudgetScheduler` started runs. Without a registered budget it stops nothing."""
+    once no trial runs or owes a report (:meth:`LiveBudget.running`). Without a registered budget it stops nothing."""
 
     def __init__(self, key: str):
         self.key = key
@@ -228,6 +249,7 @@ class BudgetStopper(Stopper):
         live = _LIVE.get(self.key)
         if live is None:
             return False
+        live.settled(trial_id)
         live.budget.observe(float(result.get("time_this_iter_s") or 0.0), live.workers(trial_id, result))
         spent = live.budget.spent()
         if spent:

@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import ConcurrencyLimiter, SearchGenerator, Searcher
 
+from distmis.search.tune_state import restored_trials
 from distmis.spec.load import CONFIGURATION_KEY, FOLD_KEY, searched_config
 
 __all__ = ["CONFIGURATION_KEY", "FOLD_KEY", "Configurations", "FoldScheduler", "FoldSearchGenerator", "FoldSearcher",
@@ -246,27 +247,6 @@ class FoldSearchGenerator(SearchGenerator):
             self._finished = False
         if isinstance(self.searcher, ConcurrencyLimiter):  # a lost trial never ends: it holds no place
             self.searcher.live_trials &= set(self.folds.trials)
-
-
-def restored_trials(checkpoint_dir: str) -> dict[str, dict[str, Any]] | None:
-    """Trial id -> config of the trials in the newest experiment state in ``checkpoint_dir`` (the one Tune resumes
-    from, read as Tune reads it); None when there is none."""
-    import glob
-    import json
-    import os
-
-    from ray.tune.experiment.trial import Trial
-
-    paths = glob.glob(os.path.join(checkpoint_dir, "experiment_state-*.json"))
-    if not paths:
-        return None
-    with open(max(paths)) as handle:
-        state = json.load(handle)
-    trials = {}
-    for json_state, _metadata in state.get("trial_data", []):
-        trial = Trial.from_json_state(json_state, stub=True)
-        trials[trial.trial_id] = dict(trial.config)
-    return trials
 
 
 class FoldScheduler(FIFOScheduler):

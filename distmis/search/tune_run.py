@@ -22,7 +22,6 @@ from distmis.search.budget import (
 from distmis.search import pbt
 from distmis.search.console import SearchConsole
 from distmis.search.finish import end_search
-from distmis.search.folds import restored_trials
 from distmis.search.interrupts import SearchInterrupted, let_go, signals_stop_tune, sigterm_interrupts
 from distmis.search.outcome import SearchOutcome
 from distmis.search.output import tracked_data
@@ -30,6 +29,7 @@ from distmis.search.plan import SearchPlan, node_resources, trials_at_once
 from distmis.search.prepare import PreparedData
 from distmis.search.progress import SearchProgress
 from distmis.search.search_space import num_trials, scheduler, tune_param_space, tune_search
+from distmis.search.tune_state import restored_trials, running_when_saved
 from distmis.trial.storage import atomic_local_filesystem
 from distmis.trial.trainables import (
     auto_trial, data_parallel_trial, release_groups, runs_on_worker_group, single_process_trial,
@@ -146,7 +146,8 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
         pool = start_pool(experiment, plan.pool_workers, num_trials(spec), begun=callback.started)  # noqa: F841
         others.append(pool_callback(experiment))
     handle = callback.handle(*others)
-    live = _search_budget(spec, search_run, callback, resume=resume)
+    live = _search_budget(spec, search_run, callback, resume=resume,
+                          running=running_when_saved(str(storage / experiment)) if restore else set())
     if spec.search.scheduler == "pbt":  # each exploit recorded on its trial's run
         pbt.listen(search_run.run_id, callback.exploited)
     if live is not None and console is not None:
@@ -242,10 +243,10 @@ def execute_search(spec: Spec, data: PreparedData, plan: SearchPlan, search_run:
 
 
 def _search_budget(spec: Spec, search_run: SearchRun, callback: MLflowTrialCallback, *,
-                   resume: bool) -> LiveBudget | None:
+                   resume: bool, running: set[str]) -> LiveBudget | None:
     """``search.budget``'s live state in this driver, registered under the search run's id for Tune's scheduler and
-    stopper (:mod:`distmis.search.budget`); a resumed search starts from what its run recorded as spent. None
-    without a budget."""
+    stopper (:mod:`distmis.search.budget`); a resumed search starts from what its run recorded as spent, and the
+    trials that were ``running`` when it was stopped each owe a report. None without a budget."""
     if spec.search.budget is None:
         return None
     before = BudgetSpent.from_metrics(search_run.client.get_run(search_run.run_id).data.metrics) if resume \
@@ -255,7 +256,7 @@ def _search_budget(spec: Spec, search_run: SearchRun, callback: MLflowTrialCallb
     def workers(trial_id: str, result: dict) -> int:  # mode auto's trials say theirs with each epoch
         return int(result.get("workers") or callback.trial_workers.get(trial_id, 1))
 
-    live = register(search_run.run_id, LiveBudget(budget, workers, callback.stopped_by_budget))
+    live = register(search_run.run_id, LiveBudget(budget, workers, callback.stopped_by_budget, owed=set(running)))
     callback.budget_ended = lambda: live.ended  # the trials it kept from going on: stopped, not failed
     return live
 

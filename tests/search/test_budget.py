@@ -99,6 +99,7 @@ def test_once_spent_no_trial_starts_each_stops_at_its_next_report_and_tune_ends_
         assert scheduler.choose_trial_to_run(controller) is b
         assert stopper("a", {"time_this_iter_s": 600}) is False  # 1200 of 1800 worker-seconds
         a.status = "PENDING"  # a failed: waits for its retry
+        scheduler.on_trial_error(controller, a)
         assert scheduler.choose_trial_to_run(controller) is a  # retried
         a.status = b.status = "RUNNING"
         assert stopper("b", {"time_this_iter_s": 300}) is True and stopped == ["b"]  # spent at b's first report
@@ -111,7 +112,39 @@ def test_once_spent_no_trial_starts_each_stops_at_its_next_report_and_tune_ends_
         assert stopper.stop_all() is False  # a still runs: it stops at its next epoch
         assert stopper("a", {"time_this_iter_s": 10}) is True and stopped == ["b", "a"]
         a.status = "PENDING"  # a failed as it stopped: its retry never starts
+        scheduler.on_trial_error(controller, a)
         assert stopper.stop_all() is True
     finally:
         unregister("run1")
     assert stopper("a", {"time_this_iter_s": 1e9}) is False and stopper.stop_all() is False  # no budget: no stop
+
+
+def test_a_trial_running_when_the_search_was_stopped_reports_once_before_tune_ends():
+    """A trial that was running when the driver was killed (``--resume`` restores it as pending) reports once more
+    however little of the budget is left, its weights saved; a trial chosen but still waiting for its process, or
+    for a retry, or never started, does not hold Tune up."""
+    clock, stopped = Clock(), []
+    budget = SearchBudget(BudgetSpec(wall=60), BudgetSpent(wall_s=50), clock=clock)
+    live = register("run2", LiveBudget(budget, workers=lambda trial_id, result: 1, stopped=stopped.append,
+                                       owed={"resumed"}))  # running when the search was stopped
+    try:
+        scheduler, stopper = BudgetScheduler(None, "run2"), BudgetStopper("run2")
+        waiting, resumed, retry, queued = trial("waiting"), trial("resumed"), trial("retry"), trial("queued")
+        controller = Controller(waiting, resumed, retry, queued)
+        for each in controller.trials:  # as Tune adds them, restored or made: all pending
+            scheduler.on_trial_add(controller, each)
+        assert scheduler.choose_trial_to_run(controller) is waiting  # no room for it yet
+        scheduler.on_trial_error(controller, retry)  # failed: waits for its retry
+        clock.now += 20  # 70 of 60 s: spent before any reported
+        assert scheduler.choose_trial_to_run(controller) is None  # none chosen now
+        assert stopper.stop_all() is False  # Tune starts pending trials itself: resumed owes a report
+        resumed.status = "RUNNING"
+        assert stopper.stop_all() is False
+        assert stopper("resumed", {"time_this_iter_s": 5}) is True and stopped == ["resumed"]
+        assert stopper.stop_all() is False  # until Tune has stopped it
+        resumed.status = "TERMINATED"
+        scheduler.on_trial_complete(controller, resumed, {})
+        assert stopper.stop_all() is True  # waiting, retry and queued still pending: never (re)started
+        assert live.ended == "wall 0:01:10 of 0:01:00" and stopped == ["resumed"]
+    finally:
+        unregister("run2")
