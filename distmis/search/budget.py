@@ -119,10 +119,10 @@ class LiveBudget:
     brings them back, so they hold that id only, and a resumed driver registers its own budget under it.
 
     ``workers(trial_id, result)``: the workers a trial held for a report; ``stopped(trial_id)``: told when the
-    budget stops a trial (its record says so); ``trials``: the trials Tune added or the scheduler started (Tune's
-    trial objects, for their status); ``owed``: the ids of those that owe a report though pending (the trials that
-    were running when the search was stopped: a resumed search passes them in), until they report, end or fail;
-    ``ended``: why the budget ended the search, once it has."""
+    budget stops a trial (its record says so); ``trials``: the trials Tune added (Tune's trial objects, for their
+    status); ``owed``: the ids of those that owe a report though pending (the trials that were running when the
+    search was stopped: a resumed search passes them in), until they report, end or fail; ``ended``: why the budget
+    ended the search, once it has."""
 
     budget: SearchBudget
     workers: Callable[[str, dict], int]
@@ -132,7 +132,7 @@ class LiveBudget:
     ended: str = ""
 
     def add(self, trial: Any) -> None:
-        """Tune adds ``trial`` (made, or restored on resume), or the scheduler starts it."""
+        """Tune adds ``trial`` (made, or restored on resume): every trial, before the scheduler may choose it."""
         self.trials[trial.trial_id] = trial
 
     def settled(self, trial_id: str) -> None:
@@ -162,8 +162,8 @@ def unregister(key: str) -> None:
 
 class BudgetScheduler(TrialScheduler):
     """The search's scheduler (``inner``: the spec's, or Tune's first-in first-out) that starts no trial once the
-    budget registered under ``key`` is spent, and tells it (:class:`LiveBudget`) the trials Tune adds or it starts,
-    and the ones that end or fail. Without a registered budget it is ``inner``."""
+    budget registered under ``key`` is spent, and tells it (:class:`LiveBudget`) the trials Tune adds and the ones
+    that end or fail. Without a registered budget it is ``inner``."""
 
     def __init__(self, inner: TrialScheduler | None, key: str):
         super().__init__()
@@ -183,11 +183,7 @@ class BudgetScheduler(TrialScheduler):
     def choose_trial_to_run(self, tune_controller: Any) -> Any:
         if self._spent(tune_controller):
             return None
-        trial = self.inner.choose_trial_to_run(tune_controller)
-        live = _LIVE.get(self.key)
-        if trial is not None and live is not None:
-            live.add(trial)
-        return trial
+        return self.inner.choose_trial_to_run(tune_controller)
 
     def _live(self, tell: Callable[[LiveBudget], None]) -> None:
         live = _LIVE.get(self.key)

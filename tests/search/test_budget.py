@@ -94,6 +94,8 @@ def test_once_spent_no_trial_starts_each_stops_at_its_next_report_and_tune_ends_
         scheduler, stopper = pickle.loads(pickle.dumps(scheduler)), pickle.loads(pickle.dumps(stopper))  # as Tune
         a, b, c = trial("a"), trial("b"), trial("c")
         controller = Controller(a, b, c)
+        for each in controller.trials:  # as Tune adds them
+            scheduler.on_trial_add(controller, each)
         assert scheduler.choose_trial_to_run(controller) is a
         a.status = "RUNNING"
         assert scheduler.choose_trial_to_run(controller) is b
