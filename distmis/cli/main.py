@@ -22,6 +22,7 @@ from distmis.cli.console import console
 from distmis.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, BadInput
 from distmis.cli.helptext import add_help_text
 from distmis.cli.planned import load_planned
+from distmis.cli.signals import interrupts_kept
 from distmis.data.layouts import Layout
 from distmis.train.threads import tensorflow_env
 
@@ -812,9 +813,11 @@ def run() -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``distmis`` command; its exit code (see the module's docstring). Ctrl-C at any moment is exit 130 with
-    one line, not a traceback, even while the libraries a command needs are still being imported."""
+    one line, not a traceback, even while the libraries a command needs are still being imported, and even when it
+    lands in a finalizer (:func:`~distmis.cli.signals.interrupts_kept`)."""
     try:
-        return _main(argv)
+        with interrupts_kept():
+            return _main(argv)
     except KeyboardInterrupt as exc:  # before the command's own handling (imports), or a second Ctrl-C in it
         print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return int(getattr(exc, "exit_code", 130))
